@@ -1,0 +1,234 @@
+"""Baselines: reviewable reference evidence stored in the repository.
+
+``baselines/<profile>/`` holds::
+
+    manifest.json   provenance: engine (spec, versions, device), model sha256, prompt-set sha256s,
+                    sampling and reference settings, gate version, date, the run it came from
+    reference.npz   per-token reference arrays of the recorded engine (prompt ids, greedy tokens,
+                    teacher-forced logprobs, sample lengths), same keys as evidence.npz
+    noise.json      each metric's noise floor from an A/A calibration (old engine against itself)
+    summary.json    small, diffable figures: mismatch statistics, lengths, effective settings
+    greedy.csv      one row per prompt: id, greedy token count, greedy completion
+
+Only ``gate baseline record`` (refuses to overwrite) and ``gate baseline update`` (overwrites and
+says what changed) write here; ``gate run`` never does.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gate import __version__
+from gate import evidence as ev
+from gate.errors import ConfigError, GateError
+from gate.metrics import mismatch
+
+MANIFEST = "manifest.json"
+ARRAYS = "reference.npz"
+NOISE = "noise.json"
+SUMMARY = "summary.json"
+GREEDY_CSV = "greedy.csv"
+BASELINE_SCHEMA = 1
+
+# The arrays a baseline keeps: enough to compare tokens, lengths and teacher-forced logprobs.
+_KEPT = (
+    ev.PROMPT_OFFSETS,
+    ev.PROMPT_TOKEN_IDS,
+    f"{ev.GREEDY}_{ev.OFFSETS}",
+    f"{ev.GREEDY}_{ev.TOKEN_IDS}",
+    f"{ev.GREEDY}_{ev.PROMPT_INDEX}",
+    f"{ev.SAMPLE}_{ev.OFFSETS}",
+    f"{ev.SAMPLE}_{ev.TOKEN_IDS}",
+    f"{ev.SAMPLE}_{ev.PROMPT_INDEX}",
+    f"{ev.TF}_{ev.PROMPT_INDEX}",
+    f"{ev.TF}_input_offsets",
+    f"{ev.TF}_input_ids",
+    f"{ev.TF}_{ev.OFFSETS}",
+    f"{ev.TF}_{ev.ENGINE_LOGPROB}",
+)
+
+
+class BaselineError(GateError):
+    """A baseline folder is missing pieces or unreadable."""
+
+
+@dataclass
+class Baseline:
+    path: Path
+    manifest: dict[str, Any]
+    evidence: ev.Evidence  # the kept arrays, with the same keys as a run's evidence
+    noise: dict[str, float]
+
+
+def load(path: Path) -> Baseline:
+    path = Path(path)
+    if not path.is_dir():
+        raise BaselineError(f"{path}: baseline folder not found (record one with `gate baseline record`)")
+    for name in (MANIFEST, ARRAYS, NOISE):
+        if not (path / name).is_file():
+            raise BaselineError(f"{path / name}: missing from the baseline")
+    try:
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+        noise = json.loads((path / NOISE).read_text(encoding="utf-8"))
+        with np.load(path / ARRAYS, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise BaselineError(f"{path}: unreadable baseline file: {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("schema") != BASELINE_SCHEMA:
+        raise BaselineError(f"{path / MANIFEST}: schema: expected {BASELINE_SCHEMA}")
+    if not isinstance(noise, dict) or not all(isinstance(v, (int, float)) for v in noise.values()):
+        raise BaselineError(f"{path / NOISE}: expected an object of metric name to number")
+    missing = [k for k in _KEPT if k not in arrays]
+    if missing:
+        raise BaselineError(f"{path / ARRAYS}: {missing[0]}: missing")
+    evidence = ev.Evidence(path=path, arrays=arrays, engine=manifest.get("engine", {}), texts={})
+    try:
+        ev.validate(evidence, ARRAYS)
+    except ev.EvidenceError as exc:
+        raise BaselineError(str(exc)) from None
+    return Baseline(path=path, manifest=manifest, evidence=evidence, noise={k: float(v) for k, v in noise.items()})
+
+
+def provenance_differences(baseline: Baseline, run: dict[str, Any], new: ev.Evidence) -> list[str]:
+    """Human sentences for every way the run's inputs differ from the baseline's."""
+    m, diffs = baseline.manifest, []
+    if m["model"].get("sha256") != run["model"].get("sha256"):
+        diffs.append(f"model sha256 {_short(run['model'].get('sha256'))} != baseline {_short(m['model'].get('sha256'))}")
+    run_sets = {p["name"]: p["sha256"] for p in run["prompt_sets"]}
+    base_sets = {p["name"]: p["sha256"] for p in m["prompt_sets"]}
+    if run_sets != base_sets:
+        diffs.append(f"prompt sets {_sets(run_sets)} != baseline {_sets(base_sets)}")
+    for key in ("sampling", "greedy", "reference"):
+        if m.get(key) != run.get(key):
+            diffs.append(f"{key} settings differ: run {run.get(key)} vs baseline {m.get(key)}")
+    ident = new.engine.get("identity", {})
+    base_ident = m.get("engine", {}).get("identity", {})
+    if ident.get("device_kind") != base_ident.get("device_kind"):
+        diffs.append(f"device class {ident.get('device_kind')} != baseline {base_ident.get('device_kind')}")
+    elif ident.get("device_name") != base_ident.get("device_name"):
+        diffs.append(f"device {ident.get('device_name')!r} != baseline {base_ident.get('device_name')!r}")
+    return diffs
+
+
+def comparable(baseline: Baseline, run: dict[str, Any]) -> bool:
+    """Token-level comparisons need the same model, prompts and settings; a device change is allowed."""
+    m = baseline.manifest
+    return (
+        m["model"].get("sha256") == run["model"].get("sha256")
+        and {p["name"]: p["sha256"] for p in m["prompt_sets"]} == {p["name"]: p["sha256"] for p in run["prompt_sets"]}
+        and all(m.get(k) == run.get(k) for k in ("sampling", "greedy", "reference"))
+    )
+
+
+def write(
+    out: Path, run_dir: Path, engine: str, noise: dict[str, float], overwrite: bool, log
+) -> list[str]:
+    """Write a baseline from ``run_dir``'s evidence of ``engine``; returns what changed (update)."""
+    run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    e = ev.load(run_dir / "engines" / engine)
+    previous = None
+    if out.exists():
+        if not overwrite:
+            raise ConfigError(f"{out}: baseline already exists; `gate baseline update` overwrites it on purpose")
+        try:
+            previous = load(out)
+        except BaselineError as exc:
+            log(f"replacing an unreadable baseline: {exc}")
+    manifest = {
+        "schema": BASELINE_SCHEMA,
+        "gate_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "recorded_from": {"run": str(run_dir), "engine": engine, "spec": run["engines"][engine]["spec"]},
+        "engine": {
+            k: e.engine.get(k)
+            for k in ("identity", "effective", "default_sampling_params", "generation_config_overrides", "dropped_engine_args")
+        },
+        "model": {k: v for k, v in run["model"].items() if k != "path"},
+        "prompt_sets": [{k: p[k] for k in ("name", "sha256", "records")} for p in run["prompt_sets"]],
+        "sampling": run["sampling"],
+        "greedy": run["greedy"],
+        "reference": run["reference"],
+    }
+    summary = _summary(e)
+    tmp = out.with_name(out.name + ".writing")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    (tmp / NOISE).write_text(json.dumps(noise, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    (tmp / SUMMARY).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    (tmp / GREEDY_CSV).write_text(_greedy_csv(e), encoding="utf-8")
+    np.savez_compressed(tmp / ARRAYS, **{k: e[k] for k in _KEPT})
+    changes = _changes(previous, manifest, summary, noise) if previous else []
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return changes
+
+
+def _summary(e: ev.Evidence) -> dict[str, Any]:
+    g = ev.SAMPLE
+    stats = mismatch(e[f"{g}_{ev.TRAINER_PROCESSED}"], e[f"{g}_{ev.ENGINE_LOGPROB}"], e[f"{g}_{ev.OFFSETS}"])
+    lengths = np.diff(e[f"{g}_{ev.OFFSETS}"])
+    greedy_len = np.diff(e[f"{ev.GREEDY}_{ev.OFFSETS}"])
+    return {
+        "mismatch": {k: _round(v) for k, v in stats.to_dict().items()},
+        "sample_length_mean": _round(float(lengths.mean())),
+        "greedy_length_mean": _round(float(greedy_len.mean())),
+        "teacher_forced_mean_logprob": _round(float(e[f"{ev.TF}_{ev.ENGINE_LOGPROB}"].mean())),
+        "vllm": e.engine.get("identity", {}).get("vllm"),
+    }
+
+
+def _greedy_csv(e: ev.Evidence) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["prompt_id", "greedy_tokens", "greedy_text"])
+    lengths = np.diff(e[f"{ev.GREEDY}_{ev.OFFSETS}"])
+    for pid, n, text in zip(e.texts.get("prompt_ids", []), lengths.tolist(), e.texts.get("greedy_text", [])):
+        writer.writerow([pid, n, text])
+    return buf.getvalue()
+
+
+def _changes(previous: Baseline, manifest: dict, summary: dict, noise: dict) -> list[str]:
+    changes = []
+    old_m = previous.manifest
+    for key in ("recorded_from", "model", "prompt_sets", "sampling", "greedy", "reference"):
+        if old_m.get(key) != manifest.get(key):
+            changes.append(f"{key}: {old_m.get(key)} -> {manifest.get(key)}")
+    old_ident, new_ident = old_m.get("engine", {}).get("identity", {}), manifest["engine"].get("identity", {})
+    for key in ("vllm", "torch", "transformers", "device_name"):
+        if old_ident.get(key) != new_ident.get(key):
+            changes.append(f"engine {key}: {old_ident.get(key)} -> {new_ident.get(key)}")
+    try:
+        old_summary = json.loads((previous.path / SUMMARY).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        old_summary = {}
+    for key in ("sample_length_mean", "greedy_length_mean", "teacher_forced_mean_logprob"):
+        if old_summary.get(key) != summary.get(key):
+            changes.append(f"{key}: {old_summary.get(key)} -> {summary.get(key)}")
+    for key in sorted(set(previous.noise) | set(noise)):
+        if previous.noise.get(key) != noise.get(key):
+            changes.append(f"noise {key}: {previous.noise.get(key)} -> {noise.get(key)}")
+    return changes
+
+
+def _round(x: Any) -> Any:
+    return float(f"{x:.6g}") if isinstance(x, float) else x
+
+
+def _short(h: str | None) -> str:
+    return (h or "none")[:12]
+
+
+def _sets(sets: dict[str, str]) -> str:
+    return ", ".join(f"{k}:{v[:12]}" for k, v in sorted(sets.items())) or "none"

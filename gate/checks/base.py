@@ -1,0 +1,192 @@
+"""What every check returns, and how thresholds are written and evaluated.
+
+A threshold is absolute (``warn: 1e-3``) or relative to the metric's calibrated noise floor
+(``fail: "6x noise"``). A relative threshold without a calibrated floor falls back to the
+absolute ``floor`` given beside it, so a missing calibration never makes a check hypersensitive.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Callable
+
+from gate.errors import ConfigError
+
+
+class Status(str, Enum):
+    PASS = "PASS"
+    WARN = "WARN"
+    FAIL = "FAIL"
+    ERROR = "ERROR"  # the gate could not judge
+    SKIP = "SKIP"  # turned off, or the evidence it needs was not recorded
+
+    @property
+    def rank(self) -> int:
+        return _RANK[self]
+
+
+_RANK = {Status.SKIP: 0, Status.PASS: 1, Status.WARN: 2, Status.FAIL: 3, Status.ERROR: 4}
+
+
+def worst(statuses) -> Status:
+    return max(statuses, key=lambda s: s.rank, default=Status.PASS)
+
+
+_RELATIVE = re.compile(r"^\s*([0-9.eE+-]+)\s*x\s*noise\s*$")
+
+
+@dataclass(frozen=True)
+class Limit:
+    """One bound: an absolute value, or a multiple of the noise floor but never below ``floor``."""
+
+    value: float
+    relative: bool = False
+    floor: float = 0.0
+
+    @classmethod
+    def parse(cls, raw: Any, where: str) -> "Limit | None":
+        if raw is None:
+            return None
+        if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            return cls(float(raw))
+        if isinstance(raw, str):
+            m = _RELATIVE.match(raw)
+            if m:
+                return cls(float(m.group(1)), relative=True)
+        raise ConfigError(f"{where}: expected a number or 'N x noise', got {raw!r}")
+
+    def resolve(self, noise: float | None) -> float:
+        if not self.relative:
+            return self.value
+        if noise is None or not math.isfinite(noise):
+            return self.floor
+        return max(self.value * noise, self.floor)
+
+    def describe(self) -> str:
+        return f"max({self.value:g}x noise, {self.floor:g})" if self.relative else f"{self.value:g}"
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """warn/fail bounds on one metric; ``higher_is_worse`` False for e.g. ESS or match rates."""
+
+    warn: Limit | None = None
+    fail: Limit | None = None
+    higher_is_worse: bool = True
+    source: str = ""  # where the default comes from (NeMo-RL, verl, vLLM tests, ...)
+
+    def evaluate(self, value: float, noise: float | None = None) -> tuple[Status, float | None, float | None]:
+        warn = self.warn.resolve(noise) if self.warn else None
+        fail = self.fail.resolve(noise) if self.fail else None
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return Status.PASS, warn, fail
+        if fail is not None and self._beyond(value, fail):
+            return Status.FAIL, warn, fail
+        if warn is not None and self._beyond(value, warn):
+            return Status.WARN, warn, fail
+        return Status.PASS, warn, fail
+
+    def _beyond(self, value: float, bound: float) -> bool:
+        return value > bound if self.higher_is_worse else value < bound
+
+    def with_overrides(self, raw: Any, where: str) -> "Threshold":
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{where}: expected a mapping with warn/fail")
+        unknown = set(raw) - {"warn", "fail", "floor"}
+        if unknown:
+            raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown key (expected warn, fail, floor)")
+        floor = raw.get("floor")
+        if floor is not None and (isinstance(floor, bool) or not isinstance(floor, (int, float))):
+            raise ConfigError(f"{where}.floor: expected a number, got {floor!r}")
+
+        def limit(key: str, default: Limit | None) -> Limit | None:
+            new = Limit.parse(raw[key], f"{where}.{key}") if key in raw else default
+            if new is None:
+                return None
+            # A relative limit keeps the default's floor unless the config sets one.
+            kept = default.floor if default is not None else 0.0
+            return Limit(new.value, new.relative, float(floor) if floor is not None else kept)
+
+        return Threshold(
+            warn=limit("warn", self.warn),
+            fail=limit("fail", self.fail),
+            higher_is_worse=self.higher_is_worse,
+            source="config",
+        )
+
+
+@dataclass
+class Measurement:
+    name: str
+    value: float | None
+    status: Status
+    warn: float | None = None
+    fail: float | None = None
+    higher_is_worse: bool = True
+    engine: str | None = None  # "old" / "new" / None for comparisons
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "value": _num(self.value),
+            "status": self.status.value,
+            "warn": _num(self.warn),
+            "fail": _num(self.fail),
+            "higher_is_worse": self.higher_is_worse,
+            "engine": self.engine,
+            "note": self.note,
+        }
+
+
+@dataclass
+class CheckResult:
+    id: str
+    title: str
+    status: Status
+    summary: str  # one line: the key metric, measured vs threshold
+    diagnosis: str = ""  # what is wrong and the concrete fix; empty on PASS
+    measurements: list[Measurement] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {
+            "id": self.id,
+            "title": self.title,
+            "status": self.status.value,
+            "summary": self.summary,
+            "diagnosis": self.diagnosis,
+            "measurements": [m.to_dict() for m in self.measurements],
+            "details": self.details,
+        }
+
+
+def measure(name: str, value: float, threshold: Threshold, noise: float | None = None, engine: str | None = None) -> Measurement:
+    status, warn, fail = threshold.evaluate(value, noise)
+    return Measurement(name, value, status, warn, fail, threshold.higher_is_worse, engine)
+
+
+def _num(x: float | None) -> float | None:
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+@dataclass(frozen=True)
+class CheckSettings:
+    mode: str  # fail | warn | off
+    thresholds: dict[str, Threshold]
+    options: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    id: str
+    title: str
+    run: Callable[[Any, CheckSettings], CheckResult]  # (Context, settings)
+    thresholds: dict[str, Threshold] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,53 @@
+"""Everything a check may look at: both engines' evidence, the baseline, noise floors, the run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from gate import evidence as ev
+from gate.evidence import Evidence
+
+if TYPE_CHECKING:
+    from gate.baseline import Baseline
+
+
+@dataclass
+class Context:
+    new: Evidence
+    old: Evidence | None
+    run: dict[str, Any]  # run.json
+    baseline: "Baseline | None" = None
+    baseline_comparable: bool = False  # same model, prompts and settings: token-level comparison allowed
+    acknowledge: frozenset[str] = frozenset()
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def sampling(self) -> dict[str, Any]:
+        return self.run["sampling"]
+
+    def noise(self, metric: str) -> float | None:
+        return None if self.baseline is None else self.baseline.noise.get(metric)
+
+    def engines(self) -> list[tuple[str, Evidence]]:
+        return [(n, e) for n, e in (("old", self.old), ("new", self.new)) if e is not None]
+
+    @property
+    def transform_is_identity(self) -> bool:
+        """Raw and processed logprobs coincide: temperature 1 and no top-k / top-p."""
+        s = self.sampling
+        return s["temperature"] == 1.0 and s["top_k"] in (0, -1) and s["top_p"] >= 1.0
+
+
+def sequences(e: Evidence, group: str) -> list[np.ndarray]:
+    off, ids = e[f"{group}_{ev.OFFSETS}"], e[f"{group}_{ev.TOKEN_IDS}"]
+    return np.split(ids, off[1:-1])
+
+
+def per_prompt(e: Evidence, group: str, per_token: np.ndarray) -> np.ndarray:
+    """Per-prompt mean of a per-token array (sequences averaged within each prompt)."""
+    from gate.metrics import per_group_mean
+
+    return per_group_mean(per_token, e[f"{group}_{ev.OFFSETS}"], e[f"{group}_{ev.PROMPT_INDEX}"], e.n_prompts)

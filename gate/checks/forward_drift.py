@@ -1,0 +1,88 @@
+"""forward-drift: the new engine's logprobs of fixed token sequences vs the baseline and the old engine.
+
+Teacher-forced (prompt_logprobs) over the same token ids, so sampling plays no part: any difference
+is the forward pass itself (kernels, dtype, attention backend, compilation, lm_head precision).
+Sequences whose token ids differ between the two sides (a tokenizer change) are left out here and
+reported by the tokenization check.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gate import evidence as ev
+from gate.checks.base import CheckResult, CheckSpec, Limit, Measurement, Status, Threshold, measure, worst
+
+ID = "forward-drift"
+TITLE = "Forward drift on identical tokens"
+
+THRESHOLDS = {
+    "mean_abs_drift": Threshold(
+        Limit(4, relative=True, floor=1e-3), Limit(10, relative=True, floor=5e-3),
+        source="noise-relative; floors from fp32 CPU A/A (~1e-6) and bf16-vs-fp32 drift (~1e-2)",
+    ),  # fmt: skip
+    "max_abs_drift": Threshold(Limit(2e-2), Limit(1e-1), source="vLLM tests: prompt logprobs atol 2e-2"),
+}
+
+
+def aligned_teacher_forced(a: ev.Evidence, b: ev.Evidence) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """(lp_a, lp_b) over sequences with identical token ids in both; (.., compared, skipped)."""
+    key_ids, key_off = f"{ev.TF}_input_ids", f"{ev.TF}_input_offsets"
+    lp = f"{ev.TF}_{ev.ENGINE_LOGPROB}"
+    if np.array_equal(a[key_off], b[key_off]) and np.array_equal(a[key_ids], b[key_ids]):
+        return a[lp].astype(np.float64), b[lp].astype(np.float64), len(a[key_off]) - 1, 0
+    seqs_a = np.split(a[key_ids], a[key_off][1:-1])
+    seqs_b = {int(p): s for p, s in zip(b[f"{ev.TF}_{ev.PROMPT_INDEX}"], np.split(b[key_ids], b[key_off][1:-1]))}
+    lps_a = np.split(a[lp], a[f"{ev.TF}_{ev.OFFSETS}"][1:-1])
+    lps_b = dict(zip(b[f"{ev.TF}_{ev.PROMPT_INDEX}"].tolist(), np.split(b[lp], b[f"{ev.TF}_{ev.OFFSETS}"][1:-1])))
+    keep_a, keep_b, skipped = [], [], 0
+    for p, seq, values in zip(a[f"{ev.TF}_{ev.PROMPT_INDEX}"].tolist(), seqs_a, lps_a):  # per sequence
+        other = seqs_b.get(p)
+        if other is not None and np.array_equal(seq, other):
+            keep_a.append(values), keep_b.append(lps_b[p])
+        else:
+            skipped += 1
+    if not keep_a:
+        return np.zeros(0), np.zeros(0), 0, skipped
+    return np.concatenate(keep_a).astype(np.float64), np.concatenate(keep_b).astype(np.float64), len(keep_a), skipped
+
+
+def run(ctx, settings) -> CheckResult:
+    th = settings.thresholds
+    refs = []
+    if ctx.baseline is not None and ctx.baseline_comparable:
+        refs.append(("baseline", ctx.baseline.evidence))
+    if ctx.old is not None:
+        refs.append(("old", ctx.old))
+    if not refs:
+        return CheckResult(ID, TITLE, Status.SKIP, "no baseline and no old engine to compare with")
+    measurements, details = [], {}
+    for label, ref in refs:
+        lp_new, lp_ref, compared, skipped = aligned_teacher_forced(ctx.new, ref)
+        if compared == 0:
+            measurements.append(Measurement("mean_abs_drift", None, Status.WARN, engine=label, note="no identical sequences"))
+            continue
+        diff = np.abs(lp_new - lp_ref)
+        for name, value in (("mean_abs_drift", float(diff.mean())), ("max_abs_drift", float(diff.max()))):
+            m = measure(name, value, th[name], ctx.noise(name) if label == "baseline" else None, engine=f"vs {label}")
+            measurements.append(m)
+        details[label] = {"sequences": compared, "skipped_sequences": skipped, "tokens": int(len(diff)),
+                          "mean_abs_drift": float(diff.mean()), "max_abs_drift": float(diff.max())}  # fmt: skip
+    status = worst(m.status for m in measurements)
+    first = measurements[0]
+    summary = f"mean |Δ| {first.value:.2e} {first.engine}" if first.value is not None else "nothing comparable"
+    diagnosis = ""
+    if status in (Status.WARN, Status.FAIL):
+        new_eff = ctx.new.engine.get("effective", {})
+        base_eff = (ctx.old or ctx.new).engine.get("effective", {})
+        hints = [f"{k}: {base_eff.get(k)} -> {new_eff.get(k)}" for k in ("dtype", "kv_cache_dtype", "quantization", "attention_backend", "compilation_mode") if base_eff.get(k) != new_eff.get(k)]
+        diagnosis = (
+            "The new engine computes different logprobs for the very same tokens"
+            + (f" ({'; '.join(hints)})" if hints else "")
+            + ". Align dtype (and an fp32 lm_head on both engine and trainer), kv-cache dtype, quantization and "
+            "attention backend with the baseline, or re-record the baseline with `gate baseline update` if the change is intended."
+        )
+    return CheckResult(ID, TITLE, status, summary, diagnosis, measurements, details)
+
+
+SPEC = CheckSpec(id=ID, title=TITLE, run=run, thresholds=THRESHOLDS)

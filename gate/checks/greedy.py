@@ -1,0 +1,62 @@
+"""greedy-and-length: greedy completions and output lengths against the baseline and the old engine.
+
+Cheap drift guards peers use: greedy completions should be identical on the same model and
+settings (first divergence reported), and the mean sampled output length should stay within
++/-10% of the reference (MLPerf's accuracy-run guard).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gate import evidence as ev
+from gate.checks.base import CheckResult, CheckSpec, Limit, Status, Threshold, measure, worst
+from gate.metrics import greedy_agreement, length_ratio
+
+ID = "greedy-and-length"
+TITLE = "Greedy agreement and output length"
+
+THRESHOLDS = {
+    "greedy_exact_match_rate": Threshold(Limit(0.95), Limit(0.8), higher_is_worse=False,
+                                         source="identical greedy completions expected on the same model and dtype"),  # fmt: skip
+    "length_ratio_deviation": Threshold(Limit(0.05), Limit(0.10), source="MLPerf: output length within +/-10%"),
+}
+
+
+def run(ctx, settings) -> CheckResult:
+    th = settings.thresholds
+    refs = []
+    if ctx.baseline is not None and ctx.baseline_comparable:
+        refs.append(("baseline", ctx.baseline.evidence))
+    if ctx.old is not None:
+        refs.append(("old", ctx.old))
+    if not refs:
+        return CheckResult(ID, TITLE, Status.SKIP, "no baseline and no old engine to compare with")
+    g, s = ev.GREEDY, ev.SAMPLE
+    measurements, details = [], {}
+    for label, ref in refs:
+        entry = {}
+        if f"{g}_{ev.OFFSETS}" in ctx.new.arrays and f"{g}_{ev.OFFSETS}" in ref.arrays:
+            agree = greedy_agreement(ctx.new[f"{g}_{ev.TOKEN_IDS}"], ctx.new[f"{g}_{ev.OFFSETS}"],
+                                     ref[f"{g}_{ev.TOKEN_IDS}"], ref[f"{g}_{ev.OFFSETS}"])  # fmt: skip
+            measurements.append(measure("greedy_exact_match_rate", agree.exact_match_rate, th["greedy_exact_match_rate"], engine=f"vs {label}"))
+            diverged = np.flatnonzero(agree.first_divergence >= 0)
+            entry["greedy"] = {**{k: v for k, v in agree.to_dict().items() if k != "first_divergence"},
+                               "diverging_prompts": diverged[:20].tolist()}  # fmt: skip
+        ratio = length_ratio(ctx.new[f"{s}_{ev.OFFSETS}"], ref[f"{s}_{ev.OFFSETS}"])
+        measurements.append(measure("length_ratio_deviation", abs(ratio - 1.0), th["length_ratio_deviation"], engine=f"vs {label}"))
+        entry["length_ratio"] = ratio
+        details[label] = entry
+    status = worst(m.status for m in measurements)
+    first = measurements[0]
+    summary = f"greedy match {first.value:.0%} {first.engine}, length x{details[refs[0][0]]['length_ratio']:.3f}"
+    diagnosis = ""
+    if status in (Status.WARN, Status.FAIL):
+        diagnosis = (
+            "Greedy completions or output lengths moved. If forward drift is clean, look at sampling-side changes "
+            "(generation defaults from generation_config.json, stop tokens, detokenization); otherwise fix the forward drift first."
+        )
+    return CheckResult(ID, TITLE, status, summary, diagnosis, measurements, details)
+
+
+SPEC = CheckSpec(id=ID, title=TITLE, run=run, thresholds=THRESHOLDS)

@@ -1,0 +1,131 @@
+"""Per-engine evidence: the array layout of ``evidence.npz`` and its validation.
+
+Ragged data is stored flat with offsets (CSR style): sequence ``i`` owns ``x[offsets[i]:offsets[i+1]]``.
+Groups share a prefix: ``sample_`` (the rollout pass), ``greedy_`` (temperature 0) and ``tf_``
+(teacher-forced fixed sequences). docs/evidence.md describes every key. Imported by the worker and
+the orchestrator alike, so numpy and the standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gate.request import ENGINE_FILE, EVIDENCE_FILE, TEXTS_FILE
+
+# Group prefixes
+SAMPLE = "sample"
+GREEDY = "greedy"
+TF = "tf"
+
+# Prompt-level arrays
+PROMPT_OFFSETS = "prompt_offsets"
+PROMPT_TOKEN_IDS = "prompt_token_ids"
+
+# Per-group suffixes
+PROMPT_INDEX = "prompt_index"
+SAMPLE_INDEX = "sample_index"
+OFFSETS = "offsets"
+TOKEN_IDS = "token_ids"
+ENGINE_LOGPROB = "engine_logprob"
+ENGINE_RANK = "engine_rank"
+TOPK_IDS = "topk_ids"
+TOPK_LOGPROBS = "topk_logprobs"
+FINISH = "finish"
+TRAINER_RAW = "trainer_logprob_raw"
+TRAINER_PROCESSED = "trainer_logprob_processed"
+TRAINER_RAW_BF16_HEAD = "trainer_logprob_raw_bf16_head"
+
+FINISH_NAMES = ("stop", "length", "abort", "other")
+
+# Per-token arrays that must be finite: an engine that reports NaN/inf for a token it produced
+# (or a reference that does) cannot be judged.
+_MUST_BE_FINITE = (
+    f"{SAMPLE}_{ENGINE_LOGPROB}",
+    f"{SAMPLE}_{TRAINER_RAW}",
+    f"{SAMPLE}_{TRAINER_PROCESSED}",
+    f"{GREEDY}_{ENGINE_LOGPROB}",
+    f"{TF}_{ENGINE_LOGPROB}",
+    f"{TF}_{TRAINER_RAW}",
+)
+
+
+class EvidenceError(ValueError):
+    """Evidence is missing, truncated or holds values no check can use."""
+
+
+@dataclass
+class Evidence:
+    """One engine's evidence, loaded from its output folder."""
+
+    path: Path
+    arrays: dict[str, np.ndarray]
+    engine: dict[str, Any]  # engine.json
+    texts: dict[str, Any]  # texts.json
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return self.arrays[key]
+
+    @property
+    def n_prompts(self) -> int:
+        return len(self.arrays[PROMPT_OFFSETS]) - 1
+
+    def prompt_tokens(self, i: int) -> np.ndarray:
+        off = self.arrays[PROMPT_OFFSETS]
+        return self.arrays[PROMPT_TOKEN_IDS][off[i] : off[i + 1]]
+
+
+def load(folder: str | Path) -> Evidence:
+    folder = Path(folder)
+    for name in (EVIDENCE_FILE, ENGINE_FILE, TEXTS_FILE):
+        if not (folder / name).is_file():
+            raise EvidenceError(f"{folder / name}: missing")
+    try:
+        with np.load(folder / EVIDENCE_FILE, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+        engine = json.loads((folder / ENGINE_FILE).read_text(encoding="utf-8"))
+        texts = json.loads((folder / TEXTS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise EvidenceError(f"{folder}: unreadable evidence: {exc}") from None
+    evidence = Evidence(path=folder, arrays=arrays, engine=engine, texts=texts)
+    validate(evidence)
+    return evidence
+
+
+def validate(evidence: Evidence, filename: str = EVIDENCE_FILE) -> None:
+    """Shape and value checks; raises EvidenceError naming the array."""
+    a = evidence.arrays
+    where = evidence.path / filename
+    for key in (PROMPT_OFFSETS, PROMPT_TOKEN_IDS, f"{SAMPLE}_{OFFSETS}", f"{SAMPLE}_{TOKEN_IDS}"):
+        if key not in a:
+            raise EvidenceError(f"{where}: {key}: missing")
+    _check_offsets(a[PROMPT_OFFSETS], len(a[PROMPT_TOKEN_IDS]), where, PROMPT_OFFSETS)
+    for group in (SAMPLE, GREEDY, TF):
+        if f"{group}_{OFFSETS}" not in a:
+            continue
+        offsets = a[f"{group}_{OFFSETS}"]
+        n_tokens = int(offsets[-1]) if len(offsets) else 0
+        _check_offsets(offsets, n_tokens, where, f"{group}_{OFFSETS}")
+        for key, arr in a.items():
+            if key.startswith(f"{group}_") and key not in (f"{group}_{OFFSETS}",) and _is_per_token(key):
+                if arr.shape[0] != n_tokens:
+                    raise EvidenceError(f"{where}: {key}: {arr.shape[0]} rows, expected {n_tokens}")
+    for key in _MUST_BE_FINITE:
+        if key in a and not np.all(np.isfinite(a[key])):
+            bad = int(np.count_nonzero(~np.isfinite(a[key])))
+            raise EvidenceError(f"{where}: {key}: {bad} non-finite value(s) (NaN/inf) in engine or reference output")
+
+
+def _is_per_token(key: str) -> bool:
+    per_sequence = (PROMPT_INDEX, SAMPLE_INDEX, FINISH, "input_offsets", "input_ids")
+    return not key.endswith(per_sequence)
+
+
+def _check_offsets(offsets: np.ndarray, total: int, where: Path, key: str) -> None:
+    if offsets.ndim != 1 or len(offsets) < 1 or offsets[0] != 0 or offsets[-1] != total or np.any(np.diff(offsets) < 0):
+        raise EvidenceError(f"{where}: {key}: not monotone offsets ending at {total}")

@@ -1,0 +1,102 @@
+"""Judge a run directory: load evidence and baseline, run the checks, decide the verdict.
+
+The verdict is the worst status of the checks and of the baseline provenance (each check can be
+configured fail / warn / off). ERROR means the gate could not judge: an engine produced no
+evidence, or the baseline is unreadable.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gate import baseline as bl
+from gate import evidence as ev
+from gate.checks import run_checks
+from gate.checks.base import CheckResult, Status, worst
+from gate.checks.context import Context
+from gate.config import GateConfig
+from gate.errors import EXIT_ERROR, EXIT_FAIL, EXIT_OK
+
+
+@dataclass
+class BaselineStatus:
+    path: str | None
+    status: Status
+    message: str
+    differences: list[str]
+    manifest: dict[str, Any] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "status": self.status.value, "message": self.message,
+                "differences": self.differences, "manifest": self.manifest}  # fmt: skip
+
+
+@dataclass
+class Judgment:
+    verdict: Status
+    checks: list[CheckResult]
+    baseline: BaselineStatus
+    errors: list[str]
+
+    def exit_code(self, fail_on: str) -> int:
+        if self.verdict == Status.ERROR:
+            return EXIT_ERROR
+        if self.verdict == Status.FAIL or (fail_on == "warn" and self.verdict == Status.WARN):
+            return EXIT_FAIL
+        return EXIT_OK
+
+
+def judge(run_dir: Path, cfg: GateConfig) -> Judgment:
+    run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    engines, errors = {}, []
+    for name in ("old", "new"):
+        entry = run["engines"].get(name)
+        if entry is None:
+            continue
+        if entry["status"] != "ok":
+            errors.append(entry.get("error") or f"engine '{name}' produced no evidence")
+            continue
+        try:
+            engines[name] = ev.load(run_dir / "engines" / name)
+        except ev.EvidenceError as exc:
+            errors.append(f"engine '{name}': {exc}")
+    base_status, base = _baseline(cfg, run, engines.get("new"))
+    if errors or "new" not in engines:
+        errors = errors or ["the new engine was not replayed"]
+        return Judgment(Status.ERROR, [], base_status, errors)
+    ctx = Context(
+        new=engines["new"],
+        old=engines.get("old"),
+        run=run,
+        baseline=base,
+        baseline_comparable=base is not None and bl.comparable(base, run),
+        acknowledge=frozenset(cfg.acknowledge),
+    )
+    checks = run_checks(ctx, cfg.check_settings)
+    verdict = worst([c.status for c in checks] + [base_status.status])
+    return Judgment(verdict, checks, base_status, [])
+
+
+def _baseline(cfg: GateConfig, run: dict, new: ev.Evidence | None) -> tuple[BaselineStatus, bl.Baseline | None]:
+    if cfg.baseline is None:
+        return BaselineStatus(None, Status.SKIP, "no baseline configured: comparing new against old only", [], None), None
+    if not Path(cfg.baseline).exists():
+        message = f"no baseline recorded at {cfg.baseline} yet (`gate baseline record`): comparing new against old only"
+        return BaselineStatus(cfg.baseline, Status.WARN, message, [], None), None
+    try:
+        base = bl.load(Path(cfg.baseline))
+    except bl.BaselineError as exc:
+        return BaselineStatus(cfg.baseline, Status.ERROR, str(exc), [], None), None
+    diffs = bl.provenance_differences(base, run, new) if new is not None else []
+    if not diffs:
+        return BaselineStatus(cfg.baseline, Status.PASS, "run matches the baseline's provenance", [], base.manifest), base
+    mismatch_status = Status.FAIL if cfg.baseline_mismatch == "fail" else Status.WARN
+    comparable = bl.comparable(base, run)
+    message = (
+        "provenance differs from the baseline"
+        + ("" if comparable else "; token-level baseline comparisons skipped (different model, prompts or settings)")
+    )
+    return BaselineStatus(cfg.baseline, mismatch_status, message, diffs, base.manifest), base

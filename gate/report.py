@@ -1,0 +1,77 @@
+"""report.json: the machine-readable verdict, everything a renderer needs (schema in docs/report.md).
+
+The schema is versioned (``schema``); a renderer must refuse a major version it does not know.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from gate import __version__
+from gate.checks.base import Status
+from gate.config import GateConfig
+from gate.judge import Judgment
+
+SCHEMA = "gate-report/1"
+REPORT_FILE = "report.json"
+
+
+def build(run_dir: Path, cfg: GateConfig, judgment: Judgment) -> dict[str, Any]:
+    run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    counts = Counter(c.status.value for c in judgment.checks)
+    return {
+        "schema": SCHEMA,
+        "gate_version": __version__,
+        "gate_id": cfg.gate_id,
+        "verdict": judgment.verdict.value,
+        "exit_code": judgment.exit_code(cfg.fail_on),
+        "fail_on": cfg.fail_on,
+        "counts": {s.value: counts.get(s.value, 0) for s in Status},
+        "errors": judgment.errors,
+        "run": {k: run.get(k) for k in ("started", "finished", "config", "model", "prompt_sets", "sampling", "greedy", "teacher_forced", "reference")}
+        | {"dir": str(run_dir)},
+        "engines": {name: _engine(run_dir, name, entry) for name, entry in run["engines"].items()},
+        "baseline": judgment.baseline.to_dict(),
+        "checks": [c.to_dict() for c in judgment.checks],
+        "commands": commands(cfg),
+    }
+
+
+def _engine(run_dir: Path, name: str, entry: dict) -> dict[str, Any]:
+    out = {k: entry.get(k) for k in ("spec", "runner", "status", "error", "log_tail")}
+    meta_path = run_dir / "engines" / name / "engine.json"
+    if meta_path.is_file():
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        out |= {k: meta.get(k) for k in ("identity", "effective", "default_sampling_params", "dropped_engine_args", "timings", "counts")}
+    return out
+
+
+def commands(cfg: GateConfig) -> dict[str, str]:
+    config = f"-c {cfg.source}"
+    return {
+        "reproduce": f"gate run {config}",
+        "regenerate_baseline": f"gate baseline update {config}",
+    }
+
+
+def write(run_dir: Path, report: dict[str, Any]) -> Path:
+    path = run_dir / REPORT_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(_finite(report), indent=2, allow_nan=False, default=str) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN/inf: undefined statistics (e.g. Pearson of a constant) become null."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value

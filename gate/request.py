@@ -1,0 +1,101 @@
+"""The file seam between the orchestrator and an engine worker.
+
+The orchestrator writes a :class:`WorkerRequest` as JSON; ``python -m gate.worker`` reads it inside
+an engine environment and writes the files named in :data:`OUTPUT_FILES` into ``output_dir``.
+This module is imported on both sides, so it uses the standard library only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REQUEST_SCHEMA_VERSION = 1
+
+EVIDENCE_FILE = "evidence.npz"  # per-token arrays, layout in docs/evidence.md
+ENGINE_FILE = "engine.json"  # identity, effective configuration, timings
+TEXTS_FILE = "texts.json"  # decoded prompts and completions, for humans and reports
+OUTPUT_FILES = (EVIDENCE_FILE, ENGINE_FILE, TEXTS_FILE)
+
+# Progress lines the worker prints on stderr start with this; the orchestrator echoes them.
+PROGRESS_PREFIX = "[gate-worker] "
+
+
+@dataclass(frozen=True)
+class PromptItem:
+    """One prompt: plain text or chat messages, plus an optional reference continuation."""
+
+    id: str
+    prompt: str | None = None
+    messages: list[dict[str, str]] | None = None
+    reference: str | None = None
+
+
+@dataclass(frozen=True)
+class SamplingRequest:
+    """The sampling transform both the engine and the trainer-side reference apply."""
+
+    n: int
+    temperature: float
+    top_p: float
+    top_k: int  # 0 disables top-k
+    max_tokens: int
+    seed: int
+    logprobs: int  # top-k alternatives recorded per generated token
+
+
+@dataclass(frozen=True)
+class ReferenceRequest:
+    """How the trainer-side reference (transformers) scores tokens."""
+
+    dtype: str  # float32 | bfloat16 | float16
+    lm_head_fp32: bool  # fp32 final projection on a lower-precision trunk
+    batch_tokens: int  # padded tokens per forward pass
+
+
+@dataclass(frozen=True)
+class WorkerRequest:
+    engine_name: str
+    model: str
+    tokenizer: str | None
+    engine_args: dict[str, Any]
+    # Engine arguments that may be dropped, and recorded as dropped, when this engine
+    # release does not know them (e.g. logprobs_mode before vLLM 0.10).
+    optional_engine_args: list[str]
+    prompts: list[PromptItem]
+    sampling: SamplingRequest
+    greedy_max_tokens: int  # 0 skips the greedy pass
+    teacher_forced: bool  # score prompt + reference with prompt_logprobs
+    reference: ReferenceRequest
+    output_dir: str
+    # Submit prompts to the engine in a permuted order (A/A calibration): per-prompt seeds keep the
+    # samples comparable while batch composition changes. None keeps the prompt-set order.
+    order_seed: int | None = None
+    schema_version: int = REQUEST_SCHEMA_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+    def write(self, path: Path) -> None:
+        path.write_text(self.to_json() + "\n", encoding="utf-8")
+
+    @classmethod
+    def from_json(cls, text: str) -> "WorkerRequest":
+        raw = json.loads(text)
+        if raw.get("schema_version") != REQUEST_SCHEMA_VERSION:
+            raise ValueError(
+                f"request schema_version {raw.get('schema_version')!r} is not "
+                f"{REQUEST_SCHEMA_VERSION}: the gate package in this engine environment is stale"
+            )
+        raw["prompts"] = [PromptItem(**p) for p in raw["prompts"]]
+        raw["sampling"] = SamplingRequest(**raw["sampling"])
+        raw["reference"] = ReferenceRequest(**raw["reference"])
+        return cls(**raw)
+
+    @classmethod
+    def read(cls, path: Path) -> "WorkerRequest":
+        return cls.from_json(Path(path).read_text(encoding="utf-8"))

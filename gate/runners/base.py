@@ -1,0 +1,126 @@
+"""The runner interface and the subprocess plumbing the local and venv runners share."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from gate.config import EngineConfig
+from gate.errors import EngineError
+from gate.request import PROGRESS_PREFIX
+
+LOG_TAIL_LINES = 25
+
+
+@dataclass(frozen=True)
+class WorkerOutcome:
+    engine: str
+    output_dir: Path
+    log_path: Path
+    wall_s: float
+
+
+class Runner(ABC):
+    """Prepares an engine environment and runs ``python -m gate.worker`` inside it."""
+
+    kind: str
+
+    @abstractmethod
+    def prepare(self, engine: EngineConfig, log) -> None:
+        """Make the environment ready (install, cache look-up); raise EngineError on failure."""
+
+    @abstractmethod
+    def python(self, engine: EngineConfig) -> str:
+        """The interpreter that runs the worker."""
+
+    def run_worker(
+        self, engine: EngineConfig, request_path: Path, output_dir: Path, log_path: Path, timeout_s: float, log
+    ) -> WorkerOutcome:
+        env = {**os.environ, **engine.env, "PYTHONUNBUFFERED": "1"}
+        cmd = [self.python(engine), "-m", "gate.worker", str(request_path)]
+        start = time.perf_counter()
+        run_logged(cmd, env, log_path, timeout_s, engine.name, "worker", log)
+        return WorkerOutcome(engine.name, output_dir, log_path, time.perf_counter() - start)
+
+
+def run_logged(
+    cmd: list[str],
+    env: dict,
+    log_path: Path,
+    timeout_s: float,
+    engine: str,
+    what: str,
+    log: Callable[[str], None],
+    line_hook: Callable[[str], None] | None = None,
+) -> None:
+    """Run ``cmd``, teeing its output to ``log_path`` and echoing worker progress lines.
+
+    ``line_hook`` sees every other output line (the venv runner relays pip's milestones with it).
+
+    Raises EngineError with the log's tail on a non-zero exit or a timeout. The child gets its own
+    process group so a timeout or Ctrl-C also ends the processes vLLM spawned.
+    """
+    tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
+    last_error: list[str] = []
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a", encoding="utf-8") as log_file:
+        log_file.write(f"$ {' '.join(cmd)}\n")
+        log_file.flush()
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            text=True, errors="replace", start_new_session=True,
+        )  # fmt: skip
+
+        def pump() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                log_file.write(line)
+                tail.append(line.rstrip("\n"))
+                if line.startswith(PROGRESS_PREFIX):
+                    message = line[len(PROGRESS_PREFIX) :].rstrip()
+                    if message.startswith("error: "):
+                        last_error[:] = [message[len("error: ") :]]
+                    log(f"[{engine}] {message}")
+                elif line_hook is not None:
+                    line_hook(line.rstrip("\n"))
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            reader.join(timeout=5)
+            raise EngineError(engine, f"{what} timed out after {timeout_s:.0f}s (log: {log_path})", "\n".join(tail))
+        except BaseException:
+            _kill_group(proc)
+            raise
+        reader.join(timeout=30)
+    if rc != 0:
+        reason = last_error[0] if last_error else f"{what} exited with code {rc}"
+        raise EngineError(engine, f"{reason} (log: {log_path})", "\n".join(tail))
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def stderr_log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)

@@ -1,0 +1,175 @@
+"""Start a vLLM engine and read back who it is and what it actually runs with.
+
+vLLM's Python API moves between releases, so everything here probes features (an attribute, a
+field of ``EngineArgs``) rather than comparing version strings. Settings are read from the live
+engine after vLLM applied its defaults, not echoed from what was requested.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import platform
+import sys
+from typing import Any
+
+import torch
+
+# Dotted attribute paths into the live engine, tried in order (V1 first, then V0 layouts).
+_SETTINGS: dict[str, tuple[str, ...]] = {
+    "logprobs_mode": ("vllm_config.model_config.logprobs_mode", "model_config.logprobs_mode"),
+    "enable_prefix_caching": ("vllm_config.cache_config.enable_prefix_caching", "cache_config.enable_prefix_caching"),
+    "async_scheduling": ("vllm_config.scheduler_config.async_scheduling", "scheduler_config.async_scheduling"),
+    "enable_chunked_prefill": (
+        "vllm_config.scheduler_config.enable_chunked_prefill",
+        "vllm_config.scheduler_config.chunked_prefill_enabled",
+        "scheduler_config.chunked_prefill_enabled",
+    ),
+    "dtype": ("vllm_config.model_config.dtype", "model_config.dtype"),
+    "kv_cache_dtype": ("vllm_config.cache_config.cache_dtype", "cache_config.cache_dtype"),
+    "max_num_batched_tokens": (
+        "vllm_config.scheduler_config.max_num_batched_tokens",
+        "scheduler_config.max_num_batched_tokens",
+    ),
+    "max_num_seqs": ("vllm_config.scheduler_config.max_num_seqs", "scheduler_config.max_num_seqs"),
+    "max_model_len": ("vllm_config.model_config.max_model_len", "model_config.max_model_len"),
+    "enforce_eager": ("vllm_config.model_config.enforce_eager", "model_config.enforce_eager"),
+    "compilation_mode": (
+        "vllm_config.compilation_config.mode",
+        "vllm_config.compilation_config.level",
+        "compilation_config.level",
+    ),
+    "cudagraph_mode": ("vllm_config.compilation_config.cudagraph_mode",),
+    "seed": ("vllm_config.model_config.seed", "model_config.seed"),
+    "generation_config": ("vllm_config.model_config.generation_config", "model_config.generation_config"),
+    "override_generation_config": (
+        "vllm_config.model_config.override_generation_config",
+        "model_config.override_generation_config",
+    ),
+    "quantization": ("vllm_config.model_config.quantization", "model_config.quantization"),
+    "attention_backend": ("vllm_config.attention_config.backend",),
+    "tensor_parallel_size": (
+        "vllm_config.parallel_config.tensor_parallel_size",
+        "parallel_config.tensor_parallel_size",
+    ),
+    "device": ("vllm_config.device_config.device", "device_config.device"),
+}
+
+_DEFAULT_SAMPLING_FIELDS = (
+    "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+    "presence_penalty", "frequency_penalty", "max_tokens", "seed",
+)  # fmt: skip
+
+
+def prepare_process() -> None:
+    """Per-process set-up that must happen before the engine starts."""
+    # Keep the engine in this process: weight pushes and config reads reach it directly.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # bf16 attention on CPU needs AMX permission, asked per process (brief: "Illegal instruction").
+    init_amx = getattr(getattr(torch._C, "_cpu", None), "_init_amx", None)
+    if init_amx is not None and not torch.cuda.is_available():
+        init_amx()
+
+
+def supported_engine_args() -> set[str]:
+    from vllm.engine.arg_utils import EngineArgs
+
+    return {f.name for f in dataclasses.fields(EngineArgs)}
+
+
+def split_engine_args(requested: dict[str, Any], optional: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """Drop optional arguments this release does not know; unknown required ones raise."""
+    known = supported_engine_args()
+    dropped = [k for k in requested if k not in known and k in optional]
+    unknown = [k for k in requested if k not in known and k not in optional]
+    if unknown:
+        raise ValueError(f"this vLLM release has no engine argument(s) {unknown}")
+    return {k: v for k, v in requested.items() if k not in dropped}, dropped
+
+
+def start_engine(model: str, tokenizer: str | None, engine_args: dict[str, Any]):
+    from vllm import LLM
+
+    kwargs = dict(engine_args)
+    if tokenizer:
+        kwargs["tokenizer"] = tokenizer
+    return LLM(model=model, **kwargs)
+
+
+def effective_settings(llm) -> dict[str, Any]:
+    engine = llm.llm_engine
+    return {name: _jsonable(_first_attr(engine, paths)) for name, paths in _SETTINGS.items()}
+
+
+def default_sampling(llm) -> dict[str, Any] | None:
+    """The defaults the engine derives for requests that set nothing (generation_config.json)."""
+    getter = getattr(llm, "get_default_sampling_params", None)
+    if getter is None:
+        return None
+    params = getter()
+    return {name: _jsonable(getattr(params, name, None)) for name in _DEFAULT_SAMPLING_FIELDS}
+
+
+def generation_config_overrides(llm) -> dict[str, Any] | None:
+    model_config = _first_attr(llm.llm_engine, ("vllm_config.model_config", "model_config"))
+    getter = getattr(model_config, "get_diff_sampling_param", None)
+    return None if getter is None else {k: _jsonable(v) for k, v in getter().items()}
+
+
+def identity(llm) -> dict[str, Any]:
+    import transformers
+    import vllm
+
+    engine_cls = type(llm.llm_engine)
+    return {
+        "vllm": getattr(vllm, "__version__", "unknown"),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "engine_class": f"{engine_cls.__module__}.{engine_cls.__qualname__}",
+        "engine_generation": "V1" if ".v1." in f".{engine_cls.__module__}." else "V0",
+        "device_kind": "cuda" if torch.cuda.is_available() else "cpu",
+        "device_name": device_name(),
+        "platform": platform.platform(),
+        "executable": sys.executable,
+    }
+
+
+def device_name() -> str:
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def _first_attr(obj: Any, paths: tuple[str, ...]) -> Any:
+    for path in paths:
+        cur = obj
+        for part in path.split("."):
+            cur = getattr(cur, part, None)
+            if cur is None:
+                break
+        if cur is not None:
+            return cur
+    return None
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, enum.Enum):  # before int: CompilationMode is an IntEnum
+        return value.name
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [_jsonable(v) for v in value]
+    return str(value)

@@ -1,0 +1,265 @@
+"""Worker entry: one request in, evidence out. Runs inside an engine environment.
+
+Imports only vllm, torch, transformers, numpy and the standard library (plus gate's own
+stdlib/numpy-only seam modules). Progress goes to stderr as ``[gate-worker] ...`` lines.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gate import evidence as ev
+from gate.request import ENGINE_FILE, EVIDENCE_FILE, PROGRESS_PREFIX, TEXTS_FILE, WorkerRequest
+
+
+def progress(message: str) -> None:
+    print(f"{PROGRESS_PREFIX}{message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Timings:
+    values: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def measure(self, key: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.values[key] = time.perf_counter() - start
+
+
+@dataclass
+class EnginePasses:
+    """What the engine produced, before it is shut down and the reference takes over."""
+
+    sampled: Any  # replay.Completions
+    greedy: Any | None
+    tf_rows: list[int]  # prompts with a reference continuation
+    tf_seqs: list[list[int]]  # prompt + reference token ids
+    tf_scores: Any | None  # replay.PromptScores
+    meta: dict[str, Any]
+
+
+def run(request: WorkerRequest) -> None:
+    timings = Timings()
+    started = time.perf_counter()
+    with timings.measure("import_s"):
+        from gate.worker import engine as eng
+
+        eng.prepare_process()  # before torch/vllm start any threads
+        import vllm  # noqa: F401 - imported here so start-up cost is attributed honestly
+        from transformers import AutoTokenizer
+
+        from gate.worker import replay
+
+    with timings.measure("tokenize_s"):
+        tokenizer = AutoTokenizer.from_pretrained(request.tokenizer or request.model)
+        prompt_ids = replay.tokenize_prompts(tokenizer, request.prompts)
+        reference_ids = replay.tokenize_references(tokenizer, request.prompts)
+
+    passes = _engine_passes(request, prompt_ids, reference_ids, timings)
+    arrays, n_scored = _reference_arrays(request, prompt_ids, passes, timings)
+
+    timings.values["reference_tokens_per_s"] = n_scored / max(timings.values["reference_score_s"], 1e-9)
+    timings.values["total_s"] = time.perf_counter() - started
+    meta = {
+        **passes.meta,
+        "timings": timings.values,
+        "counts": {
+            "prompts": len(prompt_ids),
+            "samples": int(len(passes.sampled.finish)),
+            "sampled_tokens": int(len(passes.sampled.token_ids)),
+            "greedy_tokens": 0 if passes.greedy is None else int(len(passes.greedy.token_ids)),
+            "teacher_forced_tokens": 0 if passes.tf_scores is None else int(len(passes.tf_scores.logprob)),
+            "reference_scored_tokens": n_scored,
+        },
+    }
+    texts = {
+        "prompt_ids": [p.id for p in request.prompts],
+        "sample_text": passes.sampled.texts,
+        "greedy_text": [] if passes.greedy is None else passes.greedy.texts,
+    }
+    out_dir = Path(request.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _write_atomic(out_dir / EVIDENCE_FILE, lambda fh: np.savez(fh, **arrays))
+    _write_atomic(out_dir / TEXTS_FILE, lambda fh: fh.write(json.dumps(texts, ensure_ascii=False).encode()))
+    # engine.json last: its presence marks the output complete.
+    _write_atomic(out_dir / ENGINE_FILE, lambda fh: fh.write(json.dumps(meta, indent=2, sort_keys=True).encode()))
+    t = timings.values
+    progress(
+        f"done in {t['total_s']:.1f}s (engine start {t['engine_start_s']:.1f}s, "
+        f"reference {t['reference_tokens_per_s']:.0f} tok/s)"
+    )
+
+
+def _engine_passes(request: WorkerRequest, prompt_ids, reference_ids, timings: Timings) -> EnginePasses:
+    import torch
+
+    from gate.worker import engine as eng
+    from gate.worker import replay
+
+    engine_args, dropped = eng.split_engine_args(request.engine_args, request.optional_engine_args)
+    if dropped:
+        progress(f"this release has no {dropped}; running without them (recorded in engine.json)")
+    progress(f"starting engine ({len(request.prompts)} prompts)")
+    with timings.measure("engine_start_s"):
+        llm = eng.start_engine(request.model, request.tokenizer, engine_args)
+
+    s = request.sampling
+    order = replay.submission_order(len(prompt_ids), request.order_seed)
+    if order is not None:
+        progress(f"submitting prompts in a permuted order (order_seed={request.order_seed})")
+    progress(f"sampling {len(prompt_ids)} prompts x {s.n} (T={s.temperature}, top_p={s.top_p}, top_k={s.top_k})")
+    with timings.measure("sample_s"):
+        sampled = replay.sample(llm, prompt_ids, s, order)
+
+    greedy = None
+    if request.greedy_max_tokens > 0:
+        progress("greedy pass")
+        with timings.measure("greedy_s"):
+            greedy = replay.greedy(llm, prompt_ids, request.greedy_max_tokens, s.logprobs, order)
+
+    tf_rows = [i for i, ref in enumerate(reference_ids) if ref] if request.teacher_forced else []
+    tf_seqs = [prompt_ids[i] + reference_ids[i] for i in tf_rows]
+    tf_scores = None
+    if tf_seqs:
+        progress(f"teacher-forced pass over {len(tf_seqs)} fixed sequences")
+        with timings.measure("teacher_forced_s"):
+            tf_order = replay.submission_order(len(tf_seqs), request.order_seed)
+            tf_scores = replay.score_sequences(llm, tf_seqs, tf_order)
+
+    meta = {
+        "engine_name": request.engine_name,
+        "order_seed": request.order_seed,
+        "identity": eng.identity(llm),
+        "requested_engine_args": request.engine_args,
+        "dropped_engine_args": dropped,
+        "effective": eng.effective_settings(llm),
+        "default_sampling_params": eng.default_sampling(llm),
+        "generation_config_overrides": eng.generation_config_overrides(llm),
+        "flat_logprobs": replay.flat_logprobs_supported(),
+    }
+    del llm  # free the engine's memory (KV cache) before the reference model loads
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return EnginePasses(sampled, greedy, tf_rows, tf_seqs, tf_scores, meta)
+
+
+def _reference_arrays(request: WorkerRequest, prompt_ids, passes: EnginePasses, timings: Timings):
+    """Score every engine token with the trainer-side reference; returns (arrays, tokens scored)."""
+    import torch
+
+    from gate.worker.reference import ReferenceModel, SamplingTransform
+
+    r, s = request.reference, request.sampling
+    progress(f"trainer-side reference ({r.dtype}, lm_head_fp32={r.lm_head_fp32})")
+    with timings.measure("reference_load_s"):
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        ref = ReferenceModel(request.model, r.dtype, r.lm_head_fp32, device)
+    rollout = SamplingTransform(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
+    untransformed = SamplingTransform(temperature=0.0, top_k=0, top_p=1.0)
+
+    arrays = {ev.PROMPT_OFFSETS: _offsets([len(p) for p in prompt_ids]), ev.PROMPT_TOKEN_IDS: _flat(prompt_ids)}
+    n_scored = 0
+    with timings.measure("reference_score_s"):
+        for prefix, comp, transform in ((ev.SAMPLE, passes.sampled, rollout), (ev.GREEDY, passes.greedy, untransformed)):
+            if comp is None:
+                continue
+            scored = ref.score(*_continuations(prompt_ids, comp), transform, r.batch_tokens)
+            arrays.update(_completion_arrays(prefix, comp, scored))
+            n_scored += len(scored.raw)
+        if passes.tf_scores is not None:
+            scored = ref.score(passes.tf_seqs, [1] * len(passes.tf_seqs), untransformed, r.batch_tokens)
+            prompt_lens = [len(prompt_ids[i]) for i in passes.tf_rows]
+            arrays.update(_teacher_forced_arrays(passes.tf_rows, passes.tf_seqs, prompt_lens, passes.tf_scores, scored))
+            n_scored += len(scored.raw)
+    return arrays, n_scored
+
+
+def _offsets(lengths: list[int]) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
+
+
+def _flat(seqs: list[list[int]]) -> np.ndarray:
+    return np.concatenate([np.asarray(s, dtype=np.int32) for s in seqs]) if seqs else np.zeros(0, np.int32)
+
+
+def _continuations(prompt_ids: list[list[int]], comp) -> tuple[list[list[int]], list[int]]:
+    """Prompt + completion sequences and where their completion starts, for the reference."""
+    seqs, starts = [], []
+    for i, p in enumerate(comp.prompt_index.tolist()):
+        tokens = comp.token_ids[comp.offsets[i] : comp.offsets[i + 1]].tolist()
+        seqs.append(prompt_ids[p] + tokens)
+        starts.append(len(prompt_ids[p]))
+    return seqs, starts
+
+
+def _completion_arrays(prefix: str, comp, scored) -> dict[str, np.ndarray]:
+    return {
+        f"{prefix}_{ev.PROMPT_INDEX}": comp.prompt_index,
+        f"{prefix}_{ev.SAMPLE_INDEX}": comp.sample_index,
+        f"{prefix}_{ev.OFFSETS}": comp.offsets,
+        f"{prefix}_{ev.TOKEN_IDS}": comp.token_ids,
+        f"{prefix}_{ev.ENGINE_LOGPROB}": comp.logprob,
+        f"{prefix}_{ev.ENGINE_RANK}": comp.rank,
+        f"{prefix}_{ev.TOPK_IDS}": comp.topk_ids,
+        f"{prefix}_{ev.TOPK_LOGPROBS}": comp.topk_logprobs,
+        f"{prefix}_{ev.FINISH}": comp.finish,
+        f"{prefix}_{ev.TRAINER_RAW}": scored.raw,
+        f"{prefix}_{ev.TRAINER_PROCESSED}": scored.processed,
+        f"{prefix}_{ev.TRAINER_RAW_BF16_HEAD}": scored.raw_bf16_head,
+    }
+
+
+def _teacher_forced_arrays(rows, seqs, prompt_lens, engine_scores, scored) -> dict[str, np.ndarray]:
+    # Target position t (1-based in the sequence) belongs to the reference when t >= prompt length.
+    is_reference = np.concatenate([np.arange(1, len(s)) >= pl for s, pl in zip(seqs, prompt_lens)])
+    return {
+        f"{ev.TF}_{ev.PROMPT_INDEX}": np.asarray(rows, dtype=np.int32),
+        f"{ev.TF}_input_offsets": _offsets([len(s) for s in seqs]),
+        f"{ev.TF}_input_ids": _flat(seqs),
+        f"{ev.TF}_{ev.OFFSETS}": _offsets([len(s) - 1 for s in seqs]),
+        f"{ev.TF}_{ev.ENGINE_LOGPROB}": engine_scores.logprob,
+        f"{ev.TF}_{ev.TRAINER_RAW}": scored.raw,
+        f"{ev.TF}_{ev.TRAINER_RAW_BF16_HEAD}": scored.raw_bf16_head,
+        f"{ev.TF}_is_reference": is_reference,
+    }
+
+
+def _write_atomic(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        write(fh)
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m gate.worker <request.json>", file=sys.stderr)
+        return 2
+    try:
+        request = WorkerRequest.read(Path(argv[0]))
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        progress(f"error: bad request {argv[0]}: {exc}")
+        return 2
+    try:
+        run(request)
+    except Exception as exc:  # noqa: BLE001 - the orchestrator turns this into an ERROR result
+        traceback.print_exc()
+        progress(f"error: {type(exc).__name__}: {exc}")
+        return 1
+    return 0

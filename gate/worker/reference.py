@@ -1,0 +1,188 @@
+"""Trainer-side reference: transformers scores the engine's tokens teacher-forced.
+
+For every target token it returns the raw logprob (log_softmax of the logits), the processed
+logprob (the sampling transform the engine was asked to apply: temperature, then top-k, then
+top-p; tokens outside the kept set get -inf) and the raw logprob with a bf16 final projection
+(what an engine with a bf16 ``lm_head`` would report), so later checks can tell which one an
+engine matches. Everything is batched: sequences are packed by a padded-token budget and the
+scored positions are gathered with index tensors, never with per-token Python loops.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_HEAD_CHUNK_ROWS = 4096  # bounds the [rows, vocab] logits block for 150k-token vocabularies
+
+
+@dataclass(frozen=True)
+class SamplingTransform:
+    temperature: float  # <= 0 means greedy: the processed logprob is the raw one
+    top_k: int  # 0 = off
+    top_p: float  # 1.0 = off
+
+
+@dataclass
+class ScoredTokens:
+    """Flat per-target arrays, in the order of the sequences passed in."""
+
+    raw: np.ndarray
+    processed: np.ndarray
+    raw_bf16_head: np.ndarray
+
+
+def processed_logprobs(logits: torch.Tensor, transform: SamplingTransform) -> torch.Tensor:
+    """log_softmax after temperature, top-k and top-p, with vLLM's tie and boundary rules.
+
+    Like vLLM's sampler: top-k keeps every token tied with the k-th largest logit; top-p sorts
+    ascending, drops tokens whose cumulative probability stays <= 1 - p, and always keeps the
+    most likely token.
+    """
+    logits = logits.float()
+    if transform.temperature > 0 and transform.temperature != 1.0:
+        logits = logits / transform.temperature
+    use_k = 0 < transform.top_k < logits.shape[-1]
+    use_p = transform.top_p < 1.0
+    if use_k or use_p:
+        sorted_logits, order = logits.sort(dim=-1, descending=False)
+        if use_k:
+            kth = sorted_logits[:, logits.shape[-1] - transform.top_k].unsqueeze(-1)
+            sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, -math.inf)
+        if use_p:
+            cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+            drop = cum <= 1.0 - transform.top_p
+            drop[:, -1] = False
+            sorted_logits = sorted_logits.masked_fill(drop, -math.inf)
+        logits = torch.empty_like(sorted_logits).scatter_(-1, order, sorted_logits)
+    return torch.log_softmax(logits, dim=-1)
+
+
+class ReferenceModel:
+    """A transformers causal LM split into trunk and final projection so the head precision is ours."""
+
+    def __init__(self, model_path: str, dtype: str, lm_head_fp32: bool, device: str) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.device = torch.device(device)
+        model = _load_causal_lm(AutoModelForCausalLM, model_path)
+        model.eval()
+        head = model.get_output_embeddings()
+        # Copy the projection in fp32 before the trunk is cast, so an fp32 head is really fp32.
+        self.head_weight_fp32 = head.weight.detach().float().to(self.device)
+        self.head_bias_fp32 = None if getattr(head, "bias", None) is None else head.bias.detach().float().to(self.device)
+        trunk_dtype = _DTYPES[dtype]
+        self.head_dtype = torch.float32 if (lm_head_fp32 or trunk_dtype == torch.float32) else trunk_dtype
+        self.trunk = model.get_decoder().to(device=self.device, dtype=trunk_dtype)
+        # Gemma-style models cap logits after the projection; keep the reference faithful.
+        self.softcap = getattr(model.config, "final_logit_softcapping", None)
+        self.pad_id = 0
+
+    def head(self, hidden: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        weight = self.head_weight_fp32.to(dtype)
+        logits = hidden.to(dtype) @ weight.T
+        if self.head_bias_fp32 is not None:
+            logits = logits + self.head_bias_fp32.to(dtype)
+        logits = logits.float()
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    @torch.inference_mode()
+    def score(
+        self,
+        sequences: list[list[int]],
+        score_from: list[int],
+        transform: SamplingTransform,
+        batch_tokens: int,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> ScoredTokens:
+        """Score tokens ``seq[t]`` for ``t in [score_from[i], len(seq))`` of every sequence."""
+        lengths = np.array([len(s) for s in sequences], dtype=np.int64)
+        starts = np.asarray(score_from, dtype=np.int64)
+        if np.any(starts < 1) or np.any(starts > lengths):
+            raise ValueError("score_from must lie in [1, len(sequence)]")
+        counts = lengths - starts
+        out_offsets = np.concatenate([[0], np.cumsum(counts)])
+        total = int(out_offsets[-1])
+        raw = np.empty(total, dtype=np.float32)
+        processed = np.empty(total, dtype=np.float32)
+        raw_bf16 = np.empty(total, dtype=np.float32)
+
+        order = np.argsort(-lengths, kind="stable")  # longest first: batches pad little
+        done = 0
+        for batch in _pack(order, lengths, batch_tokens):
+            dest = _ranges(out_offsets[batch], counts[batch])
+            r, p, b = self._score_batch([sequences[i] for i in batch], starts[batch], counts[batch], transform)
+            raw[dest], processed[dest], raw_bf16[dest] = r, p, b
+            done += len(batch)
+            if progress:
+                progress(done, len(sequences))
+        return ScoredTokens(raw=raw, processed=processed, raw_bf16_head=raw_bf16)
+
+    def _score_batch(
+        self, seqs: list[list[int]], starts: np.ndarray, counts: np.ndarray, transform: SamplingTransform
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        max_len = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), max_len), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), max_len), dtype=torch.long)
+        for row, seq in enumerate(seqs):  # one Python step per sequence, not per token
+            ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            mask[row, : len(seq)] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        hidden = self.trunk(input_ids=ids, attention_mask=mask).last_hidden_state
+
+        # Target t is predicted by the hidden state at t - 1.
+        rows = torch.from_numpy(np.repeat(np.arange(len(seqs)), counts)).to(self.device)
+        cols = torch.from_numpy(_ranges(starts - 1, counts)).to(self.device)
+        targets = ids[rows, cols + 1].unsqueeze(-1)
+        picked = hidden[rows, cols]
+
+        outs = ([], [], [])
+        for chunk in range(0, picked.shape[0], _HEAD_CHUNK_ROWS):
+            h = picked[chunk : chunk + _HEAD_CHUNK_ROWS]
+            t = targets[chunk : chunk + _HEAD_CHUNK_ROWS]
+            logits = self.head(h, self.head_dtype)
+            outs[0].append(torch.log_softmax(logits, dim=-1).gather(-1, t))
+            outs[1].append(processed_logprobs(logits, transform).gather(-1, t))
+            logits_bf16 = self.head(h, torch.bfloat16)
+            outs[2].append(torch.log_softmax(logits_bf16, dim=-1).gather(-1, t))
+        return tuple(torch.cat(o).squeeze(-1).float().cpu().numpy() for o in outs)  # type: ignore[return-value]
+
+
+def _load_causal_lm(auto_cls, model_path: str):
+    # transformers 5 renamed torch_dtype to dtype; probe instead of parsing versions.
+    try:
+        return auto_cls.from_pretrained(model_path, dtype=torch.float32)
+    except TypeError:
+        return auto_cls.from_pretrained(model_path, torch_dtype=torch.float32)
+
+
+def _pack(order: np.ndarray, lengths: np.ndarray, batch_tokens: int) -> list[np.ndarray]:
+    """Group indices (already sorted longest first) so that rows * longest <= batch_tokens."""
+    batches, current, longest = [], [], 0
+    for idx in order:
+        longest_if_added = max(longest, int(lengths[idx]))
+        if current and longest_if_added * (len(current) + 1) > batch_tokens:
+            batches.append(np.array(current))
+            current, longest_if_added = [], int(lengths[idx])
+        current.append(idx)
+        longest = longest_if_added
+    if current:
+        batches.append(np.array(current))
+    return batches
+
+
+def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Concatenation of arange(s, s + c) for each (s, c), without a Python loop."""
+    counts = np.asarray(counts, dtype=np.int64)
+    total = int(counts.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    begins = np.repeat(np.asarray(starts, dtype=np.int64) - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
+    return begins + np.arange(total, dtype=np.int64)

@@ -1,0 +1,202 @@
+"""The three engine passes: sampled (the rollout path), greedy, and teacher-forced.
+
+Prompts are tokenized here, inside the engine environment, with that environment's transformers
+and chat template, and the engine is fed the resulting token ids, so the ids recorded are exactly
+the ids the engine and the trainer-side reference saw.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gate.request import PromptItem, SamplingRequest
+
+FINISH_CODES = {"stop": 0, "length": 1, "abort": 2}
+FINISH_OTHER = 3
+
+
+@dataclass
+class Completions:
+    """Ragged completions of one pass, flattened: sequence ``i`` owns ``offsets[i]:offsets[i+1]``."""
+
+    prompt_index: np.ndarray  # [S] which prompt each sequence continues
+    sample_index: np.ndarray  # [S] which of the n samples of that prompt
+    offsets: np.ndarray  # [S+1]
+    token_ids: np.ndarray  # [T]
+    logprob: np.ndarray  # [T] the engine's reported logprob of each generated token
+    rank: np.ndarray  # [T] the engine's rank of each generated token (1 = most likely)
+    topk_ids: np.ndarray  # [T, k]
+    topk_logprobs: np.ndarray  # [T, k]
+    finish: np.ndarray  # [S] FINISH_CODES
+    texts: list[str]
+
+
+@dataclass
+class PromptScores:
+    """Engine logprobs of fixed token sequences (prompt_logprobs), positions 1..L-1 of each."""
+
+    offsets: np.ndarray  # [Q+1] over target positions
+    logprob: np.ndarray  # [sum(L-1)]
+
+
+def tokenize_prompts(tokenizer, prompts: list[PromptItem]) -> list[list[int]]:
+    ids = []
+    for item in prompts:
+        if item.messages is not None:
+            out = tokenizer.apply_chat_template(item.messages, add_generation_prompt=True, tokenize=True)
+            # transformers 5 returns a BatchEncoding here, 4.x a plain list.
+            ids.append(list(out["input_ids"] if hasattr(out, "keys") else out))
+        else:
+            ids.append(list(tokenizer(item.prompt).input_ids))
+    return ids
+
+
+def tokenize_references(tokenizer, prompts: list[PromptItem]) -> list[list[int] | None]:
+    return [
+        None if item.reference is None else list(tokenizer(item.reference, add_special_tokens=False).input_ids)
+        for item in prompts
+    ]
+
+
+def flat_logprobs_supported() -> bool:
+    from vllm import SamplingParams
+
+    return hasattr(SamplingParams(), "flat_logprobs")
+
+
+def _params(**kwargs):
+    from vllm import SamplingParams
+
+    if flat_logprobs_supported():
+        # Flat logprobs arrive as a few primitive lists we can view as arrays, not a dict per token.
+        kwargs["flat_logprobs"] = True
+    return SamplingParams(**kwargs)
+
+
+def _generate(llm, prompt_ids: list[list[int]], params, order: np.ndarray | None):
+    """llm.generate in ``order`` (a permutation), outputs returned in prompt order."""
+    if not isinstance(params, list):
+        params = [params] * len(prompt_ids)
+    idx = np.arange(len(prompt_ids)) if order is None else order
+    outputs = llm.generate([{"prompt_token_ids": prompt_ids[i]} for i in idx], [params[i] for i in idx], use_tqdm=False)
+    restored = [None] * len(outputs)
+    for position, i in enumerate(idx.tolist()):
+        restored[i] = outputs[position]
+    return restored
+
+
+def submission_order(n: int, order_seed: int | None) -> np.ndarray | None:
+    return None if order_seed is None else np.random.default_rng(order_seed).permutation(n)
+
+
+def sample(llm, prompt_ids: list[list[int]], sampling: SamplingRequest, order: np.ndarray | None = None) -> Completions:
+    """The rollout path: n samples per prompt with a per-prompt seed, so batching cannot change them."""
+    params = [
+        _params(
+            n=sampling.n,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k if sampling.top_k > 0 else _top_k_off(),
+            max_tokens=sampling.max_tokens,
+            seed=sampling.seed + i * sampling.n,
+            logprobs=sampling.logprobs,
+        )
+        for i in range(len(prompt_ids))
+    ]
+    return _collect(_generate(llm, prompt_ids, params, order), sampling.logprobs)
+
+
+def greedy(llm, prompt_ids: list[list[int]], max_tokens: int, k: int, order: np.ndarray | None = None) -> Completions:
+    params = _params(n=1, temperature=0.0, max_tokens=max_tokens, logprobs=k)
+    return _collect(_generate(llm, prompt_ids, params, order), k)
+
+
+def score_sequences(llm, sequences: list[list[int]], order: np.ndarray | None = None) -> PromptScores:
+    """Engine logprobs of every position after the first, teacher-forced via prompt_logprobs."""
+    params = _params(n=1, temperature=0.0, max_tokens=1, prompt_logprobs=0)
+    outputs = _generate(llm, sequences, params, order)
+    parts = []
+    for out, seq in zip(outputs, sequences):
+        values = _prompt_logprobs_of(out.prompt_logprobs, seq)
+        if len(values) != len(seq) - 1:
+            raise RuntimeError(f"engine returned {len(values)} prompt logprobs for {len(seq) - 1} positions")
+        parts.append(values)
+    offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
+    return PromptScores(offsets=offsets, logprob=np.concatenate(parts).astype(np.float32))
+
+
+def _top_k_off() -> int:
+    # vLLM >= 0.9 accepts 0 for "off"; older releases want -1. Probe the default.
+    from vllm import SamplingParams
+
+    return SamplingParams().top_k
+
+
+def _collect(outputs, k: int) -> Completions:
+    prompt_index, sample_index, lengths, finish, texts = [], [], [], [], []
+    ids, lps, ranks, topk_ids, topk_lps = [], [], [], [], []
+    for p, out in enumerate(outputs):
+        for s, comp in enumerate(out.outputs):
+            tokens = np.asarray(comp.token_ids, dtype=np.int32)
+            lp, rk, tid, tlp = _sample_logprobs_of(comp.logprobs, tokens, k)
+            prompt_index.append(p)
+            sample_index.append(s)
+            lengths.append(len(tokens))
+            finish.append(FINISH_CODES.get(comp.finish_reason, FINISH_OTHER))
+            texts.append(comp.text)
+            ids.append(tokens), lps.append(lp), ranks.append(rk), topk_ids.append(tid), topk_lps.append(tlp)
+    return Completions(
+        prompt_index=np.asarray(prompt_index, dtype=np.int32),
+        sample_index=np.asarray(sample_index, dtype=np.int32),
+        offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        token_ids=_cat(ids, np.int32, (0,)),
+        logprob=_cat(lps, np.float32, (0,)),
+        rank=_cat(ranks, np.int32, (0,)),
+        topk_ids=_cat(topk_ids, np.int32, (0, k)),
+        topk_logprobs=_cat(topk_lps, np.float32, (0, k)),
+        finish=np.asarray(finish, dtype=np.int8),
+        texts=texts,
+    )
+
+
+def _cat(parts: list[np.ndarray], dtype, empty_shape: tuple[int, ...]) -> np.ndarray:
+    return np.concatenate(parts).astype(dtype) if parts else np.zeros(empty_shape, dtype=dtype)
+
+
+def _sample_logprobs_of(logprobs, tokens: np.ndarray, k: int):
+    """(sampled logprob, sampled rank, top-k ids, top-k logprobs) for one completion."""
+    n = len(tokens)
+    if n == 0:
+        return np.zeros(0), np.zeros(0), np.zeros((0, k)), np.zeros((0, k))
+    if hasattr(logprobs, "start_indices"):
+        # FlatLogprobs: every position holds [sampled, top-1 .. top-k] (vLLM appends k + 1 entries).
+        width = k + 1
+        lp = np.asarray(logprobs.logprobs, dtype=np.float64)
+        if lp.size != n * width:
+            raise RuntimeError(f"flat logprobs hold {lp.size} entries for {n} tokens x {width}")
+        lp = lp.reshape(n, width)
+        tid = np.asarray(logprobs.token_ids, dtype=np.int64).reshape(n, width)
+        rk = np.asarray(logprobs.ranks, dtype=np.int64).reshape(n, width)
+        if not np.array_equal(tid[:, 0], tokens):
+            raise RuntimeError("flat logprobs: first entry of a position is not the sampled token")
+        return lp[:, 0], rk[:, 0], tid[:, 1:], lp[:, 1:]
+    # Older releases: a dict per position. The sampled token is always a key.
+    lp, rk = np.empty(n), np.empty(n)
+    tid, tlp = np.full((n, k), -1), np.full((n, k), -np.inf)
+    for t, (token, entry) in enumerate(zip(tokens.tolist(), logprobs)):
+        lp[t], rk[t] = entry[token].logprob, entry[token].rank
+        top = sorted((v.rank, tok, v.logprob) for tok, v in entry.items() if v.rank is not None and v.rank <= k)
+        for j, (_, tok, value) in enumerate(top[:k]):
+            tid[t, j], tlp[t, j] = tok, value
+    return lp, rk, tid, tlp
+
+
+def _prompt_logprobs_of(prompt_logprobs, seq: list[int]) -> np.ndarray:
+    if hasattr(prompt_logprobs, "start_indices"):
+        # prompt_logprobs=0: position 0 is empty, every later one holds just the actual token.
+        if list(prompt_logprobs.token_ids) != list(seq[1:]):
+            raise RuntimeError("flat prompt logprobs do not follow the scored sequence")
+        return np.asarray(prompt_logprobs.logprobs, dtype=np.float64)
+    return np.asarray([entry[tok].logprob for tok, entry in zip(seq[1:], prompt_logprobs[1:])], dtype=np.float64)

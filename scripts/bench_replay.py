@@ -1,0 +1,76 @@
+"""Benchmark one `gate run`: per engine, where the replay's wall time goes.
+
+Runs the gate (default: the built-in CPU default; venvs should already be built, e.g. by
+`gate prepare`) and splits each engine's replay wall time, as the orchestrator measured it, into
+vLLM start-up (imports + engine construction), generation (sampled + greedy + teacher-forced
+passes) and the gate's own overhead (everything else: process start, tokenization, the reference
+model, evidence writing and validation). Prints a table; --json writes the figures too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-c", "--config", help="gate.yaml (default: the built-in CPU default)")
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run"
+        cmd = [sys.executable, "-m", "gate", "run", "--out", str(out)] + (["-c", args.config] if args.config else [])
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, stderr=subprocess.PIPE, text=True)
+        total = time.perf_counter() - start
+        if proc.returncode != 0:
+            print(proc.stderr[-4000:], file=sys.stderr)
+            return proc.returncode
+        figures = {"gate_run_wall_s": round(total, 2), "engines": {}}
+        run = json.loads((out / "run.json").read_text())
+        for name, entry in run["engines"].items():
+            meta = json.loads((out / "engines" / name / "engine.json").read_text())
+            figures["engines"][name] = breakdown(entry["worker_s"], meta)
+
+    print(f"gate run: {figures['gate_run_wall_s']:.1f} s wall (both engines, venvs warm)")
+    header = f"{'engine':<6} {'vllm':<8} {'replay s':>9} {'start-up s':>11} {'generate s':>11} {'overhead s':>11} {'overhead %':>11} {'gen tok/s':>10} {'ref tok/s':>10}"
+    print(header)
+    for name, f in figures["engines"].items():
+        print(
+            f"{name:<6} {f['vllm']:<8} {f['replay_s']:>9.1f} {f['startup_s']:>11.1f} {f['generate_s']:>11.2f} "
+            f"{f['overhead_s']:>11.2f} {f['overhead_pct']:>10.1f}% {f['generated_tokens_per_s']:>10.0f} {f['reference_tokens_per_s']:>10.0f}"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
+
+
+def breakdown(replay_s: float, meta: dict) -> dict:
+    t, c = meta["timings"], meta["counts"]
+    startup = t["import_s"] + t["engine_start_s"]
+    generate = t["sample_s"] + t.get("greedy_s", 0.0) + t.get("teacher_forced_s", 0.0)
+    overhead = replay_s - startup - generate
+    generated = c["sampled_tokens"] + c["greedy_tokens"] + c["teacher_forced_tokens"]
+    return {
+        "vllm": meta["identity"]["vllm"],
+        "replay_s": replay_s,
+        "startup_s": startup,
+        "generate_s": generate,
+        "overhead_s": overhead,
+        "overhead_pct": 100.0 * overhead / replay_s,
+        "reference_s": t["reference_load_s"] + t["reference_score_s"],
+        "reference_tokens_per_s": t["reference_tokens_per_s"],
+        "generated_tokens_per_s": generated / max(generate, 1e-9),
+        "counts": c,
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Synthetic evidence for check and baseline unit tests: same keys and layout as the worker writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from gate import evidence as ev
+
+EFFECTIVE = {
+    "logprobs_mode": "processed_logprobs",
+    "enable_prefix_caching": False,
+    "async_scheduling": False,
+    "dtype": "float32",
+    "compilation_mode": "VLLM_COMPILE",
+}
+
+
+def make_evidence(
+    folder: Path,
+    n_prompts: int = 20,
+    n: int = 2,
+    length: int = 8,
+    seed: int = 0,
+    engine_offset: float = 0.0,
+    engine_noise: float = 0.0,
+    engine_equals: str = "processed",
+    tf_offset: float = 0.0,
+    effective: dict | None = None,
+    prompt_tokens: list[list[int]] | None = None,
+    greedy_tokens: np.ndarray | None = None,
+) -> ev.Evidence:
+    """One engine's evidence; the engine's sampled logprob equals the trainer's `engine_equals` one
+    (processed / raw / bf16) plus ``engine_offset`` and Gaussian ``engine_noise``."""
+    rng = np.random.default_rng(seed)
+    s = n_prompts * n
+    offsets = np.arange(s + 1, dtype=np.int64) * length
+    t = s * length
+    raw = -rng.uniform(0.05, 3.0, t).astype(np.float32)
+    processed = (raw / 0.7).astype(np.float32)  # a stand-in for the temperature transform
+    bf16 = (raw + rng.normal(0, 0.01, t)).astype(np.float32)
+    base = {"processed": processed, "raw": raw}[engine_equals]
+    engine = (base + engine_offset + rng.normal(0, engine_noise, t) * (engine_noise > 0)).astype(np.float32)
+    prompts = prompt_tokens or [[1, 10 + p % 7, 20 + p % 5] for p in range(n_prompts)]
+    greedy = greedy_tokens if greedy_tokens is not None else np.tile(np.arange(4, dtype=np.int32), n_prompts)
+    tf_ids = np.concatenate([np.asarray(prompts[p] + [5, 6, 7], dtype=np.int32) for p in range(n_prompts)])
+    tf_in_off = np.concatenate([[0], np.cumsum([len(prompts[p]) + 3 for p in range(n_prompts)])])
+    tf_t = int(tf_in_off[-1]) - n_prompts
+    # Fixed sequences through the same model: identical across engines unless tf_offset says otherwise.
+    tf_trainer = -np.random.default_rng(1234).uniform(0.05, 3.0, tf_t).astype(np.float32)
+    arrays = {
+        ev.PROMPT_OFFSETS: np.concatenate([[0], np.cumsum([len(p) for p in prompts])]).astype(np.int64),
+        ev.PROMPT_TOKEN_IDS: np.concatenate([np.asarray(p, dtype=np.int32) for p in prompts]),
+        "sample_prompt_index": np.repeat(np.arange(n_prompts), n).astype(np.int32),
+        "sample_sample_index": np.tile(np.arange(n), n_prompts).astype(np.int32),
+        "sample_offsets": offsets,
+        "sample_token_ids": rng.integers(3, 100, t).astype(np.int32),
+        "sample_engine_logprob": engine,
+        "sample_engine_rank": np.ones(t, dtype=np.int32),
+        "sample_topk_ids": rng.integers(3, 100, (t, 5)).astype(np.int32),
+        "sample_topk_logprobs": np.sort(-rng.uniform(0, 5, (t, 5)), axis=1)[:, ::-1].astype(np.float32),
+        "sample_finish": np.zeros(s, dtype=np.int8),
+        "sample_trainer_logprob_raw": raw,
+        "sample_trainer_logprob_processed": processed,
+        "sample_trainer_logprob_raw_bf16_head": bf16,
+        "greedy_prompt_index": np.arange(n_prompts, dtype=np.int32),
+        "greedy_offsets": np.arange(n_prompts + 1, dtype=np.int64) * 4,
+        "greedy_token_ids": greedy.astype(np.int32),
+        "greedy_engine_logprob": np.full(n_prompts * 4, -0.1, dtype=np.float32),
+        "tf_prompt_index": np.arange(n_prompts, dtype=np.int32),
+        "tf_input_offsets": tf_in_off.astype(np.int64),
+        "tf_input_ids": tf_ids,
+        "tf_offsets": np.concatenate([[0], np.cumsum([len(prompts[p]) + 2 for p in range(n_prompts)])]).astype(np.int64),
+        "tf_engine_logprob": (tf_trainer + tf_offset).astype(np.float32),
+        "tf_trainer_logprob_raw": tf_trainer,
+        "tf_trainer_logprob_raw_bf16_head": (tf_trainer + 0.02).astype(np.float32),
+        "tf_is_reference": np.ones(tf_t, dtype=bool),
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    np.savez(folder / "evidence.npz", **arrays)
+    meta = {
+        "identity": {"vllm": "0.32.0", "engine_generation": "V1", "device_kind": "cpu", "device_name": "cpu", "transformers": "5"},
+        "effective": {**EFFECTIVE, **(effective or {})},
+        "default_sampling_params": {"temperature": 1.0, "repetition_penalty": 1.0},
+        "generation_config_overrides": {},
+        "dropped_engine_args": [],
+    }
+    (folder / "engine.json").write_text(json.dumps(meta))
+    (folder / "texts.json").write_text(json.dumps({"prompt_ids": [f"p{i}" for i in range(n_prompts)], "greedy_text": ["t"] * n_prompts}))
+    return ev.load(folder)
+
+
+RUN = {
+    "model": {"sha256": "a" * 64, "path": "/m"},
+    "prompt_sets": [{"name": "arith", "sha256": "b" * 64, "records": 20, "file": "x"}],
+    "sampling": {"n": 2, "max_tokens": 8, "temperature": 0.7, "top_p": 1.0, "top_k": 0, "seed": 1, "logprobs": 5},
+    "greedy": {"enabled": True, "max_tokens": 4},
+    "teacher_forced": {"enabled": True},
+    "reference": {"dtype": "float32", "lm_head_fp32": False, "batch_tokens": 16384},
+}

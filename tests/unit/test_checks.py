@@ -1,0 +1,216 @@
+"""Each check against synthetic evidence whose right answer is known by construction."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+from gate.checks import parse_settings, run_checks
+from gate.checks.base import Limit, Status, Threshold, worst
+from gate.checks.context import Context
+from gate.errors import ConfigError
+
+from ..factory import RUN, make_evidence
+
+
+def _settings(**raw):
+    return parse_settings(raw, "gate.yaml")
+
+
+def _results(ctx, **raw):
+    return {r.id: r for r in run_checks(ctx, _settings(**raw))}
+
+
+@pytest.fixture
+def clean(tmp_path):
+    old = make_evidence(tmp_path / "old", seed=1)
+    new = make_evidence(tmp_path / "new", seed=2)
+    return Context(new=new, old=old, run=copy.deepcopy(RUN))
+
+
+def test_clean_pair_passes_every_check(clean):
+    results = _results(clean)
+    assert {k: r.status for k, r in results.items() if r.status != Status.PASS} == {}
+    assert worst(r.status for r in results.values()) == Status.PASS
+
+
+# --- thresholds ------------------------------------------------------------------------------
+
+
+def test_limits_absolute_relative_and_floor():
+    assert Limit.parse(0.5, "x") == Limit(0.5)
+    rel = Limit.parse("6x noise", "x")
+    assert rel.relative and rel.value == 6
+    assert Limit(6, True, floor=1e-3).resolve(1e-2) == pytest.approx(6e-2)
+    assert Limit(6, True, floor=1e-3).resolve(1e-6) == 1e-3  # never below the floor
+    assert Limit(6, True, floor=1e-3).resolve(None) == 1e-3  # uncalibrated: the floor
+    with pytest.raises(ConfigError, match="expected a number or 'N x noise'"):
+        Limit.parse("lots", "x")
+
+
+def test_threshold_directions():
+    up = Threshold(Limit(1.0), Limit(2.0))
+    assert [up.evaluate(v)[0] for v in (0.5, 1.5, 2.5)] == [Status.PASS, Status.WARN, Status.FAIL]
+    down = Threshold(Limit(0.5), Limit(0.3), higher_is_worse=False)
+    assert [down.evaluate(v)[0] for v in (0.9, 0.4, 0.1)] == [Status.PASS, Status.WARN, Status.FAIL]
+
+
+def test_checks_config_is_validated_by_path():
+    with pytest.raises(ConfigError, match="checks.nope: unknown check"):
+        _settings(nope={})
+    with pytest.raises(ConfigError, match=r"checks.train-inference-mismatch.thresholds.kl: unknown metric"):
+        _settings(**{"train-inference-mismatch": {"thresholds": {"kl": {"fail": 1}}}})
+    with pytest.raises(ConfigError, match=r"checks.precision.expect_lm_heads: unknown key"):
+        _settings(precision={"expect_lm_heads": "fp32"})
+    with pytest.raises(ConfigError, match=r"checks.precision.mode: 'maybe'"):
+        _settings(precision={"mode": "maybe"})
+    s = _settings(**{"train-inference-mismatch": {"thresholds": {"k3_kl": {"fail": "6x noise"}}}})
+    k3 = s["train-inference-mismatch"].thresholds["k3_kl"]
+    assert k3.fail.relative and k3.warn == Limit(1e-3)
+
+
+def test_mode_warn_caps_and_off_skips(tmp_path, clean):
+    clean.new = make_evidence(tmp_path / "raw", seed=2, engine_equals="raw")
+    results = _results(clean, **{"logprob-semantics": {"mode": "warn"}, "precision": {"mode": "off"}})
+    assert results["logprob-semantics"].status == Status.WARN
+    assert results["precision"].status == Status.SKIP
+
+
+# --- logprob-semantics -----------------------------------------------------------------------
+
+
+def test_raw_logprobs_fail_and_name_logprobs_mode(tmp_path, clean):
+    clean.new = make_evidence(tmp_path / "raw", seed=2, engine_equals="raw")
+    r = _results(clean)["logprob-semantics"]
+    assert r.status == Status.FAIL
+    assert r.details["semantics"] == {"old": "processed", "new": "raw"}
+    assert "logprobs_mode='processed_logprobs'" in r.diagnosis
+
+
+def test_semantics_neither_when_far_from_both(tmp_path, clean):
+    clean.new = make_evidence(tmp_path / "off", seed=2, engine_offset=0.5)
+    r = _results(clean)["logprob-semantics"]
+    assert r.details["semantics"]["new"] == "neither" and r.status == Status.FAIL
+
+
+def test_semantics_fixed_by_upgrade_warns(tmp_path, clean):
+    clean.old = make_evidence(tmp_path / "oldraw", seed=1, engine_equals="raw")
+    assert _results(clean)["logprob-semantics"].status == Status.WARN
+
+
+def test_semantics_skip_when_transform_is_identity(clean):
+    clean.run["sampling"] = {**clean.run["sampling"], "temperature": 1.0}
+    assert _results(clean)["logprob-semantics"].status == Status.SKIP
+
+
+# --- train-inference-mismatch ----------------------------------------------------------------
+
+
+def test_mismatch_values_and_thresholds(tmp_path, clean):
+    r = _results(clean)["train-inference-mismatch"]
+    k3 = {m.engine: m.value for m in r.measurements if m.name == "k3_kl"}
+    assert k3 == {"old": 0.0, "new": 0.0}
+    # a constant offset c gives k3 = exp(-c) + c - 1 for every token
+    clean.new = make_evidence(tmp_path / "off", seed=2, engine_offset=0.05)
+    r = _results(clean)["train-inference-mismatch"]
+    k3_new = next(m for m in r.measurements if m.name == "k3_kl" and m.engine == "new")
+    assert k3_new.value == pytest.approx(np.exp(-0.05) + 0.05 - 1, rel=1e-3)
+    assert k3_new.status == Status.WARN  # 1.2e-3: above NeMo-RL's 1e-3, below 1e-2
+    tmpe = next(m for m in r.measurements if m.name == "token_mult_prob_error" and m.engine == "new")
+    assert tmpe.value == pytest.approx(np.exp(0.05), rel=1e-5) and tmpe.status == Status.WARN  # 1.0513 > 1.05
+
+
+def test_regression_needs_more_than_noise(tmp_path, clean):
+    clean.old = make_evidence(tmp_path / "o", seed=1, engine_noise=0.01)
+    clean.new = make_evidence(tmp_path / "n", seed=2, engine_noise=0.01)
+    reg = next(m for m in _results(clean)["train-inference-mismatch"].measurements if m.name == "regression_mean_abs_diff")
+    assert reg.status == Status.PASS  # same noise on both sides: the CI's lower bound stays below the floor
+    clean.new = make_evidence(tmp_path / "n2", seed=2, engine_noise=0.05)
+    reg = next(m for m in _results(clean)["train-inference-mismatch"].measurements if m.name == "regression_mean_abs_diff")
+    assert reg.status == Status.FAIL and reg.value > 0.01  # mean |N(0, .05)| - mean |N(0, .01)| ~ 0.032
+
+
+# --- forward-drift ---------------------------------------------------------------------------
+
+
+def test_forward_drift_fails_on_a_shift(tmp_path, clean):
+    assert _results(clean)["forward-drift"].status == Status.PASS
+    clean.new = make_evidence(tmp_path / "s", seed=2, tf_offset=0.01)
+    r = _results(clean)["forward-drift"]
+    assert r.status == Status.FAIL
+    assert r.details["old"]["mean_abs_drift"] == pytest.approx(0.01, rel=1e-3)
+
+
+def test_forward_drift_skips_sequences_with_other_tokens(tmp_path, clean):
+    prompts = [[1, 10 + p % 7, 20 + p % 5] for p in range(20)]
+    prompts[3] = [1, 99, 98]
+    clean.new = make_evidence(tmp_path / "t", seed=2, prompt_tokens=prompts)
+    r = _results(clean)
+    assert r["forward-drift"].details["old"]["skipped_sequences"] == 1
+    assert r["tokenization"].status == Status.FAIL
+    assert r["tokenization"].details["old"]["differing"] == ["p3"]
+
+
+# --- greedy-and-length -----------------------------------------------------------------------
+
+
+def test_greedy_divergence_and_length(tmp_path, clean):
+    tokens = np.tile(np.arange(4, dtype=np.int32), 20)
+    tokens[4 * 5 + 2] = 77  # prompt 5 diverges at position 2
+    clean.new = make_evidence(tmp_path / "g", seed=2, greedy_tokens=tokens)
+    r = _results(clean)["greedy-and-length"]
+    match = next(m for m in r.measurements if m.name == "greedy_exact_match_rate")
+    assert match.value == pytest.approx(19 / 20) and match.status == Status.PASS  # 0.95 is the warn bound
+    assert r.details["old"]["greedy"]["diverging_prompts"] == [5]
+    clean.new = make_evidence(tmp_path / "l", seed=2, length=9)
+    dev = next(m for m in _results(clean)["greedy-and-length"].measurements if m.name == "length_ratio_deviation")
+    assert dev.value == pytest.approx(1 / 8) and dev.status == Status.FAIL
+
+
+# --- config-parity ---------------------------------------------------------------------------
+
+
+def test_config_parity_policy_and_acknowledge(tmp_path, clean):
+    clean.new = make_evidence(tmp_path / "c", seed=2, effective={"enable_prefix_caching": True, "async_scheduling": True, "compilation_mode": "NONE"})
+    r = _results(clean)["config-parity"]
+    status = {m.name: m.status for m in r.measurements}
+    assert status == {"async_scheduling": Status.FAIL, "compilation_mode": Status.PASS, "enable_prefix_caching": Status.FAIL}
+    assert "enable_prefix_caching=False" in r.diagnosis
+    clean.acknowledge = frozenset({"enable_prefix_caching", "async_scheduling"})
+    assert _results(clean)["config-parity"].status == Status.PASS
+    r = _results(clean, **{"config-parity": {"policy": {"compilation_mode": "fail"}}})["config-parity"]
+    assert r.status == Status.FAIL
+
+
+def test_generation_defaults_are_compared(tmp_path, clean):
+    folder = tmp_path / "gen"
+    make_evidence(folder, seed=2)
+    import json
+
+    meta = json.loads((folder / "engine.json").read_text())
+    meta["default_sampling_params"]["repetition_penalty"] = 1.1
+    (folder / "engine.json").write_text(json.dumps(meta))
+    from gate import evidence as ev
+
+    clean.new = ev.load(folder)
+    r = _results(clean)["config-parity"]
+    assert r.status == Status.FAIL and "default_sampling_params.repetition_penalty" in r.diagnosis
+
+
+# --- precision -------------------------------------------------------------------------------
+
+
+def test_precision_detects_bf16_head(tmp_path, clean):
+    clean.new = make_evidence(tmp_path / "b", seed=2, tf_offset=0.02)  # engine == the bf16-head reference
+    assert _results(clean)["precision"].details["behaves_like"]["new"] == "bf16"
+    assert _results(clean, precision={"expect_lm_head": "fp32"})["precision"].status == Status.FAIL
+    assert _results(clean, precision={"expect_lm_head": "bf16"})["precision"].status != Status.FAIL
+
+
+def test_a_crashing_check_is_an_error_not_a_crash(clean):
+    del clean.new.arrays["tf_engine_logprob"]
+    r = _results(clean)
+    assert r["precision"].status == Status.ERROR and "KeyError" in r["precision"].summary
+    assert r["config-parity"].status == Status.PASS

@@ -1,0 +1,104 @@
+"""The trainer-side reference: the sampling transform and batched scoring, against hand values."""
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from gate.worker.reference import ReferenceModel, SamplingTransform, _pack, _ranges, processed_logprobs  # noqa: E402
+
+
+def test_temperature_only():
+    logits = torch.tensor([[2.0, 1.0, 0.0]])
+    out = processed_logprobs(logits, SamplingTransform(temperature=0.5, top_k=0, top_p=1.0))
+    z = np.array([4.0, 2.0, 0.0])
+    expected = z - np.log(np.exp(z).sum())
+    np.testing.assert_allclose(out.numpy()[0], expected, rtol=1e-6)
+
+
+def test_top_k_keeps_ties_and_renormalises():
+    logits = torch.tensor([[3.0, 1.0, 1.0, 0.0]])
+    out = processed_logprobs(logits, SamplingTransform(temperature=1.0, top_k=2, top_p=1.0)).numpy()[0]
+    # The 2nd largest logit (1.0) is tied: both stay, like vLLM's `logits < kth` mask.
+    norm = math.log(math.exp(3) + 2 * math.exp(1))
+    np.testing.assert_allclose(out[:3], [3 - norm, 1 - norm, 1 - norm], rtol=1e-6)
+    assert out[3] == -math.inf
+
+
+def test_top_p_drops_the_tail_and_keeps_the_top_token():
+    probs = np.array([0.5, 0.3, 0.15, 0.05])
+    logits = torch.from_numpy(np.log(probs)[None]).float()
+    out = processed_logprobs(logits, SamplingTransform(temperature=1.0, top_k=0, top_p=0.8)).numpy()[0]
+    # ascending cumulative: 0.05, 0.20, 0.50, 1.0; dropped where <= 0.2 -> tokens 3 and 2
+    np.testing.assert_allclose(out[:2], np.log(probs[:2] / 0.8), rtol=1e-5)
+    assert np.all(np.isneginf(out[2:]))
+    tiny = processed_logprobs(logits, SamplingTransform(temperature=1.0, top_k=0, top_p=1e-6)).numpy()[0]
+    np.testing.assert_allclose(tiny[0], 0.0, atol=1e-6)
+    assert np.all(np.isneginf(tiny[1:]))
+
+
+def test_temperature_then_top_k_then_top_p():
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0]])
+    out = processed_logprobs(logits, SamplingTransform(temperature=0.5, top_k=3, top_p=0.9)).numpy()[0]
+    z = np.array([4.0, 2.0, 1.0])  # after T, top-3
+    p = np.exp(z) / np.exp(z).sum()  # [0.844, 0.114, 0.042]: ascending cumsum 0.042 <= 0.1 -> drop token 2
+    kept = np.log(p[:2] / p[:2].sum())
+    np.testing.assert_allclose(out[:2], kept, rtol=1e-5)
+    assert np.all(np.isneginf(out[2:]))
+
+
+def test_ranges_and_packing():
+    assert _ranges(np.array([5, 0, 2]), np.array([2, 0, 3])).tolist() == [5, 6, 2, 3, 4]
+    batches = _pack(np.array([2, 0, 1]), np.array([3, 4, 10]), batch_tokens=12)
+    assert [b.tolist() for b in batches] == [[2], [0, 1]]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    model = transformers.LlamaForCausalLM(cfg)
+    path = tmp_path_factory.mktemp("tiny")
+    model.save_pretrained(path)
+    return path, model
+
+
+def test_batched_scoring_equals_one_sequence_at_a_time(tiny_model):
+    path, model = tiny_model
+    seqs = [[1, 5, 7, 9, 2], [1, 3], [1, 4, 4, 4, 4, 4, 8], [1, 2, 3]]
+    starts = [2, 1, 3, 1]
+    transform = SamplingTransform(temperature=0.7, top_k=10, top_p=0.95)
+    ref = ReferenceModel(str(path), "float32", lm_head_fp32=False, device="cpu")
+    scored = ref.score(seqs, starts, transform, batch_tokens=256)  # small budget: several batches
+    expected_raw, expected_proc = [], []
+    with torch.no_grad():
+        for seq, start in zip(seqs, starts):
+            logits = model(torch.tensor([seq])).logits[0].float()
+            lp = torch.log_softmax(logits, -1)
+            pp = processed_logprobs(logits, transform)
+            for t in range(start, len(seq)):
+                expected_raw.append(lp[t - 1, seq[t]].item())
+                expected_proc.append(pp[t - 1, seq[t]].item())
+    np.testing.assert_allclose(scored.raw, expected_raw, atol=1e-5)
+    np.testing.assert_allclose(scored.processed, expected_proc, atol=1e-5)
+    # A bf16 projection must differ from fp32, but only slightly.
+    gap = np.abs(scored.raw_bf16_head - scored.raw)
+    assert 0 < gap.max() < 0.1
+
+
+def test_bf16_trunk_with_fp32_head(tiny_model):
+    path, _ = tiny_model
+    fp32 = ReferenceModel(str(path), "float32", lm_head_fp32=False, device="cpu")
+    mixed = ReferenceModel(str(path), "bfloat16", lm_head_fp32=True, device="cpu")
+    assert mixed.head_dtype == torch.float32
+    assert ReferenceModel(str(path), "bfloat16", lm_head_fp32=False, device="cpu").head_dtype == torch.bfloat16
+    seqs, starts = [[1, 5, 7, 9, 2]], [1]
+    t = SamplingTransform(1.0, 0, 1.0)
+    a, b = fp32.score(seqs, starts, t, 256).raw, mixed.score(seqs, starts, t, 256).raw
+    assert 0 < np.abs(a - b).max() < 0.2  # the bf16 trunk moves logprobs a little

@@ -1,0 +1,83 @@
+import json
+
+import numpy as np
+import pytest
+
+from gate import evidence as ev
+from gate.request import PromptItem, ReferenceRequest, SamplingRequest, WorkerRequest
+
+
+def _request(tmp_path) -> WorkerRequest:
+    return WorkerRequest(
+        engine_name="new",
+        model="/m",
+        tokenizer=None,
+        engine_args={"dtype": "float32"},
+        optional_engine_args=["logprobs_mode"],
+        prompts=[PromptItem(id="a", prompt="1+1=", reference="2"), PromptItem(id="b", messages=[{"role": "user", "content": "hi"}])],
+        sampling=SamplingRequest(n=2, temperature=0.7, top_p=0.9, top_k=0, max_tokens=8, seed=1, logprobs=5),
+        greedy_max_tokens=8,
+        teacher_forced=True,
+        reference=ReferenceRequest(dtype="float32", lm_head_fp32=False, batch_tokens=1024),
+        output_dir=str(tmp_path),
+    )
+
+
+def test_request_roundtrip(tmp_path):
+    req = _request(tmp_path)
+    req.write(tmp_path / "r.json")
+    assert WorkerRequest.read(tmp_path / "r.json") == req
+
+
+def test_stale_worker_schema_is_refused(tmp_path):
+    raw = json.loads(_request(tmp_path).to_json())
+    raw["schema_version"] = 999
+    with pytest.raises(ValueError, match="schema_version"):
+        WorkerRequest.from_json(json.dumps(raw))
+
+
+def _write_evidence(folder, **overrides):
+    arrays = {
+        ev.PROMPT_OFFSETS: np.array([0, 2, 5]),
+        ev.PROMPT_TOKEN_IDS: np.arange(5, dtype=np.int32),
+        "sample_offsets": np.array([0, 3, 4]),
+        "sample_token_ids": np.array([1, 2, 3, 4], dtype=np.int32),
+        "sample_engine_logprob": np.array([-0.1, -0.2, -0.3, -0.4], dtype=np.float32),
+        "sample_trainer_logprob_raw": np.array([-0.1, -0.2, -0.3, -0.4], dtype=np.float32),
+        "sample_prompt_index": np.array([0, 1], dtype=np.int32),
+        "sample_finish": np.array([0, 1], dtype=np.int8),
+    }
+    arrays.update(overrides)
+    folder.mkdir(parents=True, exist_ok=True)
+    np.savez(folder / "evidence.npz", **arrays)
+    (folder / "engine.json").write_text("{}")
+    (folder / "texts.json").write_text("{}")
+    return folder
+
+
+def test_valid_evidence_loads(tmp_path):
+    e = ev.load(_write_evidence(tmp_path / "e"))
+    assert e.n_prompts == 2
+    assert e.prompt_tokens(1).tolist() == [2, 3, 4]
+
+
+def test_nan_in_engine_output_is_named(tmp_path):
+    folder = _write_evidence(tmp_path / "e", sample_engine_logprob=np.array([-0.1, np.nan, -0.3, -np.inf]))
+    with pytest.raises(ev.EvidenceError, match="sample_engine_logprob: 2 non-finite"):
+        ev.load(folder)
+
+
+def test_misaligned_arrays_are_refused(tmp_path):
+    folder = _write_evidence(tmp_path / "e", sample_trainer_logprob_raw=np.zeros(3, dtype=np.float32))
+    with pytest.raises(ev.EvidenceError, match="sample_trainer_logprob_raw: 3 rows, expected 4"):
+        ev.load(folder)
+    folder = _write_evidence(tmp_path / "f", sample_offsets=np.array([0, 3, 2]))
+    with pytest.raises(ev.EvidenceError, match="not monotone offsets"):
+        ev.load(folder)
+
+
+def test_missing_file(tmp_path):
+    folder = _write_evidence(tmp_path / "e")
+    (folder / "engine.json").unlink()
+    with pytest.raises(ev.EvidenceError, match="engine.json: missing"):
+        ev.load(folder)
