@@ -119,9 +119,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     for engine in result.engines:
         stderr_log(f"  {engine.name}: {engine.spec}: {engine.status}" + (f": {engine.error}" if engine.error else ""))
     if result.status != "ok":
-        for engine in result.engines:
+        failed = [e for e in result.engines if e.status != "ok"]
+        for engine in failed:
             if engine.log_tail:
                 stderr_log(f"--- {engine.name} log tail ---\n{_indent(engine.log_tail)}")
+        stderr_log(f"gate: error: {len(failed)} engine(s) could not produce evidence; partial run kept at {result.run_dir}")
     code = _judge_and_report(result.run_dir, cfg)
     print(result.run_dir)
     return code

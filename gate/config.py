@@ -101,7 +101,7 @@ class GateConfig:
     fail_on: str = "fail"  # "warn" makes a WARN verdict exit 1 too
     baseline_mismatch: str = "warn"  # status when run and baseline provenance differ
     checks: dict[str, Any] = field(default_factory=dict)  # raw `checks:` section
-    source: str = ""  # the file this was loaded from
+    source: str = field(default="", metadata={"internal": True})  # the file this was loaded from
 
     @property
     def check_settings(self) -> dict:
@@ -166,12 +166,8 @@ def parse_config(raw: Any, path: Path) -> GateConfig:
 
     if raw.get("baseline") is not None:
         raw["baseline"] = str(_resolve(base, _expect(raw["baseline"], str, where, "baseline")))
-    cfg = _build(
-        GateConfig,
-        {**raw, "model": model, "prompts": prompts, "engines": engines, "source": str(path.resolve())},
-        where,
-        "",
-    )
+    cfg = _build(GateConfig, {**raw, "model": model, "prompts": prompts, "engines": engines}, where, "")
+    cfg = dataclasses.replace(cfg, source=str(path.resolve()))
     _require(cfg.fail_on in ("fail", "warn"), f"{where}:", "fail_on", "must be 'fail' or 'warn'")
     _require(cfg.baseline_mismatch in ("warn", "fail"), f"{where}:", "baseline_mismatch", "must be 'warn' or 'fail'")
     cfg.check_settings  # validates the checks section now, before any engine starts
@@ -237,7 +233,8 @@ def _build(cls: type, raw: Any, where: str, key: str) -> Any:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: {label}: expected a mapping, got {type(raw).__name__}")
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    # Fields marked internal are set by the loader, never by the user.
+    fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
     prefix = f"{key}." if key else ""
     for name in raw:
         if name not in fields:

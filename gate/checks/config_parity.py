@@ -85,6 +85,12 @@ def run(ctx, settings) -> CheckResult:
         if status in (Status.WARN, Status.FAIL):
             fix = FIXES.get(key) or FIXES.get(key.split(".", 1)[0]) or "pin it in engine_args"
             problems.append(f"{key} changed {old.get(key)!r} -> {new.get(key)!r}: {fix}")
+    # What the user asked for but the engine overrode (e.g. async scheduling the platform refuses).
+    requested = ctx.new.engine.get("requested_engine_args", {})
+    effective = ctx.new.engine.get("effective", {})
+    overridden = {k: (v, effective[k]) for k, v in requested.items() if k in effective and effective[k] != v}
+    for key, (asked, actual) in sorted(overridden.items()):
+        measurements.append(Measurement(f"requested.{key}", None, Status.PASS, note=f"requested {asked!r}, engine runs {actual!r}"))
     status = worst([m.status for m in measurements] or [Status.PASS])
     unacked = sum(m.status in (Status.WARN, Status.FAIL) for m in measurements)
     summary = (
@@ -98,6 +104,7 @@ def run(ctx, settings) -> CheckResult:
         )
     details = {
         "compared_with": label,
+        "overridden_by_engine": {k: {"requested": a, "effective": b} for k, (a, b) in overridden.items()},
         "diff": {k: {"old": old.get(k), "new": new.get(k)} for k in changed},
         "acknowledged": sorted(ctx.acknowledge),
     }

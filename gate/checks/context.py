@@ -34,6 +34,15 @@ class Context:
     def engines(self) -> list[tuple[str, Evidence]]:
         return [(n, e) for n, e in (("old", self.old), ("new", self.new)) if e is not None]
 
+    def references(self) -> list[tuple[str, Evidence]]:
+        """What the new engine is compared with: the comparable baseline first, then the old engine."""
+        refs = []
+        if self.baseline is not None and self.baseline_comparable:
+            refs.append(("baseline", self.baseline.evidence))
+        if self.old is not None:
+            refs.append(("old", self.old))
+        return refs
+
     @property
     def transform_is_identity(self) -> bool:
         """Raw and processed logprobs coincide: temperature 1 and no top-k / top-p."""

@@ -17,11 +17,17 @@ ID = "forward-drift"
 TITLE = "Forward drift on identical tokens"
 
 THRESHOLDS = {
+    # Same engine settings on identical tokens: a deterministic fp32 CPU A/A reads exactly 0, and the
+    # tiny model's fp32 -> bf16 switch reads ~4e-3 mean / ~0.1 max, so the floors sit well between.
+    # On GPUs batch-dependent kernels make the calibrated noise, and with it the bounds, larger.
     "mean_abs_drift": Threshold(
-        Limit(4, relative=True, floor=1e-3), Limit(10, relative=True, floor=5e-3),
-        source="noise-relative; floors from fp32 CPU A/A (~1e-6) and bf16-vs-fp32 drift (~1e-2)",
+        Limit(4, relative=True, floor=5e-4), Limit(10, relative=True, floor=2e-3),
+        source="noise-relative; floors between fp32 A/A (0) and fp32 -> bf16 (~4e-3)",
     ),  # fmt: skip
-    "max_abs_drift": Threshold(Limit(2e-2), Limit(1e-1), source="vLLM tests: prompt logprobs atol 2e-2"),
+    "max_abs_drift": Threshold(
+        Limit(4, relative=True, floor=1e-2), Limit(10, relative=True, floor=5e-2),
+        source="noise-relative; vLLM's own prompt-logprob tests allow 2e-2 between vLLM and HF",
+    ),  # fmt: skip
 }
 
 
@@ -49,11 +55,7 @@ def aligned_teacher_forced(a: ev.Evidence, b: ev.Evidence) -> tuple[np.ndarray, 
 
 def run(ctx, settings) -> CheckResult:
     th = settings.thresholds
-    refs = []
-    if ctx.baseline is not None and ctx.baseline_comparable:
-        refs.append(("baseline", ctx.baseline.evidence))
-    if ctx.old is not None:
-        refs.append(("old", ctx.old))
+    refs = ctx.references()
     if not refs:
         return CheckResult(ID, TITLE, Status.SKIP, "no baseline and no old engine to compare with")
     measurements, details = [], {}
@@ -74,7 +76,10 @@ def run(ctx, settings) -> CheckResult:
     diagnosis = ""
     if status in (Status.WARN, Status.FAIL):
         new_eff = ctx.new.engine.get("effective", {})
-        base_eff = (ctx.old or ctx.new).engine.get("effective", {})
+        if ctx.old is not None:
+            base_eff = ctx.old.engine.get("effective", {})
+        else:
+            base_eff = ctx.baseline.manifest.get("engine", {}).get("effective", {}) if ctx.baseline else {}
         hints = [f"{k}: {base_eff.get(k)} -> {new_eff.get(k)}" for k in ("dtype", "kv_cache_dtype", "quantization", "attention_backend", "compilation_mode") if base_eff.get(k) != new_eff.get(k)]
         diagnosis = (
             "The new engine computes different logprobs for the very same tokens"

@@ -25,11 +25,7 @@ THRESHOLDS = {
 
 def run(ctx, settings) -> CheckResult:
     th = settings.thresholds
-    refs = []
-    if ctx.baseline is not None and ctx.baseline_comparable:
-        refs.append(("baseline", ctx.baseline.evidence))
-    if ctx.old is not None:
-        refs.append(("old", ctx.old))
+    refs = ctx.references()
     if not refs:
         return CheckResult(ID, TITLE, Status.SKIP, "no baseline and no old engine to compare with")
     g, s = ev.GREEDY, ev.SAMPLE

@@ -24,11 +24,7 @@ def differing_prompts(a: ev.Evidence, b: ev.Evidence) -> list[int]:
 
 
 def run(ctx, settings) -> CheckResult:
-    refs = []
-    if ctx.old is not None:
-        refs.append(("old", ctx.old))
-    if ctx.baseline is not None and ctx.baseline_comparable:
-        refs.append(("baseline", ctx.baseline.evidence))
+    refs = ctx.references()
     if not refs:
         return CheckResult(ID, TITLE, Status.SKIP, "no old engine or baseline to compare with")
     ids = ctx.new.texts.get("prompt_ids", [])

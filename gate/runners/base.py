@@ -42,10 +42,14 @@ class Runner(ABC):
     def python(self, engine: EngineConfig) -> str:
         """The interpreter that runs the worker."""
 
+    def worker_env(self, engine: EngineConfig) -> dict[str, str]:
+        """Extra environment for the worker (after the engine's own ``env``)."""
+        return {}
+
     def run_worker(
         self, engine: EngineConfig, request_path: Path, output_dir: Path, log_path: Path, timeout_s: float, log
     ) -> WorkerOutcome:
-        env = {**os.environ, **engine.env, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **engine.env, **self.worker_env(engine), "PYTHONUNBUFFERED": "1"}
         cmd = [self.python(engine), "-m", "gate.worker", str(request_path)]
         start = time.perf_counter()
         run_logged(cmd, env, log_path, timeout_s, engine.name, "worker", log)

@@ -69,14 +69,21 @@ def gate_source_hash() -> str:
 class VenvRunner(Runner):
     kind = "venv"
 
+    def __init__(self) -> None:
+        self._gate_src: dict[str, Path] = {}
+
     def python(self, engine: EngineConfig) -> str:
         return str(venv_path(engine.spec, engine.pip_args) / "bin" / "python")
 
     def prepare(self, engine: EngineConfig, log) -> None:
-        ensure_venv(engine.name, engine.spec, engine.pip_args, log)
+        self._gate_src[engine.name] = ensure_venv(engine.name, engine.spec, engine.pip_args, log)[1]
+
+    def worker_env(self, engine: EngineConfig) -> dict[str, str]:
+        return {"PYTHONPATH": str(self._gate_src[engine.name])}
 
 
-def ensure_venv(name: str, spec: str, pip_args: tuple[str, ...], log) -> Path:
+def ensure_venv(name: str, spec: str, pip_args: tuple[str, ...], log) -> tuple[Path, Path]:
+    """Build or reuse the venv for ``spec``; returns (venv, the gate code folder inside it)."""
     path = venv_path(spec, pip_args)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "w") as lock:
@@ -84,8 +91,7 @@ def ensure_venv(name: str, spec: str, pip_args: tuple[str, ...], log) -> Path:
         stamp = path / STAMP
         if not stamp.is_file():
             _build(name, spec, pip_args, path, log)
-        _sync_gate_package(path)
-    return path
+        return path, _sync_gate_package(path)
 
 
 def _build(name: str, spec: str, pip_args: tuple[str, ...], path: Path, log) -> None:
@@ -155,20 +161,31 @@ def _probe_versions(py: str, env: dict, log_path: Path, name: str, log) -> dict[
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _sync_gate_package(path: Path) -> None:
-    """Copy this gate package (code only) into the venv and point a .pth file at it."""
+def _sync_gate_package(path: Path) -> Path:
+    """Copy this gate package (code only) into ``gate-src/<hash>/`` of the venv; returns that folder.
+
+    One folder per content hash, so a worker that is running keeps its code while another gate
+    version is copied in; the runner puts the folder on the worker's PYTHONPATH, and a ``.pth``
+    file points at the newest one for manual use (``<venv>/bin/python -m gate.worker``).
+    """
     digest = gate_source_hash()
-    src_root = path / "gate-src"
-    marker = src_root / "HASH"
-    if marker.is_file() and marker.read_text().strip() == digest:
-        return
-    shutil.rmtree(src_root, ignore_errors=True)
-    shutil.copytree(
-        gate_package_dir(), src_root / "gate", ignore=shutil.ignore_patterns("__pycache__", "assets", "*.pyc")
-    )
-    marker.write_text(digest + "\n")
+    src = path / "gate-src" / digest
+    if not (src / "gate" / "__init__.py").is_file():
+        tmp = src.with_name(f"{digest}.copying")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(gate_package_dir(), tmp / "gate", ignore=shutil.ignore_patterns("__pycache__", "assets", "*.pyc"))
+        shutil.rmtree(src, ignore_errors=True)
+        tmp.rename(src)
+        _prune_old_copies(src.parent, keep=src, max_kept=4)
     site = Path(json.loads((path / STAMP).read_text())["site_packages"])
-    (site / "gate-src.pth").write_text(str(src_root) + "\n")
+    (site / "gate-src.pth").write_text(str(src) + "\n")
+    return src
+
+
+def _prune_old_copies(root: Path, keep: Path, max_kept: int) -> None:
+    copies = sorted((p for p in root.iterdir() if p.is_dir() and p != keep), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in copies[max_kept - 1 :]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default="engine")
     args = parser.parse_args(argv)
     try:
-        path = ensure_venv(args.name, args.spec, tuple(args.pip_arg), stderr_log)
+        path, _ = ensure_venv(args.name, args.spec, tuple(args.pip_arg), stderr_log)
     except EngineError as exc:
         print(f"error: {exc}\n{exc.log_tail}", file=sys.stderr)
         return exc.exit_code

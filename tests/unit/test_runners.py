@@ -48,10 +48,19 @@ def test_gate_package_sync_copies_code_not_assets(tmp_path):
     site.mkdir(parents=True)
     venv.mkdir()
     (venv / venv_mod.STAMP).write_text(f'{{"site_packages": "{site}"}}')
-    venv_mod._sync_gate_package(venv)
-    copied = venv / "gate-src" / "gate"
+    src = venv_mod._sync_gate_package(venv)
+    assert src == venv / "gate-src" / venv_mod.gate_source_hash()
+    copied = src / "gate"
     assert (copied / "worker" / "main.py").is_file()
     assert not (copied / "assets").exists()
-    assert (site / "gate-src.pth").read_text().strip() == str(venv / "gate-src")
-    marker = (venv / "gate-src" / "HASH").read_text().strip()
-    assert marker == venv_mod.gate_source_hash()
+    assert (site / "gate-src.pth").read_text().strip() == str(src)
+    (copied / "marker").write_text("x")
+    assert venv_mod._sync_gate_package(venv) == src and (copied / "marker").exists()  # same hash: reused
+
+
+def test_old_gate_copies_are_pruned(tmp_path):
+    for i in range(6):
+        (tmp_path / f"h{i}").mkdir()
+    keep = tmp_path / "h5"
+    venv_mod._prune_old_copies(tmp_path, keep=keep, max_kept=3)
+    assert len(list(tmp_path.iterdir())) == 3 and keep.exists()
