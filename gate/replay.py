@@ -19,7 +19,7 @@ from gate.config import OPTIONAL_ENGINE_ARGS, EngineConfig, GateConfig
 from gate.errors import ConfigError, EngineError
 from gate.fingerprint import model_fingerprint
 from gate.promptset import PromptSet, load_prompt_set
-from gate.request import PromptItem, ReferenceRequest, SamplingRequest, WorkerRequest
+from gate.request import PromptItem, ReferenceRequest, SamplingRequest, WeightSyncRequest, WorkerRequest
 from gate.rundir import RunDirectory
 from gate.runners import get_runner
 
@@ -91,7 +91,16 @@ def build_request(
         reference=ReferenceRequest(dtype=r.dtype, lm_head_fp32=r.lm_head_fp32, batch_tokens=r.batch_tokens),
         output_dir=str(output_dir),
         order_seed=order_seed,
+        weight_sync=_weight_sync_request(cfg),
     )
+
+
+def _weight_sync_request(cfg: GateConfig) -> WeightSyncRequest | None:
+    w = cfg.weight_sync
+    if not w.enabled:
+        return None
+    return WeightSyncRequest(perturbation=w.perturbation, seed=w.seed, probes=w.probes, max_tokens=w.max_tokens,
+                             hook=cfg.weight_update.hook)  # fmt: skip
 
 
 def run_gate(cfg: GateConfig, out: Path | None, log: Callable[[str], None], jobs: list[EngineJob] | None = None) -> RunResult:
@@ -115,6 +124,7 @@ def run_gate(cfg: GateConfig, out: Path | None, log: Callable[[str], None], jobs
         "greedy": dataclasses.asdict(cfg.greedy),
         "teacher_forced": dataclasses.asdict(cfg.teacher_forced),
         "reference": dataclasses.asdict(cfg.reference),
+        "weight_sync": dataclasses.asdict(cfg.weight_sync) | {"hook": cfg.weight_update.hook},
         "engines": {r.name: dataclasses.asdict(r) for r in results},
     }
     final = run_dir.finish(manifest, complete=status == "ok")

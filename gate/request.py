@@ -57,6 +57,17 @@ class ReferenceRequest:
 
 
 @dataclass(frozen=True)
+class WeightSyncRequest:
+    """The in-place weight-update probe (gate/worker/weight_sync.py)."""
+
+    perturbation: float  # new weights = old + perturbation * std(tensor) * N(0, 1)
+    seed: int
+    probes: int  # questions, each asked alone and behind a shared multi-block prefix
+    max_tokens: int
+    hook: str | None = None  # "package.module:function" or "/path/file.py:function"
+
+
+@dataclass(frozen=True)
 class WorkerRequest:
     engine_name: str
     model: str
@@ -74,6 +85,7 @@ class WorkerRequest:
     # Submit prompts to the engine in a permuted order (A/A calibration): per-prompt seeds keep the
     # samples comparable while batch composition changes. None keeps the prompt-set order.
     order_seed: int | None = None
+    weight_sync: WeightSyncRequest | None = None
     schema_version: int = REQUEST_SCHEMA_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -94,6 +106,8 @@ class WorkerRequest:
         raw["prompts"] = [PromptItem(**p) for p in raw["prompts"]]
         raw["sampling"] = SamplingRequest(**raw["sampling"])
         raw["reference"] = ReferenceRequest(**raw["reference"])
+        if raw.get("weight_sync") is not None:
+            raw["weight_sync"] = WeightSyncRequest(**raw["weight_sync"])
         return cls(**raw)
 
     @classmethod

@@ -31,6 +31,7 @@ def make_evidence(
     effective: dict | None = None,
     prompt_tokens: list[list[int]] | None = None,
     greedy_tokens: np.ndarray | None = None,
+    weight_sync: str | None = "ok",
 ) -> ev.Evidence:
     """One engine's evidence; the engine's sampled logprob equals the trainer's `engine_equals` one
     (processed / raw / bf16) plus ``engine_offset`` and Gaussian ``engine_noise``."""
@@ -78,6 +79,8 @@ def make_evidence(
         "tf_trainer_logprob_raw_bf16_head": (tf_trainer + 0.02).astype(np.float32),
         "tf_is_reference": np.ones(tf_t, dtype=bool),
     }
+    if weight_sync is not None:
+        arrays.update(_weight_sync_arrays(weight_sync, rng))
     folder.mkdir(parents=True, exist_ok=True)
     np.savez(folder / "evidence.npz", **arrays)
     meta = {
@@ -86,6 +89,7 @@ def make_evidence(
         "default_sampling_params": {"temperature": 1.0, "repetition_penalty": 1.0},
         "generation_config_overrides": {},
         "dropped_engine_args": [],
+        "weight_sync": {"adapter": "collective_rpc reload_weights + reset_prefix_cache", "push_s": 0.05},
     }
     (folder / "engine.json").write_text(json.dumps(meta))
     (folder / "texts.json").write_text(json.dumps({"prompt_ids": [f"p{i}" for i in range(n_prompts)], "greedy_text": ["t"] * n_prompts}))
@@ -100,3 +104,30 @@ RUN = {
     "teacher_forced": {"enabled": True},
     "reference": {"dtype": "float32", "lm_head_fp32": False, "batch_tokens": 16384},
 }
+
+
+def _weight_sync_arrays(mode: str, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """8 control + 8 prefix probes of 4 tokens; the engine matches the new weights unless ``mode`` breaks it."""
+    t = 64
+    is_prefix = np.repeat([False, True], t // 2)
+    new = -rng.uniform(0.1, 2.0, t).astype(np.float32)
+    old = (new - rng.uniform(0.2, 0.5, t)).astype(np.float32)  # clearly different weights
+    engine = new.copy()
+    if mode == "stale":
+        engine = old.copy()
+    elif mode == "partial":
+        engine = (new + 0.3).astype(np.float32)
+    elif mode == "stale-cache":
+        engine[is_prefix] = old[is_prefix]
+    before = -rng.uniform(0.1, 2.0, t).astype(np.float32)
+    return {
+        "ws_is_prefix": is_prefix,
+        "ws_offsets": np.arange(17, dtype=np.int64) * 4,
+        "ws_token_ids": rng.integers(3, 100, t).astype(np.int32),
+        "ws_engine_logprob": engine,
+        "ws_trainer_new_logprob": new,
+        "ws_trainer_old_logprob": old,
+        "ws_before_is_prefix": is_prefix,
+        "ws_before_engine_logprob": (before + 1e-6).astype(np.float32),
+        "ws_before_trainer_logprob": before,
+    }

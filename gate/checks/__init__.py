@@ -25,9 +25,12 @@ MODES = ("fail", "warn", "off")
 
 
 def registry() -> list[CheckSpec]:
-    from gate.checks import config_parity, forward_drift, greedy, mismatch, precision, semantics, tokenization
+    from gate.checks import (
+        config_parity, forward_drift, greedy, mismatch, precision, semantics, tokenization, weight_sync,
+    )  # fmt: skip
 
-    return [m.SPEC for m in (semantics, mismatch, forward_drift, greedy, config_parity, precision, tokenization)]
+    modules = (semantics, mismatch, forward_drift, greedy, config_parity, precision, tokenization, weight_sync)
+    return [m.SPEC for m in modules]
 
 
 def parse_settings(raw: Any, where: str) -> dict[str, CheckSettings]:

@@ -50,6 +50,7 @@ class EnginePasses:
     tf_seqs: list[list[int]]  # prompt + reference token ids
     tf_scores: Any | None  # replay.PromptScores
     meta: dict[str, Any]
+    weight_sync_arrays: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def run(request: WorkerRequest) -> None:
@@ -71,6 +72,7 @@ def run(request: WorkerRequest) -> None:
 
     passes = _engine_passes(request, prompt_ids, reference_ids, timings)
     arrays, n_scored = _reference_arrays(request, prompt_ids, passes, timings)
+    arrays.update(passes.weight_sync_arrays)
 
     timings.values["reference_tokens_per_s"] = n_scored / max(timings.values["reference_score_s"], 1e-9)
     timings.values["total_s"] = time.perf_counter() - started
@@ -140,9 +142,19 @@ def _engine_passes(request: WorkerRequest, prompt_ids, reference_ids, timings: T
             tf_order = replay.submission_order(len(tf_seqs), request.order_seed)
             tf_scores = replay.score_sequences(llm, tf_seqs, tf_order)
 
+    ws_arrays: dict[str, np.ndarray] = {}
+    ws_meta = None
+    if request.weight_sync is not None:
+        from gate.worker.weight_sync import run_probe
+
+        # Last: the probe changes the engine's weights.
+        with timings.measure("weight_sync_s"):
+            ws_arrays, ws_meta = run_probe(llm, request.model, prompt_ids, reference_ids, request.weight_sync, progress)
+
     meta = {
         "engine_name": request.engine_name,
         "order_seed": request.order_seed,
+        "weight_sync": ws_meta,
         "identity": eng.identity(llm),
         "requested_engine_args": request.engine_args,
         "dropped_engine_args": dropped,
@@ -155,7 +167,7 @@ def _engine_passes(request: WorkerRequest, prompt_ids, reference_ids, timings: T
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return EnginePasses(sampled, greedy, tf_rows, tf_seqs, tf_scores, meta)
+    return EnginePasses(sampled, greedy, tf_rows, tf_seqs, tf_scores, meta, ws_arrays)
 
 
 def _reference_arrays(request: WorkerRequest, prompt_ids, passes: EnginePasses, timings: Timings):

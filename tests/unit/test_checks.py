@@ -214,3 +214,24 @@ def test_a_crashing_check_is_an_error_not_a_crash(clean):
     r = _results(clean)
     assert r["precision"].status == Status.ERROR and "KeyError" in r["precision"].summary
     assert r["config-parity"].status == Status.PASS
+
+
+# --- weight-sync -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mode", "verdict", "fix"),
+    [("stale", "stale-weights", "never reached the engine"), ("partial", "partial-update", "only part of the state dict"),
+     ("stale-cache", "stale-cache", "reset_prefix_cache")],
+)  # fmt: skip
+def test_weight_sync_diagnoses(tmp_path, clean, mode, verdict, fix):
+    assert _results(clean)["weight-sync"].status == Status.PASS
+    clean.new = make_evidence(tmp_path / mode, seed=2, weight_sync=mode)
+    r = _results(clean)["weight-sync"]
+    assert r.status == Status.FAIL and r.details["verdict"] == verdict
+    assert fix in r.diagnosis
+
+
+def test_weight_sync_skips_without_probe(tmp_path, clean):
+    clean.new = make_evidence(tmp_path / "none", seed=2, weight_sync=None)
+    assert _results(clean)["weight-sync"].status == Status.SKIP

@@ -1,0 +1,77 @@
+"""weight-sync: after an in-place weight push, does the engine sample from the NEW weights?
+
+Reads the probe the worker ran (gate/worker/weight_sync.py): greedy generations before and after
+pushing perturbed weights into the running engine, scored by the trainer under the new and the old
+weights. Control prompts cannot hit any cache; prefix prompts share a prefix of whole KV blocks
+that prefix caching (when on) stored with the old weights. Decisions, in order:
+
+- stale weights: control tokens match the OLD weights better than the new ones;
+- partial / wrong update: control tokens match neither (e.g. only some layers loaded);
+- stale cache: control tokens are fine but shared-prefix tokens are not (cache entries from the
+  old weights were reused);
+
+each measured against ``max(factor x the pre-update mismatch, floor)``, so an engine whose
+precision differs from the trainer's is not mistaken for a broken update.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gate.checks.base import CheckResult, CheckSpec, Measurement, Status
+
+ID = "weight-sync"
+TITLE = "In-place weight update"
+
+FIXES = {
+    "stale-weights": "The update never reached the engine: check that the update path really loads the tensors "
+    "(e.g. collective_rpc to the worker's reload_weights on vLLM V1, not model.load_weights on a post-processed model).",
+    "partial-update": "The engine matches neither the old nor the new weights: only part of the state dict was applied "
+    "(name mapping, fused qkv/gate_up projections, tied embeddings) or the load was interrupted by generation; "
+    "pause generation, load every tensor, then resume.",
+    "stale-cache": "Requests sharing a cached prefix still use KV entries computed with the old weights: call "
+    "llm.reset_prefix_cache() after loading (or pause with cache reset), or disable prefix caching.",
+}
+
+
+def _mean_abs(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.mean(np.abs(a.astype(np.float64) - b))) if len(a) else float("nan")
+
+
+def run(ctx, settings) -> CheckResult:
+    e = ctx.new
+    if "ws_engine_logprob" not in e.arrays:
+        return CheckResult(ID, TITLE, Status.SKIP, "the weight-sync probe did not run (weight_sync.enabled: false)")
+    opts = settings.options
+    prefix = e["ws_is_prefix"]
+    eng, new_lp, old_lp = e["ws_engine_logprob"], e["ws_trainer_new_logprob"], e["ws_trainer_old_logprob"]
+    d_pre = _mean_abs(e["ws_before_engine_logprob"], e["ws_before_trainer_logprob"])
+    values = {
+        "pre_update_mismatch": d_pre,
+        "control_vs_new": _mean_abs(eng[~prefix], new_lp[~prefix]),
+        "control_vs_old": _mean_abs(eng[~prefix], old_lp[~prefix]),
+        "prefix_vs_new": _mean_abs(eng[prefix], new_lp[prefix]),
+        "prefix_vs_old": _mean_abs(eng[prefix], old_lp[prefix]),
+    }
+    limit = max(opts["factor"] * d_pre, opts["floor"])
+    verdict = "ok"
+    if values["control_vs_new"] > limit:
+        verdict = "stale-weights" if values["control_vs_old"] < values["control_vs_new"] else "partial-update"
+    elif values["prefix_vs_new"] > limit:
+        verdict = "stale-cache"
+    meta = e.engine.get("weight_sync") or {}
+    measurements = [
+        Measurement(name, value, Status.PASS if not name.endswith("_vs_new") or value <= limit else Status.FAIL, fail=limit if name.endswith("_vs_new") else None)
+        for name, value in values.items()
+    ]
+    details = {"verdict": verdict, "limit": limit, **values, **{k: meta.get(k) for k in ("adapter", "push_s", "prefix_tokens", "probes", "block_size")}}
+    caching = e.engine.get("effective", {}).get("enable_prefix_caching")
+    summary = f"after the push: {values['control_vs_new']:.2e} vs new weights, {values['control_vs_old']:.2e} vs old (via {meta.get('adapter')})"
+    if verdict == "ok":
+        return CheckResult(ID, TITLE, Status.PASS, summary, "", measurements, details)
+    label = {"stale-weights": "stale weights", "partial-update": "partial or wrong update", "stale-cache": "stale prefix-cache entries"}[verdict]
+    diagnosis = f"{label.capitalize()} after an in-place update (prefix caching {'on' if caching else 'off'}). {FIXES[verdict]}"
+    return CheckResult(ID, TITLE, Status.FAIL, f"{label}: {summary}", diagnosis, measurements, details)
+
+
+SPEC = CheckSpec(id=ID, title=TITLE, run=run, options={"factor": 4.0, "floor": 1e-3})
