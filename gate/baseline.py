@@ -180,7 +180,8 @@ def write(
     (tmp / NOISE).write_text(json.dumps(noise, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     (tmp / SUMMARY).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     (tmp / GREEDY_CSV).write_text(_greedy_csv(e), encoding="utf-8")
-    np.savez_compressed(tmp / ARRAYS, **{k: e[k] for k in _KEPT})
+    grpo = {k: v for k, v in e.arrays.items() if k.startswith("grpo_")}  # per-seed trajectories: the band
+    np.savez_compressed(tmp / ARRAYS, **{k: e[k] for k in _KEPT}, **grpo)
     changes = _changes(previous, manifest, summary, noise) if previous else []
     if out.exists():
         shutil.rmtree(out)
@@ -199,6 +200,12 @@ def _summary(e: ev.Evidence) -> dict[str, Any]:
         "greedy_length_mean": _round(float(greedy_len.mean())),
         "teacher_forced_mean_logprob": _round(float(e[f"{ev.TF}_{ev.ENGINE_LOGPROB}"].mean())),
         "vllm": e.engine.get("identity", {}).get("vllm"),
+        # mean over seeds per step, rounded: the reviewable face of the GRPO band
+        "grpo_mean_per_step": {
+            k.removeprefix("grpo_"): [_round(float(x)) for x in np.atleast_2d(v).mean(axis=0)]
+            for k, v in e.arrays.items()
+            if k.startswith("grpo_") and k not in ("grpo_step_s", "grpo_push_s")
+        },
     }
 
 

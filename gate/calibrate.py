@@ -26,7 +26,11 @@ REPLICA = "old-permuted"
 
 def calibration_jobs(cfg: GateConfig) -> list[EngineJob]:
     old = cfg.engines["old"]
-    return [EngineJob("old", old), EngineJob(REPLICA, old, order_seed=cfg.sampling.seed + 1)]
+    # The first replay also runs GRPO over band_seeds: the baseline's band per metric per step.
+    return [
+        EngineJob("old", old, grpo_seeds=tuple(cfg.grpo.band_seeds)),
+        EngineJob(REPLICA, old, order_seed=cfg.sampling.seed + 1),
+    ]
 
 
 def noise_floors(a: ev.Evidence, b: ev.Evidence) -> dict[str, float]:

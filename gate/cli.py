@@ -86,6 +86,10 @@ def _parser() -> argparse.ArgumentParser:
     freeze.add_argument("--name")
     freeze.add_argument("--description", default="")
     freeze.set_defaults(func=cmd_prompts_freeze)
+
+    from gate.render.cli import register as register_render
+
+    register_render(sub)  # gate report, gate merge
     return parser
 
 

@@ -85,6 +85,21 @@ class WeightSyncConfig:
 
 
 @dataclass(frozen=True)
+class GrpoConfig:
+    # Sized for the CPU default: 12 steps x 64 samples, ~15 s per engine on 2 cores, reward ~0.3 -> ~0.55.
+    enabled: bool = True
+    steps: int = 12
+    prompts_per_step: int = 8
+    group_size: int = 8
+    max_tokens: int = 24
+    temperature: float = 0.7
+    lr: float = 3e-5
+    clip_eps: float = 0.2
+    seed: int = 0  # the run's seed; gate calibrate runs band_seeds for the baseline's band
+    band_seeds: tuple[int, ...] = (0, 1, 2)
+
+
+@dataclass(frozen=True)
 class WeightUpdateConfig:
     # Your stack's update path: fn(llm, state_dict) -> None, called with the running engine and the
     # full new state dict (transformers names, CPU tensors); it must leave the engine sampling from
@@ -114,6 +129,7 @@ class GateConfig:
     reference: ReferenceConfig = ReferenceConfig()
     weight_sync: WeightSyncConfig = WeightSyncConfig()
     weight_update: WeightUpdateConfig = WeightUpdateConfig()
+    grpo: GrpoConfig = GrpoConfig()
     timeout_s: int = 1800  # per engine replay, install excluded
     baseline: str | None = None  # baselines/<profile>/ folder, resolved
     acknowledge: tuple[str, ...] = ()  # config-parity changes accepted on purpose

@@ -135,4 +135,6 @@ def _record_to_item(rec: dict, where: str) -> PromptItem:
     for key in ("reference", "answer"):
         if key in rec and not isinstance(rec[key], str):
             raise ConfigError(f"{where}: {key}: must be a string")
-    return PromptItem(id=rec["id"], prompt=rec.get("prompt"), messages=rec.get("messages"), reference=rec.get("reference"))
+    return PromptItem(
+        id=rec["id"], prompt=rec.get("prompt"), messages=rec.get("messages"), reference=rec.get("reference"), answer=rec.get("answer")
+    )

@@ -19,7 +19,7 @@ from gate.config import OPTIONAL_ENGINE_ARGS, EngineConfig, GateConfig
 from gate.errors import ConfigError, EngineError
 from gate.fingerprint import model_fingerprint
 from gate.promptset import PromptSet, load_prompt_set
-from gate.request import PromptItem, ReferenceRequest, SamplingRequest, WeightSyncRequest, WorkerRequest
+from gate.request import GrpoRequest, PromptItem, ReferenceRequest, SamplingRequest, WeightSyncRequest, WorkerRequest
 from gate.rundir import RunDirectory
 from gate.runners import get_runner
 
@@ -31,6 +31,7 @@ class EngineJob:
     name: str
     engine: EngineConfig
     order_seed: int | None = None
+    grpo_seeds: tuple[int, ...] | None = None  # None: the config's single run seed
 
 
 def default_jobs(cfg: GateConfig, only: str | None = None) -> list[EngineJob]:
@@ -72,7 +73,12 @@ def load_prompts(cfg: GateConfig) -> tuple[list[PromptSet], list[PromptItem]]:
 
 
 def build_request(
-    cfg: GateConfig, engine: EngineConfig, prompts: list[PromptItem], output_dir: Path, order_seed: int | None = None
+    cfg: GateConfig,
+    engine: EngineConfig,
+    prompts: list[PromptItem],
+    output_dir: Path,
+    order_seed: int | None = None,
+    grpo_seeds: tuple[int, ...] | None = None,
 ) -> WorkerRequest:
     s, r = cfg.sampling, cfg.reference
     return WorkerRequest(
@@ -92,7 +98,18 @@ def build_request(
         output_dir=str(output_dir),
         order_seed=order_seed,
         weight_sync=_weight_sync_request(cfg),
+        grpo=_grpo_request(cfg, grpo_seeds),
     )
+
+
+def _grpo_request(cfg: GateConfig, seeds: tuple[int, ...] | None) -> GrpoRequest | None:
+    g = cfg.grpo
+    if not g.enabled:
+        return None
+    return GrpoRequest(
+        steps=g.steps, prompts_per_step=g.prompts_per_step, group_size=g.group_size, max_tokens=g.max_tokens,
+        temperature=g.temperature, lr=g.lr, clip_eps=g.clip_eps, seeds=list(seeds if seeds is not None else (g.seed,)),
+    )  # fmt: skip
 
 
 def _weight_sync_request(cfg: GateConfig) -> WeightSyncRequest | None:
@@ -125,6 +142,7 @@ def run_gate(cfg: GateConfig, out: Path | None, log: Callable[[str], None], jobs
         "teacher_forced": dataclasses.asdict(cfg.teacher_forced),
         "reference": dataclasses.asdict(cfg.reference),
         "weight_sync": dataclasses.asdict(cfg.weight_sync) | {"hook": cfg.weight_update.hook},
+        "grpo": dataclasses.asdict(cfg.grpo),
         "engines": {r.name: dataclasses.asdict(r) for r in results},
     }
     final = run_dir.finish(manifest, complete=status == "ok")
@@ -141,7 +159,7 @@ def _run_engine(cfg: GateConfig, job: EngineJob, prompts: list[PromptItem], run_
         runner.prepare(engine, log)
         result.prepare_s = round(time.perf_counter() - t, 2)
         request_path = out_dir / "request.json"
-        build_request(cfg, engine, prompts, out_dir, job.order_seed).write(request_path)
+        build_request(cfg, engine, prompts, out_dir, job.order_seed, job.grpo_seeds).write(request_path)
         log(f"[{job.name}] replaying through {engine.spec} ({engine.runner} runner)")
         outcome = runner.run_worker(engine, request_path, out_dir, out_dir / "worker.log", cfg.timeout_s, log)
         result.worker_s = round(outcome.wall_s, 2)

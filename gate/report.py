@@ -38,7 +38,17 @@ def build(run_dir: Path, cfg: GateConfig, judgment: Judgment) -> dict[str, Any]:
         "baseline": judgment.baseline.to_dict(),
         "checks": [c.to_dict() for c in judgment.checks],
         "commands": commands(cfg),
+        **_grpo(judgment),
     }
+
+
+def _grpo(judgment: Judgment) -> dict[str, Any]:
+    """The trajectories for the renderer's charts, when the GRPO check ran."""
+    check = next((c for c in judgment.checks if c.id == "grpo-trajectory" and "metrics" in c.details), None)
+    if check is None:
+        return {}
+    d = check.details
+    return {"grpo": {"steps": d["steps"], "compared_with": d["compared_with"], "metrics": d["metrics"], "first_exit": d["first_exit"]}}
 
 
 def _engine(run_dir: Path, name: str, entry: dict) -> dict[str, Any]:

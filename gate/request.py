@@ -32,6 +32,7 @@ class PromptItem:
     prompt: str | None = None
     messages: list[dict[str, str]] | None = None
     reference: str | None = None
+    answer: str | None = None  # the verifiable final answer (GRPO reward)
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,20 @@ class WeightSyncRequest:
 
 
 @dataclass(frozen=True)
+class GrpoRequest:
+    """The mini GRPO run (gate/worker/grpo.py)."""
+
+    steps: int
+    prompts_per_step: int
+    group_size: int
+    max_tokens: int
+    temperature: float
+    lr: float
+    clip_eps: float
+    seeds: list[int]
+
+
+@dataclass(frozen=True)
 class WorkerRequest:
     engine_name: str
     model: str
@@ -86,6 +101,7 @@ class WorkerRequest:
     # samples comparable while batch composition changes. None keeps the prompt-set order.
     order_seed: int | None = None
     weight_sync: WeightSyncRequest | None = None
+    grpo: GrpoRequest | None = None
     schema_version: int = REQUEST_SCHEMA_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -108,6 +124,8 @@ class WorkerRequest:
         raw["reference"] = ReferenceRequest(**raw["reference"])
         if raw.get("weight_sync") is not None:
             raw["weight_sync"] = WeightSyncRequest(**raw["weight_sync"])
+        if raw.get("grpo") is not None:
+            raw["grpo"] = GrpoRequest(**raw["grpo"])
         return cls(**raw)
 
     @classmethod

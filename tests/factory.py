@@ -32,6 +32,7 @@ def make_evidence(
     prompt_tokens: list[list[int]] | None = None,
     greedy_tokens: np.ndarray | None = None,
     weight_sync: str | None = "ok",
+    grpo: str | None = "ok",
 ) -> ev.Evidence:
     """One engine's evidence; the engine's sampled logprob equals the trainer's `engine_equals` one
     (processed / raw / bf16) plus ``engine_offset`` and Gaussian ``engine_noise``."""
@@ -81,6 +82,8 @@ def make_evidence(
     }
     if weight_sync is not None:
         arrays.update(_weight_sync_arrays(weight_sync, rng))
+    if grpo is not None:
+        arrays.update(_grpo_arrays(grpo))
     folder.mkdir(parents=True, exist_ok=True)
     np.savez(folder / "evidence.npz", **arrays)
     meta = {
@@ -131,3 +134,20 @@ def _weight_sync_arrays(mode: str, rng: np.random.Generator) -> dict[str, np.nda
         "ws_before_engine_logprob": (before + 1e-6).astype(np.float32),
         "ws_before_trainer_logprob": before,
     }
+
+
+def _grpo_arrays(mode: str, steps: int = 6) -> dict[str, np.ndarray]:
+    """One seed of a clean run (reward rising, mismatch ~0); ``raw``: mismatch from step 0; ``drift``: KL grows."""
+    t = np.arange(steps)
+    k3 = np.full(steps, 1e-13)
+    clip = np.zeros(steps)
+    if mode == "raw":
+        k3, clip = np.full(steps, 4e-3), np.full(steps, 0.04)
+    elif mode == "drift":
+        k3 = 2e-4 * t**2  # leaves a 5e-4 band at step 2
+    out = {
+        "reward": 0.3 + 0.05 * t, "k3_kl": k3, "clip_frac": clip, "entropy": np.full(steps, 0.5),
+        "mean_abs_diff": np.sqrt(2 * k3), "token_mult_prob_error": 1 + np.sqrt(2 * k3),
+        "response_length": np.full(steps, 19.0), "step_s": np.full(steps, 1.0), "push_s": np.full(steps, 0.05),
+    }  # fmt: skip
+    return {f"grpo_{k}": v[None, :] for k, v in out.items()}

@@ -26,10 +26,10 @@ MODES = ("fail", "warn", "off")
 
 def registry() -> list[CheckSpec]:
     from gate.checks import (
-        config_parity, forward_drift, greedy, mismatch, precision, semantics, tokenization, weight_sync,
+        config_parity, forward_drift, greedy, grpo, mismatch, precision, semantics, tokenization, weight_sync,
     )  # fmt: skip
 
-    modules = (semantics, mismatch, forward_drift, greedy, config_parity, precision, tokenization, weight_sync)
+    modules = (semantics, mismatch, forward_drift, greedy, config_parity, precision, tokenization, weight_sync, grpo)
     return [m.SPEC for m in modules]
 
 

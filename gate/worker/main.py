@@ -142,19 +142,32 @@ def _engine_passes(request: WorkerRequest, prompt_ids, reference_ids, timings: T
             tf_order = replay.submission_order(len(tf_seqs), request.order_seed)
             tf_scores = replay.score_sequences(llm, tf_seqs, tf_order)
 
+    # Last: the weight-sync probe and the GRPO run change the engine's weights.
     ws_arrays: dict[str, np.ndarray] = {}
-    ws_meta = None
+    ws_meta = grpo_meta = None
     if request.weight_sync is not None:
         from gate.worker.weight_sync import run_probe
 
-        # Last: the probe changes the engine's weights.
         with timings.measure("weight_sync_s"):
             ws_arrays, ws_meta = run_probe(llm, request.model, prompt_ids, reference_ids, request.weight_sync, progress)
+    if request.grpo is not None:
+        from gate.worker.grpo import run_grpo
+        from gate.worker.weight_sync import choose_adapter
+
+        hook = request.weight_sync.hook if request.weight_sync else None
+        adapter = choose_adapter(llm, hook)
+        g = request.grpo
+        progress(f"mini GRPO: {len(g.seeds)} seed(s) x {g.steps} steps of {g.prompts_per_step} prompts x {g.group_size}")
+        with timings.measure("grpo_s"):
+            ws_arrays.update(run_grpo(llm, request.model, prompt_ids, [p.answer for p in request.prompts], g,
+                                      adapter.push, progress))  # fmt: skip
+        grpo_meta = {"adapter": adapter.name, "seeds": g.seeds, "steps": g.steps}
 
     meta = {
         "engine_name": request.engine_name,
         "order_seed": request.order_seed,
         "weight_sync": ws_meta,
+        "grpo": grpo_meta,
         "identity": eng.identity(llm),
         "requested_engine_args": request.engine_args,
         "dropped_engine_args": dropped,

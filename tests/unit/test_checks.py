@@ -235,3 +235,33 @@ def test_weight_sync_diagnoses(tmp_path, clean, mode, verdict, fix):
 def test_weight_sync_skips_without_probe(tmp_path, clean):
     clean.new = make_evidence(tmp_path / "none", seed=2, weight_sync=None)
     assert _results(clean)["weight-sync"].status == Status.SKIP
+
+
+# --- grpo-trajectory -------------------------------------------------------------------------
+
+
+def test_grpo_band_and_first_exit(tmp_path, clean):
+    r = _results(clean)["grpo-trajectory"]
+    assert r.status == Status.PASS and r.details["compared_with"] == "old"
+    assert r.details["reward_rise"] > 0
+    clean.new = make_evidence(tmp_path / "raw", seed=2, grpo="raw")
+    r = _results(clean)["grpo-trajectory"]
+    assert r.status == Status.FAIL
+    assert r.details["first_exit"]["k3_kl"] == 0 and r.details["first_exit"]["clip_frac"] == 0
+    assert "from step 0" in r.diagnosis
+    clean.new = make_evidence(tmp_path / "drift", seed=2, grpo="drift")
+    r = _results(clean)["grpo-trajectory"]
+    assert r.status == Status.FAIL and r.details["first_exit"]["k3_kl"] == 2  # 2e-4 * 4 = 8e-4 > 5e-4
+
+
+def test_grpo_band_edges():
+    from gate.checks.grpo import band, first_exit
+
+    ref = np.array([[0.2, 0.3], [0.4, 0.5]])
+    low, high = band(ref, 0.1, 0.0, "both")
+    np.testing.assert_allclose(low, [0.1, 0.2])
+    np.testing.assert_allclose(high, [0.5, 0.6])
+    low, high = band(ref, 0.0, 0.5, "upper")  # relative margin: half the mean
+    assert np.all(np.isneginf(low))
+    np.testing.assert_allclose(high, [0.55, 0.7])
+    assert first_exit(np.array([0.3, 0.9]), *band(ref, 0.1, 0.0, "both")) == 1

