@@ -87,9 +87,11 @@ def _parser() -> argparse.ArgumentParser:
     freeze.add_argument("--description", default="")
     freeze.set_defaults(func=cmd_prompts_freeze)
 
+    from gate.github.cli import register as register_github
     from gate.render.cli import register as register_render
 
     register_render(sub)  # gate report, gate merge
+    register_github(sub)  # gate comment, gate publish
     return parser
 
 

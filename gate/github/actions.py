@@ -1,0 +1,192 @@
+"""GitHub Actions plumbing: the job summary, step outputs and workflow annotations.
+
+- ``$GITHUB_STEP_SUMMARY``: the rendered summary is appended; GitHub drops a step's summary entirely
+  above 1 MiB, so it is re-rendered with a smaller budget until it fits (and a short note is written
+  if it never does).
+- ``$GITHUB_OUTPUT``: ``name=value`` lines; a multi-line value uses the heredoc form with a random
+  delimiter (``name<<ghadelimiter_<uuid>``), so a value can never end the block early or set another
+  output.
+- Annotations: at most 10 ``::error``/``::warning`` workflow commands (FAIL and ERROR first), with the
+  escaping the runner expects (``%``, ``\\r``, ``\\n`` in the message; also ``:`` and ``,`` in properties),
+  so untrusted text can neither forge a workflow command nor break the annotation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from gate.errors import EXIT_ERROR, EXIT_FAIL, EXIT_OK, ConfigError
+from gate.render import check_schema
+
+SUMMARY_LIMIT = 1024 * 1024  # bytes per step; GitHub drops a larger summary entirely
+MAX_ANNOTATIONS = 10
+REPORT_FILE = "report.json"
+
+
+# -- report loading ------------------------------------------------------------------------------
+def find_report(path: Path) -> Path:
+    """``path`` itself (a report.json) or the report.json in a run directory (or its ``.incomplete``)."""
+    path = Path(path)
+    if path.is_dir():
+        candidates = [path / REPORT_FILE]
+        if not path.name.endswith(".incomplete"):
+            candidates.append(path.with_name(path.name + ".incomplete") / REPORT_FILE)
+    else:
+        candidates = [path]
+        if not path.exists() and not path.name.endswith(".json"):  # a run dir that ended incomplete
+            candidates.append(path.with_name(path.name + ".incomplete") / REPORT_FILE)
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    raise ConfigError(f"{path}: no {REPORT_FILE} here (pass a report.json or a gate run directory)")
+
+
+def load_report(path: Path) -> tuple[dict[str, Any], Path]:
+    report_path = find_report(path)
+    try:
+        report = json.loads(report_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{report_path}: not a readable report ({exc})") from None
+    check_schema(report, str(report_path))  # refuses a major version this gate does not know
+    if report.get("verdict") not in ("PASS", "WARN", "FAIL", "ERROR"):
+        raise ConfigError(f"{report_path}: verdict '{report.get('verdict')}' is not PASS, WARN, FAIL or ERROR")
+    return report, report_path
+
+
+def exit_code_for(report: dict[str, Any], fail_on: str | None = None) -> int:
+    """The CLI's exit code for this verdict: 0 PASS/WARN (1 with fail_on warn), 1 FAIL, 3 ERROR."""
+    verdict = report["verdict"]
+    fail_on = fail_on or report.get("fail_on") or "fail"
+    if verdict == "ERROR":
+        return EXIT_ERROR
+    if verdict == "FAIL" or (verdict == "WARN" and fail_on == "warn"):
+        return EXIT_FAIL
+    return EXIT_OK
+
+
+# -- outputs -------------------------------------------------------------------------------------
+def outputs_for(report: dict[str, Any], report_path: Path, exit_code: int, comment_url: str = "") -> dict[str, str]:
+    counts = report.get("counts") or {}
+    return {
+        "verdict": report["verdict"],
+        "report-path": str(report_path),
+        "comment-url": comment_url,
+        "exit-code": str(exit_code),
+        "pass-count": str(int(counts.get("PASS", 0))),
+        "warn-count": str(int(counts.get("WARN", 0))),
+        "fail-count": str(int(counts.get("FAIL", 0))),
+        "error-count": str(int(counts.get("ERROR", 0))),
+        "skip-count": str(int(counts.get("SKIP", 0))),
+    }
+
+
+def format_output(name: str, value: str) -> str:
+    if not re.match(r"^[A-Za-z_][A-Za-z0-9_-]*$", name):
+        raise ValueError(f"output name '{name}' is not a valid identifier")
+    value = str(value)
+    if "\n" not in value and "\r" not in value:
+        return f"{name}={value}\n"
+    delimiter = f"ghadelimiter_{uuid.uuid4()}"
+    while delimiter in value:  # astronomically unlikely; never let the value close the block
+        delimiter = f"ghadelimiter_{uuid.uuid4()}"
+    return f"{name}<<{delimiter}\n{value}\n{delimiter}\n"
+
+
+def write_outputs(values: dict[str, str], path: str | os.PathLike | None = None) -> bool:
+    """Append to ``$GITHUB_OUTPUT``; False (nothing written) outside Actions."""
+    path = path or os.environ.get("GITHUB_OUTPUT")
+    if not path:
+        return False
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("".join(format_output(k, v) for k, v in values.items()))
+    return True
+
+
+# -- job summary ---------------------------------------------------------------------------------
+def write_step_summary(
+    report: dict[str, Any],
+    render: Callable[[dict[str, Any], int], str],
+    path: str | os.PathLike | None = None,
+    limit: int = SUMMARY_LIMIT,
+) -> int | None:
+    """Append the rendered summary to ``$GITHUB_STEP_SUMMARY``; the bytes written, or None outside Actions.
+
+    ``render(report, budget)`` is called with a character budget; what it returns is measured in UTF-8
+    bytes (GitHub's limit) together with what the step already wrote, and re-rendered smaller if needed.
+    """
+    path = path or os.environ.get("GITHUB_STEP_SUMMARY")
+    if not path:
+        return None
+    existing = os.path.getsize(path) if os.path.exists(path) else 0
+    room = limit - existing - 1  # keep a byte for a separating newline
+    data = b""
+    budget = min(room, 1_000_000)
+    for _ in range(4):
+        if budget <= 0:
+            break
+        data = render(report, budget).encode("utf-8")
+        if len(data) <= room:
+            break
+        budget = int(budget * room / len(data) * 0.9)
+    if not data or len(data) > room:
+        note = (f"**gate {report.get('gate_id', '')}: {report.get('verdict')}** — the summary does not fit "
+                "GitHub's 1 MiB limit; see the report artifact.\n").encode("utf-8")  # fmt: skip
+        data = note if len(note) <= room else b""
+    with open(path, "ab") as f:
+        if existing:
+            f.write(b"\n")
+        f.write(data)
+    return len(data)
+
+
+# -- annotations ---------------------------------------------------------------------------------
+def escape_data(text: str) -> str:
+    return str(text).replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def escape_property(text: str) -> str:
+    return escape_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def annotation(level: str, title: str, message: str) -> str:
+    if level not in ("error", "warning", "notice"):
+        raise ValueError(level)
+    return f"::{level} title={escape_property(title)}::{escape_data(message)}"
+
+
+def annotations(report: dict[str, Any], limit: int = MAX_ANNOTATIONS) -> list[str]:
+    """At most ``limit`` annotations: errors, FAIL/ERROR checks, then WARN checks and the baseline."""
+    gate_id = report.get("gate_id") or "gate"
+    items: list[tuple[int, str, str, str]] = []  # (rank, level, title, message)
+    for error in report.get("errors") or []:
+        items.append((0, "error", f"gate {gate_id}: ERROR", str(error)))
+    for check in report.get("checks") or []:
+        status = check.get("status")
+        if status not in ("FAIL", "ERROR", "WARN"):
+            continue
+        message = " ".join(str(part) for part in (check.get("summary"), check.get("diagnosis")) if part)
+        title = f"gate {gate_id}: {check.get('title') or check.get('id')} {status}"
+        items.append((1 if status != "WARN" else 2, "error" if status != "WARN" else "warning", title, message or status))
+    baseline = report.get("baseline") or {}
+    if baseline.get("status") in ("WARN", "FAIL", "ERROR"):
+        differences = "; ".join(str(d) for d in baseline.get("differences") or [])
+        message = " ".join(p for p in (str(baseline.get("message") or ""), differences) if p)
+        level = "warning" if baseline["status"] == "WARN" else "error"
+        items.append((1 if level == "error" else 2, level, f"gate {gate_id}: baseline {baseline['status']}", message))
+    items.sort(key=lambda item: item[0])
+    if len(items) > limit:
+        rest = len(items) - (limit - 1)
+        items = items[: limit - 1] + [(3, "warning", f"gate {gate_id}", f"{rest} more finding(s) in the report")]
+    return [annotation(level, title, message) for _, level, title, message in items]
+
+
+def emit(lines: Iterable[str], write: Callable[[str], Any] | None = None) -> None:
+    write = write or (lambda line: print(line, flush=True))
+    for line in lines:
+        write(line)
