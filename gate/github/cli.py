@@ -1,7 +1,6 @@
 """``gate comment`` and ``gate publish``: the GitHub side of a gate run.
 
-``gate/cli.py`` calls :func:`register` with its subparsers; ``python -m gate.github.cli`` runs the two
-commands on their own (the composite action uses that, so it depends on nothing else).
+``gate/cli.py`` calls :func:`register` with its subparsers.
 
 - ``gate comment REPORT_OR_RUN_DIR``: the sticky PR comment (``gate.github.comment``). The token comes
   from ``$GITHUB_TOKEN`` (or ``$GH_TOKEN``), never from the command line.
@@ -14,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from gate.errors import EXIT_OK, EXIT_USAGE, GateError
+from gate.errors import EXIT_OK
 from gate.github import actions
 from gate.github.comment import MODES
 
@@ -104,21 +103,3 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gate", description="GitHub side of the gate: comment and publish.")
-    register(parser.add_subparsers(metavar="COMMAND"))
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help(sys.stderr)
-        return EXIT_USAGE
-    try:
-        return args.func(args)
-    except GateError as exc:
-        print(f"gate: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

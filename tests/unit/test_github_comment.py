@@ -332,7 +332,7 @@ def test_a_gate_id_cannot_break_the_marker(gh, actions_env):
 
 
 def test_gate_comment_without_token_is_a_one_line_error(gh, actions_env, monkeypatch, capsys):
-    from gate.github.cli import main
+    from gate.cli import main
 
     monkeypatch.delenv("GITHUB_TOKEN")
     monkeypatch.delenv("GH_TOKEN", raising=False)
