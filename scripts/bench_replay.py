@@ -2,8 +2,9 @@
 
 Runs the gate (default: the built-in CPU default; venvs should already be built, e.g. by
 `gate prepare`) and splits each engine's replay wall time, as the orchestrator measured it, into
-vLLM start-up (imports + engine construction), generation (sampled + greedy + teacher-forced
-passes) and the gate's own overhead (everything else: process start, tokenization, the reference
+vLLM start-up (imports + engine construction + engine shutdown), generation (sampled + greedy + teacher-forced
+passes), the RL passes (weight-sync probe and mini GRPO run: workloads of their own, reported
+apart) and the gate's own overhead (everything else: process start, tokenization, the reference
 model, evidence writing and validation). Prints a table; --json writes the figures too.
 """
 
@@ -40,13 +41,18 @@ def main() -> int:
             figures["engines"][name] = breakdown(entry["worker_s"], meta)
 
     print(f"gate run: {figures['gate_run_wall_s']:.1f} s wall (both engines, venvs warm)")
-    header = f"{'engine':<6} {'vllm':<8} {'replay s':>9} {'start-up s':>11} {'generate s':>11} {'overhead s':>11} {'overhead %':>11} {'gen tok/s':>10} {'ref tok/s':>10}"
+    header = (
+        f"{'engine':<6} {'vllm':<8} {'replay s':>9} {'start-up s':>11} {'generate s':>11} {'RL passes s':>12} "
+        f"{'overhead s':>11} {'overhead %':>11} {'gen tok/s':>10} {'ref tok/s':>10}"
+    )
     print(header)
     for name, f in figures["engines"].items():
         print(
             f"{name:<6} {f['vllm']:<8} {f['replay_s']:>9.1f} {f['startup_s']:>11.1f} {f['generate_s']:>11.2f} "
-            f"{f['overhead_s']:>11.2f} {f['overhead_pct']:>10.1f}% {f['generated_tokens_per_s']:>10.0f} {f['reference_tokens_per_s']:>10.0f}"
+            f"{f['rl_passes_s']:>12.1f} {f['overhead_s']:>11.2f} {f['overhead_pct']:>10.1f}% "
+            f"{f['generated_tokens_per_s']:>10.0f} {f['reference_tokens_per_s']:>10.0f}"
         )
+    print("overhead % = overhead / (replay - RL passes): the replay's wall time without the RL passes")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0
@@ -54,9 +60,10 @@ def main() -> int:
 
 def breakdown(replay_s: float, meta: dict) -> dict:
     t, c = meta["timings"], meta["counts"]
-    startup = t["import_s"] + t["engine_start_s"]
+    startup = t["import_s"] + t["engine_start_s"] + t.get("engine_shutdown_s", 0.0)  # vLLM's life cycle
     generate = t["sample_s"] + t.get("greedy_s", 0.0) + t.get("teacher_forced_s", 0.0)
-    overhead = replay_s - startup - generate
+    rl_passes = t.get("weight_sync_s", 0.0) + t.get("grpo_s", 0.0)
+    overhead = replay_s - startup - generate - rl_passes
     generated = c["sampled_tokens"] + c["greedy_tokens"] + c["teacher_forced_tokens"]
     return {
         "vllm": meta["identity"]["vllm"],
@@ -64,7 +71,9 @@ def breakdown(replay_s: float, meta: dict) -> dict:
         "startup_s": startup,
         "generate_s": generate,
         "overhead_s": overhead,
-        "overhead_pct": 100.0 * overhead / replay_s,
+        "rl_passes_s": rl_passes,
+        "overhead_pct": 100.0 * overhead / (replay_s - rl_passes),
+        "timings": t,
         "reference_s": t["reference_load_s"] + t["reference_score_s"],
         "reference_tokens_per_s": t["reference_tokens_per_s"],
         "generated_tokens_per_s": generated / max(generate, 1e-9),

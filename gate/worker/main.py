@@ -176,10 +176,11 @@ def _engine_passes(request: WorkerRequest, prompt_ids, reference_ids, timings: T
         "generation_config_overrides": eng.generation_config_overrides(llm),
         "flat_logprobs": replay.flat_logprobs_supported(),
     }
-    del llm  # free the engine's memory (KV cache) before the reference model loads
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    with timings.measure("engine_shutdown_s"):
+        del llm  # free the engine's memory (KV cache) before the reference model loads
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     return EnginePasses(sampled, greedy, tf_rows, tf_seqs, tf_scores, meta, ws_arrays)
 
 
