@@ -40,6 +40,10 @@ def test_engine_args_merge_shared_then_per_engine(minimal_config):
         ("sampling: {top_p: 1.5}\n", "sampling.top_p: must be in (0, 1]"),
         ("reference: {dtype: int8}\n", "reference.dtype: must be one of"),
         ("bogus: 1\n", "bogus: unknown key"),
+        ("source: /elsewhere.yaml\n", "source: unknown key"),
+        ("weight_update: {hook: nocolon}\n", "weight_update.hook: expected"),
+        ("weight_update: {hook: missing.py:fn}\n", "weight_update.hook: file"),
+        ("checks: {precision: {expect_lm_head: 3}}\n", "checks.precision.expect_lm_head: expected str"),
         ("greedy: {enabled: yes please}\n", "greedy.enabled: expected true or false"),
     ],
 )
