@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,7 +22,6 @@ class Context:
     baseline: "Baseline | None" = None
     baseline_comparable: bool = False  # same model, prompts and settings: token-level comparison allowed
     acknowledge: frozenset[str] = frozenset()
-    notes: list[str] = field(default_factory=list)
 
     @property
     def sampling(self) -> dict[str, Any]:
