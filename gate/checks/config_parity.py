@@ -31,6 +31,7 @@ POLICY = {
     "enable_chunked_prefill": "warn",
     "attention_backend": "warn",
     "dropped_engine_args": "warn",
+    "logits_processors": "warn",
     "default": "info",
 }
 
@@ -44,6 +45,7 @@ FIXES = {
     "parameters explicitly in every request",
     "generation_config": "pin generation_config explicitly ('vllm' ignores the model's generation_config.json)",
     "engine_generation": "the engine generation changed (V0 -> V1): re-check logprob semantics and weight-update paths",
+    "logits_processors": "custom logits processors change the sampling distribution: the trainer must apply them too",
 }
 
 _STATUS = {"fail": Status.FAIL, "warn": Status.WARN, "info": Status.PASS}

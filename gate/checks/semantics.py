@@ -55,9 +55,17 @@ def run(ctx, settings) -> CheckResult:
     label = f"new reports {new}" + (f", old reports {old}" if old else "") + f" (expected {expect})"
     if new != expect:
         mode = details["engine_mode"]["new"]
+        if new == "neither":
+            fix = (
+                "the engine transforms logits beyond the configured temperature/top-k/top-p: check custom "
+                "logits_processors, penalties or other defaults taken from generation_config.json, and a "
+                "temperature applied twice; the trainer must apply exactly the transform the engine samples with"
+            )
+        else:
+            fix = FIX.get(expect, FIX["processed"])
         diagnosis = (
             f"The new engine reports {new} logprobs (engine logprobs_mode={mode!r}) but the trainer expects {expect}: "
-            f"importance ratios and KL are computed against the wrong distribution. Fix: {FIX.get(expect, FIX['processed'])}."
+            f"importance ratios and KL are computed against the wrong distribution. Fix: {fix}."
         )
         return CheckResult(ID, TITLE, Status.FAIL, label, diagnosis, measurements, details)
     if old is not None and old not in (new, "unknown"):

@@ -49,7 +49,11 @@ class Runner(ABC):
     def run_worker(
         self, engine: EngineConfig, request_path: Path, output_dir: Path, log_path: Path, timeout_s: float, log
     ) -> WorkerOutcome:
-        env = {**os.environ, **engine.env, **self.worker_env(engine), "PYTHONUNBUFFERED": "1"}
+        extra = self.worker_env(engine)
+        if "PYTHONPATH" in extra and engine.env.get("PYTHONPATH"):
+            # The engine's own PYTHONPATH (e.g. where a custom logits processor lives) stays reachable.
+            extra["PYTHONPATH"] += os.pathsep + engine.env["PYTHONPATH"]
+        env = {**os.environ, **engine.env, **extra, "PYTHONUNBUFFERED": "1"}
         cmd = [self.python(engine), "-m", "gate.worker", str(request_path)]
         start = time.perf_counter()
         run_logged(cmd, env, log_path, timeout_s, engine.name, "worker", log)

@@ -48,6 +48,7 @@ _SETTINGS: dict[str, tuple[str, ...]] = {
         "model_config.override_generation_config",
     ),
     "quantization": ("vllm_config.model_config.quantization", "model_config.quantization"),
+    "logits_processors": ("vllm_config.model_config.logits_processors", "model_config.logits_processors"),
     "attention_backend": ("vllm_config.attention_config.backend",),
     "tensor_parallel_size": (
         "vllm_config.parallel_config.tensor_parallel_size",
@@ -172,4 +173,6 @@ def _jsonable(value: Any) -> Any:
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set)):
         return [_jsonable(v) for v in value]
+    if isinstance(value, type):  # e.g. a logits processor class
+        return f"{value.__module__}:{value.__qualname__}"
     return str(value)
