@@ -161,7 +161,7 @@ def _run_engine(cfg: GateConfig, job: EngineJob, prompts: list[PromptItem], run_
         request_path = out_dir / "request.json"
         build_request(cfg, engine, prompts, out_dir, job.order_seed, job.grpo_seeds).write(request_path)
         log(f"[{job.name}] replaying through {engine.spec} ({engine.runner} runner)")
-        outcome = runner.run_worker(engine, request_path, out_dir, out_dir / "worker.log", cfg.timeout_s, log)
+        outcome = runner.run_worker(engine, [request_path], out_dir / "worker.log", cfg.timeout_s, log)
         result.worker_s = round(outcome.wall_s, 2)
         evidence.load(out_dir)  # validates shapes and finiteness before anyone relies on it
     except EngineError as exc:

@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from gate.config import EngineConfig
 from gate.errors import EngineError
@@ -24,7 +24,6 @@ LOG_TAIL_LINES = 25
 @dataclass(frozen=True)
 class WorkerOutcome:
     engine: str
-    output_dir: Path
     log_path: Path
     wall_s: float
 
@@ -47,17 +46,18 @@ class Runner(ABC):
         return {}
 
     def run_worker(
-        self, engine: EngineConfig, request_path: Path, output_dir: Path, log_path: Path, timeout_s: float, log
+        self, engine: EngineConfig, request_paths: Sequence[Path], log_path: Path, timeout_s: float, log
     ) -> WorkerOutcome:
+        """Run one worker process over ``request_paths``: several requests share one engine start."""
         extra = self.worker_env(engine)
         if "PYTHONPATH" in extra and engine.env.get("PYTHONPATH"):
             # The engine's own PYTHONPATH (e.g. where a custom logits processor lives) stays reachable.
             extra["PYTHONPATH"] += os.pathsep + engine.env["PYTHONPATH"]
         env = {**os.environ, **engine.env, **extra, "PYTHONUNBUFFERED": "1"}
-        cmd = [self.python(engine), "-m", "gate.worker", str(request_path)]
+        cmd = [self.python(engine), "-m", "gate.worker", *map(str, request_paths)]
         start = time.perf_counter()
         run_logged(cmd, env, log_path, timeout_s, engine.name, "worker", log)
-        return WorkerOutcome(engine.name, output_dir, log_path, time.perf_counter() - start)
+        return WorkerOutcome(engine.name, log_path, time.perf_counter() - start)
 
 
 def run_logged(
