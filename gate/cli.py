@@ -15,7 +15,7 @@ from pathlib import Path
 
 from gate import __version__
 from gate.config import BUILTIN_CONFIG, RUNNER_KINDS, GateConfig, load_config
-from gate.errors import EXIT_ERROR, EXIT_OK, EXIT_USAGE, ConfigError, EngineError, GateError
+from gate.errors import EXIT_ERROR, EXIT_OK, EXIT_USAGE, ConfigError, GateError
 from gate.runners.base import stderr_log
 
 _ICON = {"PASS": "✅", "WARN": "⚠️", "FAIL": "❌", "ERROR": "🛑", "SKIP": "➖"}
@@ -29,13 +29,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return args.func(args)
-    except EngineError as exc:
-        print(f"gate: error: {exc}", file=sys.stderr)
-        if exc.log_tail:
-            print(_indent(exc.log_tail), file=sys.stderr)
-        return exc.exit_code
     except GateError as exc:
         print(f"gate: error: {exc}", file=sys.stderr)
+        if getattr(exc, "log_tail", ""):
+            print(_indent(exc.log_tail), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("gate: interrupted", file=sys.stderr)
@@ -89,8 +86,10 @@ def _parser() -> argparse.ArgumentParser:
 
     from gate.github.cli import register as register_github
     from gate.render.cli import register as register_render
+    from gate.repeat import register as register_repeat
 
     register_render(sub)  # gate report, gate merge
+    register_repeat(sub)  # gate repeat
     register_github(sub)  # gate comment, gate publish
     return parser
 
@@ -117,10 +116,38 @@ def _load(args: argparse.Namespace) -> GateConfig:
     return cfg
 
 
+def _in_gate_image(cfg: GateConfig, command: list[str], writable: list[Path], engine_runs: int) -> int:
+    """Run ``gate <command>`` in the gate image with this config, its engine specs and the venv runner."""
+    from gate.docker.bundle import run_in_gate_image
+
+    old, new = cfg.engines["old"].spec, cfg.engines["new"].spec
+    argv = [*command, "-c", cfg.source, "--runner", "venv", "--old", old, "--new", new]
+    return run_in_gate_image(cfg, argv, writable, engine_runs, stderr_log)
+
+
+def _uses_gate_image(cfg: GateConfig) -> bool:
+    from gate.docker.bundle import uses_gate_image
+
+    return uses_gate_image(cfg)
+
+
+def _run_path(out: Path | None, cfg: GateConfig) -> Path:
+    from gate.rundir import default_path
+
+    return (out or default_path(cfg.gate_id)).resolve()
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from gate.replay import default_jobs, run_gate
 
     cfg = _load(args)
+    if _uses_gate_image(cfg):
+        out = _run_path(args.out, cfg)
+        command = ["run", "--out", str(out), *(["--only", args.only] if args.only else [])]
+        code = _in_gate_image(cfg, [*command, *(["--fail-on", args.fail_on] if args.fail_on else [])], [out.parent],
+                              engine_runs=1 if args.only else 2)  # fmt: skip
+        print(out if out.exists() else out.with_name(out.name + ".incomplete"))
+        return code
     result = run_gate(cfg, args.out, stderr_log, default_jobs(cfg, args.only))
     for engine in result.engines:
         stderr_log(f"  {engine.name}: {engine.spec}: {engine.status}" + (f": {engine.error}" if engine.error else ""))
@@ -168,6 +195,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from gate.calibrate import calibrate
 
     cfg = _load(args)
+    if _uses_gate_image(cfg):
+        out = _run_path(args.out, cfg)
+        return _in_gate_image(cfg, ["calibrate", "--out", str(out)], [out.parent], engine_runs=2)
     result, noise = calibrate(cfg, args.out, stderr_log)
     if noise is None:
         stderr_log(f"gate: error: calibration could not run; partial run kept at {result.run_dir}")
@@ -188,6 +218,8 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     out = Path(cfg.baseline)
     if out.exists() and not args.overwrite:
         raise ConfigError(f"{out}: baseline already exists; `gate baseline update` overwrites it on purpose")
+    if _uses_gate_image(cfg):
+        return _baseline_in_gate_image(args, cfg, out)
     if args.from_run:
         run_dir = args.from_run
         noise_path = run_dir / NOISE_FILE
@@ -210,12 +242,31 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _baseline_in_gate_image(args: argparse.Namespace, cfg: GateConfig, out: Path) -> int:
+    command = ["baseline", "update" if args.overwrite else "record"]
+    writable = [out.resolve().parent]
+    if args.from_run:
+        command += ["--from-run", str(args.from_run.resolve())]
+        writable.append(args.from_run.resolve())  # read there; mounted so the container sees it
+    else:
+        run = _run_path(args.out, cfg)
+        command += ["--out", str(run)]
+        writable.append(run.parent)
+    return _in_gate_image(cfg, command, writable, engine_runs=2)
+
+
 def cmd_prepare(args: argparse.Namespace) -> int:
     from gate.runners import get_runner
 
     cfg = _load(args)
+    if _uses_gate_image(cfg):
+        from gate.docker.client import connect
+        from gate.docker.image import ensure_image
+
+        stderr_log(f"gate image ready: {ensure_image(connect(), cfg, stderr_log)}")
+        return EXIT_OK
     for engine in cfg.engine_order:
-        get_runner(engine).prepare(engine, stderr_log)
+        get_runner(engine, cfg.docker).prepare(engine, stderr_log)
         stderr_log(f"[{engine.name}] ready: {engine.spec} ({engine.runner})")
     return EXIT_OK
 

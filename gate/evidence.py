@@ -48,11 +48,14 @@ FINISH_NAMES = ("stop", "length", "abort", "other")
 _MUST_BE_FINITE = (
     f"{SAMPLE}_{ENGINE_LOGPROB}",
     f"{SAMPLE}_{TRAINER_RAW}",
-    f"{SAMPLE}_{TRAINER_PROCESSED}",
     f"{GREEDY}_{ENGINE_LOGPROB}",
     f"{TF}_{ENGINE_LOGPROB}",
     f"{TF}_{TRAINER_RAW}",
 )
+# The reference's processed logprob is -inf for a sampled token that the requested top-k / top-p
+# excludes: the engine sampled what the transform forbids. That is a finding (logprob-semantics
+# judges it), not unusable evidence; NaN and +inf still are.
+_FINITE_OR_MINUS_INF = (f"{SAMPLE}_{TRAINER_PROCESSED}",)
 
 
 class EvidenceError(ValueError):
@@ -119,6 +122,10 @@ def validate(evidence: Evidence, filename: str = EVIDENCE_FILE) -> None:
         if key in a and not np.all(np.isfinite(a[key])):
             bad = int(np.count_nonzero(~np.isfinite(a[key])))
             raise EvidenceError(f"{where}: {key}: {bad} non-finite value(s) (NaN/inf) in engine or reference output")
+    for key in _FINITE_OR_MINUS_INF:
+        if key in a and not np.all(np.isfinite(a[key]) | np.isneginf(a[key])):
+            bad = int(np.count_nonzero(~(np.isfinite(a[key]) | np.isneginf(a[key]))))
+            raise EvidenceError(f"{where}: {key}: {bad} NaN/+inf value(s) in reference output")
 
 
 def _is_per_token(key: str) -> bool:

@@ -3,7 +3,8 @@
 Builds one worker request per engine, runs it through the engine's runner, validates the evidence
 and writes the run directory. An engine that cannot produce evidence (install error, crash,
 timeout, NaN in its output) becomes an ERROR entry with its log tail; the other engine still runs,
-so the user sees every problem at once.
+so the user sees every problem at once. :func:`run_engine` also serves several run directories
+from one worker process (``gate repeat``: one engine start for many sampling seeds).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from gate import __version__, evidence
 from gate.config import OPTIONAL_ENGINE_ARGS, EngineConfig, GateConfig
@@ -120,15 +121,33 @@ def _weight_sync_request(cfg: GateConfig) -> WeightSyncRequest | None:
                              hook=cfg.weight_update.hook)  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Target:
+    """One request of a worker call: the config it replays (e.g. its sampling seed) and the run it fills."""
+
+    cfg: GateConfig
+    run_dir: RunDirectory
+
+
 def run_gate(cfg: GateConfig, out: Path | None, log: Callable[[str], None], jobs: list[EngineJob] | None = None) -> RunResult:
     prompt_sets, prompts = load_prompts(cfg)
     fingerprint = model_fingerprint(cfg.model.path)
     run_dir = RunDirectory.create(out, cfg.gate_id)
     log(f"run directory: {run_dir.final_path}")
     started = time.time()
-    results = [_run_engine(cfg, job, prompts, run_dir, log) for job in (jobs or default_jobs(cfg))]
+    target = Target(cfg, run_dir)
+    results = [run_engine(job, [target], prompts, log)[0] for job in (jobs or default_jobs(cfg))]
     status = "ok" if all(r.status == "ok" for r in results) else "error"
-    manifest = {
+    final = run_dir.finish(run_manifest(cfg, prompt_sets, fingerprint, started, results), complete=status == "ok")
+    return RunResult(run_dir=final, status=status, engines=results)
+
+
+def run_manifest(
+    cfg: GateConfig, prompt_sets: list[PromptSet], fingerprint: dict, started: float, results: list[EngineRun]
+) -> dict:
+    """run.json: what ran, with which inputs and settings, and each engine's outcome."""
+    status = "ok" if all(r.status == "ok" for r in results) else "error"
+    return {
         "gate_version": __version__,
         "gate_id": cfg.gate_id,
         "status": status,
@@ -145,35 +164,52 @@ def run_gate(cfg: GateConfig, out: Path | None, log: Callable[[str], None], jobs
         "grpo": dataclasses.asdict(cfg.grpo),
         "engines": {r.name: dataclasses.asdict(r) for r in results},
     }
-    final = run_dir.finish(manifest, complete=status == "ok")
-    return RunResult(run_dir=final, status=status, engines=results)
 
 
-def _run_engine(cfg: GateConfig, job: EngineJob, prompts: list[PromptItem], run_dir: RunDirectory, log) -> EngineRun:
+def run_engine(
+    job: EngineJob, targets: Sequence[Target], prompts: list[PromptItem], log, log_path: Path | None = None
+) -> list[EngineRun]:
+    """Replay every target through ONE worker process of ``job``'s engine; one EngineRun per target.
+
+    The engine starts once for all targets (the worker validates that they share its construction).
+    A failure of the process (install, crash, timeout) is an ERROR for every target; evidence that
+    fails validation is an ERROR for its own target only. ``log_path`` defaults to the first
+    target's ``engines/<name>/worker.log``.
+    """
     engine = dataclasses.replace(job.engine, name=job.name)  # log prefixes and errors name the job
-    out_dir = run_dir.engine_dir(job.name)
-    result = EngineRun(job.name, engine.spec, engine.runner, "error", str(run_dir.relative(out_dir)))
-    runner = get_runner(engine)
+    out_dirs = [t.run_dir.engine_dir(job.name) for t in targets]
+    results = [EngineRun(job.name, engine.spec, engine.runner, "error", str(t.run_dir.relative(d))) for t, d in zip(targets, out_dirs)]
+    runner = get_runner(engine, targets[0].cfg.docker)
     try:
-        t = time.perf_counter()
+        t0 = time.perf_counter()
         runner.prepare(engine, log)
-        result.prepare_s = round(time.perf_counter() - t, 2)
-        request_path = out_dir / "request.json"
-        build_request(cfg, engine, prompts, out_dir, job.order_seed, job.grpo_seeds).write(request_path)
-        log(f"[{job.name}] replaying through {engine.spec} ({engine.runner} runner)")
-        outcome = runner.run_worker(engine, [request_path], out_dir / "worker.log", cfg.timeout_s, log)
-        result.worker_s = round(outcome.wall_s, 2)
-        evidence.load(out_dir)  # validates shapes and finiteness before anyone relies on it
+        for r in results:
+            r.prepare_s = round(time.perf_counter() - t0, 2)
+        request_paths = []
+        for target, out_dir in zip(targets, out_dirs):
+            path = out_dir / "request.json"
+            build_request(target.cfg, engine, prompts, out_dir, job.order_seed, job.grpo_seeds).write(path)
+            request_paths.append(path)
+        what = "" if len(targets) == 1 else f" ({len(targets)} requests, one engine start)"
+        log(f"[{job.name}] replaying through {engine.spec} ({engine.runner} runner){what}")
+        # The config's timeout is per replay: a batch gets one allowance per request.
+        timeout_s = targets[0].cfg.timeout_s * len(targets)
+        outcome = runner.run_worker(engine, request_paths, log_path or out_dirs[0] / "worker.log", timeout_s, log)
     except EngineError as exc:
-        result.error, result.log_tail = str(exc), exc.log_tail
+        for r in results:
+            r.error, r.log_tail = str(exc), exc.log_tail
         log(f"[{job.name}] ERROR: {exc}")
-        return result
-    except evidence.EvidenceError as exc:
-        result.error = f"engine '{job.name}': {exc}"
-        log(f"[{job.name}] ERROR: {result.error}")
-        return result
-    result.status = "ok"
-    return result
+        return results
+    for result, out_dir in zip(results, out_dirs):
+        result.worker_s = round(outcome.wall_s, 2)
+        try:
+            evidence.load(out_dir)  # validates shapes and finiteness before anyone relies on it
+        except evidence.EvidenceError as exc:
+            result.error = f"engine '{job.name}': {exc}"
+            log(f"[{job.name}] ERROR: {result.error}")
+            continue
+        result.status = "ok"
+    return results
 
 
 def _iso(ts: float) -> str:

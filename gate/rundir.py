@@ -31,10 +31,7 @@ class RunDirectory:
 
     @classmethod
     def create(cls, out: Path | None, gate_id: str) -> "RunDirectory":
-        if out is None:
-            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-            out = Path("runs") / f"{stamp}-{gate_id}"
-        out = out.resolve()
+        out = (out or default_path(gate_id)).resolve()
         if out.exists():
             raise ConfigError(f"{out}: run directory already exists; choose another --out")
         work = out.with_name(out.name + INCOMPLETE_SUFFIX)
@@ -64,3 +61,9 @@ def is_complete(path: Path) -> bool:
     if path.name.endswith(INCOMPLETE_SUFFIX) or not run_file.is_file():
         return False
     return json.loads(run_file.read_text(encoding="utf-8")).get("status") == "ok"
+
+
+def default_path(gate_id: str) -> Path:
+    """``runs/<UTC time>-<gate_id>`` under the current folder."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    return Path("runs") / f"{stamp}-{gate_id}"

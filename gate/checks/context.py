@@ -54,8 +54,44 @@ def sequences(e: Evidence, group: str) -> list[np.ndarray]:
     return np.split(ids, off[1:-1])
 
 
-def per_prompt(e: Evidence, group: str, per_token: np.ndarray) -> np.ndarray:
-    """Per-prompt mean of a per-token array (sequences averaged within each prompt)."""
+def per_prompt(e: Evidence, group: str, per_token: np.ndarray, offsets: np.ndarray | None = None) -> np.ndarray:
+    """Per-prompt mean of a per-token array (sequences averaged within each prompt).
+
+    ``offsets`` replaces the group's own when ``per_token`` holds a subset of its tokens
+    (:func:`sampled_pairs` drops masked ones).
+    """
     from gate.metrics import per_group_mean
 
-    return per_group_mean(per_token, e[f"{group}_{ev.OFFSETS}"], e[f"{group}_{ev.PROMPT_INDEX}"], e.n_prompts)
+    offsets = e[f"{group}_{ev.OFFSETS}"] if offsets is None else offsets
+    return per_group_mean(per_token, offsets, e[f"{group}_{ev.PROMPT_INDEX}"], e.n_prompts)
+
+
+@dataclass(frozen=True)
+class SampledPairs:
+    """Trainer and engine logprobs of the sampled tokens the requested transform allows.
+
+    A token the trainer's processed logprob puts at -inf was sampled although top-k / top-p
+    excludes it; it has no finite d, so it is left out here and counted in ``masked``
+    (logprob-semantics judges that count). ``offsets`` index the kept tokens per sequence.
+    """
+
+    trainer: np.ndarray
+    engine: np.ndarray
+    offsets: np.ndarray
+    masked: int
+    total: int
+
+    @property
+    def masked_fraction(self) -> float:
+        return self.masked / self.total if self.total else 0.0
+
+
+def sampled_pairs(e: Evidence, trainer_key: str = ev.TRAINER_PROCESSED) -> SampledPairs:
+    trainer, engine = e[f"{ev.SAMPLE}_{trainer_key}"], e[f"{ev.SAMPLE}_{ev.ENGINE_LOGPROB}"]
+    offsets = e[f"{ev.SAMPLE}_{ev.OFFSETS}"]
+    keep = np.isfinite(trainer)
+    if keep.all():
+        return SampledPairs(trainer, engine, offsets, 0, len(trainer))
+    # Kept tokens before each sequence start: the new offsets, without a per-sequence loop.
+    kept_before = np.concatenate([[0], np.cumsum(keep, dtype=np.int64)])
+    return SampledPairs(trainer[keep], engine[keep], kept_before[offsets], int((~keep).sum()), len(trainer))

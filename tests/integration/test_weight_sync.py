@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from ..faults.matrix import verify
 from .conftest import replay, variant_config
 
 pytestmark = pytest.mark.engine
@@ -36,14 +37,17 @@ def test_hook_that_skips_the_load_is_stale_weights(tmp_path_factory):
     assert check["status"] == "FAIL" and check["details"]["verdict"] == "stale-weights"
     assert "never reached the engine" in check["diagnosis"]
     assert run.returncode == 1
+    verify("5a", run.report)
 
 
 def test_partial_load_is_flagged(tmp_path_factory):
-    _, check = _probe(tmp_path_factory, "partial", "load_first_layer_only")
+    run, check = _probe(tmp_path_factory, "partial", "load_first_layer_only")
     assert check["status"] == "FAIL" and check["details"]["verdict"] in ("partial-update", "stale-weights")
+    verify("5b", run.report)
 
 
 def test_load_without_cache_reset_is_flagged_when_prefix_caching_is_on(tmp_path_factory):
-    _, check = _probe(tmp_path_factory, "cache", "load_without_cache_reset", {"enable_prefix_caching": True})
+    run, check = _probe(tmp_path_factory, "cache", "load_without_cache_reset", {"enable_prefix_caching": True})
     assert check["status"] == "FAIL" and check["details"]["verdict"] == "stale-cache", check
     assert "reset_prefix_cache" in check["diagnosis"]
+    verify("5c", run.report)

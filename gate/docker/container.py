@@ -1,0 +1,210 @@
+"""One container: its settings, and a life cycle that always ends with the container removed.
+
+``ContainerPlan`` turns gate's settings into the Docker SDK's ``containers.create`` arguments
+(kept as plain data so the GPU paths can be tested without a GPU); ``run_container`` starts it,
+streams its output line by line, enforces the timeout, tells an OOM kill from a crash, and
+removes the container on success, failure, timeout, Ctrl-C and SIGTERM.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import signal
+import threading
+import uuid
+from collections import deque
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gate.config import DockerConfig
+from gate.docker.client import MANAGED_LABEL
+from gate.docker.mounts import Mount, as_volumes, normalize
+from gate.errors import DockerError
+
+# Inside the container: caches mounted from the host, and a HOME any user id can write to.
+HF_CACHE = "/gate-cache/huggingface"
+VLLM_CACHE = "/gate-cache/vllm"
+HOME = "/tmp/gate-home"
+# Host variables a container may need at run time (never baked into an image).
+PASSED_THROUGH = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT", "HF_HUB_OFFLINE")
+TAIL_LINES = 40
+
+
+@dataclass(frozen=True)
+class ContainerPlan:
+    image: str
+    command: list[str]
+    mounts: list[Mount]
+    environment: dict[str, str]
+    gpus: str | tuple[str, ...] = "none"
+    ipc: str = "host"
+    shm_size: str | None = None
+    memory: str | None = None
+    user: str | None = None
+    purpose: str = "gate"
+
+    def create_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "image": self.image,
+            "command": self.command,
+            "volumes": as_volumes(normalize(self.mounts)),
+            "environment": self.environment,
+            "labels": {MANAGED_LABEL: "1", f"{MANAGED_LABEL}.purpose": self.purpose},
+            "ipc_mode": self.ipc,
+            "device_requests": device_requests(self.gpus),
+            "detach": True,
+            "stdin_open": False,
+            "init": True,  # reap vLLM's child processes; forward signals
+        }
+        if self.user:
+            kwargs["user"] = self.user
+        if self.shm_size and self.ipc != "host":
+            kwargs["shm_size"] = self.shm_size
+        if self.memory:
+            kwargs["mem_limit"] = self.memory
+        return kwargs
+
+
+def device_requests(gpus: str | tuple[str, ...]) -> list[Any]:
+    """``--gpus all`` / ``--gpus '"device=0,1"'`` as SDK device requests; none for "none"."""
+    if gpus == "none":
+        return []
+    from docker.types import DeviceRequest
+
+    if gpus == "all":
+        return [DeviceRequest(count=-1, capabilities=[["gpu"]])]
+    return [DeviceRequest(device_ids=list(gpus), capabilities=[["gpu"]])]
+
+
+def plan_for(docker_cfg: DockerConfig, image: str, command: list[str], mounts: list[Mount],
+             environment: dict[str, str], purpose: str) -> ContainerPlan:  # fmt: skip
+    """A plan with gate's standard settings: the host user, the shared caches, GPU and IPC settings."""
+    hf_host, vllm_host = cache_dirs(docker_cfg)
+    env = {
+        "HOME": HOME,
+        "USER": "gate",  # torch's cache paths ask getpass.getuser(), which needs a name for any uid
+        "HF_HOME": HF_CACHE,
+        "VLLM_CACHE_ROOT": VLLM_CACHE,
+        "PYTHONUNBUFFERED": "1",
+        **{k: os.environ[k] for k in PASSED_THROUGH if k in os.environ},
+        **environment,
+    }
+    volumes = [*mounts, Mount(hf_host, True, Path(HF_CACHE)), Mount(vllm_host, True, Path(VLLM_CACHE))]
+    return ContainerPlan(
+        image=image, command=command, mounts=volumes, environment=env, gpus=docker_cfg.gpus, ipc=docker_cfg.ipc,
+        shm_size=docker_cfg.shm_size, memory=docker_cfg.memory, user=f"{os.getuid()}:{os.getgid()}", purpose=purpose,
+    )  # fmt: skip
+
+
+def cache_dirs(docker_cfg: DockerConfig) -> tuple[Path, Path]:
+    """Host folders for the Hugging Face cache (weights download once per runner) and vLLM's compile cache."""
+    from gate.runners.venv_build import cache_root
+
+    hf = Path(docker_cfg.hf_cache or os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface").expanduser()
+    vllm = cache_root() / "docker" / "vllm"
+    for path in (hf, vllm):
+        path.mkdir(parents=True, exist_ok=True)
+    return hf, vllm
+
+
+@dataclass(frozen=True)
+class ContainerExit:
+    status_code: int
+    oom_killed: bool
+    tail: str
+
+    def describe(self, memory: str | None) -> str:
+        if self.oom_killed:
+            limit = f"its {memory} memory limit" if memory else "the machine's memory"
+            return f"the container was killed by the OOM killer (out of {limit}; raise docker.memory or free memory)"
+        if self.status_code == 137:
+            return "the container was killed (SIGKILL, exit 137)"
+        return f"the container exited with code {self.status_code}"
+
+
+def run_container(client: Any, plan: ContainerPlan, timeout_s: float, on_line: Callable[[str], None]) -> ContainerExit:
+    """Run ``plan`` to completion; every output line goes to ``on_line``. The container is always removed."""
+    import docker
+    import requests
+
+    kwargs = plan.create_kwargs()
+    kwargs["name"] = f"gate-{plan.purpose}-{uuid.uuid4().hex[:10]}"
+    try:
+        container = client.containers.create(**kwargs)
+    except docker.errors.ImageNotFound:
+        raise DockerError(f"image '{plan.image}' not found") from None
+    except docker.errors.APIError as exc:
+        raise DockerError(f"cannot create a container from '{plan.image}': {exc.explanation or exc}") from None
+    tail: deque[str] = deque(maxlen=TAIL_LINES)
+    reader = threading.Thread(target=_stream, args=(container, on_line, tail), daemon=True)
+    try:
+        with _sigterm_as_interrupt():
+            try:
+                container.start()
+            except docker.errors.APIError as exc:
+                raise DockerError(f"cannot start a container from '{plan.image}': {exc.explanation or exc}") from None
+            reader.start()
+            try:
+                result = container.wait(timeout=timeout_s)
+            except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+                _kill(container)
+                reader.join(timeout=10)
+                raise DockerError(f"container {kwargs['name']} timed out after {timeout_s:.0f}s", "\n".join(tail)) from None
+            reader.join(timeout=30)
+            container.reload()
+            oom = bool(container.attrs.get("State", {}).get("OOMKilled"))
+            return ContainerExit(int(result.get("StatusCode", -1)), oom, "\n".join(tail))
+    finally:
+        _remove(container)
+
+
+def _stream(container: Any, on_line: Callable[[str], None], tail: deque[str]) -> None:
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    pending = ""
+    for chunk in container.logs(stream=True, follow=True):
+        pending += decoder.decode(chunk)
+        *lines, pending = pending.split("\n")
+        for line in lines:
+            tail.append(line)
+            on_line(line)
+    pending += decoder.decode(b"", final=True)
+    if pending:
+        tail.append(pending)
+        on_line(pending)
+
+
+def _kill(container: Any) -> None:
+    try:
+        container.kill()
+    except Exception:  # noqa: BLE001 - it may have exited meanwhile; removal follows anyway
+        pass
+
+
+def _remove(container: Any) -> None:
+    import docker
+
+    try:
+        container.remove(force=True)
+    except docker.errors.NotFound:
+        pass
+
+
+@contextmanager
+def _sigterm_as_interrupt():
+    """A cancelled CI job sends SIGTERM: treat it like Ctrl-C so the container is removed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

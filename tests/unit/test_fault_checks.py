@@ -1,0 +1,123 @@
+"""What issue 6's fault matrix added to the checks and the evidence, against hand-computed values."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+from gate import evidence as ev
+from gate.checks import parse_settings, run_checks
+from gate.checks.base import Status
+from gate.checks.context import Context, per_prompt, sampled_pairs
+from gate.repeat import subset_evidence
+
+from ..factory import RUN, make_evidence
+
+
+def _results(ctx):
+    return {r.id: r for r in run_checks(ctx, parse_settings({}, "gate.yaml"))}
+
+
+def _mask(e: ev.Evidence, tokens: list[int]) -> ev.Evidence:
+    """The engine sampled these tokens although top-k/top-p excludes them: the reference says -inf."""
+    arrays = dict(e.arrays)
+    processed = arrays["sample_trainer_logprob_processed"].copy()
+    processed[tokens] = -np.inf
+    arrays["sample_trainer_logprob_processed"] = processed
+    return ev.Evidence(e.path, arrays, e.engine, e.texts)
+
+
+@pytest.fixture
+def ctx(tmp_path):
+    run = copy.deepcopy(RUN)
+    run["sampling"] = {**run["sampling"], "top_p": 0.8}
+    return Context(new=make_evidence(tmp_path / "new", seed=2), old=make_evidence(tmp_path / "old", seed=1), run=run)
+
+
+def test_sampled_pairs_drop_masked_tokens_and_reindex_sequences(tmp_path):
+    # 20 prompts x 2 samples x 8 tokens; mask tokens 0, 1 (sequence 0) and 17 (sequence 2)
+    e = _mask(make_evidence(tmp_path / "e", seed=2), [0, 1, 17])
+    pairs = sampled_pairs(e)
+    assert (pairs.masked, pairs.total) == (3, 320)
+    assert pairs.masked_fraction == pytest.approx(3 / 320)
+    assert pairs.offsets[:4].tolist() == [0, 6, 14, 21]  # 8-2, +8, +7 tokens
+    assert pairs.offsets[-1] == 317 and len(pairs.trainer) == len(pairs.engine) == 317
+    assert np.isfinite(pairs.trainer).all()
+    # per-prompt means over the kept tokens: prompt 0 = mean of its two sequences' kept-token means
+    d = np.abs(pairs.trainer.astype(float) - pairs.engine)
+    expected = (d[0:6].mean() + d[6:14].mean()) / 2
+    assert per_prompt(e, ev.SAMPLE, d, pairs.offsets)[0] == pytest.approx(expected)
+    clean = sampled_pairs(make_evidence(tmp_path / "c", seed=2))
+    assert clean.masked == 0 and len(clean.trainer) == 320
+
+
+def test_tokens_outside_top_k_top_p_fail_with_the_fix(ctx):
+    ctx.new = _mask(ctx.new, list(range(0, 320, 40)))  # 8 of 320 = 2.5% > 1e-3
+    r = _results(ctx)["logprob-semantics"]
+    assert r.status == Status.FAIL
+    m = next(m for m in r.measurements if m.name == "tokens_outside_transform" and m.engine == "new")
+    assert m.value == pytest.approx(8 / 320) and m.note == "8 of 320 sampled tokens"
+    assert r.details["tokens_outside_transform"] == {"old": 0, "new": 8}
+    assert "sampled 8 of 320 tokens (2.50%)" in r.diagnosis and "top_p=0.8" in r.diagnosis
+    assert "does not apply top-k/top-p although the request asked for them" in r.diagnosis
+    # the other checks still judge the tokens that have a finite d, instead of crashing
+    mismatch = _results(ctx)["train-inference-mismatch"]
+    assert mismatch.status != Status.ERROR and mismatch.details["new"]["tokens_outside_transform"] == 8
+
+
+def test_one_boundary_token_warns_and_the_old_engine_is_context(ctx):
+    ctx.new = _mask(ctx.new, [5])  # 1 of 320 = 3.1e-3 > 1e-3: FAIL
+    assert _results(ctx)["logprob-semantics"].status == Status.FAIL
+    big = make_evidence(ctx.new.path.parent / "big", seed=2, n_prompts=200, n=3, length=8)  # 4800 tokens
+    ctx.new = _mask(big, [5])  # 1 / 4800 = 2.1e-4: above 0, below 1e-3
+    ctx.old = None
+    r = _results(ctx)["logprob-semantics"]
+    assert r.status == Status.WARN and "sampled 1 of 4800 tokens" in r.diagnosis
+    ctx.new = make_evidence(ctx.new.path.parent / "new2", seed=2)
+    ctx.old = _mask(make_evidence(ctx.new.path.parent / "old2", seed=1), [3])
+    assert _results(ctx)["logprob-semantics"].status == Status.PASS  # the old engine's problem is not this PR's
+
+
+def test_evidence_allows_minus_inf_only_where_the_transform_masks(tmp_path):
+    e = make_evidence(tmp_path / "e", seed=2)
+    arrays = dict(e.arrays)
+    arrays["sample_trainer_logprob_processed"] = arrays["sample_trainer_logprob_processed"].copy()
+    arrays["sample_trainer_logprob_processed"][3] = -np.inf
+    ev.validate(ev.Evidence(e.path, arrays, e.engine, e.texts))  # a finding, not bad evidence
+    arrays["sample_trainer_logprob_processed"][4] = np.nan
+    with pytest.raises(ev.EvidenceError, match="sample_trainer_logprob_processed: 1 NaN/\\+inf"):
+        ev.validate(ev.Evidence(e.path, arrays, e.engine, e.texts))
+    arrays = dict(e.arrays)
+    arrays["sample_trainer_logprob_raw"] = arrays["sample_trainer_logprob_raw"].copy()
+    arrays["sample_trainer_logprob_raw"][0] = -np.inf  # raw logprobs of a sampled token are never -inf
+    with pytest.raises(ev.EvidenceError, match="sample_trainer_logprob_raw: 1 non-finite"):
+        ev.validate(ev.Evidence(e.path, arrays, e.engine, e.texts))
+
+
+def test_subset_evidence_keeps_chosen_prompts_and_cuts_completions(tmp_path):
+    e = make_evidence(tmp_path / "e", seed=2, n_prompts=5, n=2, length=8)
+    full = subset_evidence(e, np.arange(5))
+    for key in full.arrays:
+        assert np.array_equal(full[key], e[key]), key
+    assert not any(k.startswith(("ws_", "grpo_")) for k in full.arrays)
+    cut = subset_evidence(e, np.array([3, 1]), max_tokens=3)
+    ev.validate(cut)
+    assert cut.n_prompts == 2
+    assert cut.prompt_tokens(0).tolist() == e.prompt_tokens(3).tolist()
+    assert cut["sample_prompt_index"].tolist() == [0, 0, 1, 1]
+    assert cut["sample_offsets"].tolist() == [0, 3, 6, 9, 12]
+    # prompt 3's sequences are 6 and 7 of the original, each 8 tokens from offset 48 / 56
+    assert cut["sample_token_ids"][:6].tolist() == e["sample_token_ids"][[48, 49, 50, 56, 57, 58]].tolist()
+    assert cut["sample_engine_logprob"][3] == e["sample_engine_logprob"][56]
+    assert cut["sample_topk_ids"].shape == (12, 5)
+    assert cut["sample_finish"].tolist() == [1, 1, 1, 1]  # cut short: "length"
+    assert cut["greedy_offsets"].tolist() == [0, 3, 6]
+    assert cut["tf_prompt_index"].tolist() == [0, 1]
+    tf_len = np.diff(e["tf_offsets"])
+    assert cut["tf_offsets"].tolist() == [0, tf_len[3], tf_len[3] + tf_len[1]]  # teacher-forced: whole
+    lo, hi = e["tf_input_offsets"][3], e["tf_input_offsets"][4]
+    assert cut["tf_input_ids"][: hi - lo].tolist() == e["tf_input_ids"][lo:hi].tolist()
+    longer = subset_evidence(e, np.arange(5), max_tokens=100)  # a limit above every length changes nothing
+    assert np.array_equal(longer["sample_finish"], e["sample_finish"])
