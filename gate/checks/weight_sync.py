@@ -5,8 +5,9 @@ pushing perturbed weights into the running engine, scored by the trainer under t
 weights. Control prompts cannot hit any cache; prefix prompts share a prefix of whole KV blocks
 that prefix caching (when on) stored with the old weights. Decisions, in order:
 
-- stale weights: control tokens match the OLD weights better than the new ones;
-- partial / wrong update: control tokens match neither (e.g. only some layers loaded);
+- stale weights: control tokens match the OLD weights and not the new ones;
+- partial / wrong update: control tokens match neither (e.g. only some layers loaded: closer to the
+  old weights than to the new, but not equal to either);
 - stale cache: control tokens are fine but shared-prefix tokens are not (cache entries from the
   old weights were reused);
 
@@ -56,7 +57,7 @@ def run(ctx, settings) -> CheckResult:
     limit = max(opts["factor"] * d_pre, opts["floor"])
     verdict = "ok"
     if values["control_vs_new"] > limit:
-        verdict = "stale-weights" if values["control_vs_old"] < values["control_vs_new"] else "partial-update"
+        verdict = "stale-weights" if values["control_vs_old"] <= limit else "partial-update"
     elif values["prefix_vs_new"] > limit:
         verdict = "stale-cache"
     meta = e.engine.get("weight_sync") or {}

@@ -77,7 +77,7 @@ ROWS: tuple[FaultRow, ...] = (
              "tests/integration/test_weight_sync.py::test_hook_that_skips_the_load_is_stale_weights"),
     FaultRow("5b", "partial weight update",
              "weight-update hook loading only the first decoder layer (`load_first_layer_only`)",
-             "weight-sync", ("FAIL",), "after an in-place update",
+             "weight-sync", ("FAIL",), "only part of the state dict was applied",
              "tests/integration/test_weight_sync.py::test_partial_load_is_flagged"),
     FaultRow("5c", "stale prefix-cache entries after an update",
              "hook that loads without `reset_prefix_cache()`, prefix caching on",
