@@ -148,6 +148,12 @@ def write(
     """Write a baseline from ``run_dir``'s evidence of ``engine``; returns what changed (update)."""
     run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
     e = ev.load(run_dir / "engines" / engine)
+    outside = int((~np.isfinite(e[f"{ev.SAMPLE}_{ev.TRAINER_PROCESSED}"])).sum())
+    if outside:  # a reference from an engine that ignores top-k/top-p would make every later run look wrong
+        raise GateError(
+            f"{run_dir}: engine '{engine}' sampled {outside} token(s) that the requested top-k/top-p excludes; "
+            "refusing to record a baseline from it"
+        )
     previous = None
     if out.exists():
         if not overwrite:

@@ -90,9 +90,11 @@ def _baseline(cfg: GateConfig, run: dict, new: ev.Evidence | None) -> tuple[Base
         base = bl.load(Path(cfg.baseline))
     except bl.BaselineError as exc:
         return BaselineStatus(cfg.baseline, Status.ERROR, str(exc), [], None), None
-    diffs = bl.provenance_differences(base, run, new) if new is not None else []
+    if new is None:  # nothing to compare; the verdict is an ERROR for the missing evidence anyway
+        return BaselineStatus(cfg.baseline, Status.SKIP, "not compared: the new engine produced no evidence", [], base.manifest), base
+    diffs = bl.provenance_differences(base, run, new)
     if not diffs:
-        notes = bl.provenance_notes(base, new) if new is not None else []
+        notes = bl.provenance_notes(base, new)
         message = "run matches the baseline's provenance" + (f" (noted: {'; '.join(notes)})" if notes else "")
         return BaselineStatus(cfg.baseline, Status.PASS, message, [], base.manifest), base
     mismatch_status = Status.FAIL if cfg.baseline_mismatch == "fail" else Status.WARN

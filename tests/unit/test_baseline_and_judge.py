@@ -13,7 +13,7 @@ from gate import baseline as bl
 from gate import report
 from gate.checks.base import Status
 from gate.config import load_config
-from gate.errors import EXIT_ERROR, EXIT_FAIL, EXIT_OK, ConfigError
+from gate.errors import EXIT_ERROR, EXIT_FAIL, EXIT_OK, ConfigError, GateError
 from gate.judge import judge
 
 from ..factory import RUN, make_evidence
@@ -125,3 +125,26 @@ def test_missing_baseline_folder_warns(tmp_path):
     cfg = load_config(_config(tmp_path))
     j = judge(_run_dir(tmp_path), cfg)
     assert j.baseline.status == Status.WARN and "gate baseline record" in j.baseline.message
+
+
+def test_a_run_without_new_evidence_does_not_claim_a_baseline_match(tmp_path):
+    cfg = load_config(_config(tmp_path))
+    bl.write(tmp_path / "baseline", _run_dir(tmp_path), "old", {}, overwrite=False, log=print)
+    d = _run_dir(tmp_path, "broken")
+    manifest = json.loads((d / "run.json").read_text())
+    manifest["engines"]["new"] |= {"status": "error", "error": "engine 'new': worker crashed"}
+    (d / "run.json").write_text(json.dumps(manifest))
+    j = judge(d, cfg)
+    assert j.verdict == Status.ERROR and j.errors == ["engine 'new': worker crashed"]
+    assert j.baseline.status == Status.SKIP and "not compared" in j.baseline.message
+
+
+def test_no_baseline_from_an_engine_that_ignores_top_k_top_p(tmp_path):
+    d = _run_dir(tmp_path)
+    path = d / "engines" / "old" / "evidence.npz"
+    arrays = dict(np.load(path))
+    arrays["sample_trainer_logprob_processed"][:3] = -np.inf
+    np.savez(path, **arrays)
+    with pytest.raises(GateError, match="sampled 3 token"):
+        bl.write(tmp_path / "baseline", d, "old", {}, overwrite=False, log=print)
+    assert not (tmp_path / "baseline").exists()
