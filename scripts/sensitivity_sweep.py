@@ -22,7 +22,7 @@ Outputs:
     python scripts/sensitivity_sweep.py                 # ~25 min on 2 cores
     python scripts/sensitivity_sweep.py --reuse         # re-analyse finished phases, run missing ones
 
-matplotlib is needed for the plot only (``pip install matplotlib``); it is not a gate dependency.
+matplotlib is needed for the plot only (``pip install -e '.[sweep]'``); it is not a gate dependency.
 """
 
 from __future__ import annotations
