@@ -127,39 +127,43 @@ class ContainerExit:
 
 
 def run_container(client: Any, plan: ContainerPlan, timeout_s: float, on_line: Callable[[str], None]) -> ContainerExit:
-    """Run ``plan`` to completion; every output line goes to ``on_line``. The container is always removed."""
+    """Run ``plan`` to completion; every output line goes to ``on_line``. The container is always removed.
+
+    Removal is by name, decided before the create call: a Ctrl-C that lands while the daemon is
+    still answering ``create`` leaves a container this process never got a handle to.
+    """
+    name = f"gate-{plan.purpose}-{uuid.uuid4().hex[:10]}"
+    try:
+        with _sigterm_as_interrupt():
+            return _run(client, plan, name, timeout_s, on_line)
+    finally:
+        _remove(client, name)
+
+
+def _run(client: Any, plan: ContainerPlan, name: str, timeout_s: float, on_line: Callable[[str], None]) -> ContainerExit:
     import docker
     import requests
 
-    kwargs = plan.create_kwargs()
-    kwargs["name"] = f"gate-{plan.purpose}-{uuid.uuid4().hex[:10]}"
     try:
-        container = client.containers.create(**kwargs)
+        container = client.containers.create(**plan.create_kwargs(), name=name)
+        container.start()
     except docker.errors.ImageNotFound:
         raise DockerError(f"image '{plan.image}' not found") from None
     except docker.errors.APIError as exc:
-        raise DockerError(f"cannot create a container from '{plan.image}': {exc.explanation or exc}") from None
+        raise DockerError(f"cannot start a container from '{plan.image}': {exc.explanation or exc}") from None
     tail: deque[str] = deque(maxlen=TAIL_LINES)
     reader = threading.Thread(target=_stream, args=(container, on_line, tail), daemon=True)
+    reader.start()
     try:
-        with _sigterm_as_interrupt():
-            try:
-                container.start()
-            except docker.errors.APIError as exc:
-                raise DockerError(f"cannot start a container from '{plan.image}': {exc.explanation or exc}") from None
-            reader.start()
-            try:
-                result = container.wait(timeout=timeout_s)
-            except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
-                _kill(container)
-                reader.join(timeout=10)
-                raise DockerError(f"container {kwargs['name']} timed out after {timeout_s:.0f}s", "\n".join(tail)) from None
-            reader.join(timeout=30)
-            container.reload()
-            oom = bool(container.attrs.get("State", {}).get("OOMKilled"))
-            return ContainerExit(int(result.get("StatusCode", -1)), oom, "\n".join(tail))
-    finally:
-        _remove(container)
+        result = container.wait(timeout=timeout_s)
+    except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+        _kill(container)
+        reader.join(timeout=10)
+        raise DockerError(f"container {name} timed out after {timeout_s:.0f}s", "\n".join(tail)) from None
+    reader.join(timeout=30)
+    container.reload()
+    oom = bool(container.attrs.get("State", {}).get("OOMKilled"))
+    return ContainerExit(int(result.get("StatusCode", -1)), oom, "\n".join(tail))
 
 
 def _stream(container: Any, on_line: Callable[[str], None], tail: deque[str]) -> None:
@@ -184,11 +188,11 @@ def _kill(container: Any) -> None:
         pass
 
 
-def _remove(container: Any) -> None:
+def _remove(client: Any, name: str) -> None:
     import docker
 
     try:
-        container.remove(force=True)
+        client.api.remove_container(name, force=True)
     except docker.errors.NotFound:
         pass
 
