@@ -136,3 +136,14 @@ def _is_per_token(key: str) -> bool:
 def _check_offsets(offsets: np.ndarray, total: int, where: Path, key: str) -> None:
     if offsets.ndim != 1 or len(offsets) < 1 or offsets[0] != 0 or offsets[-1] != total or np.any(np.diff(offsets) < 0):
         raise EvidenceError(f"{where}: {key}: not monotone offsets ending at {total}")
+
+
+def token_ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Concatenation of arange(s, s + c) for each (s, c), without a Python loop: the flat indices of
+    token spans (sequences, prompts, kept prefixes) in the evidence's concatenated arrays."""
+    counts = np.asarray(counts, dtype=np.int64)
+    total = int(counts.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    begins = np.repeat(np.asarray(starts, dtype=np.int64) - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
+    return begins + np.arange(total, dtype=np.int64)

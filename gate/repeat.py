@@ -440,7 +440,7 @@ def _prompt_arrays(a: dict[str, np.ndarray], prompts: np.ndarray) -> dict[str, n
     lengths = off[prompts + 1] - off[prompts]
     return {
         evidence.PROMPT_OFFSETS: np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-        evidence.PROMPT_TOKEN_IDS: a[evidence.PROMPT_TOKEN_IDS][_ranges(off[prompts], lengths)],
+        evidence.PROMPT_TOKEN_IDS: a[evidence.PROMPT_TOKEN_IDS][evidence.token_ranges(off[prompts], lengths)],
     }
 
 
@@ -453,7 +453,7 @@ def _group_subset(a: dict[str, np.ndarray], group: str, new_index: np.ndarray, l
     seqs = seqs[np.argsort(prompt_of[seqs], kind="stable")]  # sequences follow the new prompt order
     lengths = off[seqs + 1] - off[seqs]
     kept = lengths if limit is None else np.minimum(lengths, limit)
-    tokens = _ranges(off[seqs], kept)
+    tokens = evidence.token_ranges(off[seqs], kept)
     out = {g + evidence.OFFSETS: np.concatenate([[0], np.cumsum(kept)]).astype(np.int64),
            g + evidence.PROMPT_INDEX: prompt_of[seqs].astype(a[g + evidence.PROMPT_INDEX].dtype)}  # fmt: skip
     for key, arr in a.items():
@@ -466,23 +466,13 @@ def _group_subset(a: dict[str, np.ndarray], group: str, new_index: np.ndarray, l
             out[key] = np.concatenate([[0], np.cumsum(seq_len)]).astype(arr.dtype)
         elif key == f"{evidence.TF}_input_ids":
             starts = a[f"{evidence.TF}_input_offsets"]
-            out[key] = arr[_ranges(starts[seqs], starts[seqs + 1] - starts[seqs])]
+            out[key] = arr[evidence.token_ranges(starts[seqs], starts[seqs + 1] - starts[seqs])]
         else:
             out[key] = arr[tokens]
     finish = g + evidence.FINISH
     if finish in out:
         out[finish] = np.where(kept < lengths, evidence.FINISH_NAMES.index("length"), out[finish]).astype(out[finish].dtype)
     return out
-
-
-def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Concatenation of arange(s, s + c) for each (s, c), without a Python loop."""
-    counts = np.asarray(counts, dtype=np.int64)
-    total = int(counts.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    begins = np.repeat(np.asarray(starts, dtype=np.int64) - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
-    return begins + np.arange(total, dtype=np.int64)
 
 
 def rejudge_subset(

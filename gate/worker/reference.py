@@ -17,6 +17,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from gate.evidence import token_ranges
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _HEAD_CHUNK_ROWS = 4096  # bounds the [rows, vocab] logits block for 150k-token vocabularies
 
@@ -117,7 +119,7 @@ class ReferenceModel:
         order = np.argsort(-lengths, kind="stable")  # longest first: batches pad little
         done = 0
         for batch in _pack(order, lengths, batch_tokens):
-            dest = _ranges(out_offsets[batch], counts[batch])
+            dest = token_ranges(out_offsets[batch], counts[batch])
             r, p, b = self._score_batch([sequences[i] for i in batch], starts[batch], counts[batch], transform)
             raw[dest], processed[dest], raw_bf16[dest] = r, p, b
             done += len(batch)
@@ -139,7 +141,7 @@ class ReferenceModel:
 
         # Target t is predicted by the hidden state at t - 1.
         rows = torch.from_numpy(np.repeat(np.arange(len(seqs)), counts)).to(self.device)
-        cols = torch.from_numpy(_ranges(starts - 1, counts)).to(self.device)
+        cols = torch.from_numpy(token_ranges(starts - 1, counts)).to(self.device)
         targets = ids[rows, cols + 1].unsqueeze(-1)
         picked = hidden[rows, cols]
 
@@ -176,13 +178,3 @@ def _pack(order: np.ndarray, lengths: np.ndarray, batch_tokens: int) -> list[np.
     if current:
         batches.append(np.array(current))
     return batches
-
-
-def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Concatenation of arange(s, s + c) for each (s, c), without a Python loop."""
-    counts = np.asarray(counts, dtype=np.int64)
-    total = int(counts.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    begins = np.repeat(np.asarray(starts, dtype=np.int64) - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
-    return begins + np.arange(total, dtype=np.int64)

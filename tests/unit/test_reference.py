@@ -8,7 +8,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from gate.worker.reference import ReferenceModel, SamplingTransform, _pack, _ranges, processed_logprobs  # noqa: E402
+from gate.evidence import token_ranges  # noqa: E402
+from gate.worker.reference import ReferenceModel, SamplingTransform, _pack, processed_logprobs  # noqa: E402
 
 
 def test_temperature_only():
@@ -51,7 +52,7 @@ def test_temperature_then_top_k_then_top_p():
 
 
 def test_ranges_and_packing():
-    assert _ranges(np.array([5, 0, 2]), np.array([2, 0, 3])).tolist() == [5, 6, 2, 3, 4]
+    assert token_ranges(np.array([5, 0, 2]), np.array([2, 0, 3])).tolist() == [5, 6, 2, 3, 4]
     batches = _pack(np.array([2, 0, 1]), np.array([3, 4, 10]), batch_tokens=12)
     assert [b.tolist() for b in batches] == [[2], [0, 1]]
 
