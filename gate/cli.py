@@ -116,13 +116,15 @@ def _load(args: argparse.Namespace) -> GateConfig:
     return cfg
 
 
-def _in_gate_image(cfg: GateConfig, command: list[str], writable: list[Path], engine_runs: int) -> int:
+def _in_gate_image(
+    cfg: GateConfig, command: list[str], writable: list[Path], engine_runs: int, readable: tuple[Path, ...] = ()
+) -> int:
     """Run ``gate <command>`` in the gate image with this config, its engine specs and the venv runner."""
     from gate.docker.bundle import run_in_gate_image
 
     old, new = cfg.engines["old"].spec, cfg.engines["new"].spec
     argv = [*command, "-c", cfg.source, "--runner", "venv", "--old", old, "--new", new]
-    return run_in_gate_image(cfg, argv, writable, engine_runs, stderr_log)
+    return run_in_gate_image(cfg, argv, writable, engine_runs, stderr_log, readable)
 
 
 def _uses_gate_image(cfg: GateConfig) -> bool:
@@ -244,15 +246,15 @@ def cmd_baseline(args: argparse.Namespace) -> int:
 
 def _baseline_in_gate_image(args: argparse.Namespace, cfg: GateConfig, out: Path) -> int:
     command = ["baseline", "update" if args.overwrite else "record"]
-    writable = [out.resolve().parent]
+    writable, readable = [out.resolve().parent], ()
     if args.from_run:
         command += ["--from-run", str(args.from_run.resolve())]
-        writable.append(args.from_run.resolve())  # read there; mounted so the container sees it
+        readable = (args.from_run.resolve(),)
     else:
         run = _run_path(args.out, cfg)
         command += ["--out", str(run)]
         writable.append(run.parent)
-    return _in_gate_image(cfg, command, writable, engine_runs=2)
+    return _in_gate_image(cfg, command, writable, engine_runs=2, readable=readable)
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:

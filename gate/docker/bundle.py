@@ -37,9 +37,14 @@ def uses_gate_image(cfg: GateConfig) -> bool:
 
 
 def run_in_gate_image(
-    cfg: GateConfig, argv: list[str], writable: list[Path], engine_runs: int, log: Callable[[str], None]
+    cfg: GateConfig, argv: list[str], writable: list[Path], engine_runs: int, log: Callable[[str], None],
+    readable: tuple[Path, ...] = (),
 ) -> int:
-    """Run ``gate <argv>`` in the gate image for ``cfg``; returns its exit code."""
+    """Run ``gate <argv>`` in the gate image for ``cfg``; returns its exit code.
+
+    The config's own paths are mounted read-only, ``readable`` too (e.g. a run to record from),
+    ``writable`` read-write (created first).
+    """
     from gate.docker.client import connect
     from gate.docker.container import plan_for, run_container
     from gate.docker.image import ensure_image
@@ -49,7 +54,7 @@ def run_in_gate_image(
     image = ensure_image(client, cfg, log)
     for folder in writable:
         folder.mkdir(parents=True, exist_ok=True)
-    mounts = [Mount(p) for p in config_paths(cfg)] + [Mount(p, writable=True) for p in writable]
+    mounts = [Mount(p) for p in (*config_paths(cfg), *readable)] + [Mount(p, writable=True) for p in writable]
     plan = plan_for(cfg.docker, image, argv, mounts, {}, purpose=argv[0])
     log(f"[docker] gate {argv[0]} in {image} (gpus: {_gpus(cfg.docker.gpus)})")
     timeout = engine_runs * cfg.timeout_s + _CONTAINER_OVERHEAD_S

@@ -259,7 +259,8 @@ def test_the_command_runs_in_the_image_with_the_venv_runner_and_same_paths(monke
     from gate.docker import bundle
 
     calls = []
-    monkeypatch.setattr(bundle, "run_in_gate_image", lambda cfg, argv, writable, runs, log: calls.append((argv, writable, runs)) or 1)
+    monkeypatch.setattr(bundle, "run_in_gate_image",
+                        lambda cfg, argv, writable, runs, log, readable=(): calls.append((argv, writable, runs)) or 1)  # fmt: skip
     out = tmp_path / "runs" / "r1"
     assert cli.main(["run", "--runner", "docker", "--out", str(out), "--only", "new", "--fail-on", "warn"]) == 1
     argv, writable, runs = calls[0]
