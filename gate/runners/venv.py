@@ -8,12 +8,10 @@ whenever its content hash changes; engine dependencies are untouched.
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import hashlib
 import json
 import re
-import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -21,7 +19,7 @@ from pathlib import Path
 from gate.config import EngineConfig
 from gate.errors import EngineError
 from gate.runners.base import Runner, run_logged, stderr_log
-from gate.runners.venv_build import STAMP, VenvBuildError, build, is_built, venv_path
+from gate.runners.venv_build import STAMP, VenvBuildError, build, is_built, parse_cli, venv_path
 
 
 def gate_package_dir() -> Path:
@@ -127,13 +125,9 @@ def _prune_old_copies(root: Path, keep: Path, max_kept: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m gate.runners.venv SPEC [--pip-args ARGS]``: build (or reuse) a venv with gate's code; print its path."""
-    parser = argparse.ArgumentParser(prog="python -m gate.runners.venv", description=main.__doc__)
-    parser.add_argument("spec")
-    parser.add_argument("--pip-args", default="", help="extra pip arguments, one shell-quoted string")
-    parser.add_argument("--name", default="engine")
-    args = parser.parse_args(argv)
+    spec, pip_args, name = parse_cli(argv, "python -m gate.runners.venv", main.__doc__)
     try:
-        path, _ = ensure_venv(args.name, args.spec, tuple(shlex.split(args.pip_args)), stderr_log)
+        path, _ = ensure_venv(name, spec, pip_args, stderr_log)
     except EngineError as exc:
         print(f"error: {exc}\n{exc.log_tail}", file=sys.stderr)
         return exc.exit_code

@@ -144,19 +144,24 @@ def run_plain(cmd: list[str], env: dict, log_path: Path, what: str, echo: re.Pat
         raise VenvBuildError(f"{what} exited with code {rc} (log: {log_path})", "\n".join(tail))
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python3 venv_build.py SPEC [--pip-args "ARGS"]``: build the venv for SPEC unless built; print its path."""
-    parser = argparse.ArgumentParser(prog="venv_build.py", description=main.__doc__)
+def parse_cli(argv: list[str] | None, prog: str, description: str) -> tuple[str, tuple[str, ...], str]:
+    """``SPEC [--pip-args "ARGS"] [--name NAME]`` -> (spec, pip_args, name); shared by both entry points."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("spec")
     parser.add_argument("--pip-args", default="", help="extra pip arguments, one shell-quoted string")
     parser.add_argument("--name", default="engine")
     args = parser.parse_args(argv)
-    pip_args = tuple(shlex.split(args.pip_args))
-    path = venv_path(args.spec, pip_args)
+    return args.spec, tuple(shlex.split(args.pip_args)), args.name
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python3 venv_build.py SPEC [--pip-args "ARGS"]``: build the venv for SPEC unless built; print its path."""
+    spec, pip_args, name = parse_cli(argv, "venv_build.py", main.__doc__)
+    path = venv_path(spec, pip_args)
     if not is_built(path):
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            build(args.name, args.spec, pip_args, path, run_plain, lambda m: print(m, file=sys.stderr, flush=True))
+            build(name, spec, pip_args, path, run_plain, lambda m: print(m, file=sys.stderr, flush=True))
         except VenvBuildError as exc:
             print(f"error: {exc}\n{exc.log_tail}", file=sys.stderr)
             return 3
