@@ -49,7 +49,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, help="run directory to create (default: runs/<time>-<gate_id>)")
     run.add_argument("--only", choices=("old", "new"), help="replay one engine only (judged against the baseline)")
     run.add_argument("--fail-on", choices=("fail", "warn"), help="exit 1 on this verdict or worse (default: config)")
+    run.add_argument("--no-reuse", action="store_true",
+                     help="replay the old engine even when its stored evidence matches (it is stored afresh)")  # fmt: skip
     run.set_defaults(func=cmd_run)
+
+    key = sub.add_parser("key", help="print the old engine's evidence-cache key (for actions/cache)")
+    _config_args(key)
+    key.set_defaults(func=cmd_key)
 
     check = sub.add_parser("check", help="judge an existing run directory again (e.g. with other thresholds)")
     check.add_argument("run_dir", type=Path)
@@ -117,14 +123,15 @@ def _load(args: argparse.Namespace) -> GateConfig:
 
 
 def _in_gate_image(
-    cfg: GateConfig, command: list[str], writable: list[Path], engine_runs: int, readable: tuple[Path, ...] = ()
+    cfg: GateConfig, command: list[str], writable: list[Path], engine_runs: int, readable: tuple[Path, ...] = (),
+    environment: dict[str, str] | None = None,
 ) -> int:
     """Run ``gate <command>`` in the gate image with this config, its engine specs and the venv runner."""
     from gate.docker.bundle import run_in_gate_image
 
     old, new = cfg.engines["old"].spec, cfg.engines["new"].spec
     argv = [*command, "-c", cfg.source, "--runner", "venv", "--old", old, "--new", new]
-    return run_in_gate_image(cfg, argv, writable, engine_runs, stderr_log, readable)
+    return run_in_gate_image(cfg, argv, writable, engine_runs, stderr_log, readable, environment or {})
 
 
 def _uses_gate_image(cfg: GateConfig) -> bool:
@@ -144,13 +151,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     cfg = _load(args)
     if _uses_gate_image(cfg):
-        out = _run_path(args.out, cfg)
-        command = ["run", "--out", str(out), *(["--only", args.only] if args.only else [])]
-        code = _in_gate_image(cfg, [*command, *(["--fail-on", args.fail_on] if args.fail_on else [])], [out.parent],
-                              engine_runs=1 if args.only else 2)  # fmt: skip
-        print(out if out.exists() else out.with_name(out.name + ".incomplete"))
-        return code
-    result = run_gate(cfg, args.out, stderr_log, default_jobs(cfg, args.only))
+        return _run_in_gate_image(args, cfg)
+    # The evidence cache serves a whole old-vs-new run; --only asks for one engine on purpose.
+    reuse = None if args.only else not args.no_reuse
+    result = run_gate(cfg, args.out, stderr_log, default_jobs(cfg, args.only), reuse_old=reuse)
     for engine in result.engines:
         stderr_log(f"  {engine.name}: {engine.spec}: {engine.status}" + (f": {engine.error}" if engine.error else ""))
     if result.status != "ok":
@@ -162,6 +166,35 @@ def cmd_run(args: argparse.Namespace) -> int:
     code = _judge_and_report(result.run_dir, cfg)
     print(result.run_dir)
     return code
+
+
+def _run_in_gate_image(args: argparse.Namespace, cfg: GateConfig) -> int:
+    from gate.evidence_cache import cache_dir
+
+    out = _run_path(args.out, cfg)
+    command = ["run", "--out", str(out), *(["--only", args.only] if args.only else [])]
+    command += [*(["--fail-on", args.fail_on] if args.fail_on else []), *(["--no-reuse"] if args.no_reuse else [])]
+    writable, environment = [out.parent], {}
+    if not args.only:  # the host's evidence cache, at its own path: the image and the host share it
+        evidence = cache_dir().resolve()
+        writable.append(evidence)
+        environment["GATE_EVIDENCE_DIR"] = str(evidence)
+    code = _in_gate_image(cfg, command, writable, engine_runs=1 if args.only else 2, environment=environment)
+    print(out if out.exists() else out.with_name(out.name + ".incomplete"))
+    return code
+
+
+def cmd_key(args: argparse.Namespace) -> int:
+    """The digest of everything the old engine's evidence depends on that is known before any install."""
+    from gate import evidence_cache
+    from gate.fingerprint import model_fingerprint
+    from gate.replay import default_jobs, evidence_key_groups, load_prompts
+
+    cfg = _load(args)
+    prompt_sets, prompts = load_prompts(cfg)
+    groups = evidence_key_groups(cfg, default_jobs(cfg, "old")[0], prompt_sets, prompts, model_fingerprint(cfg.model.path))
+    print(f"gate-old-{evidence_cache.config_key(groups)}")
+    return EXIT_OK
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -258,7 +291,7 @@ def _baseline_in_gate_image(args: argparse.Namespace, cfg: GateConfig, out: Path
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from gate.runners import get_runner
+    from gate.replay import EngineJob, PreparedEngine
 
     cfg = _load(args)
     if _uses_gate_image(cfg):
@@ -267,9 +300,14 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
         stderr_log(f"gate image ready: {ensure_image(connect(), cfg, stderr_log)}")
         return EXIT_OK
-    for engine in cfg.engine_order:
-        get_runner(engine, cfg.docker).prepare(engine, stderr_log)
-        stderr_log(f"[{engine.name}] ready: {engine.spec} ({engine.runner})")
+    environments = [PreparedEngine(EngineJob(e.name, e), cfg.docker, stderr_log).start() for e in cfg.engine_order]
+    try:
+        for env in environments:
+            env.wait()
+            stderr_log(f"[{env.engine.name}] ready: {env.engine.spec} ({env.engine.runner}, {env.prepare_s:.0f}s)")
+    finally:
+        for env in environments:
+            env.cancel()
     return EXIT_OK
 
 

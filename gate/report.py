@@ -52,7 +52,7 @@ def _grpo(judgment: Judgment) -> dict[str, Any]:
 
 
 def _engine(run_dir: Path, name: str, entry: dict) -> dict[str, Any]:
-    out = {k: entry.get(k) for k in ("spec", "runner", "status", "error", "log_tail")}
+    out = {k: entry.get(k) for k in ("spec", "runner", "status", "error", "log_tail", "reused")}
     meta_path = run_dir / "engines" / name / "engine.json"
     if meta_path.is_file():
         meta = json.loads(meta_path.read_text(encoding="utf-8"))

@@ -257,7 +257,12 @@ def _engine(r: dict, name: str) -> dict[str, Any] | None:
     if not isinstance(e, dict):
         return None
     identity = e.get("identity") or {}
-    return {"version": identity.get("vllm") or "?", "spec": e.get("spec") or "?"}
+    reused = e.get("reused") if isinstance(e.get("reused"), dict) else None
+    return {
+        "version": identity.get("vllm") or "?",
+        "spec": e.get("spec") or "?",
+        "reused": {"created": str(reused.get("created") or "?"), "key": str(reused.get("key") or "?")[:12]} if reused else None,
+    }
 
 
 def _counts_text(counts: dict | None) -> str:

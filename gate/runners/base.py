@@ -33,9 +33,17 @@ class Runner(ABC):
 
     kind: str
 
+    def __init__(self) -> None:
+        # Set by whoever runs prepare() in a thread, to stop an install when the run is abandoned.
+        self.cancelled = threading.Event()
+
     @abstractmethod
     def prepare(self, engine: EngineConfig, log) -> None:
         """Make the environment ready (install, cache look-up); raise EngineError on failure."""
+
+    @abstractmethod
+    def environment(self, engine: EngineConfig) -> dict:
+        """What identifies the prepared environment's content (resolved packages, an image id)."""
 
     @abstractmethod
     def python(self, engine: EngineConfig) -> str:
@@ -98,10 +106,12 @@ def run_logged(
     what: str,
     log: Callable[[str], None],
     line_hook: Callable[[str], None] | None = None,
+    cancel: threading.Event | None = None,
 ) -> None:
     """Run ``cmd``, teeing its output to ``log_path`` and echoing worker progress lines.
 
     ``line_hook`` sees every other output line (the venv runner relays pip's milestones with it).
+    ``cancel``, when set from another thread, stops the command (an install abandoned by its run).
 
     Raises EngineError with the log's tail on a non-zero exit or a timeout. The child gets its own
     process group so a timeout or Ctrl-C also ends the processes vLLM spawned.
@@ -124,7 +134,7 @@ def run_logged(
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
         try:
-            rc = proc.wait(timeout=timeout_s)
+            rc = _wait(proc, timeout_s, cancel)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             reader.join(timeout=5)
@@ -136,6 +146,20 @@ def run_logged(
     if rc != 0:
         reason = output.last_error or f"{what} exited with code {rc}"
         raise EngineError(engine, f"{reason} (log: {log_path})", output.tail_text())
+
+
+def _wait(proc: subprocess.Popen, timeout_s: float, cancel: threading.Event | None) -> int:
+    if cancel is None:
+        return proc.wait(timeout=timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return proc.wait(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                raise
+            if cancel.is_set():
+                raise KeyboardInterrupt(f"cancelled: {' '.join(proc.args[:3])}") from None
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

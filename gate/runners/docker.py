@@ -27,6 +27,7 @@ class DockerRunner(Runner):
     kind = "docker"
 
     def __init__(self, docker_cfg: DockerConfig) -> None:
+        super().__init__()
         self.docker_cfg = docker_cfg
         self._client: Any = None
 
@@ -43,6 +44,11 @@ class DockerRunner(Runner):
             _get_or_pull(self._client, engine.image, log, engine.name)
         except DockerError as exc:
             raise EngineError(engine.name, str(exc), exc.log_tail) from None
+
+    def environment(self, engine: EngineConfig) -> dict:
+        # The image id is a digest of its content: a re-tagged or rebuilt image is another environment.
+        return {"kind": "docker", "image": engine.image, "image_id": self._client.images.get(engine.image).id,
+                "python": engine.python, "gpus": self.docker_cfg.gpus}  # fmt: skip
 
     def worker_env(self, engine: EngineConfig) -> dict[str, str]:
         paths = [str(WORKER_ROOT), *[p for p in engine.env.get("PYTHONPATH", "").split(os.pathsep) if p]]

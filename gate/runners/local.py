@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import sys
 
@@ -23,3 +24,7 @@ class LocalRunner(Runner):
 
     def python(self, engine: EngineConfig) -> str:
         return sys.executable
+
+    def environment(self, engine: EngineConfig) -> dict:
+        dists = importlib.metadata.distributions()
+        return {"kind": "local", "packages": sorted({f"{d.metadata['Name'].lower()}=={d.version}" for d in dists})}

