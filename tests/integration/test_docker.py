@@ -80,7 +80,8 @@ def gate_image_replay(docker_client, tmp_path_factory) -> tuple[Replay, Path]:
     tmp = tmp_path_factory.mktemp("docker-gate-image")
     config = variant_config(tmp, docker=_docker_section())
     start = time.perf_counter()
-    run = replay(tmp / "run", "-c", str(config), "--runner", "docker", expect=(0,))
+    # --no-reuse: both engines replay in the image, so their evidence can be compared with the venv runner's.
+    run = replay(tmp / "run", "-c", str(config), "--runner", "docker", "--no-reuse", expect=(0,))
     print(f"gate run --runner docker: {time.perf_counter() - start:.0f}s", file=sys.stderr)
     return run, config
 
