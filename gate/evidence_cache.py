@@ -38,6 +38,7 @@ from typing import Any, Callable
 
 from gate.config import EngineConfig, GateConfig
 from gate.device import device_class
+from gate.fingerprint import model_fingerprint
 from gate.promptset import PromptSet, sha256_file
 from gate.runners.venv_build import cache_root
 
@@ -87,8 +88,15 @@ def config_groups(
     cfg: GateConfig, engine: EngineConfig, request: dict[str, Any], prompt_sets: list[PromptSet], fingerprint: dict
 ) -> dict[str, Any]:
     """Every key group that is known before the engine's environment is prepared."""
-    # The output folder differs per run; the engine arguments have a group of their own.
+    # The output folder differs per run; the engine arguments have a group of their own; local
+    # folders and the hook file count by content (below), not by where this checkout put them.
     request = {k: v for k, v in request.items() if k not in ("output_dir", "engine_args")}
+    for field in ("model", "tokenizer"):
+        if request.get(field) and Path(request[field]).is_dir():
+            request[field] = "<local folder>"
+    if request.get("weight_sync") and request["weight_sync"].get("hook"):
+        module, _, func = request["weight_sync"]["hook"].rpartition(":")
+        request["weight_sync"] = {**request["weight_sync"], "hook": f"{Path(module).name if module.endswith('.py') else module}:{func}"}
     return {
         "engine": {"spec": engine.spec, "pip_args": list(engine.pip_args), "runner": engine.runner,
                    "image": engine.image, "python": engine.python},  # fmt: skip
@@ -97,7 +105,10 @@ def config_groups(
         "request": request,
         "hook": _hook_hash(cfg.weight_update.hook),
         "prompts": sorted(p.sha256 for p in prompt_sets),
-        "model": {k: fingerprint.get(k) for k in ("sha256", "method")} | {"path": cfg.model.path},
+        "model": {
+            "weights": _local_or_id(cfg.model.path, fingerprint),
+            "tokenizer": _local_or_id(cfg.model.tokenizer, model_fingerprint(cfg.model.tokenizer)) if cfg.model.tokenizer else None,
+        },
         "worker": worker_code_hash(),
         "device": device_class(),
     }
@@ -211,6 +222,13 @@ def _gate_imports(path: Path) -> set[str]:
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.split(".")[0] == "gate")
     return found
+
+
+def _local_or_id(model: str, fingerprint: dict) -> dict:
+    """A local folder by its content fingerprint; a hub id by its name (the worker resolves it)."""
+    if fingerprint.get("sha256"):
+        return {k: fingerprint.get(k) for k in ("sha256", "method")}
+    return {"hub_id": model}
 
 
 def _hook_hash(hook: str | None) -> str | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import threading
 import time
 from dataclasses import dataclass
@@ -226,14 +227,16 @@ class OldEvidenceCache:
 
     def __init__(self, cfg: GateConfig, job: EngineJob, prompt_sets: list[PromptSet], fingerprint: dict,
                  prompts: list[PromptItem], log: Callable[[str], None]) -> None:  # fmt: skip
-        self.cfg, self.job, self.prompts, self.log = cfg, job, prompts, log
+        self.job, self.prompts, self.log = job, prompts, log
         self.config = evidence_key_groups(cfg, job, prompt_sets, prompts, fingerprint)
 
     def replay(self, target: Target, env: PreparedEngine, use_stored: bool) -> EngineRun:
         key = self._key(env)
         cached = evidence_cache.lookup(key, self.log) if key is not None and use_stored else None
         if cached is not None:
-            return self._restore(cached, target, env)
+            restored = self._restore(cached, target, env)
+            if restored is not None:
+                return restored
         result = run_engine(self.job, [target], self.prompts, self.log, prepared=env)[0]
         if key is not None and result.status == "ok":
             entry = dataclasses.asdict(result)
@@ -249,7 +252,8 @@ class OldEvidenceCache:
             self.log(f"[{self.job.name}] evidence cache not used: {exc}")
             return None
 
-    def _restore(self, cached: evidence_cache.CachedEvidence, target: Target, env: PreparedEngine) -> EngineRun:
+    def _restore(self, cached: evidence_cache.CachedEvidence, target: Target, env: PreparedEngine) -> EngineRun | None:
+        """The run entry of the restored evidence; None (folder emptied, replay instead) when it fails validation."""
         out_dir = target.run_dir.engine_dir(self.job.name)
         build_request(target.cfg, env.engine, self.prompts, out_dir, self.job.order_seed, self.job.grpo_seeds).write(out_dir / "request.json")
         evidence_cache.restore(cached, out_dir)
@@ -259,8 +263,9 @@ class OldEvidenceCache:
         try:
             evidence.load(out_dir)
         except evidence.EvidenceError as exc:
-            result.status, result.error = "error", f"engine '{self.job.name}': reused evidence: {exc}"
-            return result
+            self.log(f"[{self.job.name}] warning: cached evidence {cached.path} fails validation ({exc}); replaying")
+            shutil.rmtree(out_dir)
+            return None
         self.log(f"[{self.job.name}] reusing its evidence from {cached.created} (run {cached.source_run}, key {cached.digest[:12]}); "
                  "--no-reuse replays it")  # fmt: skip
         return result

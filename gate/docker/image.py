@@ -33,6 +33,8 @@ LABEL_OLD, LABEL_NEW = f"{LABEL_PREFIX}.vllm-old", f"{LABEL_PREFIX}.vllm-new"
 LABEL_PIP_OLD, LABEL_PIP_NEW = f"{LABEL_PREFIX}.pip-args-old", f"{LABEL_PREFIX}.pip-args-new"
 # Build output worth showing live: the step headers and the venv recipe's own milestones.
 _SHOWN = re.compile(r"^(Step \d+/\d+ :|\[(old|new)\] |ERROR|error: )")
+# The classic builder colours a RUN's stderr (where venv_build.py writes its milestones) red.
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,7 @@ def build_image(client: Any, recipe: ImageRecipe, root: Path, tag: str, network:
 
     log_path = cache_root() / "docker" / f"build-{tag.replace(':', '_')}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    log(f"[docker] building {tag} from {recipe.base_image} (engine venvs take a few minutes each; log: {log_path})")
+    log(f"[docker] building {tag} from {recipe.base_image} (the engine venvs take a few minutes; log: {log_path})")
     start = time.perf_counter()
     tail: deque[str] = deque(maxlen=40)
     with tempfile.TemporaryDirectory(prefix="gate-build-") as context, open(log_path, "w", encoding="utf-8") as fh:
@@ -132,7 +134,7 @@ def build_image(client: Any, recipe: ImageRecipe, root: Path, tag: str, network:
                     message = chunk.get("error") or chunk["errorDetail"].get("message", "build failed")
                     fh.write(message + "\n")
                     raise DockerError(f"image build failed: {message.strip()} (log: {log_path})", "\n".join(tail))
-                for line in chunk.get("stream", "").splitlines():
+                for line in _COLOUR.sub("", chunk.get("stream", "")).splitlines():
                     fh.write(line + "\n")
                     tail.append(line)
                     if _SHOWN.match(line):

@@ -113,6 +113,19 @@ def test_model_weights_change_the_key(cfg, tmp_path):
     assert _key(moved).differences(base.groups) == ["model"]
 
 
+def test_where_a_checkout_puts_the_model_and_hook_does_not_change_the_key(cfg, tmp_path):
+    keys = []
+    for where in ("a", "b"):
+        (tmp_path / where).mkdir()
+        model, _ = _copy_config(tmp_path / where, cfg)
+        hook = tmp_path / where / "hook.py"
+        hook.write_text("def push(llm, sd):\n    pass\n")
+        moved = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(model)),
+                                    weight_update=WeightUpdateConfig(f"{hook}:push"))  # fmt: skip
+        keys.append(_key(moved).digest)
+    assert keys[0] == keys[1]
+
+
 def test_hook_file_content_changes_the_key(cfg, tmp_path):
     hook = tmp_path / "hook.py"
     hook.write_text("def push(llm, sd):\n    pass\n")
