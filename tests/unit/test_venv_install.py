@@ -175,3 +175,28 @@ def test_uv_honours_no_index_with_find_links(tmp_path, local_packages):
     conf.write_text(f"[global]\nindex-url = {index_url}\nfind-links = {links}\nno-index = true\n")
     assert _install(tmp_path, "pip", conf) == "1.0"
     assert _install(tmp_path, "uv", conf) == "1.0"
+
+
+def test_bytecode_is_compiled_once_per_shared_source_file(tmp_path):
+    """Two venvs sharing a hard-linked source share its .pyc; a file of their own gets its own."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    for venv in (old, new):
+        (venv / "bin").mkdir(parents=True)
+        (venv / "bin" / "python").symlink_to(sys.executable)
+        (venv / "lib" / "pkg").mkdir(parents=True)
+    (old / "lib" / "pkg" / "shared.py").write_text("VALUE = 1\n")
+    os.link(old / "lib" / "pkg" / "shared.py", new / "lib" / "pkg" / "shared.py")
+    (old / "lib" / "pkg" / "own.py").write_text("VALUE = 'old'\n")
+    (new / "lib" / "pkg" / "own.py").write_text("VALUE = 'new'\n")
+    logged: list[str] = []
+    vb.compile_bytecode([old, new], logged.append)
+    tag = sys.implementation.cache_tag
+    pyc = {v: {p.name: p for p in (v / "lib" / "pkg" / "__pycache__").glob("*.pyc")} for v in (old, new)}
+    assert set(pyc[old]) == set(pyc[new]) == {f"shared.{tag}.pyc", f"own.{tag}.pyc"}
+    assert os.path.samefile(pyc[old][f"shared.{tag}.pyc"], pyc[new][f"shared.{tag}.pyc"])
+    assert not os.path.samefile(pyc[old][f"own.{tag}.pyc"], pyc[new][f"own.{tag}.pyc"])
+    assert logged == ["new: 1 .pyc files shared with old"]
+    # The shared .pyc is valid for the new venv's path: importing there uses it and reads its source's values.
+    out = subprocess.run([sys.executable, "-B", "-c", "import pkg.shared, pkg.own; print(pkg.shared.__file__, pkg.own.VALUE)"],
+                         cwd=new / "lib", capture_output=True, text=True, check=True)  # fmt: skip
+    assert out.stdout.split() == [str(new / "lib" / "pkg" / "shared.py"), "new"]
