@@ -16,7 +16,7 @@ from typing import Any
 
 from gate import __version__
 from gate.errors import EXIT_ERROR, EXIT_FAIL, EXIT_OK, ConfigError
-from gate.render import SCHEMA_PREFIX, SUPPORTED_MAJOR, check_schema
+from gate.report_schema import SCHEMA_PREFIX, SUPPORTED_MAJOR, validate_report
 
 SCHEMA = f"{SCHEMA_PREFIX}{SUPPORTED_MAJOR}"
 VERDICT_RANK = {"PASS": 1, "WARN": 2, "FAIL": 3, "ERROR": 4}
@@ -32,7 +32,7 @@ def exit_code(verdict: str, fail_on: str) -> int:
 
 
 def _parts_of(report: dict, index: int) -> list[dict]:
-    check_schema(report, f"report {index + 1}")
+    validate_report(report, f"report {index + 1}")
     if isinstance(report.get("parts"), list):
         return [copy.deepcopy(p) for p in report["parts"] if isinstance(p, dict)]
     return [{k: copy.deepcopy(v) for k, v in report.items() if k != "schema"}]

@@ -4,13 +4,19 @@ Our real client talks HTTP to it. It behaves like api.github.com for the calls t
 
 - auth required: no or a wrong ``Authorization`` header is 401 ``Bad credentials``;
 - ``GET /user``: the login of a user token; 403 ``Resource not accessible by integration`` for an
-  installation token (like the Actions ``GITHUB_TOKEN``, whose comments are ``github-actions[bot]``'s);
+  installation token (the Actions ``GITHUB_TOKEN``, whose comments are ``github-actions[bot]``'s, or a
+  GitHub App's, whose comments are ``<app-slug>[bot]``'s and carry ``performed_via_github_app``);
+- ``POST /graphql`` with ``query { viewer { login } }``: the token's login, ``<app-slug>[bot]`` for an
+  installation token (other queries get GraphQL's 200 with ``errors``);
 - ``GET /repos/{o}/{r}/issues/{n}/comments`` with ``per_page`` (default 30, max 100) and ``page``,
   oldest first, and a ``Link`` header (``next``, ``last``, ``first``, ``prev``) whose URLs point at
   ``/repositories/{id}/...`` as GitHub's do;
 - ``POST`` a comment (201) and ``PATCH /repos/{o}/{r}/issues/comments/{id}`` (200); 422 ``Validation
   Failed`` when the body is over 65,536 characters; 403 for a read-only token (a fork PR's);
-- ``GET /repos/{o}/{r}/pulls/{n}``;
+  ``DELETE /repos/{o}/{r}/issues/comments/{id}`` (204);
+- ``GET /repos/{o}/{r}/pulls/{n}``, and ``GET /repos/{o}/{r}/pulls?head=owner:branch&state=open``;
+- hooks (:meth:`FakeGitHub.before`): run a function before a matching request is processed, e.g. a
+  concurrent run's comment created just before ours;
 - injected failures (:meth:`FakeGitHub.inject`): e.g. 502s, or a secondary-rate-limit 403 with
   ``retry-after``, optionally after the request was processed (a lost response);
 - every request is recorded (method, path, query, status, JSON body), never the token.
@@ -32,8 +38,14 @@ ACTIONS_BOT = "github-actions[bot]"
 
 @dataclass
 class Token:
-    login: str | None  # None: an installation token (GET /user fails; acts as github-actions[bot])
+    login: str | None  # None: an installation token (GET /user fails; acts as <app>[bot])
     write: bool = True
+    app: str = "github-actions"  # an installation token's app slug
+    viewer: str | None = None  # what GraphQL's viewer.login answers, when not the REST login
+
+    @property
+    def acts_as(self) -> str:
+        return self.login or f"{self.app}[bot]"
 
 
 @dataclass
@@ -62,6 +74,7 @@ class _State:
     repos: dict[str, int] = field(default_factory=dict)  # full_name -> id
     issues: set[tuple[str, int]] = field(default_factory=set)
     pulls: dict[tuple[str, int], dict] = field(default_factory=dict)
+    apps: dict[int, str] = field(default_factory=dict)  # comment id -> app slug it was made through
     comments: dict[int, dict] = field(default_factory=dict)
     next_id: int = 1000
 
@@ -74,6 +87,7 @@ class FakeGitHub:
         self.state = _State()
         self.requests: list[Recorded] = []
         self.injections: list[Injection] = []
+        self.hooks: list[tuple[str, re.Pattern, Any]] = []
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -131,12 +145,17 @@ class FakeGitHub:
         with self._lock:
             self.injections.append(Injection(method.upper(), re.compile(path), status, times, headers or {}, message, after))
 
+    def before(self, method: str, path: str, fn: Any) -> None:
+        """Call ``fn(self)`` once, before the next request matching ``method`` and the ``path`` regex is processed."""
+        with self._lock:
+            self.hooks.append((method.upper(), re.compile(path), fn))
+
     def calls(self, method: str | None = None, path: str | None = None) -> list[Recorded]:
         return [r for r in self.requests
                 if (method is None or r.method == method) and (path is None or re.search(path, r.path))]  # fmt: skip
 
     # -- internals -------------------------------------------------------------------------------
-    def _create(self, repo: str, number: int, body: str, login: str) -> dict:
+    def _create(self, repo: str, number: int, body: str, login: str, app: str | None = None) -> dict:
         self.state.next_id += 1
         cid = self.state.next_id
         comment = {
@@ -148,11 +167,20 @@ class FakeGitHub:
             "url": f"{self.url}/repos/{repo}/issues/comments/{cid}",
             "created_at": "2026-01-01T00:00:00Z",
             "updated_at": "2026-01-01T00:00:00Z",
+            "performed_via_github_app": {"slug": app, "name": app} if app else None,
             "_repo": repo,
             "_issue": number,
         }
         self.state.comments[cid] = comment
         return comment
+
+    def _take_hook(self, method: str, path: str) -> Any:
+        with self._lock:
+            for i, (m, pattern, fn) in enumerate(self.hooks):
+                if m == method and pattern.search(path):
+                    del self.hooks[i]
+                    return fn
+        return None
 
     def _take_injection(self, method: str, path: str) -> Injection | None:
         with self._lock:
@@ -207,6 +235,9 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(record, 401, {"message": "Bad credentials", "documentation_url": "https://docs.github.com/rest"})
         record.authorized = True
 
+        hook = self.gh._take_hook(method, path)
+        if hook:
+            hook(self.gh)
         inj = self.gh._take_injection(method, path)
         if inj and not inj.after:
             return self._send(record, inj.status, {"message": inj.message}, inj.headers)
@@ -222,7 +253,13 @@ class _Handler(BaseHTTPRequestHandler):
             if tok.login is None:
                 return 403, {"message": "Resource not accessible by integration"}, {}
             return 200, {"login": tok.login, "id": 1, "type": "User"}, {}
-        login = tok.login or ACTIONS_BOT
+        login = tok.acts_as
+        app = None if tok.login else tok.app
+        if path == "/graphql" and method == "POST":
+            query = body.get("query") if isinstance(body, dict) else None
+            if isinstance(query, str) and re.fullmatch(r"\s*(query\s*)?\{\s*viewer\s*\{\s*login\s*\}\s*\}\s*", query):
+                return 200, {"data": {"viewer": {"login": tok.viewer or login}}}, {}
+            return 200, {"errors": [{"message": "this fake answers only `query { viewer { login } }`"}]}, {}
 
         m = re.fullmatch(r"/repos/([^/]+/[^/]+)/issues/(\d+)/comments", path) or \
             re.fullmatch(r"/repositories/(\d+)/issues/(\d+)/comments", path)  # fmt: skip
@@ -242,7 +279,7 @@ class _Handler(BaseHTTPRequestHandler):
                 if len(text) > BODY_LIMIT:
                     return 422, _too_long(), {}
                 with gh._lock:
-                    comment = gh._create(repo, number, text, login)
+                    comment = gh._create(repo, number, text, login, app)
                 return 201, _public(comment), {"Location": comment["url"]}
             return 404, {"message": "Not Found"}, {}
 
@@ -266,7 +303,22 @@ class _Handler(BaseHTTPRequestHandler):
                     comment["body"] = text
                     comment["updated_at"] = "2026-01-02T00:00:00Z"
                 return 200, _public(comment), {}
+            if method == "DELETE":
+                if not tok.write:
+                    return 403, {"message": "Resource not accessible by integration"}, {}
+                with gh._lock:
+                    gh.state.comments.pop(comment["id"], None)
+                return 204, None, {}
             return not_found
+
+        m = re.fullmatch(r"/repos/([^/]+/[^/]+)/pulls", path)
+        if m and method == "GET":
+            owner, _, ref = query.get("head", "").partition(":")
+            state = query.get("state", "open")
+            pulls = [p for (r, _), p in sorted(gh.state.pulls.items()) if r == m.group(1)
+                     and (not owner or (p["head"]["repo"]["full_name"].split("/")[0] == owner and p["head"]["ref"] == ref))
+                     and state in ("open", "all")]  # fmt: skip
+            return 200, pulls, {}
 
         m = re.fullmatch(r"/repos/([^/]+/[^/]+)/pulls/(\d+)", path)
         if m and method == "GET":
@@ -301,7 +353,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, record: Recorded, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
         record.status = status
-        data = json.dumps(payload).encode("utf-8")
+        data = b"" if status == 204 else json.dumps(payload).encode("utf-8")
         self.send_response(status)
         self.send_header("Content-Type", "application/json; charset=utf-8")
         self.send_header("Content-Length", str(len(data)))

@@ -18,11 +18,12 @@ import os
 import re
 import uuid
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gate.errors import EXIT_ERROR, EXIT_FAIL, EXIT_OK, ConfigError
-from gate.render import check_schema
+from gate.report_schema import VERDICTS, validate_report
 
 SUMMARY_LIMIT = 1024 * 1024  # bytes per step; GitHub drops a larger summary entirely
 MAX_ANNOTATIONS = 10
@@ -47,15 +48,24 @@ def find_report(path: Path) -> Path:
     raise ConfigError(f"{path}: no {REPORT_FILE} here (pass a report.json or a gate run directory)")
 
 
+def has_report(path: Path) -> bool:
+    """Whether ``path`` holds a report.json (readable or not): a bad one is an error, never a missing one."""
+    try:
+        find_report(path)
+    except ConfigError:
+        return False
+    return True
+
+
 def load_report(path: Path) -> tuple[dict[str, Any], Path]:
     report_path = find_report(path)
     try:
         report = json.loads(report_path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{report_path}: not a readable report ({exc})") from None
-    check_schema(report, str(report_path))  # refuses a major version this gate does not know
-    if report.get("verdict") not in ("PASS", "WARN", "FAIL", "ERROR"):
-        raise ConfigError(f"{report_path}: verdict '{report.get('verdict')}' is not PASS, WARN, FAIL or ERROR")
+    validate_report(report, str(report_path))  # types checked here, so nothing below meets a surprise
+    if report.get("verdict") not in VERDICTS:
+        raise ConfigError(f"{report_path}: field verdict: required, one of {', '.join(VERDICTS)}")
     return report, report_path
 
 
@@ -154,13 +164,26 @@ def escape_property(text: str) -> str:
     return escape_data(text).replace(":", "%3A").replace(",", "%2C")
 
 
+@dataclass(frozen=True)
+class Annotation:
+    level: str  # error | warning | notice
+    title: str
+    message: str
+
+    def __post_init__(self) -> None:
+        if self.level not in ("error", "warning", "notice"):
+            raise ValueError(f"annotation level '{self.level}' is not error, warning or notice")
+
+    def command(self) -> str:
+        """The workflow command: one line, whatever the title and message hold."""
+        return f"::{self.level} title={escape_property(self.title)}::{escape_data(self.message)}"
+
+
 def annotation(level: str, title: str, message: str) -> str:
-    if level not in ("error", "warning", "notice"):
-        raise ValueError(level)
-    return f"::{level} title={escape_property(title)}::{escape_data(message)}"
+    return Annotation(level, title, message).command()
 
 
-def annotations(report: dict[str, Any], limit: int = MAX_ANNOTATIONS) -> list[str]:
+def annotations(report: dict[str, Any], limit: int = MAX_ANNOTATIONS) -> list[Annotation]:
     """At most ``limit`` annotations: errors, FAIL/ERROR checks, then WARN checks and the baseline."""
     gate_id = report.get("gate_id") or "gate"
     items: list[tuple[int, str, str, str]] = []  # (rank, level, title, message)
@@ -183,10 +206,13 @@ def annotations(report: dict[str, Any], limit: int = MAX_ANNOTATIONS) -> list[st
     if len(items) > limit:
         rest = len(items) - (limit - 1)
         items = items[: limit - 1] + [(3, "warning", f"gate {gate_id}", f"{rest} more finding(s) in the report")]
-    return [annotation(level, title, message) for _, level, title, message in items]
+    return [Annotation(level, title, message) for _, level, title, message in items]
 
 
-def emit(lines: Iterable[str], write: Callable[[str], Any] | None = None) -> None:
+def emit(items: Iterable[Annotation], write: Callable[[str], Any] | None = None) -> None:
+    """Print annotations as workflow commands; only escaped :class:`Annotation` objects get through."""
     write = write or (lambda line: print(line, flush=True))
-    for line in lines:
-        write(line)
+    for item in items:
+        if not isinstance(item, Annotation):
+            raise TypeError(f"emit() prints Annotation objects, not {type(item).__name__}")
+        write(item.command())

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from gate import __version__
-from gate.errors import GateError
+from gate.errors import EXIT_USAGE, GateError
 
 DEFAULT_API_URL = "https://api.github.com"
 API_VERSION = "2022-11-28"
@@ -44,6 +44,12 @@ class GitHubError(GateError):
         self.status = status
         self.method = method
         self.path = path
+
+
+class GitHubConfigError(GitHubError):
+    """No token, or an API URL that is not one: the workflow's configuration, not GitHub, is wrong."""
+
+    exit_code = EXIT_USAGE
 
 
 class TransientServerError(GitHubError):
@@ -67,7 +73,7 @@ class GitHubClient:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         if not token:
-            raise GitHubError(
+            raise GitHubConfigError(
                 "no GitHub token: set GITHUB_TOKEN (in a workflow: `github-token: ${{ github.token }}`, "
                 "the action's default)",
                 status=None,
@@ -75,7 +81,7 @@ class GitHubClient:
         self.api_url = (api_url or os.environ.get("GITHUB_API_URL") or DEFAULT_API_URL).rstrip("/")
         parts = urlsplit(self.api_url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise GitHubError(f"GITHUB_API_URL '{self.api_url}' is not an http(s) URL")
+            raise GitHubConfigError(f"GITHUB_API_URL '{self.api_url}' is not an http(s) URL")
         self._origin = f"{parts.scheme}://{parts.netloc}"
         self._token = token
         self.max_retries = max_retries
@@ -160,6 +166,25 @@ class GitHubClient:
 
     def get_json(self, path: str, params: dict[str, Any] | None = None) -> Any:
         return self._json(self.request("GET", path, params=params), "GET", path)
+
+    def graphql(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The ``data`` of a GraphQL query; GitHubError when GitHub answers with ``errors`` instead."""
+        body = {"query": query, **({"variables": variables} if variables else {})}
+        # A query has no side effect, so a 5xx may be retried like a GET.
+        answer = self._json(self.request("POST", self.graphql_url, json_body=body, retry_unsafe=True), "POST", self.graphql_url)
+        errors = answer.get("errors") if isinstance(answer, dict) else None
+        if errors or not isinstance(answer, dict) or not isinstance(answer.get("data"), dict):
+            first = errors[0].get("message") if isinstance(errors, list) and errors and isinstance(errors[0], dict) else None
+            raise GitHubError(self.redact(f"GitHub API: POST /graphql: {first or 'no data in the answer'}").replace("\n", " "),
+                              None, "POST", "/graphql")  # fmt: skip
+        return answer["data"]
+
+    @property
+    def graphql_url(self) -> str:
+        """api.github.com/graphql; on GitHub Enterprise Server <host>/api/graphql beside <host>/api/v3."""
+        if self.api_url.endswith("/api/v3"):
+            return self.api_url[: -len("/v3")] + "/graphql"
+        return self.api_url + "/graphql"
 
     def paginate(self, path: str, params: dict[str, Any] | None = None, per_page: int = 100) -> Iterator[Any]:
         """Yield the items of a list endpoint, following ``Link: <...>; rel="next"`` headers."""

@@ -7,9 +7,11 @@
   in a ``pr-number`` file beside report.json and the ``workflow_run`` job passes it on (``--pr-number``
   or ``--pr-number-file``; a ``pr-number`` file next to the report is found by itself).
 
-A number that came from an artifact was written by the PR's own workflow run, i.e. by code the PR
-controls: :func:`verify_workflow_run_pr` checks it against the triggering run's head SHA before anyone
-comments on it.
+Under ``workflow_run`` a number that came from an artifact was written by the PR's own workflow run,
+i.e. by code the PR controls, and one passed as an argument or input was often read from that
+artifact: :func:`verify_workflow_run_pr` checks both against the triggering run's head before anyone
+comments. When the artifact is missing altogether, :func:`find_run_pr` asks the API which open PR has
+the run's head. :func:`workflow_run` gives the trusted facts about that run (conclusion, head, link).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 from gate.errors import ConfigError
 
 PR_NUMBER_FILE = "pr-number"
+_PR_NUMBER_RE = re.compile(r"[0-9]{1,10}")  # ASCII only: str.isdigit() also accepts "²" and "٣"
 _REPO_RE = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 
 
@@ -50,6 +53,48 @@ class PullRequest:
     head_branch: str | None = None
 
 
+@dataclass(frozen=True)
+class WorkflowRun:
+    """The run that triggered a ``workflow_run`` event, as GitHub describes it in $GITHUB_EVENT_PATH."""
+
+    base_repo: str  # owner/name of the repository this job runs in
+    head_sha: str | None
+    head_repo: str | None
+    head_branch: str | None
+    conclusion: str | None
+    html_url: str | None
+    id: int | None
+
+    @property
+    def from_fork(self) -> bool:
+        """The run's code came from another repository: its artifact is the PR's word, nothing more."""
+        return self.head_repo != self.base_repo
+
+
+def workflow_run(env: dict[str, str] | None = None) -> WorkflowRun | None:
+    """The triggering run under a ``workflow_run`` event; None for any other event."""
+    env = os.environ if env is None else env
+    event_name, payload = load_event(env)
+    run = payload.get("workflow_run")
+    if event_name != "workflow_run" or not isinstance(run, dict):
+        return None
+    repo = env.get("GITHUB_REPOSITORY") or _str((payload.get("repository") or {}).get("full_name")) or ""
+    head_repo = run.get("head_repository") if isinstance(run.get("head_repository"), dict) else {}
+    return WorkflowRun(
+        base_repo=repo,
+        head_sha=_str(run.get("head_sha")),
+        head_repo=_str(head_repo.get("full_name")),
+        head_branch=_str(run.get("head_branch")),
+        conclusion=_str(run.get("conclusion")),
+        html_url=_str(run.get("html_url")),
+        id=run.get("id") if isinstance(run.get("id"), int) else None,
+    )
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
 def load_event(env: dict[str, str] | None = None) -> tuple[str, dict[str, Any]]:
     """(event name, event payload) from the Actions environment; an empty payload outside Actions."""
     env = os.environ if env is None else env
@@ -69,9 +114,11 @@ def load_event(env: dict[str, str] | None = None) -> tuple[str, dict[str, Any]]:
 
 
 def parse_pr_number(text: str, where: str) -> int:
+    """A positive number of ASCII digits; anything else (it may come from a PR's artifact) is a ConfigError."""
     value = text.strip()
-    if not value.isdigit() or int(value) <= 0:
-        raise ConfigError(f"{where}: '{value[:40]}' is not a pull request number")
+    if not _PR_NUMBER_RE.fullmatch(value) or int(value) <= 0:
+        shown = json.dumps(value[:40], ensure_ascii=True)  # one line, whatever the file holds
+        raise ConfigError(f"{where}: {shown} is not a pull request number (expected a positive number of digits 0-9)")
     return int(value)
 
 
@@ -108,7 +155,8 @@ def resolve_pull_request(
     candidates = ([pr_number_file] if pr_number_file else []) + [d / PR_NUMBER_FILE for d in search_dirs]
     for path in candidates:
         if path.is_file():
-            text = path.read_text(encoding="utf-8", errors="replace")
+            with open(path, "rb") as f:  # a number is short; the file is the PR's, so read no more than that
+                text = f.read(64).decode("utf-8", errors="replace")
             return PullRequest(repo, parse_pr_number(text, str(path)), event_name, "file", **head)
         if path == pr_number_file:
             raise ConfigError(f"{path}: PR number file not found")
@@ -141,13 +189,16 @@ def _number_from_event(event_name: str, payload: dict[str, Any]) -> int | None:
 
 
 def verify_workflow_run_pr(client: Any, pr: PullRequest) -> None:
-    """For a number read from an artifact under ``workflow_run``: the PR's head must be the run's head.
+    """Under ``workflow_run``, for a number not taken from the event: the PR's head must be the run's head.
 
-    The artifact was produced by the PR's own (untrusted) workflow run; without this check a PR could
-    name another PR's number and have the privileged job comment there.
+    The artifact was produced by the PR's own (untrusted) workflow run, and a number passed as an
+    argument or input is usually read from it; without this check a PR could name another PR's number
+    and have the privileged job comment there. The event's own ``pull_requests`` is GitHub's word.
     """
-    if pr.event_name != "workflow_run" or pr.source != "file" or not pr.head_sha:
+    if pr.event_name != "workflow_run" or pr.source == "event":
         return
+    if not pr.head_sha:
+        raise ConfigError(f"PR #{pr.number}: the workflow_run event names no head_sha to check the number against; refusing to comment")
     data = client.get_json(f"repos/{pr.repo}/pulls/{pr.number}")
     head = (data.get("head") or {}) if isinstance(data, dict) else {}
     if head.get("sha") == pr.head_sha:
@@ -156,8 +207,33 @@ def verify_workflow_run_pr(client: Any, pr: PullRequest) -> None:
     repo = (head.get("repo") or {}).get("full_name")
     if pr.head_repo and pr.head_branch and repo == pr.head_repo and head.get("ref") == pr.head_branch:
         return
+    origin = f"the artifact's {PR_NUMBER_FILE} file" if pr.source == "file" else "--pr-number"
     raise ConfigError(
-        f"PR #{pr.number} (from the artifact's {PR_NUMBER_FILE} file) is {repo}:{head.get('ref')} at "
-        f"{str(head.get('sha'))[:12]}, but the workflow run that produced the artifact ran on "
-        f"{pr.head_repo}:{pr.head_branch} at {pr.head_sha[:12]}: refusing to comment"
+        f"PR #{pr.number} (from {origin}) is {_shown(repo)}:{_shown(head.get('ref'))} at "
+        f"{_shown(head.get('sha'))[:12]}, but the workflow run that triggered this job ran on "
+        f"{_shown(pr.head_repo)}:{_shown(pr.head_branch)} at {pr.head_sha[:12]}: refusing to comment"
     )
+
+
+def find_run_pr(client: Any, run: WorkflowRun) -> int | None:
+    """The open PR of ``run.base_repo`` whose head is the run's head (repository and branch); None if none.
+
+    For a fork's run the event's ``pull_requests`` is empty; when its artifact is missing too, this is
+    the only trustworthy way to the PR: the number comes from GitHub, not from the PR.
+    """
+    if not (run.head_repo and run.head_branch and "/" in run.head_repo):
+        return None
+    owner = run.head_repo.split("/", 1)[0]
+    pulls = client.get_json(f"repos/{run.base_repo}/pulls", {"head": f"{owner}:{run.head_branch}", "state": "open"})
+    for pull in pulls if isinstance(pulls, list) else []:
+        head = pull.get("head") if isinstance(pull, dict) else None
+        if not isinstance(head, dict) or not isinstance(pull.get("number"), int):
+            continue
+        if (head.get("repo") or {}).get("full_name") == run.head_repo and head.get("ref") == run.head_branch:
+            return pull["number"]
+    return None
+
+
+def _shown(value: Any) -> str:
+    """A value from the API or the event in a one-line message (a branch name is the PR author's text)."""
+    return json.dumps(value, ensure_ascii=True)[1:-1] if isinstance(value, str) else str(value)

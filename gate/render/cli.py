@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gate.errors import EXIT_OK, ConfigError
-from gate.render import check_schema
+from gate.report_schema import validate_report
 
 REPORT_FILE = "report.json"
 FORMATS = ("comment", "summary", "full")
@@ -36,7 +36,7 @@ def register(subparsers: Any) -> None:
 
 
 def load_report(path: Path) -> dict[str, Any]:
-    """A report.json (or a run directory holding one), schema-checked; ConfigError names the file."""
+    """A report.json (or a run directory holding one), validated against the schema; the error names the file and field."""
     path = Path(path)
     file = path / REPORT_FILE if path.is_dir() else path
     try:
@@ -49,7 +49,7 @@ def load_report(path: Path) -> dict[str, Any]:
         data = json.loads(text, parse_constant=lambda _: None)  # NaN/Infinity: undefined, as the schema's null
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{file}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    return check_schema(data, str(file))
+    return validate_report(data, str(file))
 
 
 def render(report: dict[str, Any], fmt: str = "comment", gate_id: str | None = None) -> str:

@@ -15,7 +15,10 @@ reported. Every such value goes through one of these functions before it reaches
   delimiters and the closing tags of the layout (``</details>``, ``</summary>``) broken by a
   zero-width joiner, so nothing inside can close the fence, a section or forge a marker.
 
-All of them replace bidirectional overrides (the "Trojan Source" characters) with a visible
+- :func:`no_workflow_commands`: text printed in a GitHub Actions step (logs, a dry run's body), so no
+  line of it is a workflow command (``::add-mask::``, ``::stop-commands::``, a forged ``::error``).
+
+All the Markdown ones replace bidirectional overrides (the "Trojan Source" characters) with a visible
 ``[U+202E]`` and other control characters with U+FFFD, and truncate to a character limit (before
 escaping, so an entity is never cut in half).
 """
@@ -26,6 +29,7 @@ import math
 import re
 
 ZWJ = "\u200d"
+ZWSP = "\u200b"
 
 # Bidirectional controls that reorder what a reader sees (CVE-2021-42574): shown, never obeyed.
 _BIDI = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c"
@@ -128,6 +132,24 @@ def code_block(text: object, lang: str = "", limit: int | None = None, keep: str
     fence = "`" * max(3, longest + 1)
     lang = re.sub(r"[^A-Za-z0-9_+-]", "", lang)
     return Safe(f"{fence}{lang}\n{s}\n{fence}")
+
+
+# The Actions runner reads every line a step prints (after leading whitespace) that starts with `::` as
+# a workflow command, and a legacy `##[command]` anywhere in a line; .NET's ReadLine also ends a line
+# at a lone carriage return.
+_WORKFLOW_COMMAND = re.compile(r"(^|[\r\n])(\s*):(?=:)")
+_LEGACY_COMMAND = re.compile(r"##(?=\[)")
+
+
+def no_workflow_commands(text: object) -> str:
+    """Untrusted text made safe to print in a GitHub Actions step: no line can be a workflow command.
+
+    A zero-width space goes between the two colons of a leading ``::`` and after the ``##`` of ``##[``,
+    so ``::add-mask::``, ``::stop-commands::`` or a forged ``::error::`` reads the same but does nothing.
+    """
+    s = "" if text is None else str(text)
+    s = _WORKFLOW_COMMAND.sub(lambda m: f"{m.group(1)}{m.group(2)}:{ZWSP}", s)
+    return _LEGACY_COMMAND.sub("##" + ZWSP, s)
 
 
 def neutralise_comments(markdown: str) -> str:

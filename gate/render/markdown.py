@@ -26,16 +26,20 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import jinja2
 
-from gate.render import check_schema
 from gate.render import escape as esc
 from gate.render.escape import Safe
+from gate.report_schema import validate_report
+
+if TYPE_CHECKING:
+    from gate.github.event import WorkflowRun
 
 COMMENT_BUDGET = 65_000  # GitHub rejects comment bodies over 65,536 characters
 SUMMARY_BUDGET = 1_000_000  # GitHub drops a job summary over 1 MiB (bytes)
@@ -97,24 +101,30 @@ def marker(gate_id: str) -> str:
     return f"<!-- gate-report:{esc.marker_id(gate_id)} -->"
 
 
-def render_comment(report: dict, gate_id: str | None = None, budget: int = COMMENT_BUDGET) -> Rendered:
-    """The sticky PR comment: marker line first, under ``budget`` characters (UTF-16 units, the stricter count)."""
-    check_schema(report)
+def render_comment(
+    report: dict, gate_id: str | None = None, budget: int = COMMENT_BUDGET, pr_run: WorkflowRun | None = None
+) -> Rendered:
+    """The sticky PR comment: marker line first, under ``budget`` characters (UTF-16 units, the stricter count).
+
+    ``pr_run``: the report is the artifact of this pull-request run (a fork's), so it is labelled as the
+    PR's own result, with the run's conclusion and head from the event, and its commands are left out.
+    """
+    validate_report(report)
     head = marker(gate_id if gate_id is not None else report.get("gate_id") or "") + "\n"
-    text, dropped = _fit(_sections(report, COMMENT), budget - _utf16_len(head), _utf16_len, "GitHub's comment limit")
+    text, dropped = _fit(_sections(report, COMMENT, pr_run), budget - _utf16_len(head), _utf16_len, "GitHub's comment limit")
     return Rendered(head + text, dropped)
 
 
-def render_summary(report: dict, budget: int = SUMMARY_BUDGET) -> str:
+def render_summary(report: dict, budget: int = SUMMARY_BUDGET, pr_run: WorkflowRun | None = None) -> str:
     """The job summary ($GITHUB_STEP_SUMMARY): same content, under ``budget`` UTF-8 bytes."""
-    check_schema(report)
-    text, _ = _fit(_sections(report, SUMMARY), budget, _utf8_len, "GitHub's job summary limit")
+    validate_report(report)
+    text, _ = _fit(_sections(report, SUMMARY, pr_run), budget, _utf8_len, "GitHub's job summary limit")
     return text
 
 
 def render_full(report: dict) -> str:
     """Everything, uncapped: the file uploaded as an artifact."""
-    check_schema(report)
+    validate_report(report)
     text, _ = _fit(_sections(report, FULL), None, len, "")
     return text
 
@@ -158,7 +168,9 @@ def _render(name: str, **ctx: Any) -> str:
 # -------------------------------------------------------------------------------------- sections
 
 
-def _sections(report: dict, lim: Limits) -> list[Section]:
+def _sections(report: dict, lim: Limits, pr_run: WorkflowRun | None = None) -> list[Section]:
+    if pr_run is not None:
+        report = _without_commands(report)
     parts = report.get("parts")
     if isinstance(parts, list) and parts:
         # worst part first (stable): what needs attention leads, and passing parts are shed first
@@ -168,8 +180,41 @@ def _sections(report: dict, lim: Limits) -> list[Section]:
         out.append(Section("omitted", REQUIRED, ""))
         for i, part in enumerate(ordered):
             out += _report_sections(part, lim, prefix=f"part:{i + 1}-{esc.marker_id(part.get('gate_id') or 'part')}/", level="###")
-        return out
-    return _report_sections(report, lim, prefix="", level="##", top=True)
+    else:
+        out = _report_sections(report, lim, prefix="", level="##", top=True)
+    if pr_run is not None:
+        out.insert(1, Section("provenance", REQUIRED, _provenance(pr_run)))
+    return out
+
+
+# ------------------------------------------------------------------------------------ provenance
+
+# Only a plain https URL becomes a link (the event is GitHub's, but a link is worth one more check).
+_RUN_URL = re.compile(r"https://[A-Za-z0-9.-]+(?::[0-9]+)?/[A-Za-z0-9._~/%-]*")
+
+
+def _provenance(run: WorkflowRun) -> str:
+    """Who vouches for this verdict: the pull request's own run, named by the event, not by the report."""
+    label = "the pull request's workflow run"
+    link = f"[{label}]({run.html_url})" if run.html_url and _RUN_URL.fullmatch(run.html_url) else label
+    where = " ".join(p for p in (
+        f"on {esc.code_inline(run.head_repo, 100)}" if run.head_repo else "",
+        f"at {esc.code_inline(run.head_sha[:12])}" if run.head_sha else "",
+    ) if p)  # fmt: skip
+    conclusion = f" It concluded {esc.code_inline(run.conclusion, 40)}." if run.conclusion else ""
+    return (
+        f"⚠️ **Reported by the pull request's own run.** This verdict and everything below come from the "
+        f"artifact of {link}{' ' + where if where else ''}, which ran the pull request's code; this job did not "
+        f"check them, and the report's commands are not shown.{conclusion}"
+    )
+
+
+def _without_commands(report: dict) -> dict:
+    """The report without its commands: text a fork wrote must not appear as a command to run."""
+    out = {k: v for k, v in report.items() if k != "commands"}
+    if isinstance(report.get("parts"), list):
+        out["parts"] = [_without_commands(p) if isinstance(p, dict) else p for p in report["parts"]]
+    return out
 
 
 def _report_sections(r: dict, lim: Limits, prefix: str, level: str, top: bool = False) -> list[Section]:
@@ -240,9 +285,18 @@ def _fit(sections: list[Section], budget: int | None, size: Callable[[str], int]
     if budget is not None and size(text) > budget:  # the required sections alone are too big: cut the text
         note = _omitted_note(len(keys) + 1, keys + ["the rest of this text"], limit_name)
         room = budget - size(note) - size(sep) - 2
-        cut = text.encode("utf-8")[:room].decode("utf-8", "ignore") if size is _utf8_len else text[:room]  # code points <= units
-        text = cut.rstrip() + sep + note + "\n"
+        text = _cut(text, room, size).rstrip() + sep + note + "\n"
     return text, tuple(keys)
+
+
+def _cut(text: str, room: int, size: Callable[[str], int]) -> str:
+    """The longest prefix of ``text`` of at most ``room`` units as ``size`` counts them (never half a character)."""
+    room = max(0, room)
+    if size is _utf8_len:
+        return text.encode("utf-8")[:room].decode("utf-8", "ignore")
+    if size is _utf16_len:  # an astral character is two units: slicing code points would overshoot
+        return text.encode("utf-16-le")[: 2 * room].decode("utf-16-le", "ignore")
+    return text[:room]
 
 
 def _omitted_note(n: int, keys: list[str], limit_name: str) -> str:

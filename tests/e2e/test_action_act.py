@@ -10,6 +10,12 @@ First run: exactly one comment is created. Second run, with a WARN report: the s
 updated, no second one. Third run, FAIL: updated again, and the action then fails the job. Every run:
 the outputs are set and the job summary is written. A usage error (no report, missing config) fails
 the action before anything is published.
+
+The action lies in the workspace's ``_action/`` folder, as a `uses: owner/repo@ref` action lies outside
+the repository it runs on. A hostile workspace (top-level ``gate/``, ``pip/``, ``setuptools.py``,
+``venv.py``: the PR's code) must not run in place of the gate or pip, with any Python the action
+supports. An App token's comment is found through the ``author`` input. The ``actions/cache`` steps
+(skipped here: no engine runs) come from a local stand-in, so nothing is fetched from github.com.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gate.render.markdown import render_summary
 from tests.github_server import ACTIONS_BOT, FakeGitHub, Token
@@ -33,8 +40,18 @@ WORKFLOW = "tests/e2e/workflows/gate-e2e.yml"
 TOKEN = "ghs_e2eInstallationToken0123456789"  # an installation token, like the Actions GITHUB_TOKEN
 GH_REPO = "acme/rl"
 PR = 7
-# What the action needs from the repository: the action, the package, and the test's workflow and data.
-COPY = ["action.yml", "pyproject.toml", "README.md", "gate", "tests/e2e/workflows", "tests/e2e/data"]
+# What the action needs from the repository (copied to _action/), and the test's workflow and data.
+ACTION_FILES = ["action.yml", "action-requirements.txt", "pyproject.toml", "README.md", "gate"]
+DATA = ["tests/e2e/workflows", "tests/e2e/data"]
+# Modules a PR could add at its top level to run in place of what the action's steps start: each
+# leaves a marker and exits 99.
+HOSTILE = ["gate/__init__.py", "gate/__main__.py", "pip/__init__.py", "pip/__main__.py", "setuptools.py", "venv.py"]
+HOSTILE_CODE = """import os, pathlib, sys
+out = pathlib.Path(os.environ.get("E2E_OUT") or pathlib.Path(__file__).parent)
+(out / ("pwned-" + __name__)).write_text(sys.executable)
+print("PWNED by the workspace's " + __name__, flush=True)
+sys.exit(99)
+"""
 
 
 def _act() -> str:
@@ -44,18 +61,20 @@ def _act() -> str:
     return act
 
 
-@pytest.fixture(scope="module")
-def workspace(tmp_path_factory) -> Path:
+def _make_workspace(root: Path, hostile: bool = False) -> Path:
     """A small git repository holding only what the workflow needs (act copies it for the job)."""
-    root = tmp_path_factory.mktemp("act-repo")
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
-    for rel in COPY:
-        src, dst = REPO_ROOT / rel, root / rel
+    for rel, dst in [*((r, root / "_action" / r) for r in ACTION_FILES), *((r, root / r) for r in DATA)]:
+        src = REPO_ROOT / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         if src.is_dir():
             shutil.copytree(src, dst, ignore=ignore)
         else:
             shutil.copy2(src, dst)
+    if hostile:
+        for rel in HOSTILE:
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text(HOSTILE_CODE)
     report = json.loads((root / "tests/e2e/data/report.json").read_text())
     (root / "tests/e2e/data/report-warn.json").write_text(json.dumps(_with_status(report, "WARN"), indent=2))
     (root / "tests/e2e/data/report-fail.json").write_text(json.dumps(_with_status(report, "FAIL"), indent=2))
@@ -65,6 +84,32 @@ def workspace(tmp_path_factory) -> Path:
     subprocess.run([*git, "commit", "-q", "-m", "e2e"], cwd=root, check=True)
     subprocess.run([*git, "remote", "add", "origin", f"https://github.com/{GH_REPO}.git"], cwd=root, check=True)
     return root
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    return _make_workspace(tmp_path_factory.mktemp("act-repo"))
+
+
+@pytest.fixture(scope="module")
+def hostile_workspace(tmp_path_factory) -> Path:
+    return _make_workspace(tmp_path_factory.mktemp("act-hostile-repo"), hostile=True)
+
+
+@pytest.fixture(scope="module")
+def cache_action(tmp_path_factory) -> list[str]:
+    """act flags that replace the action's actions/cache ref with a stand-in that fails if it ever runs."""
+    refs = {s["uses"].split("@", 1)[1] for s in yaml.safe_load((REPO_ROOT / "action.yml").read_text())["runs"]["steps"]
+            if str(s.get("uses", "")).startswith("actions/cache/")}  # fmt: skip
+    assert refs, "action.yml no longer uses actions/cache: drop this stand-in"
+    root = tmp_path_factory.mktemp("actions-cache")
+    for sub in ("restore", "save"):
+        (root / sub).mkdir()
+        step = {"shell": "bash", "run": "echo 'the e2e test runs no engine: the cache steps must be skipped'; exit 1"}
+        (root / sub / "action.yml").write_text(
+            yaml.safe_dump({"name": f"cache {sub} stand-in", "runs": {"using": "composite", "steps": [step]}})
+        )
+    return [flag for ref in sorted(refs) for flag in ("--local-repository", f"actions/cache@{ref}={root}")]
 
 
 def _with_status(report: dict, status: str) -> dict:
@@ -86,7 +131,8 @@ def github():
         yield server
 
 
-def _run_act(workspace: Path, server: FakeGitHub, out: Path, report: str, config: str = "") -> subprocess.CompletedProcess:
+def _run_act(workspace: Path, server: FakeGitHub, out: Path, report: str, config: str = "", *, extra: list[str],
+             python: str = sys.executable, author: str = "", token: str = TOKEN) -> subprocess.CompletedProcess:
     out.mkdir(parents=True, exist_ok=True)
     event = out / "event.json"
     event.write_text(json.dumps({
@@ -101,12 +147,14 @@ def _run_act(workspace: Path, server: FakeGitHub, out: Path, report: str, config
         "-e", str(event),
         "-P", "self-hosted=-self-hosted",  # run the job on this host: no docker
         "--pull=false", "--action-offline-mode", "--no-cache-server",
-        "-s", f"GITHUB_TOKEN={TOKEN}",  # becomes ${{ github.token }}, the action's default github-token
+        "-s", f"GITHUB_TOKEN={token}",  # becomes ${{ github.token }}, the action's default github-token
         "--env", f"GITHUB_API_URL={server.url}",
-        "--env", f"E2E_PYTHON={sys.executable}",
+        "--env", f"E2E_PYTHON={python}",
+        "--env", f"E2E_AUTHOR={author}",
         "--env", f"E2E_REPORT={report}",
         "--env", f"E2E_CONFIG={config}",
         "--env", f"E2E_OUT={out}",
+        *extra,
     ]  # fmt: skip
     # When this test itself runs inside GitHub Actions, none of the outer job's variables may leak in.
     env = {k: v for k, v in os.environ.items()
@@ -133,13 +181,19 @@ def _summary(log: str) -> str:
     return "\n".join(lines)
 
 
+def _comment_writes(server: FakeGitHub, paths: bool = False) -> list:
+    """The requests that created or changed a comment (GraphQL's POSTs only read)."""
+    writes = [r for r in server.requests if r.method in ("POST", "PATCH") and "/comments" in r.path]
+    return [(r.method, r.path) for r in writes] if paths else [r.method for r in writes]
+
+
 def _outputs(out: Path) -> dict[str, str]:
     return dict(line.split("=", 1) for line in (out / "outputs.txt").read_text().splitlines() if "=" in line)
 
 
-def test_action_creates_then_updates_one_sticky_comment(workspace, github, tmp_path):
+def test_action_creates_then_updates_one_sticky_comment(workspace, github, cache_action, tmp_path):
     # -- first run: PASS report, a new comment -------------------------------------------------------
-    first = _run_act(workspace, github, tmp_path / "run1", "tests/e2e/data/report.json")
+    first = _run_act(workspace, github, tmp_path / "run1", "tests/e2e/data/report.json", extra=cache_action)
     log = (tmp_path / "run1" / "act.log").read_text()
     assert first.returncode == 0, log[-6000:]
     comments = github.comments(GH_REPO, PR)
@@ -147,7 +201,7 @@ def test_action_creates_then_updates_one_sticky_comment(workspace, github, tmp_p
     comment = comments[0]
     assert comment["user"]["login"] == ACTIONS_BOT  # /user is 403 for an installation token: the fallback
     assert comment["body"].startswith("<!-- gate-report:cpu-default -->\n") and "PASS" in comment["body"]
-    assert [r.method for r in github.requests if r.method in ("POST", "PATCH")] == ["POST"]
+    assert _comment_writes(github) == ["POST"]
     assert all(r.authorized for r in github.requests)
 
     out = _outputs(tmp_path / "run1")
@@ -162,13 +216,13 @@ def test_action_creates_then_updates_one_sticky_comment(workspace, github, tmp_p
 
     # -- second run: WARN report, the same comment is updated -----------------------------------------
     github.requests.clear()
-    second = _run_act(workspace, github, tmp_path / "run2", "tests/e2e/data/report-warn.json")
+    second = _run_act(workspace, github, tmp_path / "run2", "tests/e2e/data/report-warn.json", extra=cache_action)
     log = (tmp_path / "run2" / "act.log").read_text()
     assert second.returncode == 0, log[-6000:]  # WARN exits 0 unless fail-on is warn
     comments = github.comments(GH_REPO, PR)
     assert len(comments) == 1 and comments[0]["id"] == comment["id"]
     assert "WARN" in comments[0]["body"] and comments[0]["body"] != comment["body"]
-    assert [r.method for r in github.requests if r.method in ("POST", "PATCH")] == ["PATCH"]
+    assert _comment_writes(github) == ["PATCH"]
 
     out = _outputs(tmp_path / "run2")
     assert (out["verdict"], out["warn-count"], out["pass-count"]) == ("WARN", "1", "6")
@@ -178,23 +232,67 @@ def test_action_creates_then_updates_one_sticky_comment(workspace, github, tmp_p
 
     # -- third run: FAIL report, the comment is updated before the action fails the job ---------------
     github.requests.clear()
-    third = _run_act(workspace, github, tmp_path / "run3", "tests/e2e/data/report-fail.json")
+    third = _run_act(workspace, github, tmp_path / "run3", "tests/e2e/data/report-fail.json", extra=cache_action)
     log = (tmp_path / "run3" / "act.log").read_text()
     assert third.returncode != 0, log[-6000:]
     comments = github.comments(GH_REPO, PR)
     assert len(comments) == 1 and comments[0]["id"] == comment["id"] and "FAIL" in comments[0]["body"]
-    assert [r.method for r in github.requests if r.method in ("POST", "PATCH")] == ["PATCH"]
+    assert _comment_writes(github) == ["PATCH"]
     out = _outputs(tmp_path / "run3")
     assert (out["verdict"], out["exit-code"], out["fail-count"]) == ("FAIL", "1", "1")
     assert "::error title=gate cpu-default%3A" in log
 
 
-def test_a_usage_error_fails_the_action_without_publishing_or_commenting(workspace, github, tmp_path):
+def test_a_usage_error_fails_the_action_without_publishing_or_commenting(workspace, github, cache_action, tmp_path):
     # No report given, so the action runs `gate run`; a missing config stops it before any engine.
-    proc = _run_act(workspace, github, tmp_path / "run", "", config="no-such-gate.yaml")
+    proc = _run_act(workspace, github, tmp_path / "run", "", config="no-such-gate.yaml", extra=cache_action)
     log = (tmp_path / "run" / "act.log").read_text()
     assert proc.returncode != 0, log[-4000:]
     assert "gate: error: " in log and "no-such-gate.yaml" in log
     assert github.requests == [] and github.comments() == []
     out = _outputs(tmp_path / "run")
     assert out["verdict"] == "" and out["exit-code"] == "2"
+
+
+def _pythons() -> list:
+    """This interpreter (3.11+: PYTHONSAFEPATH protects too) and a Python 3.10 where there is one (only the
+    working folder protects): python3.10 on PATH (CI's setup-python installs it) or GATE_E2E_PYTHONS."""
+    candidates = [sys.executable, shutil.which("python3.10"), *os.environ.get("GATE_E2E_PYTHONS", "").split(os.pathsep)]
+    found: dict[str, str] = {}
+    for path in filter(None, candidates):
+        proc = subprocess.run([path, "-c", "import sys, venv, ensurepip; print('py%d.%d' % sys.version_info[:2])"],
+                              capture_output=True, text=True)  # fmt: skip
+        if proc.returncode == 0:
+            found.setdefault(proc.stdout.strip(), path)
+    return [pytest.param(path, id=version) for version, path in found.items()]
+
+
+@pytest.mark.parametrize("python", _pythons())
+def test_a_hostile_workspace_cannot_run_in_place_of_the_gate(hostile_workspace, github, cache_action, tmp_path, python):
+    out = tmp_path / "run"
+    proc = _run_act(hostile_workspace, github, out, "tests/e2e/data/report.json", extra=cache_action, python=python)
+    log = (out / "act.log").read_text()
+    assert proc.returncode == 0, log[-6000:]
+    assert "PWNED" not in log and not list(out.glob("pwned-*")), log[-6000:]
+    # the real gate published and commented (the workspace's gate/ would have exited 99 first)
+    assert _outputs(out)["verdict"] == "PASS"
+    comments = github.comments(GH_REPO, PR)
+    assert len(comments) == 1 and comments[0]["body"].startswith("<!-- gate-report:cpu-default -->\n")
+
+
+def test_the_author_input_finds_a_github_app_s_comment(workspace, cache_action, tmp_path):
+    # A GitHub App's installation token: GET /user is 403, and GraphQL names a different login here, so
+    # only the `author` input can tell the gate which existing comment is its own.
+    app_token = "ghs_e2eAppInstallationToken0123456789"
+    with FakeGitHub({app_token: Token(None, app="gate-app", viewer="not-the-author")}) as server:
+        server.add_pull(GH_REPO, PR)
+        ours = server.add_comment(GH_REPO, PR, "<!-- gate-report:cpu-default -->\nold", login="gate-app[bot]")
+        out = tmp_path / "run"
+        proc = _run_act(workspace, server, out, "tests/e2e/data/report.json", extra=cache_action, author="gate-app[bot]",
+                        token=app_token)  # fmt: skip
+        log = (out / "act.log").read_text()
+        assert proc.returncode == 0, log[-6000:]
+        assert _comment_writes(server, paths=True) == [("PATCH", f"/repos/{GH_REPO}/issues/comments/{ours['id']}")], log[-6000:]
+        assert not server.calls(path="^/user$") and not server.calls(path="^/graphql$")
+        (comment,) = server.comments(GH_REPO, PR)
+        assert comment["id"] == ours["id"] and "PASS" in comment["body"]

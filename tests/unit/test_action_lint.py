@@ -1,5 +1,6 @@
 """Lint the action and every workflow: actionlint (with shellcheck), GitHub's JSON schemas, and the
-rules the project holds itself to (no `${{ }}` inside scripts, least privilege, the fork-safe split)."""
+rules the project holds itself to (no `${{ }}` inside scripts, least privilege, the fork-safe split,
+actions pinned by commit, no step that can import the workspace). docs/security.md says why."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import re
 
 import pytest
 import yaml
@@ -110,18 +113,40 @@ def test_no_workflow_uses_pull_request_target():
         assert "pull_request_target" not in _load(path)["on"], path
 
 
-def test_self_hosted_example_is_least_privilege_and_per_pr():
+def test_self_hosted_example_splits_the_gpu_job_from_the_write_token():
     wf = _load(EXAMPLES / "gate-self-hosted.yml")
-    assert wf["permissions"] == {"contents": "read", "pull-requests": "write"}
-    assert wf["concurrency"] == {"group": "gate-${{ github.event.pull_request.number }}", "cancel-in-progress": True}
-    job = wf["jobs"]["gate"]
-    assert job["runs-on"] == ["self-hosted", "gpu"]
-    assert "head.repo.full_name == github.repository" in job["if"]  # fork code never reaches the runner
+    assert wf["permissions"] == {}  # each job asks for what it needs
+    gpu, comment = wf["jobs"]["gate"], wf["jobs"]["comment"]
+    # The GPU runner runs the PR's code: a read-only token, and it does not comment.
+    assert gpu["runs-on"] == ["self-hosted", "gpu"] and gpu["permissions"] == {"contents": "read"}
+    assert "head.repo.full_name == github.repository" in gpu["if"]  # defence in depth; see the file's header
+    gate = next(s for s in gpu["steps"] if s.get("id") == "gate")
+    assert gate["with"]["comment-mode"] == "off"
+    upload = [s for s in gpu["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact")]
+    assert any(s["with"]["name"] == "gate-report" and "report-path" in s["with"]["path"] for s in upload)
+    # The write token lives on a GitHub-hosted runner that never checks out or runs the PR's code.
+    assert comment["runs-on"] == "ubuntu-latest" and comment["needs"] == "gate"
+    assert comment["permissions"] == {"pull-requests": "write"}
+    assert "!cancelled()" in comment["if"]  # a FAIL verdict fails the GPU job; its report is still shown
+    uses = [str(s.get("uses", "")) for s in comment["steps"]]
+    assert not any(u.startswith(("actions/checkout", "./")) for u in uses)
+    assert not any("run" in s for s in comment["steps"])
+    gate = next(s for s in comment["steps"] if s.get("id") == "gate")
+    assert gate["with"]["report"].startswith("gate-report/") and gate["with"]["comment-mode"] == "always"
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yml")) + [REPO / ".github/workflows/ci.yml"],
+                         ids=lambda p: p.name)  # fmt: skip
+def test_concurrency_groups_are_per_workflow(path):
+    # Two workflows whose groups collide (say both "gate-<PR number>") cancel each other's runs.
+    assert "${{ github.workflow }}-" in _load(path)["concurrency"]["group"]
 
 
 def test_fork_split_runs_read_only_and_comments_without_pr_code():
     run = _load(EXAMPLES / "gate-fork-pr.yml")
     assert list(run["on"]) == ["pull_request"] and run["permissions"] == {"contents": "read"}
+    # same-repository PRs are the self-hosted workflow's; two verdicts for one PR would race
+    assert run["jobs"]["gate"]["if"] == "github.event.pull_request.head.repo.full_name != github.repository"
     steps = run["jobs"]["gate"]["steps"]
     gate = next(s for s in steps if s.get("id") == "gate")
     assert gate["with"]["comment-mode"] == "off"
@@ -131,12 +156,64 @@ def test_fork_split_runs_read_only_and_comments_without_pr_code():
     comment = _load(EXAMPLES / "gate-fork-comment.yml")
     assert list(comment["on"]) == ["workflow_run"]
     assert comment["on"]["workflow_run"]["workflows"] == [run["name"]]
-    assert comment["permissions"] == {"actions": "read", "pull-requests": "write"}
+    assert comment["permissions"] == {}
+    assert comment["jobs"]["comment"]["permissions"] == {"actions": "read", "pull-requests": "write"}
     uses = [str(s.get("uses", "")) for job in comment["jobs"].values() for s in job["steps"]]
     assert not any(u.startswith("actions/checkout") for u in uses)  # never the PR's code
     assert not any(u.startswith("./") for u in uses)
     gate = next(s for job in comment["jobs"].values() for s in job["steps"] if s.get("id") == "gate")
     assert gate["with"]["report"].startswith("gate-report/")
+    # a skipped run (a same-repository PR) or a cancelled one has no report to show
+    job_if = comment["jobs"]["comment"]["if"]
+    assert "conclusion == 'success'" in job_if and "conclusion == 'failure'" in job_if
+
+
+# -- supply chain and the workspace --------------------------------------------------------------
+_USES = re.compile(r"^\s*(?:-\s+)?uses:\s*(\S+)(.*)$")
+
+
+@pytest.mark.parametrize("path", [ACTION, *WORKFLOWS], ids=lambda p: p.relative_to(REPO).as_posix())
+def test_third_party_actions_are_pinned_by_commit(path):
+    """A tag can be moved to other code; a commit cannot. The comment keeps the version readable."""
+    for line in path.read_text().splitlines():
+        m = _USES.match(line)
+        if not m or m.group(1).startswith(("./", "docker://")):
+            continue
+        ref = m.group(1).partition("@")[2]
+        assert re.fullmatch(r"[0-9a-f]{40}", ref), line
+        assert re.match(r"\s*# v\d", m.group(2)), f"{line}: say which version the commit is (# vX.Y.Z)"
+
+
+def test_no_action_step_can_import_the_workspace():
+    """Python puts the working folder first on sys.path: every step leaves the workspace (the PR's code)
+    and sets PYTHONSAFEPATH; relative inputs are resolved against $GITHUB_WORKSPACE before that."""
+    steps = _load(ACTION)["runs"]["steps"]
+    install = next(s for s in steps if s.get("id") == "install")
+    assert install["env"]["PYTHONSAFEPATH"] == "1"
+    script = install["run"]
+    # the working folder changes before the first Python starts
+    first_python = min(script.index(word) for word in ('"$parent"', '"$py"'))
+    assert script.index('cd "$home/cwd"') < first_python
+    for var in ("config", "report"):
+        assert f'{var}="$(absolute "$GATE_{var.upper()}")"' in script
+    for step in steps:
+        uses_python = any("steps.install.outputs" in str(v) for v in step.get("env", {}).values())
+        if "run" not in step or step is install or not uses_python:
+            continue
+        assert step["working-directory"] == "${{ steps.install.outputs.cwd }}", step["name"]
+        assert step["env"]["PYTHONSAFEPATH"] == "1", step["name"]
+        assert "-m gate" not in step["run"], step["name"]  # the console script: its own folder, not cwd, goes first
+        for key in ("GATE_CONFIG", "GATE_REPORT"):
+            if key in step["env"]:
+                assert "inputs." not in step["env"][key], f"{step['name']}: {key} must be the resolved path"
+
+
+def test_author_input_reaches_gate_comment():
+    action = _load(ACTION)
+    assert action["inputs"]["author"]["default"] == ""
+    comment = next(s for s in action["runs"]["steps"] if s.get("id") == "comment")
+    assert comment["env"]["GATE_AUTHOR"] == "${{ inputs.author }}"
+    assert 'args+=(--author "$GATE_AUTHOR")' in comment["run"]
 
 
 def test_ci_workflow_runs_the_ci_script():

@@ -64,6 +64,10 @@ def report() -> dict:
     return json.loads(REPORT.read_text())
 
 
+def commands(report: dict, **kw) -> list[str]:
+    return [a.command() for a in actions.annotations(report, **kw)]
+
+
 def failing(report: dict, n_fail: int = 2, n_warn: int = 2) -> dict:
     r = copy.deepcopy(report)
     for i, check in enumerate(r["checks"]):
@@ -117,7 +121,7 @@ def test_escaping_matches_the_runner():
 
 
 def test_annotations_for_fail_and_warn_checks(report):
-    lines = actions.annotations(failing(report, 2, 2))
+    lines = commands(failing(report, 2, 2))
     parsed = [parse_command(line) for line in lines]
     assert [p[0] for p in parsed] == ["error", "error", "warning", "warning"]
     level, props, message = parsed[0]
@@ -132,7 +136,7 @@ def test_a_passing_report_has_no_annotations(report):
 def test_at_most_ten_annotations_errors_first(report):
     r = failing(report, 2, 5)
     r["errors"] = [f"engine new crashed {i}" for i in range(6)]
-    lines = actions.annotations(r)
+    lines = commands(r)
     assert len(lines) == 10
     kinds = [parse_command(line)[0] for line in lines]
     assert kinds[:8] == ["error"] * 8  # 6 errors + 2 FAIL checks before any warning
@@ -144,7 +148,7 @@ def test_untrusted_text_cannot_forge_a_workflow_command(report):
     r["checks"][0]["summary"] = "evil\n::set-output name=verdict::PASS\r\n::error::fake"
     r["checks"][0]["title"] = "t: x, y=z"
     r["gate_id"] = "g,id:1"
-    (line,) = actions.annotations(r)
+    (line,) = commands(r)
     assert "\n" not in line and "\r" not in line  # one line: nothing after it is a command
     level, props, message = parse_command(line)
     assert props == {"title": "gate g,id:1: t: x, y=z FAIL"}
@@ -154,7 +158,7 @@ def test_untrusted_text_cannot_forge_a_workflow_command(report):
 def test_baseline_mismatch_is_annotated(report):
     r = copy.deepcopy(report)
     r["baseline"] = {"status": "WARN", "message": "baseline differs", "differences": ["model sha256 differs"]}
-    (line,) = actions.annotations(r)
+    (line,) = commands(r)
     level, props, message = parse_command(line)
     assert level == "warning" and "baseline WARN" in props["title"] and "model sha256 differs" in message
 

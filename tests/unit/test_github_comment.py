@@ -114,6 +114,29 @@ def test_app_token_falls_back_to_github_actions_bot(gh):
     assert [r.status for r in gh.calls("GET", "^/user$")] == [403, 403]
 
 
+def test_a_github_app_token_finds_its_own_comment_again(gh):
+    """An App's installation token: /user is 403, GraphQL's viewer names the bot; one comment, updated."""
+    gh.tokens["my-app-token"] = Token(None, app="my-gate-app")
+    first = upsert(gh, token="my-app-token")
+    second = upsert(gh, "changed", verdict="FAIL", token="my-app-token")
+    assert (first.action, second.action) == ("created", "updated") and first.id == second.id
+    (comment,) = gh.comments()
+    assert comment["user"]["login"] == "my-gate-app[bot]" and comment["performed_via_github_app"]["slug"] == "my-gate-app"
+    assert [r.status for r in gh.calls("POST", "^/graphql$")] == [200, 200]
+
+
+def test_graphql_login_without_bot_suffix_gets_the_rest_spelling(gh):
+    gh.tokens["my-app-token"] = Token(None, app="my-gate-app", viewer="my-gate-app")
+    with client(gh, "my-app-token") as c:
+        assert resolve_author(c) == "my-gate-app[bot]"
+
+
+def test_graphql_failure_falls_back_to_the_actions_bot(gh):
+    gh.inject("POST", "^/graphql$", 404, message="Not Found")  # e.g. an old GHES
+    with client(gh, "app-token") as c:
+        assert resolve_author(c) == ACTIONS_BOT
+
+
 def test_author_override_skips_the_user_lookup(gh):
     gh.add_comment(REPO, PR, body(text="old"), "gate-bot")
     result = upsert(gh, "new", author="gate-bot")
@@ -124,6 +147,42 @@ def test_a_bad_token_is_not_mistaken_for_an_app_token(gh):
     with pytest.raises(GitHubError) as err, client(gh, "nope") as c:
         resolve_author(c)
     assert err.value.status == 401
+
+
+# -- races ----------------------------------------------------------------------------------------
+def _rival(gh, login="gate-bot", text="rival"):
+    """Another run of the same gate, creating its comment while we create ours."""
+    return lambda g: g.add_comment(REPO, PR, body(text=text), login)
+
+
+def test_a_race_where_the_other_run_posted_first_leaves_its_comment_with_our_body(gh):
+    gh.before("POST", "/comments$", _rival(gh))  # the rival's comment is the older one
+    result = upsert(gh, "ours", verdict="FAIL")
+    (comment,) = gh.comments()
+    assert comment["body"] == body(text="ours") and result.id == comment["id"] and result.action == "created"
+    assert [r.status for r in gh.calls("DELETE")] == [204]
+
+
+def test_a_race_where_we_posted_first_deletes_the_newer_duplicate(gh):
+    gh.before("GET", "/comments$", lambda g: None)  # our first lookup: nothing yet
+    gh.before("GET", "/comments$", _rival(gh))  # the rival posts after our create, before our second lookup
+    result = upsert(gh, "ours")
+    (comment,) = gh.comments()
+    assert comment["body"] == body(text="ours") and comment["id"] == result.id
+    assert gh.calls("PATCH") == [] and len(gh.calls("DELETE")) == 1
+
+
+def test_duplicates_of_another_author_or_gate_are_left_alone(gh):
+    gh.before("POST", "/comments$", lambda g: (g.add_comment(REPO, PR, body(text="x"), "mallory"),
+                                                g.add_comment(REPO, PR, body("other-gate"), "gate-bot")))  # fmt: skip
+    upsert(gh)
+    assert len(gh.comments()) == 3 and gh.calls("DELETE") == []
+
+
+def test_a_duplicate_the_other_run_already_deleted_is_fine(gh):
+    gh.before("POST", "/comments$", _rival(gh))
+    gh.inject("DELETE", "/issues/comments/", 404, message="Not Found")
+    assert upsert(gh, "ours").action == "created"
 
 
 # -- modes ----------------------------------------------------------------------------------------
@@ -336,7 +395,7 @@ def test_gate_comment_without_token_is_a_one_line_error(gh, actions_env, monkeyp
 
     monkeypatch.delenv("GITHUB_TOKEN")
     monkeypatch.delenv("GH_TOKEN", raising=False)
-    assert main(["comment", str(REPORT)]) == 3
+    assert main(["comment", str(REPORT)]) == 2  # configuration, not GitHub: exit 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no GitHub token" in err[0]
 

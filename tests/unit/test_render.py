@@ -487,3 +487,46 @@ def test_rendered_html_structure_with_a_commonmark_parser(failing):
     for table in re.findall(r"<table>.*?</table>", html, re.S):
         rows = re.findall(r"<tr>(.*?)</tr>", table, re.S)
         assert len({len(re.findall(r"<t[hd]", row)) for row in rows}) == 1
+
+
+def utf16_units(text: str) -> int:
+    return len(text.encode("utf-16-le")) // 2
+
+
+@pytest.mark.parametrize("where", ["summary", "diagnosis", "title", "log_tail"])
+def test_astral_text_stays_within_the_comment_budget_in_utf16_units(failing, where):
+    """The required sections alone overflow with emoji: the cut counts UTF-16 units, not code points."""
+    r = copy.deepcopy(failing)
+    base = r["checks"][0]
+    r["checks"] = [dict(copy.deepcopy(base), id=f"c{i}", status="FAIL") for i in range(300)]
+    for c in r["checks"]:
+        if where != "log_tail":
+            c[where] = "😀" * 5_000
+    if where == "log_tail":
+        r["errors"] = ["😀" * 5_000] * 50
+        r["engines"]["new"].update(status="crashed", error="😀" * 5_000, log_tail="😀" * 50_000)
+    out = render_comment(r)
+    assert utf16_units(out.text) <= 65_000
+    assert out.text.startswith("<!-- gate-report:cpu-default -->\n## ❌ FAIL") and NOTE.split(";")[0] in out.text
+
+
+def test_a_cut_never_splits_an_astral_character(failing):
+    r = copy.deepcopy(failing)
+    for c in r["checks"]:
+        c["summary"] = "x😀" * 2_000
+    for budget in (1_199, 1_200, 1_201):
+        text = render_comment(r, budget=budget).text
+        text.encode("utf-16-le", "strict")  # a lone surrogate would raise
+        assert utf16_units(text) <= budget
+
+
+def test_astral_summary_stays_within_one_mebibyte_in_utf8_bytes(failing, tmp_path):
+    from gate.github.actions import SUMMARY_LIMIT, write_step_summary
+
+    r = copy.deepcopy(failing)
+    r["checks"] = [dict(copy.deepcopy(r["checks"][0]), id=f"c{i}", status="FAIL", summary="😀" * 20_000) for i in range(400)]
+    text = render_summary(r)
+    assert len(text.encode("utf-8")) <= 1_000_000
+    path = tmp_path / "summary.md"
+    write_step_summary(r, lambda rep, budget: render_summary(rep, budget=budget), path)
+    assert path.stat().st_size <= SUMMARY_LIMIT
