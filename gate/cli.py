@@ -11,10 +11,11 @@ import argparse
 import dataclasses
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from gate import __version__
-from gate.config import BUILTIN_CONFIG, RUNNER_KINDS, GateConfig, load_config
+from gate.config import BUILTIN_CONFIG, RUNNER_KINDS, GateConfig, check_no_credentials, load_config
 from gate.errors import EXIT_ERROR, EXIT_OK, EXIT_USAGE, ConfigError, GateError
 from gate.runners.base import stderr_log
 
@@ -30,9 +31,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except GateError as exc:
-        print(f"gate: error: {exc}", file=sys.stderr)
+        # Messages and log tails can quote untrusted text (a report, an engine's output): no line of
+        # it may read as a workflow command in a job that holds a write token.
+        from gate.render.escape import no_workflow_commands
+
+        print(no_workflow_commands(f"gate: error: {exc}"), file=sys.stderr)
         if getattr(exc, "log_tail", ""):
-            print(_indent(exc.log_tail), file=sys.stderr)
+            print(no_workflow_commands(_indent(exc.log_tail)), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("gate: interrupted", file=sys.stderr)
@@ -113,6 +118,7 @@ def _load(args: argparse.Namespace) -> GateConfig:
     engines = dict(cfg.engines)
     for name, spec in (("old", args.old), ("new", args.new)):
         if spec:
+            check_no_credentials(spec, "command line", f"--{name}")  # the config's own check, for overrides
             engines[name] = dataclasses.replace(engines[name], spec=spec)
     if args.runner:
         engines = {n: dataclasses.replace(e, runner=args.runner) for n, e in engines.items()}
@@ -122,22 +128,26 @@ def _load(args: argparse.Namespace) -> GateConfig:
     return cfg
 
 
-def _in_gate_image(
-    cfg: GateConfig, command: list[str], writable: list[Path], engine_runs: int, readable: tuple[Path, ...] = (),
-    environment: dict[str, str] | None = None,
-) -> int:
-    """Run ``gate <command>`` in the gate image with this config, its engine specs and the venv runner."""
-    from gate.docker.bundle import run_in_gate_image
+def _route_to_gate_image(
+    cfg: GateConfig, command: list[str], writable: Sequence[Path] = (), readable: Sequence[Path] = (),
+    engine_runs: int = 2, environment: dict[str, str] | None = None,
+) -> int | None:
+    """Run ``gate <command>`` in the gate image when ``cfg`` asks for it; None when it runs here.
 
+    Every command that runs engines starts with this (tests/unit/test_docker_plan.py checks each
+    one), so none can take a docker config to the per-engine runner, which needs an image per
+    engine. Inside, the same command runs with this config, its engine specs and the venv runner,
+    which finds the venvs the image was built with. ``writable`` folders are mounted read-write
+    (created first), ``readable`` ones read-only beside the config's own paths; ``engine_runs``
+    engine replays size the container's timeout.
+    """
+    from gate.docker.bundle import run_in_gate_image, uses_gate_image
+
+    if not uses_gate_image(cfg):
+        return None
     old, new = cfg.engines["old"].spec, cfg.engines["new"].spec
     argv = [*command, "-c", cfg.source, "--runner", "venv", "--old", old, "--new", new]
-    return run_in_gate_image(cfg, argv, writable, engine_runs, stderr_log, readable, environment or {})
-
-
-def _uses_gate_image(cfg: GateConfig) -> bool:
-    from gate.docker.bundle import uses_gate_image
-
-    return uses_gate_image(cfg)
+    return run_in_gate_image(cfg, argv, list(writable), engine_runs, stderr_log, tuple(readable), environment or {})
 
 
 def _run_path(out: Path | None, cfg: GateConfig) -> Path:
@@ -150,8 +160,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from gate.replay import default_jobs, run_gate
 
     cfg = _load(args)
-    if _uses_gate_image(cfg):
-        return _run_in_gate_image(args, cfg)
+    code = _run_in_gate_image(args, cfg)
+    if code is not None:
+        return code
     # The evidence cache serves a whole old-vs-new run; --only asks for one engine on purpose.
     reuse = None if args.only else not args.no_reuse
     result = run_gate(cfg, args.out, stderr_log, default_jobs(cfg, args.only), reuse_old=reuse)
@@ -168,7 +179,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     return code
 
 
-def _run_in_gate_image(args: argparse.Namespace, cfg: GateConfig) -> int:
+def _run_in_gate_image(args: argparse.Namespace, cfg: GateConfig) -> int | None:
     from gate.evidence_cache import cache_dir
 
     out = _run_path(args.out, cfg)
@@ -179,8 +190,9 @@ def _run_in_gate_image(args: argparse.Namespace, cfg: GateConfig) -> int:
         evidence = cache_dir().resolve()
         writable.append(evidence)
         environment["GATE_EVIDENCE_DIR"] = str(evidence)
-    code = _in_gate_image(cfg, command, writable, engine_runs=1 if args.only else 2, environment=environment)
-    print(out if out.exists() else out.with_name(out.name + ".incomplete"))
+    code = _route_to_gate_image(cfg, command, writable, engine_runs=1 if args.only else 2, environment=environment)
+    if code is not None:
+        print(out if out.exists() else out.with_name(out.name + ".incomplete"))
     return code
 
 
@@ -230,9 +242,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from gate.calibrate import calibrate
 
     cfg = _load(args)
-    if _uses_gate_image(cfg):
-        out = _run_path(args.out, cfg)
-        return _in_gate_image(cfg, ["calibrate", "--out", str(out)], [out.parent], engine_runs=2)
+    out = _run_path(args.out, cfg)
+    code = _route_to_gate_image(cfg, ["calibrate", "--out", str(out)], [out.parent], engine_runs=2)
+    if code is not None:
+        return code
     result, noise = calibrate(cfg, args.out, stderr_log)
     if noise is None:
         stderr_log(f"gate: error: calibration could not run; partial run kept at {result.run_dir}")
@@ -253,8 +266,9 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     out = Path(cfg.baseline)
     if out.exists() and not args.overwrite:
         raise ConfigError(f"{out}: baseline already exists; `gate baseline update` overwrites it on purpose")
-    if _uses_gate_image(cfg):
-        return _baseline_in_gate_image(args, cfg, out)
+    code = _baseline_in_gate_image(args, cfg, out)
+    if code is not None:
+        return code
     if args.from_run:
         run_dir = args.from_run
         noise_path = run_dir / NOISE_FILE
@@ -277,7 +291,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _baseline_in_gate_image(args: argparse.Namespace, cfg: GateConfig, out: Path) -> int:
+def _baseline_in_gate_image(args: argparse.Namespace, cfg: GateConfig, out: Path) -> int | None:
     command = ["baseline", "update" if args.overwrite else "record"]
     writable, readable = [out.resolve().parent], ()
     if args.from_run:
@@ -287,19 +301,17 @@ def _baseline_in_gate_image(args: argparse.Namespace, cfg: GateConfig, out: Path
         run = _run_path(args.out, cfg)
         command += ["--out", str(run)]
         writable.append(run.parent)
-    return _in_gate_image(cfg, command, writable, engine_runs=2, readable=readable)
+    return _route_to_gate_image(cfg, command, writable, readable, engine_runs=2)
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
     from gate.replay import EngineJob, PreparedEngine
 
     cfg = _load(args)
-    if _uses_gate_image(cfg):
-        from gate.docker.client import connect
-        from gate.docker.image import ensure_image
-
-        stderr_log(f"gate image ready: {ensure_image(connect(), cfg, stderr_log)}")
-        return EXIT_OK
+    # In the image, `gate prepare` builds (or reuses) it, then finds both engine venvs in it.
+    code = _route_to_gate_image(cfg, ["prepare"], engine_runs=0)
+    if code is not None:
+        return code
     environments = [PreparedEngine(EngineJob(e.name, e), cfg.docker, stderr_log).start() for e in cfg.engine_order]
     try:
         for env in environments:

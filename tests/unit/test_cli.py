@@ -52,3 +52,10 @@ def test_orchestrator_imports_no_engine_libraries():
 
 def test_no_command_prints_help():
     assert main([]) == EXIT_USAGE
+
+
+def test_an_error_quoting_untrusted_text_cannot_forge_a_workflow_command(tmp_path, capsys):
+    hostile = tmp_path / "run\n::error title=forged::pwned\n::add-mask::x"
+    assert main(["check", str(hostile)]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "pwned" in err and not any(line.lstrip().startswith("::") for line in err.splitlines())

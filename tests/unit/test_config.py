@@ -85,3 +85,41 @@ def test_missing_file_and_bad_yaml(tmp_path):
     bad.write_text("a: [1, 2\n")
     with pytest.raises(ConfigError, match=r"bad.yaml.*not valid YAML"):
         load_config(bad)
+
+
+@pytest.mark.parametrize(
+    ("engine", "field", "secret"),
+    [
+        ("{spec: a, pip_args: ['--index-url=https://me:s3cret@pypi.example/simple']}", "pip_args[0]", "me:s3cret"),
+        ("{spec: a, pip_args: [--pre, --extra-index-url, 'https://s3cret@pypi.example/simple']}", "pip_args[2]", "s3cret"),
+        ("{spec: a, pip_args: ['-ihttps://me:s3cret@pypi.example/simple']}", "pip_args[0]", "me:s3cret"),
+        ("{spec: 'vllm @ git+https://s3cret@github.com/me/vllm'}", "spec", "s3cret"),
+    ],
+)
+def test_credentials_in_pip_urls_are_refused(minimal_config, engine, field, secret):
+    # Specs and pip arguments are stored in image labels, gate-venv.json and logs.
+    path = minimal_config(engines=f"engines:\n  old: {{spec: a}}\n  new: {engine}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: engines.new.{field}: ") and "carries credentials" in message
+    assert "~/.netrc" in message and secret not in message and "***@" in message
+    assert info.value.exit_code == EXIT_USAGE
+
+
+def test_pip_urls_without_credentials_load(minimal_config):
+    args = "['--index-url=https://pypi.example/simple?x=a@b', '--find-links', 'file:///wheels']"
+    path = minimal_config(engines=f"engines:\n  old: {{spec: 'vllm @ git+ssh://git@github.com/me/vllm'}}\n"
+                                  f"  new: {{spec: b, pip_args: {args}}}\n")  # fmt: skip
+    cfg = load_config(path)
+    assert cfg.engines["new"].pip_args[0] == "--index-url=https://pypi.example/simple?x=a@b"
+    assert cfg.engines["old"].spec == "vllm @ git+ssh://git@github.com/me/vllm"  # a user name; the ssh key authenticates
+
+
+def test_credentials_in_a_spec_on_the_command_line_are_refused(capsys):
+    from gate.cli import main
+
+    code = main(["prepare", "--new", "vllm @ https://me:s3cret@wheels.example/vllm.whl"])
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE and "command line: --new: 'vllm @ https://***@wheels.example/vllm.whl' carries credentials" in err
+    assert "s3cret" not in err

@@ -200,3 +200,17 @@ def test_bytecode_is_compiled_once_per_shared_source_file(tmp_path):
     out = subprocess.run([sys.executable, "-B", "-c", "import pkg.shared, pkg.own; print(pkg.shared.__file__, pkg.own.VALUE)"],
                          cwd=new / "lib", capture_output=True, text=True, check=True)  # fmt: skip
     assert out.stdout.split() == [str(new / "lib" / "pkg" / "shared.py"), "new"]
+
+
+def test_index_credentials_from_pip_conf_never_reach_logs_or_the_stamp(tmp_path):
+    args, _ = vb.uv_install_args({"index-url": "https://user:s3cret@idx.example/simple",
+                                  "extra-index-url": "https://tok@extra.example/simple file:///opt/x"}, ())  # fmt: skip
+    assert "https://user:s3cret@idx.example/simple" in args  # uv needs them to install
+    redacted = [vb.redact_credentials(a) for a in args]
+    assert "https://***@idx.example/simple" in redacted and "https://***@extra.example/simple" in redacted
+    assert not any("s3cret" in a or "tok@" in a for a in redacted)
+    assert "file:///opt/x" in redacted  # no credentials: unchanged
+    log = tmp_path / "install.log"
+    vb.run_plain([sys.executable, "-c", "pass", "--index-url", "https://user:s3cret@idx.example/simple"], dict(os.environ),
+                 log, "probe", None)  # fmt: skip
+    assert "s3cret" not in log.read_text() and "https://***@idx.example/simple" in log.read_text()
