@@ -24,10 +24,12 @@
 #      bump rebuilding both is the cheap side of that trade.
 #   3. System packages the engines need at run time, then gate's code (changes most often).
 
-# Pin by content for a reproducible image: ARG BASE_IMAGE=nvidia/cuda:12.8.1-base-ubuntu24.04@sha256:<digest>
-# (the digest `docker buildx imagetools inspect` prints for the tag; gate.config's docker.base_image
-# default must be the same string). gate's image tag covers the base's local image id either way.
-ARG BASE_IMAGE=nvidia/cuda:12.8.1-base-ubuntu24.04
+# The base, pinned by content: nvidia/cuda:12.8.1-base-ubuntu24.04 at the digest public Dockerfiles
+# pin for that tag (no registry is reachable from this project's machines to re-check it; do so with
+# `docker buildx imagetools inspect nvidia/cuda:12.8.1-base-ubuntu24.04` before bumping it).
+# gate.config's docker.base_image default is the same string; gate's image tag covers the base's
+# local image id either way.
+ARG BASE_IMAGE=nvidia/cuda:12.8.1-base-ubuntu24.04@sha256:133c78a0575303be34164d0b90137a042172bdf60696af01a3c424ab402d86e2
 
 FROM ${BASE_IMAGE} AS base
 ENV DEBIAN_FRONTEND=noninteractive \

