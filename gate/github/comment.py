@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gate.github.client import COMMENT_BODY_LIMIT, GitHubClient, GitHubError, TransientServerError
+from gate.render.escape import marker_id
 
 _VIEWER = "query { viewer { login } }"
-from gate.render.escape import marker_id
 
 MODES = ("always", "on-change", "on-failure", "off")
 ACTIONS_BOT = "github-actions[bot]"

