@@ -98,6 +98,59 @@ def start_engine(model: str, tokenizer: str | None, engine_args: dict[str, Any])
     return LLM(model=model, **kwargs)
 
 
+def shutdown(llm) -> None:
+    """Stop the engine's core and its parallel state; the caller then drops its last reference.
+
+    ``del llm`` alone is not enough on every release: in 0.18/0.19 the engine core holds a
+    reference to itself and freezes the GC heap, so its memory (about gpu_memory_utilization of the
+    device) stays held while the reference model loads.
+    """
+    core = getattr(llm.llm_engine, "engine_core", None)
+    stop = getattr(core, "shutdown", None)
+    if callable(stop):
+        stop()
+    try:
+        from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+    except ImportError:
+        return
+    destroy_model_parallel()
+    destroy_distributed_environment()
+
+
+def release_memory() -> None:
+    """Collect what the stopped engine left: unfreeze the heap vLLM froze, drop compiled graphs, empty the cache."""
+    import gc
+
+    gc.unfreeze()  # objects frozen by vLLM's engine core are never collected otherwise
+    gc.collect()
+    dynamo = getattr(torch, "_dynamo", None)
+    if dynamo is not None:
+        dynamo.reset()  # its process-wide caches keep the compiled model (and its weights) alive
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def memory_in_use() -> dict[str, Any]:
+    """Device memory in use (CUDA: the whole device, as other processes see it) and this process's RSS."""
+    found: dict[str, Any] = {"rss_bytes": _rss_bytes()}
+    if torch.cuda.is_available():
+        free, total = torch.cuda.mem_get_info()
+        found["device_used_bytes"] = int(total - free)
+    return found
+
+
+def _rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/status", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def effective_settings(llm) -> dict[str, Any]:
     engine = llm.llm_engine
     return {name: _jsonable(_first_attr(engine, paths)) for name, paths in _SETTINGS.items()}

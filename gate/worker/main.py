@@ -141,9 +141,16 @@ def run_batch(requests: Sequence[WorkerRequest]) -> None:
         say = _prefixed(i, batch)
         passes.append(_engine_passes(llm, req, tok.prompt_ids, tok.reference_ids, dropped, own[i], say))
 
+    # The engine's memory (weights, KV cache, compiled graphs) goes back before the reference loads.
+    memory = {"engine_running": eng.memory_in_use()}
     with shared.measure("engine_shutdown_s"):
-        del llm  # free the engine's memory (KV cache) before the reference model loads
-        _release_memory()
+        eng.shutdown(llm)
+        del llm
+        eng.release_memory()
+    memory["engine_released"] = eng.memory_in_use()
+    progress(f"engine released: {_memory_note(memory)}")
+    for p in passes:
+        p.meta["memory"] = memory
 
     references = _ReferenceCache()
     for i, (req, tok, p) in enumerate(zip(requests, tokenized, passes)):
@@ -159,6 +166,15 @@ def run_batch(requests: Sequence[WorkerRequest]) -> None:
             f"done in {timings['total_s']:.1f}s (engine start {timings['engine_start_s']:.1f}s, "
             f"reference {timings['reference_tokens_per_s']:.0f} tok/s)"
         )
+
+
+def _memory_note(memory: dict[str, dict[str, Any]]) -> str:
+    running, released = memory["engine_running"], memory["engine_released"]
+    key = "device_used_bytes" if "device_used_bytes" in running else "rss_bytes"
+    if running.get(key) is None or released.get(key) is None:
+        return "memory not measurable here"
+    what = "device memory in use" if key == "device_used_bytes" else "process RSS"
+    return f"{what} {running[key] / 2**30:.2f} -> {released[key] / 2**30:.2f} GiB"
 
 
 def _prefixed(i: int, batch: int):
@@ -288,14 +304,6 @@ def _engine_passes(llm, request: WorkerRequest, prompt_ids, reference_ids, dropp
         "flat_logprobs": replay.flat_logprobs_supported(),
     }
     return EnginePasses(sampled, greedy, tf_rows, tf_seqs, tf_scores, meta, ws_arrays)
-
-
-def _release_memory() -> None:
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def _reference_arrays(ref, request: WorkerRequest, prompt_ids, passes: EnginePasses, timings: Timings):

@@ -91,6 +91,9 @@ def test_effective_configuration_read_from_the_live_engines(default_replay):
         assert numerics["topk_topp_sampler"] == "TopKTopPSampler.forward_cpu"
         assert numerics["env"]["VLLM_BATCH_INVARIANT"] is False and numerics["triton"] is False
         assert numerics["float32_matmul_precision"] == "highest"
+        # The engine's memory goes back before the reference loads: most of its 1 GiB KV cache at least.
+        memory = meta["memory"]
+        assert memory["engine_released"]["rss_bytes"] < memory["engine_running"]["rss_bytes"] - 512 * 2**20, memory
 
 
 def test_both_environments_tokenize_identically(default_replay):

@@ -1,0 +1,107 @@
+"""Every vLLM release in gate.compat.RELEASES, read from its wheel's source: the worker has a push path.
+
+Each release's wheel is fetched once into $GATE_CACHE_DIR/vllm-source (gate/vllm_source.py); a
+release whose wheel cannot be downloaded is skipped with pip's reason, never passed. The
+expectations below were read off the vLLM source by hand; a check that drifts from them fails here.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gate import compat, vllm_source
+
+pytestmark = pytest.mark.compat
+
+
+def _v(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split("."))
+
+
+# First release (of RELEASES) whose source has the feature; every later one has it too.
+SINCE = {
+    compat.COLLECTIVE_RPC: "0.10.2",
+    compat.RESET_PREFIX_CACHE: "0.10.2",
+    compat.DEFAULT_SAMPLING_PARAMS: "0.10.2",
+    compat.DIFF_SAMPLING_PARAM: "0.10.2",
+    compat.LOGPROBS_MODE: "0.10.2",
+    compat.RELOAD_WEIGHTS: "0.10.2",
+    compat.RUNNER_LOAD_WEIGHTS: "0.10.2",
+    compat.FLAT_LOGPROBS: "0.12.0",
+    # Worker.reload_weights(self) up to 0.15.1; (*args, **kwargs) -> runner(weights_iterator=...) from 0.16.0.
+    compat.RELOAD_WEIGHTS_ITERATOR: "0.16.0",
+    compat.WT_INIT: "0.16.0",
+    compat.WT_UPDATE: "0.16.0",
+    compat.WT_START: "0.21.0",
+    compat.WT_FINISH: "0.21.0",
+}
+# Effective settings no worker path reaches before a release (the worker then records null).
+SETTING_SINCE = {"attention_backend": "0.13.0"}
+# Releases the worker cannot push weights into, with the words their reason must contain.
+UNSUPPORTED: dict[str, str] = {}
+
+_memo: dict[str, dict | vllm_source.FetchError] = {}
+
+
+def findings(version: str) -> dict[str, vllm_source.Finding]:
+    if version not in _memo:
+        try:
+            _memo[version] = vllm_source.check_release(
+                vllm_source.ensure_source(version)
+            )
+        except vllm_source.FetchError as exc:
+            _memo[version] = exc
+    result = _memo[version]
+    if isinstance(result, vllm_source.FetchError):
+        pytest.skip(
+            f"vllm {version} not checked, its wheel could not be fetched: {result}"
+        )
+    return result
+
+
+def test_every_feature_has_an_expectation():
+    assert set(SINCE) == set(compat.FEATURE_KEYS)
+
+
+@pytest.mark.parametrize("version", compat.RELEASES)
+def test_the_worker_has_a_weight_push_path(version):
+    status, detail = compat.worker_path(
+        {k: f.present for k, f in findings(version).items()}
+    )
+    if version in UNSUPPORTED:
+        assert status == compat.UNSUPPORTED and detail.startswith(
+            "unsupported release: "
+        )
+        assert UNSUPPORTED[version] in detail
+        return
+    assert status == compat.SUPPORTED, f"vllm {version}: {detail}"
+    expected = (
+        compat.PUSH_RELOAD_WEIGHTS
+        if _v(version) >= _v("0.16.0")
+        else compat.PUSH_RUNNER_LOAD_WEIGHTS
+    )
+    assert detail == (expected, compat.PUSH_RESET)
+
+
+@pytest.mark.parametrize("version", compat.RELEASES)
+def test_features_are_where_the_source_has_them(version):
+    found = findings(version)
+    wrong = {
+        key: f"expected {'present' if _v(version) >= _v(since) else 'absent'}, read {found[key]}"
+        for key, since in SINCE.items()
+        if found[key].present != (_v(version) >= _v(since))
+    }
+    assert not wrong, f"vllm {version}: {wrong}"
+
+
+@pytest.mark.parametrize("version", compat.RELEASES)
+def test_every_effective_setting_has_a_path(version):
+    found = findings(version)
+    missing = {k.removeprefix(compat.SETTING_PREFIX): f.note for k, f in found.items()
+               if k.startswith(compat.SETTING_PREFIX) and not f.present}  # fmt: skip
+    expected = {
+        name for name, since in SETTING_SINCE.items() if _v(version) < _v(since)
+    }
+    assert set(missing) == expected, (
+        f"vllm {version}: settings no worker path reaches: {missing}"
+    )
