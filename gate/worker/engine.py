@@ -67,10 +67,32 @@ def prepare_process() -> None:
     """Per-process set-up that must happen before the engine starts."""
     # Keep the engine in this process: weight pushes and config reads reach it directly.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # Tensor-parallel workers are started by spawn: this process touches CUDA first (below, and the
+    # reference), and a forked child of a process with CUDA initialised cannot use it.
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     # bf16 attention on CPU needs AMX permission, asked per process (brief: "Illegal instruction").
     init_amx = getattr(getattr(torch._C, "_cpu", None), "_init_amx", None)
     if init_amx is not None and not torch.cuda.is_available():
         init_amx()
+
+
+# Engine arguments that choose what transformers must load too, so the trainer-side reference,
+# the tokenizer and the weight-sync trainer read the very model (code and revision) vLLM reads.
+HF_SHARED_ARGS = ("trust_remote_code", "revision", "code_revision", "tokenizer_revision")
+
+
+def hf_load_kwargs(engine_args: dict[str, Any], for_tokenizer: bool = False) -> dict[str, Any]:
+    """``from_pretrained`` keyword arguments matching the engine's: remote code and pinned revisions."""
+    kwargs: dict[str, Any] = {}
+    if engine_args.get("trust_remote_code"):
+        kwargs["trust_remote_code"] = True
+    revision = engine_args.get("tokenizer_revision" if for_tokenizer else "revision") or (
+        engine_args.get("revision") if for_tokenizer else None)  # fmt: skip
+    if revision:
+        kwargs["revision"] = revision
+    if engine_args.get("code_revision") and not for_tokenizer:
+        kwargs["code_revision"] = engine_args["code_revision"]
+    return kwargs
 
 
 def supported_engine_args() -> set[str]:
@@ -236,6 +258,7 @@ def identity(llm) -> dict[str, Any]:
         "device_name": device_name(),
         "platform": platform.platform(),
         "executable": sys.executable,
+        "worker_multiproc_method": os.environ.get("VLLM_WORKER_MULTIPROC_METHOD"),
     }
 
 

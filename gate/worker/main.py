@@ -122,7 +122,8 @@ def run_batch(requests: Sequence[WorkerRequest]) -> None:
 
     first = requests[0]
     with shared.measure("tokenize_s"):
-        tokenizer = AutoTokenizer.from_pretrained(first.tokenizer or first.model)
+        tokenizer = AutoTokenizer.from_pretrained(first.tokenizer or first.model,
+                                                  **eng.hf_load_kwargs(first.engine_args, for_tokenizer=True))  # fmt: skip
         tokenized = [
             Tokenized(replay.tokenize_prompts(tokenizer, r.prompts), replay.tokenize_references(tokenizer, r.prompts))
             for r in requests
@@ -199,6 +200,7 @@ class _ReferenceCache:
     def get(self, request: WorkerRequest):
         import torch
 
+        from gate.worker.engine import hf_load_kwargs
         from gate.worker.reference import ReferenceModel
 
         r = request.reference
@@ -209,7 +211,8 @@ class _ReferenceCache:
             progress(f"trainer-side reference ({r.dtype}, lm_head_fp32={r.lm_head_fp32})")
             start = time.perf_counter()
             device = "cuda" if torch.cuda.is_available() else "cpu"
-            self.model = ReferenceModel(request.model, r.dtype, r.lm_head_fp32, device)
+            hf_kwargs = hf_load_kwargs(request.engine_args)
+            self.model = ReferenceModel(request.model, r.dtype, r.lm_head_fp32, device, hf_kwargs)
             self.key, self.load_s = key, time.perf_counter() - start
         return self.model, self.load_s
 

@@ -14,6 +14,7 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -84,11 +85,12 @@ def full_fp32_matmul() -> Iterator[None]:
 class ReferenceModel:
     """A transformers causal LM split into trunk and final projection so the head precision is ours."""
 
-    def __init__(self, model_path: str, dtype: str, lm_head_fp32: bool, device: str) -> None:
+    def __init__(self, model_path: str, dtype: str, lm_head_fp32: bool, device: str,
+                 hf_kwargs: dict[str, Any] | None = None) -> None:  # fmt: skip
         from transformers import AutoModelForCausalLM
 
         self.device = torch.device(device)
-        model = _load_causal_lm(AutoModelForCausalLM, model_path)
+        model = _load_causal_lm(AutoModelForCausalLM, model_path, **(hf_kwargs or {}))
         model.eval()
         head = model.get_output_embeddings()
         # Copy the projection in fp32 before the trunk is cast, so an fp32 head is really fp32.
@@ -174,12 +176,12 @@ class ReferenceModel:
         return tuple(torch.cat(o).squeeze(-1).float().cpu().numpy() for o in outs)  # type: ignore[return-value]
 
 
-def _load_causal_lm(auto_cls, model_path: str):
+def _load_causal_lm(auto_cls, model_path: str, **hf_kwargs: Any):
     # transformers 5 renamed torch_dtype to dtype; probe instead of parsing versions.
     try:
-        return auto_cls.from_pretrained(model_path, dtype=torch.float32)
+        return auto_cls.from_pretrained(model_path, dtype=torch.float32, **hf_kwargs)
     except TypeError:
-        return auto_cls.from_pretrained(model_path, torch_dtype=torch.float32)
+        return auto_cls.from_pretrained(model_path, torch_dtype=torch.float32, **hf_kwargs)
 
 
 def _pack(order: np.ndarray, lengths: np.ndarray, batch_tokens: int) -> list[np.ndarray]:
