@@ -209,6 +209,48 @@ def test_precision_detects_bf16_head(tmp_path, clean):
     assert _results(clean, precision={"expect_lm_head": "bf16"})["precision"].status != Status.FAIL
 
 
+def _greedy_topk(logits: np.ndarray, k: int = 5) -> np.ndarray:
+    """What vLLM reports on a greedy pass: log_softmax in fp32 of the logits, the k largest."""
+    lp = logits - np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True)) - logits.max(1, keepdims=True)
+    return np.sort(lp.astype(np.float32), axis=1)[:, ::-1][:, :k]
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    """Round float32 to bfloat16 (nearest even) and back, as a bf16 lm_head's output."""
+    bits = x.astype(np.float32).view(np.uint32)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return rounded.astype(np.uint32).view(np.float32)
+
+
+def test_logit_grid_tells_bf16_logits_from_fp32_ones():
+    from gate.checks.precision import logit_grid
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0, 4, (600, 64)).astype(np.float32) + 8  # magnitudes like an LM's top logits
+    bf16 = logit_grid(_greedy_topk(_bf16(logits)))
+    fp32 = logit_grid(_greedy_topk(logits))
+    assert bf16.verdict == "bf16" and bf16.on_grid > 0.95, bf16
+    assert fp32.verdict == "fp32" and fp32.on_grid < 0.02, fp32
+    assert logit_grid(_greedy_topk(_bf16(logits))[:20]).verdict == "inconclusive"  # too few gaps to say
+    assert logit_grid(None).verdict == "inconclusive"
+
+
+def test_precision_falls_back_to_the_logit_grid_when_the_emulation_cannot_decide(tmp_path, clean):
+    # Behind a bf16 trunk the engine is far from both emulated heads: only the grid can tell.
+    rng = np.random.default_rng(1)
+    logits = rng.normal(0, 4, (400, 64)).astype(np.float32) + 8
+    tf = clean.new.arrays["tf_engine_logprob"]
+    clean.new.arrays["tf_engine_logprob"] = tf + rng.normal(0, 0.5, tf.shape).astype(np.float32)
+    clean.new.arrays["greedy_topk_logprobs"] = _greedy_topk(_bf16(logits))
+    r = _results(clean, precision={"expect_lm_head": "fp32"})["precision"]
+    assert r.details["logit_grid"]["new"]["emulation"] == "inconclusive"
+    assert r.details["behaves_like"]["new"] == "bf16" and r.status == Status.FAIL
+    assert "of top-k gaps on the bf16 grid" in r.summary
+    clean.new.arrays["greedy_topk_logprobs"] = _greedy_topk(logits)
+    r = _results(clean, precision={"expect_lm_head": "fp32"})["precision"]
+    assert r.details["behaves_like"]["new"] == "fp32" and r.status == Status.PASS
+
+
 def test_a_crashing_check_is_an_error_not_a_crash(clean):
     del clean.new.arrays["tf_engine_logprob"]
     r = _results(clean)
