@@ -15,7 +15,6 @@ the config classes. Standard library only.
 from __future__ import annotations
 
 import ast
-import hashlib
 import json
 import os
 import re
@@ -28,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gate import compat
+from gate.promptset import sha256_file
 
 REPO_WORKER_ENGINE = Path(__file__).resolve().parent / "worker" / "engine.py"
 
@@ -99,7 +99,7 @@ def ensure_source(version: str, cache_dir: str | os.PathLike | None = None) -> P
         staged = Path(tmp) / "src"
         files = _extract(wheel, staged)
         manifest = {"format": CACHE_FORMAT, "version": version, "wheel": wheel.name,
-                    "wheel_sha256": _sha256(wheel), "files": files}  # fmt: skip
+                    "wheel_sha256": sha256_file(wheel), "files": files}  # fmt: skip
         (staged / "MANIFEST.json").write_text(
             json.dumps(manifest, indent=1), encoding="utf-8"
         )
@@ -226,14 +226,6 @@ def _dotted(node: ast.AST) -> str:
     if isinstance(node, ast.Subscript):  # Generic[T], Base[...]
         return _dotted(node.value)
     return ""
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 # --------------------------------------------------------------------------------------------
