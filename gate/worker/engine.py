@@ -95,6 +95,34 @@ def hf_load_kwargs(engine_args: dict[str, Any], for_tokenizer: bool = False) -> 
     return kwargs
 
 
+def resolve_model_revision(model: str, engine_args: dict[str, Any], say=print) -> str | None:
+    """The commit a hub model id resolves to now (or its pinned ``revision``), resolved once per worker.
+
+    vLLM, the tokenizer and the reference then all load that very commit, and engine.json records
+    it: a hub model that moves between two runs is otherwise the same name with other weights.
+    Offline (``HF_HUB_OFFLINE=1``) the local cache says which commit it holds. A local folder has
+    no revision (its content fingerprint identifies it); an id that cannot be resolved at all keeps
+    the requested revision, with a warning.
+    """
+    if os.path.isdir(model):
+        return None
+    requested = engine_args.get("revision")
+    from huggingface_hub import HfApi, snapshot_download
+
+    # Each huggingface_hub release raises its own errors for "offline", "unreachable" (httpx or
+    # requests, by version), "gated" and "no such id": any of them only means "ask the cache".
+    try:
+        return HfApi().model_info(model, revision=requested).sha
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        return os.path.basename(snapshot_download(model, revision=requested, local_files_only=True))
+    except Exception as exc:  # noqa: BLE001
+        say(f"warning: the hub revision of {model} could not be resolved ({type(exc).__name__}); "
+            f"loading {'revision ' + requested if requested else 'its default branch'} as vLLM finds it")
+        return requested
+
+
 def supported_engine_args() -> set[str]:
     from vllm.engine.arg_utils import EngineArgs
 

@@ -121,15 +121,18 @@ def run_batch(requests: Sequence[WorkerRequest]) -> None:
         from gate.worker import replay
 
     first = requests[0]
+    # One commit of a hub model for the tokenizer, the engine and the reference (None: a local folder).
+    revision = eng.resolve_model_revision(first.model, first.engine_args, progress)
+    requested_args = {**first.engine_args, **({"revision": revision} if revision else {})}
     with shared.measure("tokenize_s"):
         tokenizer = AutoTokenizer.from_pretrained(first.tokenizer or first.model,
-                                                  **eng.hf_load_kwargs(first.engine_args, for_tokenizer=True))  # fmt: skip
+                                                  **eng.hf_load_kwargs(requested_args, for_tokenizer=True))  # fmt: skip
         tokenized = [
             Tokenized(replay.tokenize_prompts(tokenizer, r.prompts), replay.tokenize_references(tokenizer, r.prompts))
             for r in requests
         ]
 
-    engine_args, dropped = eng.split_engine_args(first.engine_args, first.optional_engine_args)
+    engine_args, dropped = eng.split_engine_args(requested_args, first.optional_engine_args)
     if dropped:
         progress(f"this release has no {dropped}; running without them (recorded in engine.json)")
     progress(f"starting engine ({len(first.prompts)} prompts" + (f", {batch} requests)" if batch > 1 else ")"))
@@ -153,8 +156,9 @@ def run_batch(requests: Sequence[WorkerRequest]) -> None:
     for p in passes:
         p.meta["memory"] = memory
 
-    references = _ReferenceCache()
+    references = _ReferenceCache(eng.hf_load_kwargs(requested_args))
     for i, (req, tok, p) in enumerate(zip(requests, tokenized, passes)):
+        p.meta["model_revision"] = revision
         ref, load_s = references.get(req)
         own[i].values["reference_load_s"] = load_s
         arrays, n_scored = _reference_arrays(ref, req, tok.prompt_ids, p, own[i])
@@ -192,7 +196,8 @@ class _ReferenceCache:
     previous one first (a large model twice would not fit beside itself on an accelerator).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, hf_kwargs: dict[str, Any]) -> None:
+        self.hf_kwargs = hf_kwargs  # the engine's remote-code and revision choices (one per batch)
         self.key: tuple | None = None
         self.model = None
         self.load_s = 0.0
@@ -200,7 +205,6 @@ class _ReferenceCache:
     def get(self, request: WorkerRequest):
         import torch
 
-        from gate.worker.engine import hf_load_kwargs
         from gate.worker.reference import ReferenceModel
 
         r = request.reference
@@ -211,8 +215,7 @@ class _ReferenceCache:
             progress(f"trainer-side reference ({r.dtype}, lm_head_fp32={r.lm_head_fp32})")
             start = time.perf_counter()
             device = "cuda" if torch.cuda.is_available() else "cpu"
-            hf_kwargs = hf_load_kwargs(request.engine_args)
-            self.model = ReferenceModel(request.model, r.dtype, r.lm_head_fp32, device, hf_kwargs)
+            self.model = ReferenceModel(request.model, r.dtype, r.lm_head_fp32, device, self.hf_kwargs)
             self.key, self.load_s = key, time.perf_counter() - start
         return self.model, self.load_s
 

@@ -32,3 +32,27 @@ def test_tensor_parallel_workers_are_spawned_unless_the_user_chose(monkeypatch):
 def test_transformers_loads_what_the_engine_loads(engine_args, model_kwargs, tokenizer_kwargs):
     assert eng.hf_load_kwargs(engine_args) == model_kwargs
     assert eng.hf_load_kwargs(engine_args, for_tokenizer=True) == tokenizer_kwargs
+
+
+def test_a_local_folder_has_no_hub_revision(tmp_path):
+    assert eng.resolve_model_revision(str(tmp_path), {}) is None
+
+
+def test_offline_the_hub_revision_comes_from_the_local_cache(tmp_path, monkeypatch):
+    # huggingface_hub's own offline resolution over a cache laid out as it lays it out.
+    from huggingface_hub import constants
+
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--acme--tiny-model"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(sha)
+    (repo / "snapshots" / sha).mkdir(parents=True)
+    (repo / "snapshots" / sha / "config.json").write_text("{}")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    said: list[str] = []
+    assert eng.resolve_model_revision("acme/tiny-model", {}, said.append) == sha
+    assert said == []
+    # Not cached and not reachable: the requested revision stays, and the log says why.
+    assert eng.resolve_model_revision("acme/other-model", {"revision": "v1"}, said.append) == "v1"
+    assert len(said) == 1 and "could not be resolved" in said[0] and "revision v1" in said[0]
