@@ -40,6 +40,9 @@ FINISH = "finish"
 TRAINER_RAW = "trainer_logprob_raw"
 TRAINER_PROCESSED = "trainer_logprob_processed"
 TRAINER_RAW_BF16_HEAD = "trainer_logprob_raw_bf16_head"
+# The sampled token lies within one ULP of the top-k/top-p boundary (engine dtype): undecidable.
+# Absent in evidence from gate versions before it (read as "none at the boundary").
+TRAINER_AT_BOUNDARY = "trainer_at_boundary"
 
 FINISH_NAMES = ("stop", "length", "abort", "other")
 

@@ -317,7 +317,8 @@ def _reference_arrays(ref, request: WorkerRequest, prompt_ids, passes: EnginePas
     from gate.worker.reference import SamplingTransform
 
     r, s = request.reference, request.sampling
-    rollout = SamplingTransform(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
+    rollout = SamplingTransform(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+                                mask_dtype=_logits_dtype(passes.meta, request.engine_args))  # fmt: skip
     untransformed = SamplingTransform(temperature=0.0, top_k=0, top_p=1.0)
 
     arrays = {ev.PROMPT_OFFSETS: _offsets([len(p) for p in prompt_ids]), ev.PROMPT_TOKEN_IDS: _flat(prompt_ids)}
@@ -335,6 +336,13 @@ def _reference_arrays(ref, request: WorkerRequest, prompt_ids, passes: EnginePas
             arrays.update(_teacher_forced_arrays(passes.tf_rows, passes.tf_seqs, prompt_lens, passes.tf_scores, scored))
             n_scored += len(scored.raw)
     return arrays, n_scored
+
+
+def _logits_dtype(meta: dict[str, Any], engine_args: dict[str, Any]) -> str | None:
+    """The dtype of the engine's logits: its lm_head's (``hf_overrides.head_dtype``), else the model's."""
+    head = (engine_args.get("hf_overrides") or {}).get("head_dtype") if isinstance(engine_args.get("hf_overrides"), dict) else None
+    dtype = str(head or meta["effective"].get("dtype") or "float32").removeprefix("torch.")
+    return dtype if dtype in ("bfloat16", "float16") else None
 
 
 def _offsets(lengths: list[int]) -> np.ndarray:
@@ -369,6 +377,7 @@ def _completion_arrays(prefix: str, comp, scored) -> dict[str, np.ndarray]:
         f"{prefix}_{ev.TRAINER_RAW}": scored.raw,
         f"{prefix}_{ev.TRAINER_PROCESSED}": scored.processed,
         f"{prefix}_{ev.TRAINER_RAW_BF16_HEAD}": scored.raw_bf16_head,
+        f"{prefix}_{ev.TRAINER_AT_BOUNDARY}": scored.at_boundary,
     }
 
 

@@ -30,6 +30,13 @@ class SamplingTransform:
     temperature: float  # <= 0 means greedy: the processed logprob is the raw one
     top_k: int  # 0 = off
     top_p: float  # 1.0 = off
+    # The dtype the engine's logits are in (its lm_head's): top-k/top-p are decided on logits rounded
+    # to it, as the engine decides them; None keeps the reference's own fp32 logits.
+    mask_dtype: str | None = None
+
+
+# Significant bits after the leading one, for the width of one ULP at the top-k/top-p boundary.
+_MANTISSA_BITS = {"bfloat16": 7, "float16": 10, "float32": 23}
 
 
 @dataclass
@@ -39,6 +46,7 @@ class ScoredTokens:
     raw: np.ndarray
     processed: np.ndarray
     raw_bf16_head: np.ndarray
+    at_boundary: np.ndarray  # bool: the target sits within one ULP of the top-k/top-p boundary
 
 
 def processed_logprobs(logits: torch.Tensor, transform: SamplingTransform) -> torch.Tensor:
@@ -48,23 +56,69 @@ def processed_logprobs(logits: torch.Tensor, transform: SamplingTransform) -> to
     ascending, drops tokens whose cumulative probability stays <= 1 - p, and always keeps the
     most likely token.
     """
-    logits = logits.float()
-    if transform.temperature > 0 and transform.temperature != 1.0:
-        logits = logits / transform.temperature
-    use_k = 0 < transform.top_k < logits.shape[-1]
+    return _masked_log_softmax(logits, transform, transform_keep(logits, transform)[0])
+
+
+def _masked_log_softmax(logits: torch.Tensor, transform: SamplingTransform, keep: torch.Tensor | None) -> torch.Tensor:
+    values = _scaled(logits.float(), transform)
+    if keep is not None:
+        values = values.masked_fill(~keep, -math.inf)
+    return torch.log_softmax(values, dim=-1)
+
+
+def transform_keep(logits: torch.Tensor, transform: SamplingTransform) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The tokens top-k/top-p keep ([rows, vocab]) and each row's boundary: its smallest kept logit.
+
+    Decided on the logits rounded to ``transform.mask_dtype``: a bf16 engine sees ties that the
+    fp32 reference does not, and keeps or cuts them as a block. (None, None) when neither applies.
+    """
+    vocab = logits.shape[-1]
+    use_k = 0 < transform.top_k < vocab
     use_p = transform.top_p < 1.0
-    if use_k or use_p:
-        sorted_logits, order = logits.sort(dim=-1, descending=False)
-        if use_k:
-            kth = sorted_logits[:, logits.shape[-1] - transform.top_k].unsqueeze(-1)
-            sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, -math.inf)
-        if use_p:
-            cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-            drop = cum <= 1.0 - transform.top_p
-            drop[:, -1] = False
-            sorted_logits = sorted_logits.masked_fill(drop, -math.inf)
-        logits = torch.empty_like(sorted_logits).scatter_(-1, order, sorted_logits)
-    return torch.log_softmax(logits, dim=-1)
+    if not (use_k or use_p):
+        return None, None
+    keys = _rounded(logits, transform.mask_dtype)
+    sorted_keys, order = _scaled(keys, transform).sort(dim=-1, descending=False)
+    drop = torch.zeros_like(sorted_keys, dtype=torch.bool)
+    if use_k:
+        drop |= sorted_keys < sorted_keys[:, vocab - transform.top_k].unsqueeze(-1)
+    if use_p:
+        cum = sorted_keys.masked_fill(drop, -math.inf).softmax(dim=-1).cumsum(dim=-1)
+        cut = cum <= 1.0 - transform.top_p
+        cut[:, -1] = False
+        drop |= cut
+    keep = torch.empty_like(drop).scatter_(-1, order, ~drop)
+    return keep, keys.masked_fill(~keep, math.inf).min(dim=-1).values
+
+
+def at_boundary(logits: torch.Tensor, transform: SamplingTransform, targets: torch.Tensor) -> torch.Tensor:
+    """Whether each row's target lies within one ULP (of the mask dtype) of the top-k/top-p boundary.
+
+    Such a token is undecidable rather than outside the transform: on CUDA the Triton top-k keeps
+    exactly k tokens among ties and top-p finds its cut by a bounded bisection, so the engine may
+    keep or drop it where the reference's rule says otherwise.
+    """
+    return _near_boundary(logits, transform, targets, transform_keep(logits, transform)[1])
+
+
+def _near_boundary(logits: torch.Tensor, transform: SamplingTransform, targets: torch.Tensor,
+                   boundary: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+    if boundary is None:
+        return torch.zeros(targets.shape[0], dtype=torch.bool, device=logits.device)
+    key = _rounded(logits, transform.mask_dtype).gather(-1, targets).squeeze(-1)
+    _, exponent = torch.frexp(boundary)  # boundary = m * 2^e with m in [0.5, 1)
+    ulp = torch.ldexp(torch.ones_like(boundary), exponent - 1 - _MANTISSA_BITS[transform.mask_dtype or "float32"])
+    return (key - boundary).abs() <= ulp
+
+
+def _rounded(logits: torch.Tensor, dtype: str | None) -> torch.Tensor:
+    return logits.float() if dtype in (None, "float32") else logits.to(_DTYPES[dtype]).float()
+
+
+def _scaled(logits: torch.Tensor, transform: SamplingTransform) -> torch.Tensor:
+    if transform.temperature > 0 and transform.temperature != 1.0:
+        return logits / transform.temperature
+    return logits
 
 
 @contextlib.contextmanager
@@ -134,21 +188,22 @@ class ReferenceModel:
         raw = np.empty(total, dtype=np.float32)
         processed = np.empty(total, dtype=np.float32)
         raw_bf16 = np.empty(total, dtype=np.float32)
+        edge = np.empty(total, dtype=bool)
 
         order = np.argsort(-lengths, kind="stable")  # longest first: batches pad little
         done = 0
         for batch in _pack(order, lengths, batch_tokens):
             dest = token_ranges(out_offsets[batch], counts[batch])
-            r, p, b = self._score_batch([sequences[i] for i in batch], starts[batch], counts[batch], transform)
-            raw[dest], processed[dest], raw_bf16[dest] = r, p, b
+            r, p, b, e = self._score_batch([sequences[i] for i in batch], starts[batch], counts[batch], transform)
+            raw[dest], processed[dest], raw_bf16[dest], edge[dest] = r, p, b, e
             done += len(batch)
             if progress:
                 progress(done, len(sequences))
-        return ScoredTokens(raw=raw, processed=processed, raw_bf16_head=raw_bf16)
+        return ScoredTokens(raw=raw, processed=processed, raw_bf16_head=raw_bf16, at_boundary=edge)
 
     def _score_batch(
         self, seqs: list[list[int]], starts: np.ndarray, counts: np.ndarray, transform: SamplingTransform
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         max_len = max(len(s) for s in seqs)
         ids = torch.full((len(seqs), max_len), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(seqs), max_len), dtype=torch.long)
@@ -164,16 +219,19 @@ class ReferenceModel:
         targets = ids[rows, cols + 1].unsqueeze(-1)
         picked = hidden[rows, cols]
 
-        outs = ([], [], [])
+        outs: tuple[list[torch.Tensor], ...] = ([], [], [], [])
         for chunk in range(0, picked.shape[0], _HEAD_CHUNK_ROWS):
             h = picked[chunk : chunk + _HEAD_CHUNK_ROWS]
             t = targets[chunk : chunk + _HEAD_CHUNK_ROWS]
             logits = self.head(h, self.head_dtype)
-            outs[0].append(torch.log_softmax(logits, dim=-1).gather(-1, t))
-            outs[1].append(processed_logprobs(logits, transform).gather(-1, t))
+            keep, boundary = transform_keep(logits, transform)  # one sort of the [rows, vocab] block
+            outs[0].append(torch.log_softmax(logits, dim=-1).gather(-1, t).squeeze(-1))
+            outs[1].append(_masked_log_softmax(logits, transform, keep).gather(-1, t).squeeze(-1))
             logits_bf16 = self.head(h, torch.bfloat16)
-            outs[2].append(torch.log_softmax(logits_bf16, dim=-1).gather(-1, t))
-        return tuple(torch.cat(o).squeeze(-1).float().cpu().numpy() for o in outs)  # type: ignore[return-value]
+            outs[2].append(torch.log_softmax(logits_bf16, dim=-1).gather(-1, t).squeeze(-1))
+            outs[3].append(_near_boundary(logits, transform, t, boundary))
+        raw, processed, raw_bf16 = (torch.cat(o).float().cpu().numpy() for o in outs[:3])
+        return raw, processed, raw_bf16, torch.cat(outs[3]).cpu().numpy()
 
 
 def _load_causal_lm(auto_cls, model_path: str, **hf_kwargs: Any):

@@ -121,3 +121,20 @@ def test_subset_evidence_keeps_chosen_prompts_and_cuts_completions(tmp_path):
     assert cut["tf_input_ids"][: hi - lo].tolist() == e["tf_input_ids"][lo:hi].tolist()
     longer = subset_evidence(e, np.arange(5), max_tokens=100)  # a limit above every length changes nothing
     assert np.array_equal(longer["sample_finish"], e["sample_finish"])
+
+
+def test_tokens_on_the_transform_boundary_are_undecidable_not_outside(ctx):
+    # A GPU kernel keeps exactly k of tied tokens: a token one ULP from the cut may go either way.
+    masked = list(range(0, 320, 40))
+    ctx.new = _mask(ctx.new, masked)
+    edge = np.zeros(320, dtype=bool)
+    edge[masked[:6]] = True
+    edge[[3, 4]] = True  # on the boundary but kept by the reference: not counted anywhere
+    ctx.new.arrays[f"{ev.SAMPLE}_{ev.TRAINER_AT_BOUNDARY}"] = edge
+    r = _results(ctx)["logprob-semantics"]
+    outside = next(m for m in r.measurements if m.name == "tokens_outside_transform" and m.engine == "new")
+    assert outside.note == "2 of 320 sampled tokens" and r.details["tokens_outside_transform"]["new"] == 2
+    boundary = next(m for m in r.measurements if m.name == "tokens_at_transform_boundary" and m.engine == "new")
+    assert boundary.value == pytest.approx(6 / 320) and boundary.status == Status.PASS
+    ctx.new.arrays[f"{ev.SAMPLE}_{ev.TRAINER_AT_BOUNDARY}"] = np.zeros(320, dtype=bool)
+    assert _results(ctx)["logprob-semantics"].details["tokens_outside_transform"]["new"] == 8

@@ -9,7 +9,14 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from gate.evidence import token_ranges  # noqa: E402
-from gate.worker.reference import ReferenceModel, SamplingTransform, _pack, full_fp32_matmul, processed_logprobs  # noqa: E402
+from gate.worker.reference import (  # noqa: E402
+    ReferenceModel,
+    SamplingTransform,
+    _pack,
+    at_boundary,
+    full_fp32_matmul,
+    processed_logprobs,
+)
 
 
 def test_temperature_only():
@@ -115,3 +122,35 @@ def test_the_reference_scores_with_full_fp32_matmuls_whatever_the_process_set():
         assert torch.get_float32_matmul_precision() == "high"  # restored for the engine
     finally:
         torch.set_float32_matmul_precision(previous)
+
+
+def test_top_k_is_decided_on_logits_rounded_as_the_engine_holds_them():
+    # Tokens 0 and 1 differ in fp32 but are one bf16 value: a bf16 engine sees a tie at k = 1.
+    logits = torch.tensor([[3.0, 3.001, 1.0, -2.0]])
+    fp32 = SamplingTransform(temperature=0.7, top_k=1, top_p=1.0)
+    bf16 = SamplingTransform(temperature=0.7, top_k=1, top_p=1.0, mask_dtype="bfloat16")
+    assert torch.isfinite(processed_logprobs(logits, fp32)).tolist() == [[False, True, False, False]]
+    assert torch.isfinite(processed_logprobs(logits, bf16)).tolist() == [[True, True, False, False]]
+
+
+def test_a_token_one_ulp_from_the_boundary_is_undecidable_and_one_further_is_outside():
+    # bf16 around 3.0 is 2^-6 apart: 3.0 - 2^-6 is one ULP below the kept 3.0, 3.0 - 2^-5 two.
+    step = 2.0**-6
+    logits = torch.tensor([[3.0, 3.0 - step, 3.0 - 2 * step, -2.0]] * 4)
+    bf16 = SamplingTransform(temperature=0.7, top_k=1, top_p=1.0, mask_dtype="bfloat16")
+    targets = torch.tensor([[0], [1], [2], [3]])
+    assert at_boundary(logits, bf16, targets).tolist() == [True, True, False, False]
+    fp32 = SamplingTransform(temperature=0.7, top_k=1, top_p=1.0)  # fp32 ULPs: only the kept token itself
+    assert at_boundary(logits, fp32, targets).tolist() == [True, False, False, False]
+    untransformed = SamplingTransform(temperature=0.7, top_k=0, top_p=1.0, mask_dtype="bfloat16")
+    assert at_boundary(logits, untransformed, targets).tolist() == [False] * 4
+
+
+def test_top_p_boundary_ties_are_undecidable():
+    # Two tokens tied at the nucleus edge (p 0.212 each): the cumulative rule cuts between them, so
+    # which one stays is the sort's choice, and a GPU kernel's bisection may choose otherwise.
+    logits = torch.tensor([[2.0, 1.0, 1.0, -5.0]] * 2)
+    t = SamplingTransform(temperature=1.0, top_k=0, top_p=0.6, mask_dtype="bfloat16")
+    kept = torch.isfinite(processed_logprobs(logits, t))[0].tolist()
+    assert kept == [True, False, True, False]
+    assert at_boundary(logits, t, torch.tensor([[1], [3]])).tolist() == [True, False]  # tied: undecidable; far: outside
