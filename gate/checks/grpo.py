@@ -51,6 +51,10 @@ def _trajectories(e) -> dict[str, np.ndarray] | None:
 
 def run(ctx, settings) -> CheckResult:
     new = _trajectories(ctx.new)
+    unsupported = ((ctx.new.engine.get("grpo") or {}).get("unsupported") if ctx.new is not None else None)
+    if new is None and unsupported:  # asked for, but the engine offers no weight push gate knows
+        return CheckResult(ID, TITLE, Status.ERROR, "the GRPO run could not run: no weight push for this engine",
+                           f"{unsupported[:1].upper()}{unsupported[1:]}.", details={"unsupported": unsupported})  # fmt: skip
     if new is None:
         return CheckResult(ID, TITLE, Status.SKIP, "the GRPO run did not run (grpo.enabled: false)")
     base = _trajectories(ctx.baseline.evidence) if ctx.baseline is not None and ctx.baseline_comparable else None

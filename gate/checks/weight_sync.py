@@ -42,6 +42,10 @@ def _mean_abs(a: np.ndarray, b: np.ndarray) -> float:
 def run(ctx, settings) -> CheckResult:
     e = ctx.new
     if "ws_engine_logprob" not in e.arrays:
+        unsupported = (e.engine.get("weight_sync") or {}).get("unsupported")
+        if unsupported:  # asked for, but the engine offers no push gate knows: it cannot judge
+            return CheckResult(ID, TITLE, Status.ERROR, "the weight-sync probe could not push weights into this engine",
+                               f"{unsupported[:1].upper()}{unsupported[1:]}.", details={"unsupported": unsupported})  # fmt: skip
         return CheckResult(ID, TITLE, Status.SKIP, "the weight-sync probe did not run (weight_sync.enabled: false)")
     opts = settings.options
     prefix = e["ws_is_prefix"]

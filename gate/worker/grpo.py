@@ -46,6 +46,7 @@ def run_grpo(
     request: GrpoRequest,
     push: Callable,
     progress,
+    hf_kwargs: dict | None = None,
 ) -> dict[str, np.ndarray]:
     """One GRPO run per seed; returns ``grpo_<metric>`` arrays of shape [seeds, steps]."""
     from gate.worker.weight_sync import _load_trainer
@@ -59,7 +60,7 @@ def run_grpo(
     results = {m: np.zeros((len(request.seeds), request.steps)) for m in METRICS}
     for s_idx, seed in enumerate(request.seeds):
         torch.manual_seed(seed)
-        model = _load_trainer(AutoModelForCausalLM, model_path, device).train()
+        model = _load_trainer(AutoModelForCausalLM, model_path, device, hf_kwargs).train()
         if initial is None:
             initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
         push(llm, initial)  # every run starts from the checkpoint, whatever ran before

@@ -143,7 +143,7 @@ def run_batch(requests: Sequence[WorkerRequest]) -> None:
     passes = []
     for i, (req, tok) in enumerate(zip(requests, tokenized)):
         say = _prefixed(i, batch)
-        passes.append(_engine_passes(llm, req, tok.prompt_ids, tok.reference_ids, dropped, own[i], say))
+        passes.append(_engine_passes(llm, req, tok, dropped, own[i], say, eng.hf_load_kwargs(requested_args)))
 
     # The engine's memory (weights, KV cache, compiled graphs) goes back before the reference loads.
     memory = {"engine_running": eng.memory_in_use()}
@@ -246,7 +246,10 @@ def _write_outputs(request: WorkerRequest, prompt_ids, passes: "EnginePasses", a
     _write_atomic(out_dir / ENGINE_FILE, lambda fh: fh.write(json.dumps(meta, indent=2, sort_keys=True).encode()))
 
 
-def _engine_passes(llm, request: WorkerRequest, prompt_ids, reference_ids, dropped, timings: Timings, say) -> EnginePasses:
+def _engine_passes(llm, request: WorkerRequest, tokenized: "Tokenized", dropped, timings: Timings, say,
+                   hf_kwargs: dict[str, Any]) -> EnginePasses:  # fmt: skip
+    """The engine's passes over one request; ``hf_kwargs`` load the trainer copies as the engine loaded the model."""
+    prompt_ids, reference_ids = tokenized.prompt_ids, tokenized.reference_ids
     from gate.worker import engine as eng
     from gate.worker import replay
 
@@ -281,19 +284,24 @@ def _engine_passes(llm, request: WorkerRequest, prompt_ids, reference_ids, dropp
         from gate.worker.weight_sync import run_probe
 
         with timings.measure("weight_sync_s"):
-            ws_arrays, ws_meta = run_probe(llm, request.model, prompt_ids, reference_ids, request.weight_sync, say)
+            ws_arrays, ws_meta = run_probe(llm, request.model, prompt_ids, reference_ids, request.weight_sync, say, hf_kwargs)
     if request.grpo is not None:
         from gate.worker.grpo import run_grpo
-        from gate.worker.weight_sync import choose_adapter
+        from gate.worker.weight_sync import UnsupportedEngine, choose_adapter
 
         hook = request.weight_sync.hook if request.weight_sync else None
-        adapter = choose_adapter(llm, hook)
         g = request.grpo
-        say(f"mini GRPO: {len(g.seeds)} seed(s) x {g.steps} steps of {g.prompts_per_step} prompts x {g.group_size}")
-        with timings.measure("grpo_s"):
-            ws_arrays.update(run_grpo(llm, request.model, prompt_ids, [p.answer for p in request.prompts], g,
-                                      adapter.push, say))  # fmt: skip
-        grpo_meta = {"adapter": adapter.name, "seeds": g.seeds, "steps": g.steps}
+        try:
+            adapter = choose_adapter(llm, hook)
+        except UnsupportedEngine as exc:  # no weight push: the GRPO run cannot run, the evidence above stands
+            say(f"mini GRPO not run: {exc}")
+            grpo_meta = {"adapter": None, "unsupported": str(exc), "seeds": g.seeds, "steps": g.steps}
+        else:
+            say(f"mini GRPO: {len(g.seeds)} seed(s) x {g.steps} steps of {g.prompts_per_step} prompts x {g.group_size}")
+            with timings.measure("grpo_s"):
+                ws_arrays.update(run_grpo(llm, request.model, prompt_ids, [p.answer for p in request.prompts], g,
+                                          adapter.push, say, hf_kwargs))  # fmt: skip
+            grpo_meta = {"adapter": adapter.name, "seeds": g.seeds, "steps": g.steps}
 
     meta = {
         "engine_name": request.engine_name,

@@ -29,3 +29,13 @@ def load_first_layer_only(llm, state_dict):
     partial = {k: v for k, v in state_dict.items() if ".layers.0." in k}
     llm.collective_rpc(_reload, args=(partial,))
     llm.reset_prefix_cache()
+
+
+def correct_in_checkpoint_order(llm, state_dict):
+    """Correct: the tensors in name order, as a safetensors checkpoint stores them (``lm_head.*``
+    before ``model.*``). For a tied model the engine keeps the name it loads last (the embedding
+    here, the head in the trainer's own order), so a probe that perturbs the two names apart
+    fails it where the trainer's order happens to agree with the engine's.
+    """
+    llm.collective_rpc(_reload, args=(dict(sorted(state_dict.items())),))
+    llm.reset_prefix_cache()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,25 @@ from .conftest import replay, variant_config
 pytestmark = pytest.mark.engine
 
 HOOKS = Path(__file__).resolve().parent.parent / "hooks" / "weight_update.py"
+TINY = Path(__file__).resolve().parents[2] / "gate" / "assets" / "models" / "tiny-arith"
+
+
+def tied_tiny_model(out: Path) -> Path:
+    """The tiny model with ``tie_word_embeddings: true``: its head IS its embedding (Qwen2.5-0.5B's layout).
+
+    Derived from the shipped model at test time: the config says tied and the checkpoint has no
+    ``lm_head.weight``, so both transformers and vLLM must take the head from ``embed_tokens``.
+    """
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(TINY, out)
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}, indent=2))
+    weights = load_file(out / "model.safetensors")
+    del weights["lm_head.weight"]
+    save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
+    (out / "SHA256SUMS").unlink()  # describes the shipped files, not these
+    return out
 
 
 def _probe(tmp_path_factory, name: str, hook: str | None, engine_args: dict | None = None):
@@ -53,3 +74,39 @@ def test_load_without_cache_reset_is_flagged_when_prefix_caching_is_on(tmp_path_
     assert check["status"] == "FAIL" and check["details"]["verdict"] == "stale-cache", check
     assert "reset_prefix_cache" in check["diagnosis"]
     verify("5c", run.report)
+
+
+def test_tied_model_loads_tied_in_transformers(tmp_path):
+    """The variant below is really tied: one storage for embedding and head, nothing left missing."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model, info = AutoModelForCausalLM.from_pretrained(tied_tiny_model(tmp_path / "tied"), dtype=torch.float32,
+                                                       output_loading_info=True)  # fmt: skip
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+
+@pytest.mark.parametrize("hook", [None, "correct_in_checkpoint_order"], ids=["built-in-push", "checkpoint-order-push"])
+def test_tied_embeddings_pass_weight_sync(tmp_path_factory, hook):
+    """Tied embedding/head: one perturbation per tensor, so trainer and engine end on the same weights.
+
+    Perturbing the two names independently left the trainer with the head's noise (it loads
+    ``lm_head`` last) and the engine with whichever name its loader keeps: vLLM 0.32 keeps the last
+    one pushed, which is the head in the built-in push's order (hiding the bug) and the embedding
+    in checkpoint order, as in releases whose Llama/Qwen2 skip ``lm_head.*`` when tied: a false
+    partial update.
+    """
+    tmp = tmp_path_factory.mktemp("tied")
+    model = tied_tiny_model(tmp / "tied-arith")
+    extra = {"weight_update": {"hook": f"{HOOKS}:{hook}"}} if hook else {}
+    config = variant_config(tmp, model={"path": str(model)}, grpo={"enabled": False}, **extra)
+    run = replay(tmp / "run", "-c", str(config), "--only", "new")
+    check = run.check("weight-sync")
+    details = check["details"]
+    # Before the push the engine and transformers agree on the tied model (fp32 on both sides).
+    assert details["pre_update_mismatch"] < 1e-4, details
+    assert check["status"] == "PASS", check
+    assert details["control_vs_new"] < 1e-4 < details["control_vs_old"], details
+    meta = run.evidence("new").engine["weight_sync"]
+    assert meta["distinct_tensors_pushed"] == meta["tensors_pushed"] - 1  # lm_head.weight is embed_tokens.weight

@@ -296,6 +296,17 @@ def test_grpo_band_and_first_exit(tmp_path, clean):
     assert r.status == Status.FAIL and r.details["first_exit"]["k3_kl"] == 2  # 2e-4 * 4 = 8e-4 > 5e-4
 
 
+def test_a_grpo_run_without_a_weight_push_is_an_error_with_the_reason(clean):
+    # The worker found no push for this engine: GRPO asked for but not run is not a SKIP.
+    for key in [k for k in clean.new.arrays if k.startswith("grpo_")]:
+        del clean.new.arrays[key]
+    clean.new.engine["grpo"] = {"adapter": None, "unsupported": "no reload_weights and no model runner load_weights"}
+    r = _results(clean)["grpo-trajectory"]
+    assert r.status == Status.ERROR and r.diagnosis == "No reload_weights and no model runner load_weights."
+    clean.new.engine["grpo"] = None
+    assert _results(clean)["grpo-trajectory"].status == Status.SKIP
+
+
 def test_grpo_band_edges():
     from gate.checks.grpo import band, first_exit
 

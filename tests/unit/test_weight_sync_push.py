@@ -1,0 +1,307 @@
+"""The weight-sync probe's choices, without an engine: which push path, which weights, which prompts.
+
+The push-path tests use plain classes with the method signatures of the vLLM releases involved
+(copied from their source: ``Worker.reload_weights(self)`` up to 0.15.1, ``(self, *args, **kwargs)``
+forwarding to the model runner from 0.16.0) and an ``LLM`` with ``collective_rpc``'s calling
+convention (a function called with each worker first). The real engine path is covered by
+tests/integration/test_weight_sync.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+import torch
+
+from gate import evidence as ev
+from gate.checks import parse_settings, run_checks
+from gate.checks.base import Status
+from gate.checks.context import Context
+from gate.worker import weight_sync as ws
+
+from ..factory import RUN, make_evidence
+
+TINY = Path(__file__).resolve().parents[2] / "gate" / "assets" / "models" / "tiny-arith"
+PROMPTS = Path(__file__).resolve().parents[2] / "gate" / "assets" / "prompts"
+
+
+# --- release shapes ------------------------------------------------------------------------------
+
+
+class TinyModel(torch.nn.Module):
+    """A model with vLLM's ``load_weights(weights)`` contract: copy each named tensor in place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(2, 2, bias=False)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        params = dict(self.named_parameters())
+        for name, tensor in weights:
+            params[name].data.copy_(tensor)
+        return set(params)
+
+
+class RunnerBefore016:
+    def __init__(self) -> None:
+        self.model = TinyModel()
+
+    def reload_weights(self) -> None:  # 0.10-0.15: re-reads the checkpoint from disk
+        raise AssertionError("the probe must not call a reload that ignores the pushed weights")
+
+
+class WorkerBefore016:
+    def __init__(self) -> None:
+        self.model_runner = RunnerBefore016()
+
+    def reload_weights(self) -> None:
+        self.model_runner.reload_weights()
+
+
+class RunnerFrom016:
+    def __init__(self) -> None:
+        self.model = TinyModel()
+        self.loaded: list[str] = []
+
+    def reload_weights(self, weights_iterator: Iterable[tuple[str, torch.Tensor]] | None = None,
+                       weights_path: str | None = None, is_checkpoint_format: bool = True) -> None:  # fmt: skip
+        self.loaded = [name for name, _ in weights_iterator or ()]
+
+
+class WorkerFrom016:
+    def __init__(self) -> None:
+        self.model_runner = RunnerFrom016()
+
+    def reload_weights(self, *args, **kwargs) -> None:
+        self.model_runner.reload_weights(*args, **kwargs)
+
+
+class WorkerWrapper:
+    """vLLM's WorkerWrapperBase: what collective_rpc hands a function; attributes reach the worker."""
+
+    def __init__(self, worker) -> None:
+        self.worker = worker
+
+    def __getattr__(self, attr: str):
+        return getattr(self.worker, attr)
+
+
+class LLM:
+    """``LLM.collective_rpc(method, timeout=None, args=(), kwargs=None)``: ``method(worker, *args)`` per worker."""
+
+    def __init__(self, *workers) -> None:
+        self.workers = [WorkerWrapper(w) for w in workers]
+        self.resets = 0
+
+    def collective_rpc(self, method, timeout=None, args: tuple = (), kwargs: dict | None = None) -> list:
+        return [method(w, *args, **(kwargs or {})) for w in self.workers]
+
+    def reset_prefix_cache(self) -> bool:
+        self.resets += 1
+        return True
+
+
+class V0Engine:
+    """V0: no collective_rpc; the model sits behind llm_engine.model_executor.driver_worker."""
+
+    def __init__(self) -> None:
+        runner = type("ModelRunner", (), {"model": TinyModel()})()
+        worker = type("Worker", (), {"model_runner": runner})()
+        self.llm_engine = type("LLMEngine", (), {"model_executor": type("Executor", (), {"driver_worker": worker})()})()
+
+
+# --- signature probe and choice ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("worker", "accepts"),
+    [(WorkerBefore016(), False), (WorkerFrom016(), True), (RunnerFrom016(), True), (WorkerWrapper(WorkerFrom016()), True),
+     (WorkerWrapper(WorkerBefore016()), False), (object(), False)],
+    ids=["0.15-worker", "0.16-worker-forwards", "runner-names-it", "0.16-behind-wrapper", "0.15-behind-wrapper", "none"],
+)  # fmt: skip
+def test_signature_probe(worker, accepts):
+    assert ws.accepts_weights_iterator(worker) is accepts
+
+
+def test_a_kwargs_forward_counts_only_when_the_runner_names_weights_iterator():
+    worker = WorkerFrom016()
+    worker.model_runner = RunnerBefore016()
+    assert not ws.accepts_weights_iterator(worker)
+
+
+def test_before_016_the_runner_load_weights_path_is_taken_and_loads_in_place():
+    llm = LLM(WorkerBefore016())
+    with pytest.raises(TypeError):  # what the old probe's choice did on 0.11-0.15
+        llm.collective_rpc(ws._reload_on_worker, args=({},))
+    adapter = ws.choose_adapter(llm, None)
+    assert adapter.name == ws.RUNNER_LOAD_WEIGHTS.name
+    assert adapter.probed == ws.PushPaths(reload_weights_iterator=False, runner_load_weights=True)
+    new = {"proj.weight": torch.arange(4.0).reshape(2, 2)}
+    adapter.push(llm, new)
+    assert torch.equal(llm.workers[0].model_runner.model.proj.weight, new["proj.weight"])
+    assert llm.resets == 1
+
+
+def test_from_016_reload_weights_is_taken():
+    llm = LLM(WorkerFrom016())
+    adapter = ws.choose_adapter(llm, None)
+    assert adapter.name == ws.RELOAD_WEIGHTS.name == "collective_rpc reload_weights + reset_prefix_cache"
+    adapter.push(llm, {"proj.weight": torch.zeros(2, 2)})
+    assert llm.workers[0].model_runner.loaded == ["proj.weight"] and llm.resets == 1
+
+
+def test_every_worker_must_offer_the_path():
+    adapter = ws.choose_adapter(LLM(WorkerFrom016(), WorkerBefore016()), None)
+    assert adapter.name == ws.RUNNER_LOAD_WEIGHTS.name
+
+
+def test_v0_engine_uses_the_driver_worker():
+    llm = V0Engine()
+    assert ws.choose_adapter(llm, None).name == ws.V0_LOAD_WEIGHTS.name
+    ws.choose_adapter(llm, None).push(llm, {"proj.weight": torch.ones(2, 2)})
+    assert torch.equal(llm.llm_engine.model_executor.driver_worker.model_runner.model.proj.weight, torch.ones(2, 2))
+
+
+def test_no_path_is_unsupported_with_the_reason():
+    worker = WorkerBefore016()
+    del worker.model_runner.model
+    with pytest.raises(ws.UnsupportedEngine, match="takes no weights_iterator.*weight_update.hook"):
+        ws.choose_adapter(LLM(worker), None)
+
+
+def test_a_hook_wins_without_probing(tmp_path):
+    hook = tmp_path / "hook.py"
+    hook.write_text("def push(llm, state_dict):\n    llm.pushed = state_dict\n")
+    adapter = ws.choose_adapter(object(), f"{hook}:push")  # no engine API at all: never probed
+    assert adapter.name == f"hook {hook}:push" and adapter.probed is None
+
+
+def test_unsupported_engine_is_an_error_of_the_check(tmp_path):
+    make_evidence(tmp_path / "new", seed=2, weight_sync=None)
+    path = tmp_path / "new" / "engine.json"
+    reason = "this engine offers no in-place weight-update path gate knows (no collective_rpc)"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "weight_sync": {"adapter": None, "unsupported": reason}}))
+    ctx = Context(new=ev.load(tmp_path / "new"), old=make_evidence(tmp_path / "old", seed=1), run=copy.deepcopy(RUN))
+    result = next(r for r in run_checks(ctx, parse_settings({}, "gate.yaml")) if r.id == "weight-sync")
+    assert result.status == Status.ERROR and "This engine offers no in-place weight-update path" in result.diagnosis
+
+
+# --- tied weights --------------------------------------------------------------------------------
+
+
+def _tied_model(tmp_path: Path):
+    """The tiny model with its head tied to its embedding (tie_word_embeddings, no lm_head in the checkpoint)."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    folder = tmp_path / "tied"
+    shutil.copytree(TINY, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    weights = load_file(folder / "model.safetensors")
+    del weights["lm_head.weight"]
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+def test_tied_weights_are_perturbed_once_and_stay_tied(tmp_path):
+    trainer = _tied_model(tmp_path)
+    old = ws.clone_state_dict(trainer.state_dict())
+    assert old["lm_head.weight"] is old["model.embed_tokens.weight"]  # the copy keeps the tie
+    new = ws.perturbed(old, 0.1, seed=0)
+    assert new["lm_head.weight"] is new["model.embed_tokens.weight"]
+    assert not torch.equal(new["lm_head.weight"], old["lm_head.weight"])
+
+    # The trainer loads every name; vLLM's Llama/Qwen2 skip lm_head.* when tied and read the
+    # embedding. Both must end on the same head, or weight-sync sees a "partial update".
+    trainer.load_state_dict(new)
+    engine_view = _tied_model(tmp_path / "engine")
+    engine_view.load_state_dict({k: v for k, v in new.items() if not k.startswith("lm_head.")}, strict=False)
+    ids = torch.tensor([[1, 40, 41, 42]])
+    with torch.no_grad():
+        assert torch.equal(trainer(ids).logits, engine_view(ids).logits)
+
+
+def test_untied_and_distinct_views_are_perturbed_independently():
+    base = torch.randn(4, 3, generator=torch.Generator().manual_seed(1))
+    state = {"a": base[:2], "b": base[2:], "c": torch.randn(4, 3), "step": torch.tensor(7)}
+    new = ws.perturbed(state, 0.5, seed=3)
+    assert all(not torch.equal(new[k], state[k]) for k in "abc")
+    assert not torch.allclose(new["a"] - state["a"], new["b"] - state["b"])
+    assert torch.equal(new["step"], state["step"])  # integer buffers are copied, not moved
+    assert all(torch.equal(new[k], v) for k, v in ws.perturbed(state, 0.5, seed=3).items())  # reproducible
+
+
+# --- prompts -------------------------------------------------------------------------------------
+
+
+def _tokenizer(bos: bool):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(TINY)
+    if not bos:
+        tokenizer.bos_token = None  # Qwen's layout: no BOS at all
+    return tokenizer
+
+
+def _prompts(bos: bool) -> tuple[list[list[int]], list[list[int]]]:
+    """Chat prompts of the shipped general set behind a shared system message (a long common head).
+
+    Without BOS they are the same prompts minus their leading ``<s>``, so each starts with a real
+    token, as Qwen's do (its template opens with ``<|im_start|>``).
+    """
+    from gate.request import PromptItem
+    from gate.worker import replay
+
+    tokenizer = _tokenizer(bos=True)
+    items = [json.loads(line) for line in (PROMPTS / "general.jsonl").read_text().splitlines()][:12]
+    system = {"role": "system", "content": "You are a helpful assistant. Answer briefly."}
+    chats = [PromptItem(id=item["id"], messages=[system, *item["messages"]]) for item in items]
+    prompts = [ids if bos else ids[1:] for ids in replay.tokenize_prompts(tokenizer, chats)]
+    assert all(ids[0] == tokenizer.bos_token_id for ids in prompts) is bos
+    references = [tokenizer(item["reference"], add_special_tokens=False).input_ids for item in items]
+    return prompts, references
+
+
+@pytest.mark.parametrize("block_size", [16, 128])
+@pytest.mark.parametrize("bos", [True, False], ids=["bos", "no-bos"])
+def test_probe_prompts_fit_the_block_and_keep_every_question_token(block_size, bos):
+    bos_id = _tokenizer(bos).bos_token_id
+    assert (bos_id is not None) is bos
+    prompts, references = _prompts(bos)
+    control, prefixed = ws.probe_prompts(prompts, references, block_size, 512, 4, 16, bos_id)
+
+    assert len(control) == 4 and len({tuple(q) for q in control}) == 4  # distinct questions
+    assert all(len(q) < block_size for q in control)  # no full KV block: no cache hit possible
+    tails = [p[-len(q) + (1 if bos else 0):] for p, q in zip(prompts, control)]
+    assert all(q[1 if bos else 0:] == t for q, t in zip(control, tails))  # the end of each prompt, whole
+    shared = len(prefixed[0]) - len(control[0])
+    assert shared >= block_size  # the shared prefix fills at least one block
+    heads = {tuple(p[: shared + (1 if bos else 0)]) for p in prefixed}
+    assert len(heads) == 1  # ... and every prefixed prompt has it
+    for q, p in zip(control, prefixed):
+        body = q[1:] if bos else q
+        assert p[-len(body):] == body  # the question follows whole, its first token included
+        assert p.count(bos_id) == (1 if bos else 0) and (p[0] == bos_id) is bos
+
+
+def test_short_prompts_are_used_whole_on_a_cpu_sized_block():
+    prompts, references = _prompts(bos=True)
+    control, _ = ws.probe_prompts(prompts, references, 128, 512, 4, 16, _tokenizer(bos=True).bos_token_id)
+    assert control == prompts[:4]
+
+
+def test_split_bos_strips_only_a_bos_that_is_there():
+    assert ws.split_bos([1, 5, 6], 1) == ([1], [5, 6])
+    assert ws.split_bos([5, 6], 1) == ([], [5, 6])
+    assert ws.split_bos([0, 5], None) == ([], [0, 5])  # token 0 is not a BOS when the tokenizer has none
+
+
+def test_too_short_a_context_for_one_block_is_refused():
+    with pytest.raises(RuntimeError, match="less than one KV block"):
+        ws.probe_prompts([[1, 5, 6, 7]], [[8, 9]], 128, 140, 1, 16, 1)
