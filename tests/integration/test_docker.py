@@ -141,7 +141,7 @@ def test_gate_image_containers_are_hardened(gate_image_replay, docker_client, tm
     # the image's entrypoint is `python -m gate`: the probe runs python itself
     result = run_container(docker_client, dataclasses.replace(plan, entrypoint=["python"]), 120, lines.append)
     assert result.status_code == 0, lines
-    assert "['CapEff:\t0000000000000000', 'NoNewPrivs:\t1']" in lines and "pids 8192" in lines, lines
+    assert r"['CapEff:\t0000000000000000', 'NoNewPrivs:\t1']" in lines and "pids 8192" in lines, lines  # a list's repr
     assert "shm 8" in lines and f"uid {os.getuid()}" in lines and not any("host IPC" in line for line in lines), lines
     assert docker_client.images.get(image).attrs["Config"]["User"] == "1000:1000"
 
