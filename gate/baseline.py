@@ -31,6 +31,7 @@ import numpy as np
 from gate import __version__
 from gate import evidence as ev
 from gate.errors import ConfigError, GateError
+from gate.files import read_run_manifest
 from gate.metrics import mismatch
 
 MANIFEST = "manifest.json"
@@ -73,7 +74,9 @@ class Baseline:
 def load(path: Path) -> Baseline:
     path = Path(path)
     if not path.is_dir():
-        raise BaselineError(f"{path}: baseline folder not found (record one with `gate baseline record`)")
+        raise BaselineError(
+            f"{path}: baseline folder not found (record one with `gate baseline record`)"
+        )
     for name in (MANIFEST, ARRAYS, NOISE):
         if not (path / name).is_file():
             raise BaselineError(f"{path / name}: missing from the baseline")
@@ -96,7 +99,12 @@ def load(path: Path) -> Baseline:
         ev.validate(evidence, ARRAYS)
     except ev.EvidenceError as exc:
         raise BaselineError(str(exc)) from None
-    return Baseline(path=path, manifest=manifest, evidence=evidence, noise={k: float(v) for k, v in noise.items()})
+    return Baseline(
+        path=path,
+        manifest=manifest,
+        evidence=evidence,
+        noise={k: float(v) for k, v in noise.items()},
+    )
 
 
 def provenance_differences(baseline: Baseline, run: dict[str, Any], new: ev.Evidence) -> list[str]:
@@ -107,7 +115,9 @@ def provenance_differences(baseline: Baseline, run: dict[str, Any], new: ev.Evid
     """
     m, diffs = baseline.manifest, []
     if m["model"].get("sha256") != run["model"].get("sha256"):
-        diffs.append(f"model sha256 {_short(run['model'].get('sha256'))} != baseline {_short(m['model'].get('sha256'))}")
+        diffs.append(
+            f"model sha256 {_short(run['model'].get('sha256'))} != baseline {_short(m['model'].get('sha256'))}"
+        )
     run_sets = {p["name"]: p["sha256"] for p in run["prompt_sets"]}
     base_sets = {p["name"]: p["sha256"] for p in m["prompt_sets"]}
     if run_sets != base_sets:
@@ -118,7 +128,9 @@ def provenance_differences(baseline: Baseline, run: dict[str, Any], new: ev.Evid
     ident = new.engine.get("identity", {})
     base_ident = m.get("engine", {}).get("identity", {})
     if ident.get("device_kind") != base_ident.get("device_kind"):
-        diffs.append(f"device class {ident.get('device_kind')} != baseline {base_ident.get('device_kind')}")
+        diffs.append(
+            f"device class {ident.get('device_kind')} != baseline {base_ident.get('device_kind')}"
+        )
     return diffs
 
 
@@ -137,7 +149,8 @@ def comparable(baseline: Baseline, run: dict[str, Any]) -> bool:
     m = baseline.manifest
     return (
         m["model"].get("sha256") == run["model"].get("sha256")
-        and {p["name"]: p["sha256"] for p in m["prompt_sets"]} == {p["name"]: p["sha256"] for p in run["prompt_sets"]}
+        and {p["name"]: p["sha256"] for p in m["prompt_sets"]}
+        == {p["name"]: p["sha256"] for p in run["prompt_sets"]}
         and all(m.get(k) == run.get(k) for k in ("sampling", "greedy", "reference"))
     )
 
@@ -146,10 +159,12 @@ def write(
     out: Path, run_dir: Path, engine: str, noise: dict[str, float], overwrite: bool, log
 ) -> list[str]:
     """Write a baseline from ``run_dir``'s evidence of ``engine``; returns what changed (update)."""
-    run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    run = read_run_manifest(run_dir)
     e = ev.load(run_dir / "engines" / engine)
     outside = int((~np.isfinite(e[f"{ev.SAMPLE}_{ev.TRAINER_PROCESSED}"])).sum())
-    if outside:  # a reference from an engine that ignores top-k/top-p would make every later run look wrong
+    if (
+        outside
+    ):  # a reference from an engine that ignores top-k/top-p would make every later run look wrong
         raise GateError(
             f"{run_dir}: engine '{engine}' sampled {outside} token(s) that the requested top-k/top-p excludes; "
             "refusing to record a baseline from it"
@@ -157,7 +172,9 @@ def write(
     previous = None
     if out.exists():
         if not overwrite:
-            raise ConfigError(f"{out}: baseline already exists; `gate baseline update` overwrites it on purpose")
+            raise ConfigError(
+                f"{out}: baseline already exists; `gate baseline update` overwrites it on purpose"
+            )
         try:
             previous = load(out)
         except BaselineError as exc:
@@ -166,14 +183,30 @@ def write(
         "schema": BASELINE_SCHEMA,
         "gate_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "recorded_from": {"run": run_dir.name, "engine": engine, "spec": run["engines"][engine]["spec"]},
+        "recorded_from": {
+            "run": run_dir.name,
+            "engine": engine,
+            "spec": run["engines"][engine]["spec"],
+        },
         "engine": {
-            **{k: e.engine.get(k) for k in ("effective", "default_sampling_params", "generation_config_overrides", "dropped_engine_args")},
+            **{
+                k: e.engine.get(k)
+                for k in (
+                    "effective",
+                    "default_sampling_params",
+                    "generation_config_overrides",
+                    "dropped_engine_args",
+                )
+            },
             # no interpreter path: baselines are committed and must not carry machine paths
-            "identity": {k: v for k, v in e.engine.get("identity", {}).items() if k != "executable"},
+            "identity": {
+                k: v for k, v in e.engine.get("identity", {}).items() if k != "executable"
+            },
         },
         "model": {k: v for k, v in run["model"].items() if k != "path"},
-        "prompt_sets": [{k: p[k] for k in ("name", "sha256", "records")} for p in run["prompt_sets"]],
+        "prompt_sets": [
+            {k: p[k] for k in ("name", "sha256", "records")} for p in run["prompt_sets"]
+        ],
         "sampling": run["sampling"],
         "greedy": run["greedy"],
         "reference": run["reference"],
@@ -184,9 +217,13 @@ def write(
     tmp.mkdir(parents=True)
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     (tmp / NOISE).write_text(json.dumps(noise, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    (tmp / SUMMARY).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    (tmp / SUMMARY).write_text(
+        json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+    )
     (tmp / GREEDY_CSV).write_text(_greedy_csv(e), encoding="utf-8")
-    grpo = {k: v for k, v in e.arrays.items() if k.startswith("grpo_")}  # per-seed trajectories: the band
+    grpo = {
+        k: v for k, v in e.arrays.items() if k.startswith("grpo_")
+    }  # per-seed trajectories: the band
     np.savez_compressed(tmp / ARRAYS, **{k: e[k] for k in _KEPT}, **grpo)
     changes = _changes(previous, manifest, summary, noise) if previous else []
     if out.exists():
@@ -197,7 +234,9 @@ def write(
 
 def _summary(e: ev.Evidence) -> dict[str, Any]:
     g = ev.SAMPLE
-    stats = mismatch(e[f"{g}_{ev.TRAINER_PROCESSED}"], e[f"{g}_{ev.ENGINE_LOGPROB}"], e[f"{g}_{ev.OFFSETS}"])
+    stats = mismatch(
+        e[f"{g}_{ev.TRAINER_PROCESSED}"], e[f"{g}_{ev.ENGINE_LOGPROB}"], e[f"{g}_{ev.OFFSETS}"]
+    )
     lengths = np.diff(e[f"{g}_{ev.OFFSETS}"])
     greedy_len = np.diff(e[f"{ev.GREEDY}_{ev.OFFSETS}"])
     return {
@@ -220,7 +259,9 @@ def _greedy_csv(e: ev.Evidence) -> str:
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(["prompt_id", "greedy_tokens", "greedy_text"])
     lengths = np.diff(e[f"{ev.GREEDY}_{ev.OFFSETS}"])
-    for pid, n, text in zip(e.texts.get("prompt_ids", []), lengths.tolist(), e.texts.get("greedy_text", [])):
+    for pid, n, text in zip(
+        e.texts.get("prompt_ids", []), lengths.tolist(), e.texts.get("greedy_text", []), strict=True
+    ):
         writer.writerow([pid, n, text])
     return buf.getvalue()
 
@@ -231,7 +272,10 @@ def _changes(previous: Baseline, manifest: dict, summary: dict, noise: dict) -> 
     for key in ("recorded_from", "model", "prompt_sets", "sampling", "greedy", "reference"):
         if old_m.get(key) != manifest.get(key):
             changes.append(f"{key}: {old_m.get(key)} -> {manifest.get(key)}")
-    old_ident, new_ident = old_m.get("engine", {}).get("identity", {}), manifest["engine"].get("identity", {})
+    old_ident, new_ident = (
+        old_m.get("engine", {}).get("identity", {}),
+        manifest["engine"].get("identity", {}),
+    )
     for key in ("vllm", "torch", "transformers", "device_name"):
         if old_ident.get(key) != new_ident.get(key):
             changes.append(f"engine {key}: {old_ident.get(key)} -> {new_ident.get(key)}")

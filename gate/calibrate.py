@@ -8,8 +8,8 @@ measure between them is noise; relative thresholds (``fail: "6x noise"``) scale 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -39,24 +39,44 @@ def noise_floors(a: ev.Evidence, b: ev.Evidence) -> dict[str, float]:
     drift = np.abs(lp_a - lp_b)
     g = ev.SAMPLE
     abs_d = {
-        k: np.abs(e[f"{g}_{ev.TRAINER_PROCESSED}"].astype(np.float64) - e[f"{g}_{ev.ENGINE_LOGPROB}"]) for k, e in (("a", a), ("b", b))
+        k: np.abs(
+            e[f"{g}_{ev.TRAINER_PROCESSED}"].astype(np.float64) - e[f"{g}_{ev.ENGINE_LOGPROB}"]
+        )
+        for k, e in (("a", a), ("b", b))
     }
-    low, high, point = bootstrap_mean_diff_ci(per_prompt(a, g, abs_d["a"]), per_prompt(b, g, abs_d["b"]))
-    stats = [mismatch(e[f"{g}_{ev.TRAINER_PROCESSED}"], e[f"{g}_{ev.ENGINE_LOGPROB}"], e[f"{g}_{ev.OFFSETS}"]) for e in (a, b)]
+    low, high, point = bootstrap_mean_diff_ci(
+        per_prompt(a, g, abs_d["a"]), per_prompt(b, g, abs_d["b"])
+    )
+    stats = [
+        mismatch(
+            e[f"{g}_{ev.TRAINER_PROCESSED}"], e[f"{g}_{ev.ENGINE_LOGPROB}"], e[f"{g}_{ev.OFFSETS}"]
+        )
+        for e in (a, b)
+    ]
     return {
         "mean_abs_drift": float(drift.mean()) if len(drift) else 0.0,
         "max_abs_drift": float(drift.max()) if len(drift) else 0.0,
         # The regression test compares a CI bound with this: noise is the larger of the A/A shift and half-width.
-        "regression_mean_abs_diff": float(max(abs(point), (high - low) / 2)) if np.isfinite(point) else 0.0,
+        "regression_mean_abs_diff": float(max(abs(point), (high - low) / 2))
+        if np.isfinite(point)
+        else 0.0,
         "k3_kl": abs(stats[0].k3_kl - stats[1].k3_kl),
-        "token_mult_prob_error": abs(stats[0].token_mult_prob_error - stats[1].token_mult_prob_error),
+        "token_mult_prob_error": abs(
+            stats[0].token_mult_prob_error - stats[1].token_mult_prob_error
+        ),
     }
 
 
-def calibrate(cfg: GateConfig, out: Path | None, log: Callable[[str], None]) -> tuple[RunResult, dict[str, float] | None]:
+def calibrate(
+    cfg: GateConfig, out: Path | None, log: Callable[[str], None]
+) -> tuple[RunResult, dict[str, float] | None]:
     result = run_gate(cfg, out, log, calibration_jobs(cfg))
     if result.status != "ok":
         return result, None
-    noise = noise_floors(ev.load(result.run_dir / "engines" / "old"), ev.load(result.run_dir / "engines" / REPLICA))
-    (result.run_dir / NOISE_FILE).write_text(json.dumps(noise, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    noise = noise_floors(
+        ev.load(result.run_dir / "engines" / "old"), ev.load(result.run_dir / "engines" / REPLICA)
+    )
+    (result.run_dir / NOISE_FILE).write_text(
+        json.dumps(noise, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+    )
     return result, noise

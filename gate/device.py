@@ -15,12 +15,19 @@ from pathlib import Path
 
 def device_class() -> dict[str, object]:
     """CPU model and usable cores (CPU kernels' threading), and each visible GPU's model and driver."""
-    return {"machine": platform.machine(), "cpu": _cpu_model(), "cpus": len(os.sched_getaffinity(0)), "gpus": _gpus()}
+    return {
+        "machine": platform.machine(),
+        "cpu": _cpu_model(),
+        "cpus": len(os.sched_getaffinity(0)),
+        "gpus": _gpus(),
+    }
 
 
 def _cpu_model() -> str:
     try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+        for line in (
+            Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines()
+        ):
             if line.startswith("model name"):
                 return line.partition(":")[2].strip()
     except OSError:
@@ -38,8 +45,16 @@ def _gpus() -> list[str]:
                              capture_output=True, text=True, timeout=30)  # fmt: skip
     except (OSError, subprocess.TimeoutExpired):
         return []
-    gpus = [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
+    gpus = (
+        [line.strip() for line in out.stdout.splitlines() if line.strip()]
+        if out.returncode == 0
+        else []
+    )
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and visible.strip() and all(v.strip().isdigit() for v in visible.split(",")):
+    if (
+        visible is not None
+        and visible.strip()
+        and all(v.strip().isdigit() for v in visible.split(","))
+    ):
         gpus = [gpus[int(v)] for v in visible.split(",") if int(v) < len(gpus)]
     return gpus

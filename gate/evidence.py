@@ -118,13 +118,19 @@ def validate(evidence: Evidence, filename: str = EVIDENCE_FILE) -> None:
         n_tokens = int(offsets[-1]) if len(offsets) else 0
         _check_offsets(offsets, n_tokens, where, f"{group}_{OFFSETS}")
         for key, arr in a.items():
-            if key.startswith(f"{group}_") and key not in (f"{group}_{OFFSETS}",) and _is_per_token(key):
-                if arr.shape[0] != n_tokens:
-                    raise EvidenceError(f"{where}: {key}: {arr.shape[0]} rows, expected {n_tokens}")
+            if (
+                key.startswith(f"{group}_")
+                and key != f"{group}_{OFFSETS}"
+                and _is_per_token(key)
+                and arr.shape[0] != n_tokens
+            ):
+                raise EvidenceError(f"{where}: {key}: {arr.shape[0]} rows, expected {n_tokens}")
     for key in _MUST_BE_FINITE:
         if key in a and not np.all(np.isfinite(a[key])):
             bad = int(np.count_nonzero(~np.isfinite(a[key])))
-            raise EvidenceError(f"{where}: {key}: {bad} non-finite value(s) (NaN/inf) in engine or reference output")
+            raise EvidenceError(
+                f"{where}: {key}: {bad} non-finite value(s) (NaN/inf) in engine or reference output"
+            )
     for key in _FINITE_OR_MINUS_INF:
         if key in a and not np.all(np.isfinite(a[key]) | np.isneginf(a[key])):
             bad = int(np.count_nonzero(~(np.isfinite(a[key]) | np.isneginf(a[key]))))
@@ -137,7 +143,13 @@ def _is_per_token(key: str) -> bool:
 
 
 def _check_offsets(offsets: np.ndarray, total: int, where: Path, key: str) -> None:
-    if offsets.ndim != 1 or len(offsets) < 1 or offsets[0] != 0 or offsets[-1] != total or np.any(np.diff(offsets) < 0):
+    if (
+        offsets.ndim != 1
+        or len(offsets) < 1
+        or offsets[0] != 0
+        or offsets[-1] != total
+        or np.any(np.diff(offsets) < 0)
+    ):
         raise EvidenceError(f"{where}: {key}: not monotone offsets ending at {total}")
 
 
@@ -148,5 +160,7 @@ def token_ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     total = int(counts.sum())
     if total == 0:
         return np.zeros(0, dtype=np.int64)
-    begins = np.repeat(np.asarray(starts, dtype=np.int64) - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
+    begins = np.repeat(
+        np.asarray(starts, dtype=np.int64) - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts
+    )
     return begins + np.arange(total, dtype=np.int64)

@@ -32,9 +32,10 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from gate.config import EngineConfig, GateConfig
 from gate.device import device_class
@@ -58,7 +59,9 @@ class EvidenceKey:
 
     @property
     def digest(self) -> str:
-        payload = json.dumps({"key_version": KEY_VERSION, **self.groups}, sort_keys=True, default=str)
+        payload = json.dumps(
+            {"key_version": KEY_VERSION, **self.groups}, sort_keys=True, default=str
+        )
         return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
     def differences(self, other: dict[str, Any]) -> list[str]:
@@ -85,7 +88,11 @@ def cache_dir() -> Path:
 
 
 def config_groups(
-    cfg: GateConfig, engine: EngineConfig, request: dict[str, Any], prompt_sets: list[PromptSet], fingerprint: dict
+    cfg: GateConfig,
+    engine: EngineConfig,
+    request: dict[str, Any],
+    prompt_sets: list[PromptSet],
+    fingerprint: dict,
 ) -> dict[str, Any]:
     """Every key group that is known before the engine's environment is prepared."""
     # The output folder differs per run; the engine arguments have a group of their own; local
@@ -96,10 +103,18 @@ def config_groups(
             request[field] = "<local folder>"
     if request.get("weight_sync") and request["weight_sync"].get("hook"):
         module, _, func = request["weight_sync"]["hook"].rpartition(":")
-        request["weight_sync"] = {**request["weight_sync"], "hook": f"{Path(module).name if module.endswith('.py') else module}:{func}"}
+        request["weight_sync"] = {
+            **request["weight_sync"],
+            "hook": f"{Path(module).name if module.endswith('.py') else module}:{func}",
+        }
     return {
-        "engine": {"spec": engine.spec, "pip_args": list(engine.pip_args), "runner": engine.runner,
-                   "image": engine.image, "python": engine.python},  # fmt: skip
+        "engine": {
+            "spec": engine.spec,
+            "pip_args": list(engine.pip_args),
+            "runner": engine.runner,
+            "image": engine.image,
+            "python": engine.python,
+        },
         "engine_args": engine.engine_args,
         "env": {"values": engine.env, "pythonpath_code": _pythonpath_code(engine.env)},
         "request": request,
@@ -107,7 +122,9 @@ def config_groups(
         "prompts": sorted(p.sha256 for p in prompt_sets),
         "model": {
             "weights": _local_or_id(cfg.model.path, fingerprint),
-            "tokenizer": _local_or_id(cfg.model.tokenizer, model_fingerprint(cfg.model.tokenizer)) if cfg.model.tokenizer else None,
+            "tokenizer": _local_or_id(cfg.model.tokenizer, model_fingerprint(cfg.model.tokenizer))
+            if cfg.model.tokenizer
+            else None,
         },
         "worker": worker_code_hash(),
         "device": device_class(),
@@ -137,9 +154,13 @@ def lookup(key: EvidenceKey, log: Log, root: Path | None = None) -> CachedEviden
         entry = json.loads(entry_path.read_text(encoding="utf-8"))
         files: dict[str, str] = entry["files"]
         stale = key.differences(entry["key"])
-        damaged = [name for name, digest in files.items() if not _intact(path / FILES_DIR / name, digest)]
+        damaged = [
+            name for name, digest in files.items() if not _intact(path / FILES_DIR / name, digest)
+        ]
         extra = sorted(set(_list_files(path / FILES_DIR)) - set(files))
-        result = CachedEvidence(path, key.digest, entry["created"], entry["source_run"], entry["run_entry"])
+        result = CachedEvidence(
+            path, key.digest, entry["created"], entry["source_run"], entry["run_entry"]
+        )
     except (OSError, ValueError, KeyError, TypeError) as exc:
         log(f"[old] warning: ignoring cached evidence {path}: unreadable entry ({exc})")
         return None
@@ -159,14 +180,18 @@ def store(key: EvidenceKey, engine_dir: Path, run_entry: dict[str, Any], source_
     final = root / key.digest
     tmp = Path(tempfile.mkdtemp(prefix=f".{key.digest}.", dir=root))
     try:
-        shutil.copytree(engine_dir, tmp / FILES_DIR, ignore=lambda d, names: [n for n in names if n in _PER_RUN])
+        shutil.copytree(
+            engine_dir, tmp / FILES_DIR, ignore=lambda d, names: [n for n in names if n in _PER_RUN]
+        )
         entry = {
             "key_version": KEY_VERSION,
             "key": json.loads(json.dumps(key.groups, sort_keys=True, default=str)),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "source_run": str(source_run),
             "run_entry": run_entry,
-            "files": {name: sha256_file(tmp / FILES_DIR / name) for name in _list_files(tmp / FILES_DIR)},
+            "files": {
+                name: sha256_file(tmp / FILES_DIR / name) for name in _list_files(tmp / FILES_DIR)
+            },
         }
         (tmp / ENTRY_FILE).write_text(json.dumps(entry, indent=2) + "\n", encoding="utf-8")
         if final.exists():
@@ -216,9 +241,16 @@ def worker_modules(package: Path) -> set[Path]:
 def _gate_imports(path: Path) -> set[str]:
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module.split(".")[0] == "gate":
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and node.module
+            and node.module.split(".")[0] == "gate"
+        ):
             found.add(node.module)
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)  # ``from gate import evidence``
+            found.update(
+                f"{node.module}.{alias.name}" for alias in node.names
+            )  # ``from gate import evidence``
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.split(".")[0] == "gate")
     return found
@@ -259,4 +291,3 @@ def _list_files(root: Path) -> list[str]:
 
 def _intact(path: Path, digest: str) -> bool:
     return path.is_file() and sha256_file(path) == digest
-

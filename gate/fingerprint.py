@@ -24,7 +24,11 @@ def model_fingerprint(model: str) -> dict:
     for p in files:
         digest.update(str(p.relative_to(folder)).encode() + b"\0")
         digest.update(sha256_file(p).encode() if full else _sampled_hash(p).encode())
-    return {"sha256": digest.hexdigest(), "method": "sha256 of every file" if full else "sha256 of size + first/last MiB per file", "bytes": total}
+    return {
+        "sha256": digest.hexdigest(),
+        "method": "sha256 of every file" if full else "sha256 of size + first/last MiB per file",
+        "bytes": total,
+    }
 
 
 def _sampled_hash(path: Path) -> str:

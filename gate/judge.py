@@ -7,7 +7,6 @@ evidence, or the baseline is unreadable.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,10 +14,11 @@ from typing import Any
 from gate import baseline as bl
 from gate import evidence as ev
 from gate.checks import run_checks
-from gate.checks.base import CheckResult, Status, worst
+from gate.checks.base import CheckResult
 from gate.checks.context import Context
 from gate.config import GateConfig
-from gate.errors import EXIT_ERROR, EXIT_FAIL, EXIT_OK
+from gate.files import read_run_manifest
+from gate.verdict import Status, exit_code, worst
 
 
 @dataclass
@@ -42,15 +42,11 @@ class Judgment:
     errors: list[str]
 
     def exit_code(self, fail_on: str) -> int:
-        if self.verdict == Status.ERROR:
-            return EXIT_ERROR
-        if self.verdict == Status.FAIL or (fail_on == "warn" and self.verdict == Status.WARN):
-            return EXIT_FAIL
-        return EXIT_OK
+        return exit_code(self.verdict, fail_on)
 
 
 def judge(run_dir: Path, cfg: GateConfig) -> Judgment:
-    run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    run = read_run_manifest(run_dir)
     engines, errors = {}, []
     for name in ("old", "new"):
         entry = run["engines"].get(name)
@@ -80,9 +76,13 @@ def judge(run_dir: Path, cfg: GateConfig) -> Judgment:
     return Judgment(verdict, checks, base_status, [])
 
 
-def _baseline(cfg: GateConfig, run: dict, new: ev.Evidence | None) -> tuple[BaselineStatus, bl.Baseline | None]:
+def _baseline(
+    cfg: GateConfig, run: dict, new: ev.Evidence | None
+) -> tuple[BaselineStatus, bl.Baseline | None]:
     if cfg.baseline is None:
-        return BaselineStatus(None, Status.SKIP, "no baseline configured: comparing new against old only", [], None), None
+        return BaselineStatus(
+            None, Status.SKIP, "no baseline configured: comparing new against old only", [], None
+        ), None
     if not Path(cfg.baseline).exists():
         message = f"no baseline recorded at {cfg.baseline} yet (`gate baseline record`): comparing new against old only"
         return BaselineStatus(cfg.baseline, Status.WARN, message, [], None), None
@@ -91,16 +91,25 @@ def _baseline(cfg: GateConfig, run: dict, new: ev.Evidence | None) -> tuple[Base
     except bl.BaselineError as exc:
         return BaselineStatus(cfg.baseline, Status.ERROR, str(exc), [], None), None
     if new is None:  # nothing to compare; the verdict is an ERROR for the missing evidence anyway
-        return BaselineStatus(cfg.baseline, Status.SKIP, "not compared: the new engine produced no evidence", [], base.manifest), base
+        return BaselineStatus(
+            cfg.baseline,
+            Status.SKIP,
+            "not compared: the new engine produced no evidence",
+            [],
+            base.manifest,
+        ), base
     diffs = bl.provenance_differences(base, run, new)
     if not diffs:
         notes = bl.provenance_notes(base, new)
-        message = "run matches the baseline's provenance" + (f" (noted: {'; '.join(notes)})" if notes else "")
+        message = "run matches the baseline's provenance" + (
+            f" (noted: {'; '.join(notes)})" if notes else ""
+        )
         return BaselineStatus(cfg.baseline, Status.PASS, message, [], base.manifest), base
     mismatch_status = Status.FAIL if cfg.baseline_mismatch == "fail" else Status.WARN
     comparable = bl.comparable(base, run)
-    message = (
-        "provenance differs from the baseline"
-        + ("" if comparable else "; token-level baseline comparisons skipped (different model, prompts or settings)")
+    message = "provenance differs from the baseline" + (
+        ""
+        if comparable
+        else "; token-level baseline comparisons skipped (different model, prompts or settings)"
     )
     return BaselineStatus(cfg.baseline, mismatch_status, message, diffs, base.manifest), base

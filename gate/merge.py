@@ -15,20 +15,11 @@ import hashlib
 from typing import Any
 
 from gate import __version__
-from gate.errors import EXIT_ERROR, EXIT_FAIL, EXIT_OK, ConfigError
+from gate.errors import ConfigError
 from gate.report_schema import SCHEMA_PREFIX, SUPPORTED_MAJOR, validate_report
+from gate.verdict import RANK, STATUSES, exit_code, worst_verdict
 
 SCHEMA = f"{SCHEMA_PREFIX}{SUPPORTED_MAJOR}"
-VERDICT_RANK = {"PASS": 1, "WARN": 2, "FAIL": 3, "ERROR": 4}
-STATUSES = ("PASS", "WARN", "FAIL", "ERROR", "SKIP")
-
-
-def exit_code(verdict: str, fail_on: str) -> int:
-    if verdict == "ERROR":
-        return EXIT_ERROR
-    if verdict == "FAIL" or (fail_on == "warn" and verdict == "WARN"):
-        return EXIT_FAIL
-    return EXIT_OK
 
 
 def _parts_of(report: dict, index: int) -> list[dict]:
@@ -54,16 +45,14 @@ def merge_reports(reports: list[dict]) -> dict[str, Any]:
         raise ConfigError("merge: no reports given")
     parts = [p for i, r in enumerate(reports) for p in _parts_of(r, i)]
     verdicts = [str(p.get("verdict") or "ERROR") for p in parts]
-    verdict = max(verdicts, key=lambda v: VERDICT_RANK.get(v, VERDICT_RANK["ERROR"]))
-    if verdict not in VERDICT_RANK:
-        verdict = "ERROR"
+    verdict = worst_verdict(verdicts)
     fail_on = "warn" if any(p.get("fail_on") == "warn" for p in parts) else "fail"
     counts = {s: sum(int((p.get("counts") or {}).get(s) or 0) for p in parts) for s in STATUSES}
     ids = [str(p.get("gate_id") or "?") for p in parts]
     starts = [s for p in parts if (s := (p.get("run") or {}).get("started"))]
     ends = [s for p in parts if (s := (p.get("run") or {}).get("finished"))]
     baseline_worst = max(((p.get("baseline") or {}).get("status") or "SKIP" for p in parts),
-                         key=lambda s: {"SKIP": 0, **VERDICT_RANK}.get(s, 0))  # fmt: skip
+                         key=lambda s: RANK.get(s, 0))  # fmt: skip
     commands: dict[str, str] = {}
     for key in ("reproduce", "regenerate_baseline"):
         lines = [c for p in parts if (c := (p.get("commands") or {}).get(key))]
@@ -77,17 +66,31 @@ def merge_reports(reports: list[dict]) -> dict[str, Any]:
         "exit_code": exit_code(verdict, fail_on),
         "fail_on": fail_on,
         "counts": counts,
-        "errors": [f"{gid}: {e}" for gid, p in zip(ids, parts) for e in p.get("errors") or []],
-        "run": {"started": min(starts) if starts else None, "finished": max(ends) if ends else None},
+        "errors": [
+            f"{gid}: {e}" for gid, p in zip(ids, parts, strict=True) for e in p.get("errors") or []
+        ],
+        "run": {
+            "started": min(starts) if starts else None,
+            "finished": max(ends) if ends else None,
+        },
         "engines": {},
         "baseline": {
             "path": None,
             "status": baseline_worst,
             "message": f"worst baseline status of {len(parts)} parts",
-            "differences": [f"{gid}: {d}" for gid, p in zip(ids, parts) for d in (p.get("baseline") or {}).get("differences") or []],
+            "differences": [
+                f"{gid}: {d}"
+                for gid, p in zip(ids, parts, strict=True)
+                for d in (p.get("baseline") or {}).get("differences") or []
+            ],
             "manifest": None,
         },
-        "checks": [{**c, "part": gid} for gid, p in zip(ids, parts) for c in p.get("checks") or [] if isinstance(c, dict)],
+        "checks": [
+            {**c, "part": gid}
+            for gid, p in zip(ids, parts, strict=True)
+            for c in p.get("checks") or []
+            if isinstance(c, dict)
+        ],
         "commands": commands,
         "parts": parts,
     }

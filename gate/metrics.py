@@ -156,11 +156,16 @@ def _check_offsets(offsets: Any, n_tokens: int, name: str = "offsets") -> np.nda
 
 
 def _require_finite(name_to_array: dict[str, np.ndarray]) -> None:
-    bad = {name: int(arr.size - np.count_nonzero(np.isfinite(arr))) for name, arr in name_to_array.items()}
+    bad = {
+        name: int(arr.size - np.count_nonzero(np.isfinite(arr)))
+        for name, arr in name_to_array.items()
+    }
     bad = {name: n for name, n in bad.items() if n}
     if bad:
         detail = ", ".join(f"{n} in {name}" for name, n in bad.items())
-        raise ValueError(f"non-finite values ({detail}); drop or repair those tokens before computing metrics")
+        raise ValueError(
+            f"non-finite values ({detail}); drop or repair those tokens before computing metrics"
+        )
 
 
 def _segment_sum(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
@@ -180,7 +185,9 @@ def _segment_sum(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
 def _segment_mean(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     lengths = np.diff(offsets)
-    with np.errstate(invalid="ignore", divide="ignore"):  # 0/0 -> NaN for empty segments, on purpose
+    with np.errstate(
+        invalid="ignore", divide="ignore"
+    ):  # 0/0 -> NaN for empty segments, on purpose
         return _segment_sum(values, offsets) / lengths
 
 
@@ -292,7 +299,9 @@ def _empty_stats(n_seq: int, eps_low: float, eps_high: float) -> MismatchStats:
         for f in fields(MismatchStats)
         if f.name not in ("n_tokens", "n_sequences", "clip_eps", "clip_eps_high")
     }
-    return MismatchStats(n_tokens=0, n_sequences=n_seq, clip_eps=eps_low, clip_eps_high=eps_high, **nan_fields)
+    return MismatchStats(
+        n_tokens=0, n_sequences=n_seq, clip_eps=eps_low, clip_eps_high=eps_high, **nan_fields
+    )
 
 
 def _k3(d: np.ndarray) -> float:
@@ -309,7 +318,9 @@ def _outside_band_fraction(r: np.ndarray, eps_low: float, eps_high: float) -> fl
     return float(np.count_nonzero(outside) / r.size)
 
 
-def _seq_clip_fraction(d: np.ndarray, offsets: np.ndarray, eps_low: float, eps_high: float) -> float:
+def _seq_clip_fraction(
+    d: np.ndarray, offsets: np.ndarray, eps_low: float, eps_high: float
+) -> float:
     nonempty = np.diff(offsets) > 0
     seq_mean_d = _segment_mean(d, offsets)[nonempty]
     with np.errstate(over="ignore"):
@@ -418,7 +429,9 @@ def _bootstrap_units(x: np.ndarray, name: str) -> np.ndarray:
     return x
 
 
-def _bootstrap(x: np.ndarray, n_boot: int, confidence: float, seed: int) -> tuple[float, float, float]:
+def _bootstrap(
+    x: np.ndarray, n_boot: int, confidence: float, seed: int
+) -> tuple[float, float, float]:
     n_boot = int(n_boot)
     if n_boot < 1:
         raise ValueError(f"n_boot must be >= 1, got {n_boot}")
@@ -464,7 +477,9 @@ def topk_overlap(ids_a: Any, ids_b: Any) -> float:
     a = np.asarray(ids_a)
     b = np.asarray(ids_b)
     if a.ndim != 2 or a.shape != b.shape:
-        raise ValueError(f"ids_a and ids_b must be [T, k] arrays of the same shape, got {a.shape} and {b.shape}")
+        raise ValueError(
+            f"ids_a and ids_b must be [T, k] arrays of the same shape, got {a.shape} and {b.shape}"
+        )
     n_tokens, k = a.shape
     if k == 0:
         raise ValueError("top-k arrays have k == 0 columns")
@@ -500,7 +515,9 @@ def _first_in_row(a: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------
 
 
-def greedy_agreement(tokens_a: Any, offsets_a: Any, tokens_b: Any, offsets_b: Any) -> GreedyAgreement:
+def greedy_agreement(
+    tokens_a: Any, offsets_a: Any, tokens_b: Any, offsets_b: Any
+) -> GreedyAgreement:
     """Compare two sets of greedy (temperature 0) completions, sequence by sequence.
 
     ``first_divergence[i]`` is the first position where sequence ``i`` differs, -1 when identical
@@ -519,7 +536,9 @@ def greedy_agreement(tokens_a: Any, offsets_a: Any, tokens_b: Any, offsets_b: An
     off_a = _check_offsets(offsets_a, ta.size, "offsets_a")
     off_b = _check_offsets(offsets_b, tb.size, "offsets_b")
     if off_a.size != off_b.size:
-        raise ValueError(f"offsets_a has {off_a.size - 1} sequences but offsets_b has {off_b.size - 1}")
+        raise ValueError(
+            f"offsets_a has {off_a.size - 1} sequences but offsets_b has {off_b.size - 1}"
+        )
 
     len_a, len_b = np.diff(off_a), np.diff(off_b)
     common = np.minimum(len_a, len_b)
@@ -546,7 +565,9 @@ def _first_mismatch_within(
     total = int(common.sum())
     seg = np.repeat(np.arange(n_seq, dtype=np.int64), common)
     seg_start = np.concatenate(([0], np.cumsum(common)[:-1])) if n_seq else common
-    pos = np.arange(total, dtype=np.int64) - np.repeat(seg_start, common)  # position inside its sequence
+    pos = np.arange(total, dtype=np.int64) - np.repeat(
+        seg_start, common
+    )  # position inside its sequence
     differs = ta[np.repeat(starts_a, common) + pos] != tb[np.repeat(starts_b, common) + pos]
     first = np.full(n_seq, -1, dtype=np.int64)
     hits = np.flatnonzero(differs)
@@ -599,7 +620,9 @@ def logprob_semantics_distances(
     lp = _as_float_1d(lp_trainer_processed, "lp_trainer_processed")
     lr = _as_float_1d(lp_trainer_raw, "lp_trainer_raw")
     if not (le.size == lp.size == lr.size):
-        raise ValueError(f"token counts differ: engine {le.size}, processed {lp.size}, raw {lr.size}")
+        raise ValueError(
+            f"token counts differ: engine {le.size}, processed {lp.size}, raw {lr.size}"
+        )
     _require_finite({"lp_engine": le, "lp_trainer_processed": lp, "lp_trainer_raw": lr})
     return {
         "mean_abs_diff_processed": _mean(np.abs(le - lp)),

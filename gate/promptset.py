@@ -50,11 +50,21 @@ def load_prompt_set(manifest_path: str | Path) -> PromptSet:
         )
     items, answers = _read_records(data_path)
     if "records" in manifest and manifest["records"] != len(items):
-        raise ConfigError(f"{manifest_path}: records: says {manifest['records']}, file holds {len(items)}")
-    return PromptSet(name=manifest["name"], path=data_path, sha256=actual, items=tuple(items), answers=tuple(answers))
+        raise ConfigError(
+            f"{manifest_path}: records: says {manifest['records']}, file holds {len(items)}"
+        )
+    return PromptSet(
+        name=manifest["name"],
+        path=data_path,
+        sha256=actual,
+        items=tuple(items),
+        answers=tuple(answers),
+    )
 
 
-def freeze_prompt_set(data_path: str | Path, name: str | None = None, description: str = "") -> Path:
+def freeze_prompt_set(
+    data_path: str | Path, name: str | None = None, description: str = ""
+) -> Path:
     """Validate a JSONL prompt file and write its manifest beside it; returns the manifest path."""
     data_path = Path(data_path)
     if not data_path.is_file():
@@ -104,7 +114,9 @@ def _read_records(path: Path) -> tuple[list[PromptItem], list[str | None]]:
             raise ConfigError(f"{where}: record must be a JSON object")
         unknown = set(rec) - _RECORD_KEYS
         if unknown:
-            raise ConfigError(f"{where}: {sorted(unknown)[0]}: unknown key (expected {sorted(_RECORD_KEYS)})")
+            raise ConfigError(
+                f"{where}: {sorted(unknown)[0]}: unknown key (expected {sorted(_RECORD_KEYS)})"
+            )
         item = _record_to_item(rec, where)
         if item.id in seen:
             raise ConfigError(f"{where}: id: duplicate id '{item.id}'")
@@ -126,15 +138,27 @@ def _record_to_item(rec: dict, where: str) -> PromptItem:
         raise ConfigError(f"{where}: prompt: must be a non-empty string")
     if has_messages:
         msgs = rec["messages"]
-        ok = isinstance(msgs, list) and msgs and all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in msgs
+        ok = (
+            isinstance(msgs, list)
+            and msgs
+            and all(
+                isinstance(m, dict)
+                and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), str)
+                for m in msgs
+            )
         )
         if not ok:
-            raise ConfigError(f"{where}: messages: must be a non-empty list of {{role, content}} strings")
+            raise ConfigError(
+                f"{where}: messages: must be a non-empty list of {{role, content}} strings"
+            )
     for key in ("reference", "answer"):
         if key in rec and not isinstance(rec[key], str):
             raise ConfigError(f"{where}: {key}: must be a string")
     return PromptItem(
-        id=rec["id"], prompt=rec.get("prompt"), messages=rec.get("messages"), reference=rec.get("reference"), answer=rec.get("answer")
+        id=rec["id"],
+        prompt=rec.get("prompt"),
+        messages=rec.get("messages"),
+        reference=rec.get("reference"),
+        answer=rec.get("answer"),
     )

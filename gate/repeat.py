@@ -43,21 +43,30 @@ import shutil
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from gate import evidence
-from gate.checks.base import Status, worst
 from gate.config import EngineConfig, GateConfig
 from gate.errors import EXIT_ERROR, EXIT_OK, ConfigError
+from gate.files import REPEAT_FILE, RUN_FILE, write_json
 from gate.fingerprint import model_fingerprint
-from gate.replay import EngineJob, EngineRun, Target, build_request, load_prompts, run_engine, run_manifest
-from gate.rundir import RUN_FILE, RunDirectory
+from gate.replay import (
+    EngineJob,
+    EngineRun,
+    Target,
+    build_request,
+    load_prompts,
+    run_engine,
+    run_manifest,
+)
+from gate.rundir import RunDirectory
+from gate.verdict import Status, worst
 
-REPEAT_FILE = "repeat.json"
 SCHEMA = "gate-repeat/1"
 ENGINES = ("old", "new")
 FLAGGED = (Status.WARN.value, Status.FAIL.value)
@@ -140,7 +149,10 @@ def run_repeat(
 ) -> RepeatResult:
     """Replay ``seeds`` through the old and new engine (one process each), judge every seed."""
     seeds = _check_seeds(seeds)
-    variants = [Variant(seed_dir_name(s), seed_config(cfg, s, last=i == len(seeds) - 1)) for i, s in enumerate(seeds)]
+    variants = [
+        Variant(seed_dir_name(s), seed_config(cfg, s, last=i == len(seeds) - 1))
+        for i, s in enumerate(seeds)
+    ]
     return run_variants(cfg, variants, out, log, only=only, old_from=old_from)
 
 
@@ -174,19 +186,29 @@ def run_variants(
     engines_meta: dict[str, dict[str, Any]] = {}
     if old_from is not None:
         per_engine["old"] = _reuse_old(Path(old_from), variants, targets, log)
-        engines_meta["old"] = _engine_meta(cfg.engines["old"], reused_from=str(Path(old_from).resolve()))
+        engines_meta["old"] = _engine_meta(
+            cfg.engines["old"], reused_from=str(Path(old_from).resolve())
+        )
     for name in names:
         log_path = out / f"worker-{name}.log"
-        per_engine[name] = run_engine(EngineJob(name, cfg.engines[name]), targets, prompts, log, log_path)
-        engines_meta[name] = _engine_meta(cfg.engines[name], log=str(log_path), worker_s=per_engine[name][0].worker_s)
+        per_engine[name] = run_engine(
+            EngineJob(name, cfg.engines[name]), targets, prompts, log, log_path
+        )
+        engines_meta[name] = _engine_meta(
+            cfg.engines[name], log=str(log_path), worker_s=per_engine[name][0].worker_s
+        )
 
     outcomes = []
-    for i, (target, variant) in enumerate(zip(targets, variants)):
+    for i, target in enumerate(targets):
         results = [per_engine[n][i] for n in ENGINES if n in per_engine]
         manifest = run_manifest(target.cfg, prompt_sets, fingerprint, wall0, results)
         final = target.run_dir.finish(manifest, complete=manifest["status"] == "ok")
         seed = target.cfg.sampling.seed
-        outcome = judge_seed(final, target.cfg, seed, out) if "new" in per_engine else _unjudged(final, seed, out, results)
+        outcome = (
+            judge_seed(final, target.cfg, seed, out)
+            if "new" in per_engine
+            else _unjudged(final, seed, out, results)
+        )
         outcomes.append(outcome)
         log(summary_line(outcome))
     result = RepeatResult(out, [v.cfg.sampling.seed for v in variants], outcomes, engines_meta,
@@ -203,7 +225,9 @@ def judge_seed(run_dir: Path, cfg: GateConfig, seed: int, out: Path) -> SeedOutc
     judgment = judge(run_dir, cfg)
     report.write(run_dir, report.build(run_dir, cfg, judgment))
     checks = {c.id: c.status.value for c in judgment.checks}
-    checks_verdict = worst([c.status for c in judgment.checks]).value if judgment.checks else Status.ERROR.value
+    checks_verdict = (
+        worst([c.status for c in judgment.checks]).value if judgment.checks else Status.ERROR.value
+    )
     status = "ok" if not judgment.errors else "error"
     return SeedOutcome(seed, str(run_dir.relative_to(out)), status, judgment.verdict.value, checks_verdict, checks,
                        judgment.baseline.status.value, list(judgment.errors))  # fmt: skip
@@ -214,7 +238,9 @@ def _unjudged(run_dir: Path, seed: int, out: Path, results: list[EngineRun]) -> 
     errors = [r.error for r in results if r.status != "ok" and r.error]
     status = "ok" if not errors else "error"
     verdict = Status.SKIP.value if status == "ok" else Status.ERROR.value
-    return SeedOutcome(seed, str(run_dir.relative_to(out)), status, verdict, verdict, {}, Status.SKIP.value, errors)
+    return SeedOutcome(
+        seed, str(run_dir.relative_to(out)), status, verdict, verdict, {}, Status.SKIP.value, errors
+    )
 
 
 def summary_line(o: SeedOutcome) -> str:
@@ -236,7 +262,9 @@ def counts(outcomes: Sequence[SeedOutcome]) -> dict[str, Any]:
         "flagged": sum(o.flagged for o in outcomes),
         "verdict": {s: sum(o.verdict == s for o in outcomes) for s in statuses},
         "checks_verdict": {s: sum(o.checks_verdict == s for o in outcomes) for s in statuses},
-        "per_check": {cid: {s: c.get(s, 0) for s in statuses if c.get(s, 0)} for cid, c in per_check.items()},
+        "per_check": {
+            cid: {s: c.get(s, 0) for s in statuses if c.get(s, 0)} for cid, c in per_check.items()
+        },
     }
 
 
@@ -252,9 +280,7 @@ def write_summary(result: RepeatResult, cfg: GateConfig) -> Path:
         "per_seed": [dataclasses.asdict(o) for o in result.outcomes],
     }
     path = result.out / REPEAT_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_json(path, doc)
     return path
 
 
@@ -293,7 +319,9 @@ def _engine_names(only: str | None, old_from: Path | None) -> list[str]:
     if only is not None and only not in ENGINES:
         raise ConfigError(f"--only: expected one of {ENGINES}, got {only!r}")
     if old_from is not None and only == "old":
-        raise ConfigError("--old-from reuses the old engine's evidence: it cannot be combined with --only old")
+        raise ConfigError(
+            "--old-from reuses the old engine's evidence: it cannot be combined with --only old"
+        )
     if old_from is not None:
         return ["new"]
     return [only] if only else list(ENGINES)
@@ -313,7 +341,9 @@ def _check_variants(cfg: GateConfig, variants: Sequence[Variant]) -> None:
     for v in variants:
         for name in ("model", "prompts", "engines", "timeout_s"):
             if getattr(v.cfg, name) != getattr(cfg, name):
-                raise ConfigError(f"repeat: run '{v.label}' changes {name}; runs sharing engine processes cannot")
+                raise ConfigError(
+                    f"repeat: run '{v.label}' changes {name}; runs sharing engine processes cannot"
+                )
 
 
 def _check_reusable(source: Path, old: EngineConfig, variants: Sequence[Variant], prompts) -> None:
@@ -325,24 +355,38 @@ def _check_reusable(source: Path, old: EngineConfig, variants: Sequence[Variant]
     expected = _engine_meta(old)
     recorded_cfg = {k: recorded.get(k) for k in expected}
     if json.loads(json.dumps(recorded_cfg)) != json.loads(json.dumps(expected)):
-        raise ConfigError(f"{source}: the old engine there ({recorded_cfg}) is not this config's ({expected})")
+        raise ConfigError(
+            f"{source}: the old engine there ({recorded_cfg}) is not this config's ({expected})"
+        )
     for v in variants:
         folder = source / v.label / "engines" / "old"
         stored_path = folder / "request.json"
         if not stored_path.is_file():
-            raise ConfigError(f"{stored_path}: missing: {source} holds no old-engine evidence for '{v.label}'")
+            raise ConfigError(
+                f"{stored_path}: missing: {source} holds no old-engine evidence for '{v.label}'"
+            )
         stored = json.loads(stored_path.read_text(encoding="utf-8"))
-        wanted = json.loads(build_request(v.cfg, dataclasses.replace(old, name="old"), prompts, folder).to_json())
-        diff = sorted(k for k in wanted.keys() | stored.keys() if k != "output_dir" and wanted.get(k) != stored.get(k))
+        wanted = json.loads(
+            build_request(v.cfg, dataclasses.replace(old, name="old"), prompts, folder).to_json()
+        )
+        diff = sorted(
+            k
+            for k in wanted.keys() | stored.keys()
+            if k != "output_dir" and wanted.get(k) != stored.get(k)
+        )
         if diff:
-            raise ConfigError(f"{stored_path}: the stored request differs from this config's in {diff}; replay the old engine")
+            raise ConfigError(
+                f"{stored_path}: the stored request differs from this config's in {diff}; replay the old engine"
+            )
 
 
-def _reuse_old(source: Path, variants: Sequence[Variant], targets: list[Target], log) -> list[EngineRun]:
+def _reuse_old(
+    source: Path, variants: Sequence[Variant], targets: list[Target], log
+) -> list[EngineRun]:
     """Copy each run's old-engine folder (hard links where possible) and its run.json entry."""
     log(f"[old] reusing evidence from {source}")
     results = []
-    for v, t in zip(variants, targets):
+    for v, t in zip(variants, targets, strict=True):
         seed_src = source / v.label
         entry = json.loads((seed_src / RUN_FILE).read_text(encoding="utf-8"))["engines"]["old"]
         dest = t.run_dir.engine_dir("old")
@@ -370,15 +414,26 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 def register(subparsers: Any) -> None:
     """``gate repeat``: called by gate.cli with its subparsers."""
-    p = subparsers.add_parser("repeat", help="old vs new over many sampling seeds (one engine start per engine)")
+    p = subparsers.add_parser(
+        "repeat", help="old vs new over many sampling seeds (one engine start per engine)"
+    )
     from gate.cli import _config_args
 
     _config_args(p)
     seeds = p.add_mutually_exclusive_group(required=True)
-    seeds.add_argument("--seeds", type=int, metavar="N", help="N repetitions with non-overlapping sampling seeds")
+    seeds.add_argument(
+        "--seeds", type=int, metavar="N", help="N repetitions with non-overlapping sampling seeds"
+    )
     seeds.add_argument("--seed-list", metavar="S1,S2,...", help="explicit sampling seeds")
-    p.add_argument("--out", type=Path, required=True, help="folder to create (seed-<k>/ run directories, repeat.json)")
-    p.add_argument("--only", choices=ENGINES, help="replay one engine only (old: evidence to reuse later)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="folder to create (seed-<k>/ run directories, repeat.json)",
+    )
+    p.add_argument(
+        "--only", choices=ENGINES, help="replay one engine only (old: evidence to reuse later)"
+    )
     p.add_argument("--old-from", type=Path, metavar="REPEAT_DIR",
                    help="reuse the old engine's per-seed evidence from an earlier `gate repeat` folder")  # fmt: skip
     p.set_defaults(func=cmd_repeat)
@@ -393,7 +448,9 @@ def cmd_repeat(args) -> int:
         try:
             seeds = [int(s) for s in args.seed_list.split(",") if s.strip()]
         except ValueError:
-            raise ConfigError(f"--seed-list: expected comma-separated integers, got {args.seed_list!r}") from None
+            raise ConfigError(
+                f"--seed-list: expected comma-separated integers, got {args.seed_list!r}"
+            ) from None
     else:
         seeds = repetition_seeds(cfg, len(load_prompts(cfg)[1]), args.seeds)
     code = _repeat_in_gate_image(args, cfg, seeds)
@@ -402,14 +459,18 @@ def cmd_repeat(args) -> int:
     result = run_repeat(cfg, seeds, args.out, stderr_log, only=args.only, old_from=args.old_from)
     c = counts(result.outcomes)
     if result.engine_error:
-        stderr_log(f"gate: error: an engine could not produce evidence for {c['checks_verdict']['ERROR']} seed(s)")
+        stderr_log(
+            f"gate: error: an engine could not produce evidence for {c['checks_verdict']['ERROR']} seed(s)"
+        )
     stderr_log(
         f"repeat: {c['seeds']} seed(s) in {result.wall_s:.0f}s; flagged (a check WARN or FAIL) {c['flagged']}; "
         f"checks FAIL {c['checks_verdict']['FAIL']}, WARN {c['checks_verdict']['WARN']}, PASS {c['checks_verdict']['PASS']}; "
         f"verdicts {', '.join(f'{k} {v}' for k, v in c['verdict'].items() if v)}"
     )
     for o in result.outcomes:  # stdout: one line per seed, for scripts
-        print(f"{o.seed}\t{o.checks_verdict}\t{o.verdict}\t{','.join(k for k, v in o.checks.items() if v in FLAGGED) or '-'}")
+        print(
+            f"{o.seed}\t{o.checks_verdict}\t{o.verdict}\t{','.join(k for k, v in o.checks.items() if v in FLAGGED) or '-'}"
+        )
     sys.stdout.flush()
     return result.exit_code
 
@@ -426,13 +487,17 @@ def _repeat_in_gate_image(args, cfg: GateConfig, seeds: list[int]) -> int | None
         readable = (Path(args.old_from).resolve(),)
         command += ["--old-from", str(readable[0])]
     engines = len(_engine_names(args.only, args.old_from))
-    return _route_to_gate_image(cfg, command, [out.parent], readable, engine_runs=engines * len(seeds))
+    return _route_to_gate_image(
+        cfg, command, [out.parent], readable, engine_runs=engines * len(seeds)
+    )
 
 
 # -- offline re-judging on fewer prompts / shorter completions -----------------------------------
 
 
-def subset_evidence(e: evidence.Evidence, prompts: np.ndarray, max_tokens: int | None = None) -> evidence.Evidence:
+def subset_evidence(
+    e: evidence.Evidence, prompts: np.ndarray, max_tokens: int | None = None
+) -> evidence.Evidence:
     """The evidence a replay of only ``prompts`` (indices, in this order) with ``max_tokens`` would give.
 
     Exact, not an approximation: per-prompt sampling seeds make a prompt's samples independent of
@@ -447,7 +512,11 @@ def subset_evidence(e: evidence.Evidence, prompts: np.ndarray, max_tokens: int |
     new_index = np.full(e.n_prompts, -1, dtype=np.int64)
     new_index[prompts] = np.arange(len(prompts))
     arrays = _prompt_arrays(a, prompts)
-    for group, limit in ((evidence.SAMPLE, max_tokens), (evidence.GREEDY, max_tokens), (evidence.TF, None)):
+    for group, limit in (
+        (evidence.SAMPLE, max_tokens),
+        (evidence.GREEDY, max_tokens),
+        (evidence.TF, None),
+    ):
         if f"{group}_{evidence.OFFSETS}" in a:
             arrays.update(_group_subset(a, group, new_index, limit))
     return evidence.Evidence(path=e.path, arrays=arrays, engine=e.engine, texts={})
@@ -458,11 +527,15 @@ def _prompt_arrays(a: dict[str, np.ndarray], prompts: np.ndarray) -> dict[str, n
     lengths = off[prompts + 1] - off[prompts]
     return {
         evidence.PROMPT_OFFSETS: np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-        evidence.PROMPT_TOKEN_IDS: a[evidence.PROMPT_TOKEN_IDS][evidence.token_ranges(off[prompts], lengths)],
+        evidence.PROMPT_TOKEN_IDS: a[evidence.PROMPT_TOKEN_IDS][
+            evidence.token_ranges(off[prompts], lengths)
+        ],
     }
 
 
-def _group_subset(a: dict[str, np.ndarray], group: str, new_index: np.ndarray, limit: int | None) -> dict[str, np.ndarray]:
+def _group_subset(
+    a: dict[str, np.ndarray], group: str, new_index: np.ndarray, limit: int | None
+) -> dict[str, np.ndarray]:
     """One pass's arrays for the kept prompts' sequences (in the new prompt order), cut to ``limit``."""
     g = f"{group}_"
     off = a[g + evidence.OFFSETS]
@@ -489,12 +562,18 @@ def _group_subset(a: dict[str, np.ndarray], group: str, new_index: np.ndarray, l
             out[key] = arr[tokens]
     finish = g + evidence.FINISH
     if finish in out:
-        out[finish] = np.where(kept < lengths, evidence.FINISH_NAMES.index("length"), out[finish]).astype(out[finish].dtype)
+        out[finish] = np.where(
+            kept < lengths, evidence.FINISH_NAMES.index("length"), out[finish]
+        ).astype(out[finish].dtype)
     return out
 
 
 def rejudge_subset(
-    run_dir: Path, cfg: GateConfig, prompts: np.ndarray, max_tokens: int | None = None, baseline=None
+    run_dir: Path,
+    cfg: GateConfig,
+    prompts: np.ndarray,
+    max_tokens: int | None = None,
+    baseline=None,
 ) -> dict[str, str]:
     """Check statuses for ``run_dir``'s old/new evidence cut to ``prompts`` and ``max_tokens``.
 
@@ -506,7 +585,17 @@ def rejudge_subset(
     from gate.checks.context import Context
 
     run = json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8"))
-    old, new = (subset_evidence(evidence.load(run_dir / "engines" / n), prompts, max_tokens) for n in ENGINES)
+    old, new = (
+        subset_evidence(evidence.load(run_dir / "engines" / n), prompts, max_tokens)
+        for n in ENGINES
+    )
     run = run | {"sampling": run["sampling"] | ({"max_tokens": max_tokens} if max_tokens else {})}
-    ctx = Context(new=new, old=old, run=run, baseline=baseline, baseline_comparable=False, acknowledge=frozenset(cfg.acknowledge))
+    ctx = Context(
+        new=new,
+        old=old,
+        run=run,
+        baseline=baseline,
+        baseline_comparable=False,
+        acknowledge=frozenset(cfg.acknowledge),
+    )
     return {c.id: c.status.value for c in run_checks(ctx, cfg.check_settings)}

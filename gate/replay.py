@@ -19,16 +19,23 @@ import json
 import shutil
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 from gate import __version__, evidence, evidence_cache
 from gate.config import OPTIONAL_ENGINE_ARGS, DockerConfig, EngineConfig, GateConfig
 from gate.errors import ConfigError, EngineError, GateError
 from gate.fingerprint import model_fingerprint
 from gate.promptset import PromptSet, load_prompt_set
-from gate.request import GrpoRequest, PromptItem, ReferenceRequest, SamplingRequest, WeightSyncRequest, WorkerRequest
+from gate.request import (
+    GrpoRequest,
+    PromptItem,
+    ReferenceRequest,
+    SamplingRequest,
+    WeightSyncRequest,
+    WorkerRequest,
+)
 from gate.rundir import RunDirectory
 from gate.runners import get_runner
 from gate.runners.base import Runner
@@ -60,7 +67,9 @@ class EngineRun:
     log_tail: str | None = None
     prepare_s: float = 0.0
     worker_s: float = 0.0
-    reused: dict | None = None  # evidence taken from the cache: its key, when and by which run it was made
+    reused: dict | None = (
+        None  # evidence taken from the cache: its key, when and by which run it was made
+    )
 
 
 @dataclass
@@ -77,7 +86,9 @@ def load_prompts(cfg: GateConfig) -> tuple[list[PromptSet], list[PromptItem]]:
     for ps in sets:
         for item in ps.items:
             if item.id in seen:
-                raise ConfigError(f"{ps.path}: id: '{item.id}' also appears in prompt set '{seen[item.id]}'")
+                raise ConfigError(
+                    f"{ps.path}: id: '{item.id}' also appears in prompt set '{seen[item.id]}'"
+                )
             seen[item.id] = ps.name
             items.append(item)
     return sets, items
@@ -100,12 +111,19 @@ def build_request(
         optional_engine_args=list(OPTIONAL_ENGINE_ARGS),
         prompts=list(prompts),
         sampling=SamplingRequest(
-            n=s.n, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-            max_tokens=s.max_tokens, seed=s.seed, logprobs=s.logprobs,
-        ),  # fmt: skip
+            n=s.n,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            max_tokens=s.max_tokens,
+            seed=s.seed,
+            logprobs=s.logprobs,
+        ),
         greedy_max_tokens=cfg.greedy.max_tokens if cfg.greedy.enabled else 0,
         teacher_forced=cfg.teacher_forced.enabled,
-        reference=ReferenceRequest(dtype=r.dtype, lm_head_fp32=r.lm_head_fp32, batch_tokens=r.batch_tokens),
+        reference=ReferenceRequest(
+            dtype=r.dtype, lm_head_fp32=r.lm_head_fp32, batch_tokens=r.batch_tokens
+        ),
         output_dir=str(output_dir),
         order_seed=order_seed,
         weight_sync=_weight_sync_request(cfg),
@@ -162,7 +180,7 @@ def run_gate(
     environments = [PreparedEngine(job, cfg.docker, log).start() for job in jobs]
     try:
         results = []
-        for job, env in zip(jobs, environments):
+        for job, env in zip(jobs, environments, strict=True):
             if reuse_old is not None and job.name == "old":
                 cache = OldEvidenceCache(cfg, job, prompt_sets, fingerprint, prompts, log)
                 results.append(cache.replay(target, env, use_stored=reuse_old))
@@ -172,7 +190,9 @@ def run_gate(
         for env in environments:
             env.cancel()
     status = "ok" if all(r.status == "ok" for r in results) else "error"
-    final = run_dir.finish(run_manifest(cfg, prompt_sets, fingerprint, started, results), complete=status == "ok")
+    final = run_dir.finish(
+        run_manifest(cfg, prompt_sets, fingerprint, started, results), complete=status == "ok"
+    )
     return RunResult(run_dir=final, status=status, engines=results)
 
 
@@ -180,14 +200,18 @@ class PreparedEngine:
     """A job's engine environment, prepared in a background thread; :meth:`wait` gives its runner."""
 
     def __init__(self, job: EngineJob, docker: DockerConfig, log: Callable[[str], None]) -> None:
-        self.engine = dataclasses.replace(job.engine, name=job.name)  # log prefixes and errors name the job
+        self.engine = dataclasses.replace(
+            job.engine, name=job.name
+        )  # log prefixes and errors name the job
         self.runner: Runner = get_runner(self.engine, docker)
         self.prepare_s = 0.0
         self._log = log
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._prepare, name=f"prepare-{job.name}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._prepare, name=f"prepare-{job.name}", daemon=True
+        )
 
-    def start(self) -> "PreparedEngine":
+    def start(self) -> PreparedEngine:
         self._thread.start()
         return self
 
@@ -215,11 +239,24 @@ class PreparedEngine:
 
 
 def evidence_key_groups(
-    cfg: GateConfig, job: EngineJob, prompt_sets: list[PromptSet], prompts: list[PromptItem], fingerprint: dict
+    cfg: GateConfig,
+    job: EngineJob,
+    prompt_sets: list[PromptSet],
+    prompts: list[PromptItem],
+    fingerprint: dict,
 ) -> dict:
     """The evidence-cache key groups of ``job`` known before its environment is prepared."""
-    request = build_request(cfg, dataclasses.replace(job.engine, name=job.name), prompts, Path(), job.order_seed, job.grpo_seeds)
-    return evidence_cache.config_groups(cfg, job.engine, json.loads(request.to_json()), prompt_sets, fingerprint)
+    request = build_request(
+        cfg,
+        dataclasses.replace(job.engine, name=job.name),
+        prompts,
+        Path(),
+        job.order_seed,
+        job.grpo_seeds,
+    )
+    return evidence_cache.config_groups(
+        cfg, job.engine, json.loads(request.to_json()), prompt_sets, fingerprint
+    )
 
 
 class OldEvidenceCache:
@@ -240,7 +277,13 @@ class OldEvidenceCache:
         result = run_engine(self.job, [target], self.prompts, self.log, prepared=env)[0]
         if key is not None and result.status == "ok":
             entry = dataclasses.asdict(result)
-            evidence_cache.store(key, target.run_dir.engine_dir(self.job.name), entry, target.run_dir.final_path, self.log)
+            evidence_cache.store(
+                key,
+                target.run_dir.engine_dir(self.job.name),
+                entry,
+                target.run_dir.final_path,
+                self.log,
+            )
         return result
 
     def _key(self, env: PreparedEngine) -> evidence_cache.EvidenceKey | None:
@@ -252,10 +295,14 @@ class OldEvidenceCache:
             self.log(f"[{self.job.name}] evidence cache not used: {exc}")
             return None
 
-    def _restore(self, cached: evidence_cache.CachedEvidence, target: Target, env: PreparedEngine) -> EngineRun | None:
+    def _restore(
+        self, cached: evidence_cache.CachedEvidence, target: Target, env: PreparedEngine
+    ) -> EngineRun | None:
         """The run entry of the restored evidence; None (folder emptied, replay instead) when it fails validation."""
         out_dir = target.run_dir.engine_dir(self.job.name)
-        build_request(target.cfg, env.engine, self.prompts, out_dir, self.job.order_seed, self.job.grpo_seeds).write(out_dir / "request.json")
+        build_request(
+            target.cfg, env.engine, self.prompts, out_dir, self.job.order_seed, self.job.grpo_seeds
+        ).write(out_dir / "request.json")
         evidence_cache.restore(cached, out_dir)
         stored = cached.run_entry
         result = EngineRun(self.job.name, env.engine.spec, env.engine.runner, "ok", str(target.run_dir.relative(out_dir)),
@@ -263,7 +310,9 @@ class OldEvidenceCache:
         try:
             evidence.load(out_dir)
         except evidence.EvidenceError as exc:
-            self.log(f"[{self.job.name}] warning: cached evidence {cached.path} fails validation ({exc}); replaying")
+            self.log(
+                f"[{self.job.name}] warning: cached evidence {cached.path} fails validation ({exc}); replaying"
+            )
             shutil.rmtree(out_dir)
             return None
         self.log(f"[{self.job.name}] reusing its evidence from {cached.created} (run {cached.source_run}, key {cached.digest[:12]}); "
@@ -272,7 +321,11 @@ class OldEvidenceCache:
 
 
 def run_manifest(
-    cfg: GateConfig, prompt_sets: list[PromptSet], fingerprint: dict, started: float, results: list[EngineRun]
+    cfg: GateConfig,
+    prompt_sets: list[PromptSet],
+    fingerprint: dict,
+    started: float,
+    results: list[EngineRun],
 ) -> dict:
     """run.json: what ran, with which inputs and settings, and each engine's outcome."""
     status = "ok" if all(r.status == "ok" for r in results) else "error"
@@ -284,7 +337,10 @@ def run_manifest(
         "started": _iso(started),
         "finished": _iso(time.time()),
         "model": {"path": cfg.model.path, **fingerprint},
-        "prompt_sets": [{"name": p.name, "file": str(p.path), "sha256": p.sha256, "records": len(p.items)} for p in prompt_sets],
+        "prompt_sets": [
+            {"name": p.name, "file": str(p.path), "sha256": p.sha256, "records": len(p.items)}
+            for p in prompt_sets
+        ],
         "sampling": dataclasses.asdict(cfg.sampling),
         "greedy": dataclasses.asdict(cfg.greedy),
         "teacher_forced": dataclasses.asdict(cfg.teacher_forced),
@@ -314,21 +370,28 @@ def run_engine(
     prepared = prepared or PreparedEngine(job, targets[0].cfg.docker, log).start()
     engine = prepared.engine
     out_dirs = [t.run_dir.engine_dir(job.name) for t in targets]
-    results = [EngineRun(job.name, engine.spec, engine.runner, "error", str(t.run_dir.relative(d))) for t, d in zip(targets, out_dirs)]
+    results = [
+        EngineRun(job.name, engine.spec, engine.runner, "error", str(t.run_dir.relative(d)))
+        for t, d in zip(targets, out_dirs, strict=True)
+    ]
     try:
         runner = prepared.wait()
         for r in results:
             r.prepare_s = prepared.prepare_s
         request_paths = []
-        for target, out_dir in zip(targets, out_dirs):
+        for target, out_dir in zip(targets, out_dirs, strict=True):
             path = out_dir / "request.json"
-            build_request(target.cfg, engine, prompts, out_dir, job.order_seed, job.grpo_seeds).write(path)
+            build_request(
+                target.cfg, engine, prompts, out_dir, job.order_seed, job.grpo_seeds
+            ).write(path)
             request_paths.append(path)
         what = "" if len(targets) == 1 else f" ({len(targets)} requests, one engine start)"
         log(f"[{job.name}] replaying through {engine.spec} ({engine.runner} runner){what}")
         # The config's timeout is per replay: a batch gets one allowance per request.
         timeout_s = targets[0].cfg.timeout_s * len(targets)
-        outcome = runner.run_worker(engine, request_paths, log_path or out_dirs[0] / "worker.log", timeout_s, log)
+        outcome = runner.run_worker(
+            engine, request_paths, log_path or out_dirs[0] / "worker.log", timeout_s, log
+        )
     except EngineError as exc:
         for r in results:
             r.error, r.log_tail = str(exc), exc.log_tail
@@ -336,7 +399,7 @@ def run_engine(
         return results
     finally:
         prepared.cancel()  # a no-op once prepared; stops an install left running by an interrupt
-    for result, out_dir in zip(results, out_dirs):
+    for result, out_dir in zip(results, out_dirs, strict=True):
         result.worker_s = round(outcome.wall_s, 2)
         try:
             evidence.load(out_dir)  # validates shapes and finiteness before anyone relies on it

@@ -12,16 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from gate import __version__
-from gate.checks.base import Status
 from gate.config import GateConfig
+from gate.files import REPORT_FILE, read_run_manifest, write_json
 from gate.judge import Judgment
+from gate.verdict import Status
 
 SCHEMA = "gate-report/1"
-REPORT_FILE = "report.json"
 
 
 def build(run_dir: Path, cfg: GateConfig, judgment: Judgment) -> dict[str, Any]:
-    run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    run = read_run_manifest(run_dir)
     counts = Counter(c.status.value for c in judgment.checks)
     return {
         "schema": SCHEMA,
@@ -32,7 +32,20 @@ def build(run_dir: Path, cfg: GateConfig, judgment: Judgment) -> dict[str, Any]:
         "fail_on": cfg.fail_on,
         "counts": {s.value: counts.get(s.value, 0) for s in Status},
         "errors": judgment.errors,
-        "run": {k: run.get(k) for k in ("started", "finished", "config", "model", "prompt_sets", "sampling", "greedy", "teacher_forced", "reference")}
+        "run": {
+            k: run.get(k)
+            for k in (
+                "started",
+                "finished",
+                "config",
+                "model",
+                "prompt_sets",
+                "sampling",
+                "greedy",
+                "teacher_forced",
+                "reference",
+            )
+        }
         | {"dir": str(run_dir)},
         "engines": {name: _engine(run_dir, name, entry) for name, entry in run["engines"].items()},
         "baseline": judgment.baseline.to_dict(),
@@ -44,11 +57,20 @@ def build(run_dir: Path, cfg: GateConfig, judgment: Judgment) -> dict[str, Any]:
 
 def _grpo(judgment: Judgment) -> dict[str, Any]:
     """The trajectories for the renderer's charts, when the GRPO check ran."""
-    check = next((c for c in judgment.checks if c.id == "grpo-trajectory" and "metrics" in c.details), None)
+    check = next(
+        (c for c in judgment.checks if c.id == "grpo-trajectory" and "metrics" in c.details), None
+    )
     if check is None:
         return {}
     d = check.details
-    return {"grpo": {"steps": d["steps"], "compared_with": d["compared_with"], "metrics": d["metrics"], "first_exit": d["first_exit"]}}
+    return {
+        "grpo": {
+            "steps": d["steps"],
+            "compared_with": d["compared_with"],
+            "metrics": d["metrics"],
+            "first_exit": d["first_exit"],
+        }
+    }
 
 
 def _engine(run_dir: Path, name: str, entry: dict) -> dict[str, Any]:
@@ -56,7 +78,18 @@ def _engine(run_dir: Path, name: str, entry: dict) -> dict[str, Any]:
     meta_path = run_dir / "engines" / name / "engine.json"
     if meta_path.is_file():
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        out |= {k: meta.get(k) for k in ("identity", "effective", "numerics", "default_sampling_params", "dropped_engine_args", "timings", "counts")}
+        out |= {
+            k: meta.get(k)
+            for k in (
+                "identity",
+                "effective",
+                "numerics",
+                "default_sampling_params",
+                "dropped_engine_args",
+                "timings",
+                "counts",
+            )
+        }
     return out
 
 
@@ -70,9 +103,7 @@ def commands(cfg: GateConfig) -> dict[str, str]:
 
 def write(run_dir: Path, report: dict[str, Any]) -> Path:
     path = run_dir / REPORT_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(_finite(report), indent=2, allow_nan=False, default=str) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_json(path, _finite(report))
     return path
 
 

@@ -21,11 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gate.errors import ConfigError
+from gate.verdict import STATUSES, VERDICTS
 
 SCHEMA_PREFIX = "gate-report/"
 SUPPORTED_MAJOR = 1
-VERDICTS = ("PASS", "WARN", "FAIL", "ERROR")
-STATUSES = (*VERDICTS, "SKIP")
 
 
 class ReportError(ConfigError):
@@ -194,21 +193,32 @@ _REPORT_FIELDS = (
     Field("checks", list_of(CHECK)), Field("commands", Obj((Field("reproduce", STR), Field("regenerate_baseline", STR)))),
     Field("grpo", GRPO), Field("worst_tokens", list_of(WORST_TOKEN)),
 )  # fmt: skip
-PART = Obj(_REPORT_FIELDS, nullable=False)  # a merged report's part: a report without its own schema line
-REPORT = Obj((Field("schema", STR, required=True), *_REPORT_FIELDS, Field("parts", list_of(PART))), nullable=False)
+PART = Obj(
+    _REPORT_FIELDS, nullable=False
+)  # a merged report's part: a report without its own schema line
+REPORT = Obj(
+    (Field("schema", STR, required=True), *_REPORT_FIELDS, Field("parts", list_of(PART))),
+    nullable=False,
+)
 
 
 # -- entry point ---------------------------------------------------------------------------------
 def check_version(report: Any, where: str = "report") -> None:
     """A JSON object whose ``schema`` names a major version this gate reads."""
     if not isinstance(report, dict):
-        raise ReportError(f"{where}: expected a JSON object (a gate report.json), got {describe(report)}")
+        raise ReportError(
+            f"{where}: expected a JSON object (a gate report.json), got {describe(report)}"
+        )
     schema = report.get("schema")
     if not isinstance(schema, str) or not schema.startswith(SCHEMA_PREFIX):
-        raise ReportError(f"{where}: not a gate report (schema {describe(schema)}, expected '{SCHEMA_PREFIX}{SUPPORTED_MAJOR}')")
-    major = schema[len(SCHEMA_PREFIX):].split(".", 1)[0]
+        raise ReportError(
+            f"{where}: not a gate report (schema {describe(schema)}, expected '{SCHEMA_PREFIX}{SUPPORTED_MAJOR}')"
+        )
+    major = schema[len(SCHEMA_PREFIX) :].split(".", 1)[0]
     if not (major.isascii() and major.isdigit()) or int(major) != SUPPORTED_MAJOR:
-        raise ReportError(f"{where}: unsupported report schema {schema[:60]!r}; this gate reads '{SCHEMA_PREFIX}{SUPPORTED_MAJOR}'")
+        raise ReportError(
+            f"{where}: unsupported report schema {schema[:60]!r}; this gate reads '{SCHEMA_PREFIX}{SUPPORTED_MAJOR}'"
+        )
 
 
 def validate_report(report: Any, where: str = "report") -> dict[str, Any]:
@@ -217,7 +227,9 @@ def validate_report(report: Any, where: str = "report") -> dict[str, Any]:
     try:
         REPORT(report, "")
     except _Mismatch as exc:
-        raise ReportError(f"{where}: field {exc.path}: expected {exc.expected}, got {describe(exc.value)}") from None
+        raise ReportError(
+            f"{where}: field {exc.path}: expected {exc.expected}, got {describe(exc.value)}"
+        ) from None
     return report
 
 
@@ -227,5 +239,7 @@ def describe(value: Any, limit: int = 40) -> str:
         type(value), "a number" if _is_number(value) else type(value).__name__)  # fmt: skip
     if isinstance(value, (dict, list)):
         return kind
-    text = json.dumps(value, ensure_ascii=True, default=str)  # one line: newlines and controls escaped
+    text = json.dumps(
+        value, ensure_ascii=True, default=str
+    )  # one line: newlines and controls escaped
     return f"{kind} {text[:limit]}{'…' if len(text) > limit else ''}" if value is not None else kind

@@ -112,7 +112,7 @@ class WorkerRequest:
         path.write_text(self.to_json() + "\n", encoding="utf-8")
 
     @classmethod
-    def from_json(cls, text: str) -> "WorkerRequest":
+    def from_json(cls, text: str) -> WorkerRequest:
         raw = json.loads(text)
         if raw.get("schema_version") != REQUEST_SCHEMA_VERSION:
             raise ValueError(
@@ -129,5 +129,5 @@ class WorkerRequest:
         return cls(**raw)
 
     @classmethod
-    def read(cls, path: Path) -> "WorkerRequest":
+    def read(cls, path: Path) -> WorkerRequest:
         return cls.from_json(Path(path).read_text(encoding="utf-8"))

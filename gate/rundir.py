@@ -19,9 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gate.errors import ConfigError
-
-RUN_FILE = "run.json"
-INCOMPLETE_SUFFIX = ".incomplete"
+from gate.files import INCOMPLETE_SUFFIX, RUN_FILE
 
 
 @dataclass
@@ -30,7 +28,7 @@ class RunDirectory:
     work_path: Path
 
     @classmethod
-    def create(cls, out: Path | None, gate_id: str) -> "RunDirectory":
+    def create(cls, out: Path | None, gate_id: str) -> RunDirectory:
         out = (out or default_path(gate_id)).resolve()
         if out.exists():
             raise ConfigError(f"{out}: run directory already exists; choose another --out")
@@ -49,7 +47,9 @@ class RunDirectory:
         return path.relative_to(self.work_path)
 
     def finish(self, manifest: dict, complete: bool) -> Path:
-        (self.work_path / RUN_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        (self.work_path / RUN_FILE).write_text(
+            json.dumps(manifest, indent=2) + "\n", encoding="utf-8"
+        )
         if not complete:
             return self.work_path
         os.replace(self.work_path, self.final_path)

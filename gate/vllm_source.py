@@ -62,15 +62,11 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
     """
     if cache_dir is None and os.environ.get("GATE_VLLM_SOURCE_DIR"):
         return Path(os.environ["GATE_VLLM_SOURCE_DIR"])
-    base = Path(
-        cache_dir or os.environ.get("GATE_CACHE_DIR") or Path.home() / ".cache" / "gate"
-    )
+    base = Path(cache_dir or os.environ.get("GATE_CACHE_DIR") or Path.home() / ".cache" / "gate")
     return base / "vllm-source"
 
 
-def cached_source(
-    version: str, cache_dir: str | os.PathLike | None = None
-) -> Path | None:
+def cached_source(version: str, cache_dir: str | os.PathLike | None = None) -> Path | None:
     """The release's extracted source when the cache holds it in the current format, else None."""
     root = cache_root(cache_dir) / version
     try:
@@ -100,9 +96,7 @@ def ensure_source(version: str, cache_dir: str | os.PathLike | None = None) -> P
         files = _extract(wheel, staged)
         manifest = {"format": CACHE_FORMAT, "version": version, "wheel": wheel.name,
                     "wheel_sha256": sha256_file(wheel), "files": files}  # fmt: skip
-        (staged / "MANIFEST.json").write_text(
-            json.dumps(manifest, indent=1), encoding="utf-8"
-        )
+        (staged / "MANIFEST.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
         wheel.unlink()  # 500 MB: gone before the next release is fetched
         dest = parent / version
         if dest.exists():  # a stale format, or another process finished first
@@ -127,15 +121,11 @@ def _download_wheel(version: str, into: Path) -> Path:
             cmd, check=False, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S
         )
     except subprocess.TimeoutExpired:
-        raise FetchError(
-            f"pip download vllm=={version} took over {DOWNLOAD_TIMEOUT_S} s"
-        ) from None
+        raise FetchError(f"pip download vllm=={version} took over {DOWNLOAD_TIMEOUT_S} s") from None
     wheels = sorted(into.glob("vllm-*.whl")) if into.is_dir() else []
     if proc.returncode != 0 or len(wheels) != 1:
         tail = "\n".join(
-            line
-            for line in (proc.stderr or proc.stdout).splitlines()
-            if "is ignored" not in line
+            line for line in (proc.stderr or proc.stdout).splitlines() if "is ignored" not in line
         )
         raise FetchError(
             f"pip download vllm=={version} failed (exit {proc.returncode}): {tail[-1500:].strip()}"
@@ -145,9 +135,7 @@ def _download_wheel(version: str, into: Path) -> Path:
 
 # Files defining a class the checks read, wherever the release keeps it. Methods are looked up
 # through the class and its bases, so a method's own file needs no pattern.
-_KEEP_RE = re.compile(
-    rb"^class\s+(?:" + "|".join(CLASS_HINTS).encode() + rb")\b", re.MULTILINE
-)
+_KEEP_RE = re.compile(rb"^class\s+(?:" + "|".join(CLASS_HINTS).encode() + rb")\b", re.MULTILINE)
 
 
 def _extract(wheel: Path, dest: Path) -> list[str]:
@@ -155,26 +143,18 @@ def _extract(wheel: Path, dest: Path) -> list[str]:
     try:
         with zipfile.ZipFile(wheel) as zf:
             sources = {
-                n: zf.read(n)
-                for n in zf.namelist()
-                if n.startswith("vllm/") and n.endswith(".py")
+                n: zf.read(n) for n in zf.namelist() if n.startswith("vllm/") and n.endswith(".py")
             }
     except (OSError, zipfile.BadZipFile) as exc:
         raise FetchError(f"{wheel.name}: cannot read the wheel: {exc}") from None
-    keep = {
-        n
-        for n, text in sources.items()
-        if n.startswith(CONFIG_DIRS) or _KEEP_RE.search(text)
-    }
+    keep = {n for n, text in sources.items() if n.startswith(CONFIG_DIRS) or _KEEP_RE.search(text)}
     # Inherited methods and attributes need the base classes' files (e.g. WorkerBase), and the
     # model_runner.model check the classes that wrap the model (e.g. CUDAGraphWrapper).
     defined = {name for n in keep for name in _class_names(sources[n])}
     pending = {b for n in keep for b in _referenced_classes(sources[n])} - defined
     while pending:
         name = pending.pop()
-        pattern = re.compile(
-            rb"^class\s+" + re.escape(name.encode()) + rb"\b", re.MULTILINE
-        )
+        pattern = re.compile(rb"^class\s+" + re.escape(name.encode()) + rb"\b", re.MULTILINE)
         for n in sorted(sources.keys() - keep):
             if pattern.search(sources[n]):
                 keep.add(n)
@@ -261,9 +241,7 @@ class SourceTree:
             tree = ast.parse(file.read_bytes(), filename=rel)
             for node in tree.body:
                 if isinstance(node, ast.ClassDef):
-                    self.classes.setdefault(node.name, []).append(
-                        ClassInfo(node.name, rel, node)
-                    )
+                    self.classes.setdefault(node.name, []).append(ClassInfo(node.name, rel, node))
 
     def find(self, name: str) -> ClassInfo | None:
         candidates = self.classes.get(name, [])
@@ -283,11 +261,7 @@ class SourceTree:
             seen.add(c.where)
             out.append(c)
             for base in c.node.bases:
-                found = (
-                    self.find(_dotted(base).rsplit(".", 1)[-1])
-                    if _dotted(base)
-                    else None
-                )
+                found = self.find(_dotted(base).rsplit(".", 1)[-1]) if _dotted(base) else None
                 if found is not None:
                     stack.append(found)
         return out
@@ -300,10 +274,7 @@ class SourceTree:
             return None
         for c in self.mro(cls):
             for node in c.node.body:
-                if (
-                    isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-                    and node.name == name
-                ):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
                     return c, node
         return None
 
@@ -332,8 +303,7 @@ class SourceTree:
                 ):
                     return c, node, None
                 elif (
-                    isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-                    and node.name == name
+                    isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name
                 ):
                     return c, node, node.returns
             for node in ast.walk(c.node):
@@ -374,20 +344,14 @@ def worker_setting_paths(
             if isinstance(node, ast.Assign)
             else None
         )
-        if (
-            isinstance(target, ast.Name)
-            and target.id == "_SETTINGS"
-            and node.value is not None
-        ):
+        if isinstance(target, ast.Name) and target.id == "_SETTINGS" and node.value is not None:
             return {k: tuple(v) for k, v in ast.literal_eval(node.value).items()}
     raise LookupError(
         f"{engine_py}: no _SETTINGS table; the compatibility check follows the worker's own paths"
     )
 
 
-def _config_class(
-    hop: str, annotation: ast.expr | None, tree: SourceTree
-) -> str | None:
+def _config_class(hop: str, annotation: ast.expr | None, tree: SourceTree) -> str | None:
     """The class an attribute hop leads to: its annotation's class where it names one, else by convention."""
     if annotation is not None:
         names = [n.id for n in ast.walk(annotation) if isinstance(n, ast.Name)]
@@ -419,9 +383,7 @@ def resolve_path(tree: SourceTree, root_class: str, path: str) -> Finding:
         if i + 1 < len(hops):
             nxt = _config_class(hop, annotation, tree)
             if nxt is None:
-                return Finding(
-                    False, where, f"cannot tell the class of {cls_name}.{hop}"
-                )
+                return Finding(False, where, f"cannot tell the class of {cls_name}.{hop}")
             cls_name = nxt
     return Finding(True, where)
 
@@ -434,9 +396,7 @@ def _params(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
 def _reload_accepts_iterator(tree: SourceTree) -> Finding:
     """Worker.reload_weights(weights_iterator=...), following a ``*args, **kwargs`` forward to the runner."""
     cls_name = "Worker"
-    for _ in range(
-        3
-    ):  # Worker -> GPUModelRunner; a longer chain would be new and worth a look
+    for _ in range(3):  # Worker -> GPUModelRunner; a longer chain would be new and worth a look
         found = tree.method(cls_name, "reload_weights")
         if found is None:
             return Finding(False, "", f"{cls_name}.reload_weights is missing")
@@ -481,9 +441,7 @@ def _runner_model_load_weights(tree: SourceTree) -> Finding:
         return Finding(False, "", "Worker has no model_runner")
     model = tree.attribute("GPUModelRunner", "model")
     if model is None:
-        return Finding(
-            False, _where(runner[0], runner[1]), "GPUModelRunner has no model attribute"
-        )
+        return Finding(False, _where(runner[0], runner[1]), "GPUModelRunner has no model attribute")
     # self.model = Wrapper(self.model, ...): load_weights must still reach the wrapped model.
     for runner_cls in tree.mro(tree.find("GPUModelRunner")):
         for node in ast.walk(runner_cls.node):
@@ -492,9 +450,9 @@ def _runner_model_load_weights(tree: SourceTree) -> Finding:
                 continue
             where = f"{runner_cls.path}:{node.lineno}"
             if tree.find(wrapper) is None:
-                if (
-                    not wrapper[:1].isupper()
-                ):  # a function returning the model (get_model()), not a wrapper
+                if not wrapper[
+                    :1
+                ].isupper():  # a function returning the model (get_model()), not a wrapper
                     continue
                 return Finding(
                     False,
@@ -519,9 +477,7 @@ def _method(tree: SourceTree, cls_name: str, name: str) -> Finding:
         return Finding(
             False,
             "",
-            f"{cls_name}.{name} is missing"
-            if tree.find(cls_name)
-            else f"no class {cls_name}",
+            f"{cls_name}.{name} is missing" if tree.find(cls_name) else f"no class {cls_name}",
         )
     return Finding(True, _where(*found))
 
@@ -531,9 +487,7 @@ def _collective_rpc(tree: SourceTree) -> Finding:
     if found is None:
         return Finding(False, "", "LLM.collective_rpc is missing")
     cls, fn = found
-    method = next(
-        (p for p in fn.args.args + fn.args.kwonlyargs if p.arg == "method"), None
-    )
+    method = next((p for p in fn.args.args + fn.args.kwonlyargs if p.arg == "method"), None)
     annotation = (
         ast.unparse(method.annotation)
         if method is not None and method.annotation is not None
@@ -563,12 +517,8 @@ def check_tree(
     out = {
         compat.COLLECTIVE_RPC: _collective_rpc(tree),
         compat.RESET_PREFIX_CACHE: _method(tree, "LLM", "reset_prefix_cache"),
-        compat.DEFAULT_SAMPLING_PARAMS: _method(
-            tree, "LLM", "get_default_sampling_params"
-        ),
-        compat.DIFF_SAMPLING_PARAM: _method(
-            tree, "ModelConfig", "get_diff_sampling_param"
-        ),
+        compat.DEFAULT_SAMPLING_PARAMS: _method(tree, "LLM", "get_default_sampling_params"),
+        compat.DIFF_SAMPLING_PARAM: _method(tree, "ModelConfig", "get_diff_sampling_param"),
         compat.LOGPROBS_MODE: _field(tree, "EngineArgs", "logprobs_mode"),
         compat.FLAT_LOGPROBS: _field(tree, "SamplingParams", "flat_logprobs"),
         compat.RELOAD_WEIGHTS: _method(tree, "Worker", "reload_weights"),
@@ -579,9 +529,7 @@ def check_tree(
         compat.WT_UPDATE: _method(tree, "Worker", "update_weights"),
         compat.WT_FINISH: _method(tree, "Worker", "finish_weight_update"),
     }
-    assert set(out) == set(compat.FEATURE_KEYS), (
-        "check_tree and gate.compat.FEATURES disagree"
-    )
+    assert set(out) == set(compat.FEATURE_KEYS), "check_tree and gate.compat.FEATURES disagree"
     for name, paths in settings.items():
         findings = [(p, resolve_path(tree, "LLMEngine", p)) for p in paths]
         hit = next(((p, f) for p, f in findings if f.present), None)

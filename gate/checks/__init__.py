@@ -17,19 +17,38 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from gate.checks.base import CheckResult, CheckSettings, CheckSpec, Status
+from gate.checks.base import CheckResult, CheckSettings, CheckSpec
 from gate.checks.context import Context
 from gate.errors import ConfigError
+from gate.verdict import Status
 
 MODES = ("fail", "warn", "off")
 
 
 def registry() -> list[CheckSpec]:
     from gate.checks import (
-        config_parity, forward_drift, greedy, grpo, mismatch, precision, semantics, tokenization, weight_sync,
+        config_parity,
+        forward_drift,
+        greedy,
+        grpo,
+        mismatch,
+        precision,
+        semantics,
+        tokenization,
+        weight_sync,
     )  # fmt: skip
 
-    modules = (semantics, mismatch, forward_drift, greedy, config_parity, precision, tokenization, weight_sync, grpo)
+    modules = (
+        semantics,
+        mismatch,
+        forward_drift,
+        greedy,
+        config_parity,
+        precision,
+        tokenization,
+        weight_sync,
+        grpo,
+    )
     return [m.SPEC for m in modules]
 
 
@@ -41,8 +60,13 @@ def parse_settings(raw: Any, where: str) -> dict[str, CheckSettings]:
     specs = {spec.id: spec for spec in registry()}
     for check_id in raw:
         if check_id not in specs:
-            raise ConfigError(f"{where}: checks.{check_id}: unknown check (expected one of: {', '.join(specs)})")
-    return {cid: _settings(spec, raw.get(cid) or {}, f"{where}: checks.{cid}") for cid, spec in specs.items()}
+            raise ConfigError(
+                f"{where}: checks.{check_id}: unknown check (expected one of: {', '.join(specs)})"
+            )
+    return {
+        cid: _settings(spec, raw.get(cid) or {}, f"{where}: checks.{cid}")
+        for cid, spec in specs.items()
+    }
 
 
 def _settings(spec: CheckSpec, raw: Any, where: str) -> CheckSettings:
@@ -55,7 +79,9 @@ def _settings(spec: CheckSpec, raw: Any, where: str) -> CheckSettings:
     thresholds = dict(spec.thresholds)
     for name, value in (raw.pop("thresholds", None) or {}).items():
         if name not in thresholds:
-            raise ConfigError(f"{where}.thresholds.{name}: unknown metric (expected one of: {', '.join(thresholds)})")
+            raise ConfigError(
+                f"{where}.thresholds.{name}: unknown metric (expected one of: {', '.join(thresholds)})"
+            )
         thresholds[name] = thresholds[name].with_overrides(value, f"{where}.thresholds.{name}")
     options = dict(spec.options)
     for name, value in raw.items():
@@ -67,8 +93,10 @@ def _settings(spec: CheckSpec, raw: Any, where: str) -> CheckSettings:
             if not isinstance(value, dict):
                 raise ConfigError(f"{where}.{name}: expected a mapping")
             value = {**default, **value}
-        elif default is not None and not isinstance(value, type(default)) and not (
-            isinstance(default, float) and isinstance(value, int)
+        elif (
+            default is not None
+            and not isinstance(value, type(default))
+            and not (isinstance(default, float) and isinstance(value, int))
         ):
             raise ConfigError(f"{where}.{name}: expected {type(default).__name__}, got {value!r}")
         options[name] = value
@@ -80,13 +108,19 @@ def run_checks(ctx: Context, settings: dict[str, CheckSettings]) -> list[CheckRe
     for spec in registry():
         s = settings[spec.id]
         if s.mode == "off":
-            results.append(CheckResult(spec.id, spec.title, Status.SKIP, "turned off in the config"))
+            results.append(
+                CheckResult(spec.id, spec.title, Status.SKIP, "turned off in the config")
+            )
             continue
         try:
             result = spec.run(ctx, s)
-        except Exception as exc:  # noqa: BLE001 - one broken check must not hide the others
-            result = CheckResult(spec.id, spec.title, Status.ERROR, f"check crashed: {type(exc).__name__}: {exc}")
+        except Exception as exc:
+            result = CheckResult(
+                spec.id, spec.title, Status.ERROR, f"check crashed: {type(exc).__name__}: {exc}"
+            )
         if s.mode == "warn" and result.status == Status.FAIL:
-            result = dataclasses.replace(result, status=Status.WARN, summary=result.summary + " (capped at WARN by config)")
+            result = dataclasses.replace(
+                result, status=Status.WARN, summary=result.summary + " (capped at WARN by config)"
+            )
         results.append(result)
     return results

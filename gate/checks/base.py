@@ -9,31 +9,12 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Any, Callable
+from typing import Any
 
 from gate.errors import ConfigError
-
-
-class Status(str, Enum):
-    PASS = "PASS"
-    WARN = "WARN"
-    FAIL = "FAIL"
-    ERROR = "ERROR"  # the gate could not judge
-    SKIP = "SKIP"  # turned off, or the evidence it needs was not recorded
-
-    @property
-    def rank(self) -> int:
-        return _RANK[self]
-
-
-_RANK = {Status.SKIP: 0, Status.PASS: 1, Status.WARN: 2, Status.FAIL: 3, Status.ERROR: 4}
-
-
-def worst(statuses) -> Status:
-    return max(statuses, key=lambda s: s.rank, default=Status.PASS)
-
+from gate.verdict import Status
 
 _RELATIVE = re.compile(r"^\s*([0-9.eE+-]+)\s*x\s*noise\s*$")
 
@@ -47,7 +28,7 @@ class Limit:
     floor: float = 0.0
 
     @classmethod
-    def parse(cls, raw: Any, where: str) -> "Limit | None":
+    def parse(cls, raw: Any, where: str) -> Limit | None:
         if raw is None:
             return None
         if isinstance(raw, (int, float)) and not isinstance(raw, bool):
@@ -78,7 +59,9 @@ class Threshold:
     higher_is_worse: bool = True
     source: str = ""  # where the default comes from (NeMo-RL, verl, vLLM tests, ...)
 
-    def evaluate(self, value: float, noise: float | None = None) -> tuple[Status, float | None, float | None]:
+    def evaluate(
+        self, value: float, noise: float | None = None
+    ) -> tuple[Status, float | None, float | None]:
         warn = self.warn.resolve(noise) if self.warn else None
         fail = self.fail.resolve(noise) if self.fail else None
         if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -92,12 +75,14 @@ class Threshold:
     def _beyond(self, value: float, bound: float) -> bool:
         return value > bound if self.higher_is_worse else value < bound
 
-    def with_overrides(self, raw: Any, where: str) -> "Threshold":
+    def with_overrides(self, raw: Any, where: str) -> Threshold:
         if not isinstance(raw, dict):
             raise ConfigError(f"{where}: expected a mapping with warn/fail")
         unknown = set(raw) - {"warn", "fail", "floor"}
         if unknown:
-            raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown key (expected warn, fail, floor)")
+            raise ConfigError(
+                f"{where}.{sorted(unknown)[0]}: unknown key (expected warn, fail, floor)"
+            )
         floor = raw.get("floor")
         if floor is not None and (isinstance(floor, bool) or not isinstance(floor, (int, float))):
             raise ConfigError(f"{where}.floor: expected a number, got {floor!r}")
@@ -164,7 +149,13 @@ class CheckResult:
         }
 
 
-def measure(name: str, value: float, threshold: Threshold, noise: float | None = None, engine: str | None = None) -> Measurement:
+def measure(
+    name: str,
+    value: float,
+    threshold: Threshold,
+    noise: float | None = None,
+    engine: str | None = None,
+) -> Measurement:
     status, warn, fail = threshold.evaluate(value, noise)
     return Measurement(name, value, status, warn, fail, threshold.higher_is_worse, engine)
 

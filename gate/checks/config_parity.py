@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gate.checks.base import CheckResult, CheckSpec, Measurement, Status, worst
+from gate.checks.base import CheckResult, CheckSpec, Measurement
+from gate.verdict import Status, worst
 
 ID = "config-parity"
 TITLE = "Engine configuration parity"
@@ -82,7 +83,9 @@ def run(ctx, settings) -> CheckResult:
         level = policy_for(key, policy)
         acknowledged = key in ctx.acknowledge or key.split(".", 1)[0] in ctx.acknowledge
         status = Status.PASS if acknowledged else _STATUS[level]
-        note = f"{old.get(key)!r} -> {new.get(key)!r}" + (" (acknowledged)" if acknowledged else f" (policy: {level})")
+        note = f"{old.get(key)!r} -> {new.get(key)!r}" + (
+            " (acknowledged)" if acknowledged else f" (policy: {level})"
+        )
         measurements.append(Measurement(key, None, status, note=note))
         if status in (Status.WARN, Status.FAIL):
             fix = FIXES.get(key) or FIXES.get(key.split(".", 1)[0]) or "pin it in engine_args"
@@ -90,23 +93,37 @@ def run(ctx, settings) -> CheckResult:
     # What the user asked for but the engine overrode (e.g. async scheduling the platform refuses).
     requested = ctx.new.engine.get("requested_engine_args", {})
     effective = ctx.new.engine.get("effective", {})
-    overridden = {k: (v, effective[k]) for k, v in requested.items() if k in effective and effective[k] != v}
+    overridden = {
+        k: (v, effective[k]) for k, v in requested.items() if k in effective and effective[k] != v
+    }
     for key, (asked, actual) in sorted(overridden.items()):
-        measurements.append(Measurement(f"requested.{key}", None, Status.PASS, note=f"requested {asked!r}, engine runs {actual!r}"))
+        measurements.append(
+            Measurement(
+                f"requested.{key}",
+                None,
+                Status.PASS,
+                note=f"requested {asked!r}, engine runs {actual!r}",
+            )
+        )
     status = worst([m.status for m in measurements] or [Status.PASS])
     unacked = sum(m.status in (Status.WARN, Status.FAIL) for m in measurements)
     summary = (
-        f"{len(changed)} setting(s) differ from {label}, {unacked} not acknowledged" if changed else f"effective settings identical to {label}"
+        f"{len(changed)} setting(s) differ from {label}, {unacked} not acknowledged"
+        if changed
+        else f"effective settings identical to {label}"
     )
     diagnosis = ""
     if problems:
         diagnosis = (
-            "Settings that change RL behaviour differ between the engines: " + "; ".join(problems)
+            "Settings that change RL behaviour differ between the engines: "
+            + "; ".join(problems)
             + ". If a change is intended, list it under `acknowledge:` in the gate config."
         )
     details = {
         "compared_with": label,
-        "overridden_by_engine": {k: {"requested": a, "effective": b} for k, (a, b) in overridden.items()},
+        "overridden_by_engine": {
+            k: {"requested": a, "effective": b} for k, (a, b) in overridden.items()
+        },
         "diff": {k: {"old": old.get(k), "new": new.get(k)} for k in changed},
         "acknowledged": sorted(ctx.acknowledge),
     }

@@ -19,8 +19,10 @@ class Context:
     new: Evidence
     old: Evidence | None
     run: dict[str, Any]  # run.json
-    baseline: "Baseline | None" = None
-    baseline_comparable: bool = False  # same model, prompts and settings: token-level comparison allowed
+    baseline: Baseline | None = None
+    baseline_comparable: bool = (
+        False  # same model, prompts and settings: token-level comparison allowed
+    )
     acknowledge: frozenset[str] = frozenset()
 
     @property
@@ -54,7 +56,9 @@ def sequences(e: Evidence, group: str) -> list[np.ndarray]:
     return np.split(ids, off[1:-1])
 
 
-def per_prompt(e: Evidence, group: str, per_token: np.ndarray, offsets: np.ndarray | None = None) -> np.ndarray:
+def per_prompt(
+    e: Evidence, group: str, per_token: np.ndarray, offsets: np.ndarray | None = None
+) -> np.ndarray:
     """Per-prompt mean of a per-token array (sequences averaged within each prompt).
 
     ``offsets`` replaces the group's own when ``per_token`` holds a subset of its tokens
@@ -94,4 +98,6 @@ def sampled_pairs(e: Evidence, trainer_key: str = ev.TRAINER_PROCESSED) -> Sampl
         return SampledPairs(trainer, engine, offsets, 0, len(trainer))
     # Kept tokens before each sequence start: the new offsets, without a per-sequence loop.
     kept_before = np.concatenate([[0], np.cumsum(keep, dtype=np.int64)])
-    return SampledPairs(trainer[keep], engine[keep], kept_before[offsets], int((~keep).sum()), len(trainer))
+    return SampledPairs(
+        trainer[keep], engine[keep], kept_before[offsets], int((~keep).sum()), len(trainer)
+    )

@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from gate import evidence as ev
-from gate.checks.base import CheckResult, CheckSpec, Limit, Measurement, Status, Threshold, measure, worst
+from gate.checks.base import CheckResult, CheckSpec, Limit, Measurement, Threshold, measure
+from gate.verdict import Status, worst
 
 ID = "forward-drift"
 TITLE = "Forward drift on identical tokens"
@@ -21,28 +22,45 @@ THRESHOLDS = {
     # tiny model's fp32 -> bf16 switch reads ~4e-3 mean / ~0.1 max, so the floors sit well between.
     # On GPUs batch-dependent kernels make the calibrated noise, and with it the bounds, larger.
     "mean_abs_drift": Threshold(
-        Limit(4, relative=True, floor=5e-4), Limit(10, relative=True, floor=2e-3),
+        Limit(4, relative=True, floor=5e-4),
+        Limit(10, relative=True, floor=2e-3),
         source="noise-relative; floors between fp32 A/A (0) and fp32 -> bf16 (~4e-3)",
-    ),  # fmt: skip
+    ),
     "max_abs_drift": Threshold(
-        Limit(4, relative=True, floor=1e-2), Limit(10, relative=True, floor=5e-2),
+        Limit(4, relative=True, floor=1e-2),
+        Limit(10, relative=True, floor=5e-2),
         source="noise-relative; vLLM's own prompt-logprob tests allow 2e-2 between vLLM and HF",
-    ),  # fmt: skip
+    ),
 }
 
 
-def aligned_teacher_forced(a: ev.Evidence, b: ev.Evidence) -> tuple[np.ndarray, np.ndarray, int, int]:
+def aligned_teacher_forced(
+    a: ev.Evidence, b: ev.Evidence
+) -> tuple[np.ndarray, np.ndarray, int, int]:
     """(lp_a, lp_b) over sequences with identical token ids in both; (.., compared, skipped)."""
     key_ids, key_off = f"{ev.TF}_input_ids", f"{ev.TF}_input_offsets"
     lp = f"{ev.TF}_{ev.ENGINE_LOGPROB}"
     if np.array_equal(a[key_off], b[key_off]) and np.array_equal(a[key_ids], b[key_ids]):
         return a[lp].astype(np.float64), b[lp].astype(np.float64), len(a[key_off]) - 1, 0
     seqs_a = np.split(a[key_ids], a[key_off][1:-1])
-    seqs_b = {int(p): s for p, s in zip(b[f"{ev.TF}_{ev.PROMPT_INDEX}"], np.split(b[key_ids], b[key_off][1:-1]))}
+    seqs_b = {
+        int(p): s
+        for p, s in zip(
+            b[f"{ev.TF}_{ev.PROMPT_INDEX}"], np.split(b[key_ids], b[key_off][1:-1]), strict=True
+        )
+    }
     lps_a = np.split(a[lp], a[f"{ev.TF}_{ev.OFFSETS}"][1:-1])
-    lps_b = dict(zip(b[f"{ev.TF}_{ev.PROMPT_INDEX}"].tolist(), np.split(b[lp], b[f"{ev.TF}_{ev.OFFSETS}"][1:-1])))
+    lps_b = dict(
+        zip(
+            b[f"{ev.TF}_{ev.PROMPT_INDEX}"].tolist(),
+            np.split(b[lp], b[f"{ev.TF}_{ev.OFFSETS}"][1:-1]),
+            strict=True,
+        )
+    )
     keep_a, keep_b, skipped = [], [], 0
-    for p, seq, values in zip(a[f"{ev.TF}_{ev.PROMPT_INDEX}"].tolist(), seqs_a, lps_a):  # per sequence
+    for p, seq, values in zip(
+        a[f"{ev.TF}_{ev.PROMPT_INDEX}"].tolist(), seqs_a, lps_a, strict=True
+    ):  # per sequence
         other = seqs_b.get(p)
         if other is not None and np.array_equal(seq, other):
             keep_a.append(values), keep_b.append(lps_b[p])
@@ -50,7 +68,12 @@ def aligned_teacher_forced(a: ev.Evidence, b: ev.Evidence) -> tuple[np.ndarray, 
             skipped += 1
     if not keep_a:
         return np.zeros(0), np.zeros(0), 0, skipped
-    return np.concatenate(keep_a).astype(np.float64), np.concatenate(keep_b).astype(np.float64), len(keep_a), skipped
+    return (
+        np.concatenate(keep_a).astype(np.float64),
+        np.concatenate(keep_b).astype(np.float64),
+        len(keep_a),
+        skipped,
+    )
 
 
 def run(ctx, settings) -> CheckResult:
@@ -62,25 +85,54 @@ def run(ctx, settings) -> CheckResult:
     for label, ref in refs:
         lp_new, lp_ref, compared, skipped = aligned_teacher_forced(ctx.new, ref)
         if compared == 0:
-            measurements.append(Measurement("mean_abs_drift", None, Status.WARN, engine=label, note="no identical sequences"))
+            measurements.append(
+                Measurement(
+                    "mean_abs_drift", None, Status.WARN, engine=label, note="no identical sequences"
+                )
+            )
             continue
         diff = np.abs(lp_new - lp_ref)
-        for name, value in (("mean_abs_drift", float(diff.mean())), ("max_abs_drift", float(diff.max()))):
-            m = measure(name, value, th[name], ctx.noise(name) if label == "baseline" else None, engine=f"vs {label}")
+        for name, value in (
+            ("mean_abs_drift", float(diff.mean())),
+            ("max_abs_drift", float(diff.max())),
+        ):
+            m = measure(
+                name,
+                value,
+                th[name],
+                ctx.noise(name) if label == "baseline" else None,
+                engine=f"vs {label}",
+            )
             measurements.append(m)
-        details[label] = {"sequences": compared, "skipped_sequences": skipped, "tokens": int(len(diff)),
+        details[label] = {"sequences": compared, "skipped_sequences": skipped, "tokens": len(diff),
                           "mean_abs_drift": float(diff.mean()), "max_abs_drift": float(diff.max())}  # fmt: skip
     status = worst(m.status for m in measurements)
     first = measurements[0]
-    summary = f"mean |Δ| {first.value:.2e} {first.engine}" if first.value is not None else "nothing comparable"
+    summary = (
+        f"mean |Δ| {first.value:.2e} {first.engine}"
+        if first.value is not None
+        else "nothing comparable"
+    )
     diagnosis = ""
     if status in (Status.WARN, Status.FAIL):
         new_eff = ctx.new.engine.get("effective", {})
         if ctx.old is not None:
             base_eff = ctx.old.engine.get("effective", {})
         else:
-            base_eff = ctx.baseline.manifest.get("engine", {}).get("effective", {}) if ctx.baseline else {}
-        hints = [f"{k}: {base_eff.get(k)} -> {new_eff.get(k)}" for k in ("dtype", "kv_cache_dtype", "quantization", "attention_backend", "compilation_mode") if base_eff.get(k) != new_eff.get(k)]
+            base_eff = (
+                ctx.baseline.manifest.get("engine", {}).get("effective", {}) if ctx.baseline else {}
+            )
+        hints = [
+            f"{k}: {base_eff.get(k)} -> {new_eff.get(k)}"
+            for k in (
+                "dtype",
+                "kv_cache_dtype",
+                "quantization",
+                "attention_backend",
+                "compilation_mode",
+            )
+            if base_eff.get(k) != new_eff.get(k)
+        ]
         diagnosis = (
             "The new engine computes different logprobs for the very same tokens"
             + (f" ({'; '.join(hints)})" if hints else "")

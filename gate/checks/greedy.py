@@ -10,16 +10,23 @@ from __future__ import annotations
 import numpy as np
 
 from gate import evidence as ev
-from gate.checks.base import CheckResult, CheckSpec, Limit, Status, Threshold, measure, worst
+from gate.checks.base import CheckResult, CheckSpec, Limit, Threshold, measure
 from gate.metrics import greedy_agreement, length_ratio
+from gate.verdict import Status, worst
 
 ID = "greedy-and-length"
 TITLE = "Greedy agreement and output length"
 
 THRESHOLDS = {
-    "greedy_exact_match_rate": Threshold(Limit(0.95), Limit(0.8), higher_is_worse=False,
-                                         source="identical greedy completions expected on the same model and dtype"),  # fmt: skip
-    "length_ratio_deviation": Threshold(Limit(0.05), Limit(0.10), source="MLPerf: output length within +/-10%"),
+    "greedy_exact_match_rate": Threshold(
+        Limit(0.95),
+        Limit(0.8),
+        higher_is_worse=False,
+        source="identical greedy completions expected on the same model and dtype",
+    ),
+    "length_ratio_deviation": Threshold(
+        Limit(0.05), Limit(0.10), source="MLPerf: output length within +/-10%"
+    ),
 }
 
 
@@ -35,12 +42,26 @@ def run(ctx, settings) -> CheckResult:
         if f"{g}_{ev.OFFSETS}" in ctx.new.arrays and f"{g}_{ev.OFFSETS}" in ref.arrays:
             agree = greedy_agreement(ctx.new[f"{g}_{ev.TOKEN_IDS}"], ctx.new[f"{g}_{ev.OFFSETS}"],
                                      ref[f"{g}_{ev.TOKEN_IDS}"], ref[f"{g}_{ev.OFFSETS}"])  # fmt: skip
-            measurements.append(measure("greedy_exact_match_rate", agree.exact_match_rate, th["greedy_exact_match_rate"], engine=f"vs {label}"))
+            measurements.append(
+                measure(
+                    "greedy_exact_match_rate",
+                    agree.exact_match_rate,
+                    th["greedy_exact_match_rate"],
+                    engine=f"vs {label}",
+                )
+            )
             diverged = np.flatnonzero(agree.first_divergence >= 0)
             entry["greedy"] = {**{k: v for k, v in agree.to_dict().items() if k != "first_divergence"},
                                "diverging_prompts": diverged[:20].tolist()}  # fmt: skip
         ratio = length_ratio(ctx.new[f"{s}_{ev.OFFSETS}"], ref[f"{s}_{ev.OFFSETS}"])
-        measurements.append(measure("length_ratio_deviation", abs(ratio - 1.0), th["length_ratio_deviation"], engine=f"vs {label}"))
+        measurements.append(
+            measure(
+                "length_ratio_deviation",
+                abs(ratio - 1.0),
+                th["length_ratio_deviation"],
+                engine=f"vs {label}",
+            )
+        )
         entry["length_ratio"] = ratio
         details[label] = entry
     status = worst(m.status for m in measurements)

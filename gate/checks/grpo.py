@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from gate.checks.base import CheckResult, CheckSpec, Measurement, Status, worst
+from gate.checks.base import CheckResult, CheckSpec, Measurement
+from gate.verdict import Status, worst
 
 ID = "grpo-trajectory"
 TITLE = "Mini GRPO trajectory"
@@ -31,10 +32,14 @@ BANDS = {
 INFO = ("step_s", "push_s")
 
 
-def band(reference: np.ndarray, abs_margin: float, rel_margin: float, edges: str) -> tuple[np.ndarray, np.ndarray]:
+def band(
+    reference: np.ndarray, abs_margin: float, rel_margin: float, edges: str
+) -> tuple[np.ndarray, np.ndarray]:
     """[steps] low/high from [seeds, steps] reference trajectories."""
     margin = np.maximum(abs_margin, rel_margin * np.abs(reference.mean(axis=0)))
-    low = reference.min(axis=0) - margin if edges == "both" else np.full(reference.shape[1], -np.inf)
+    low = (
+        reference.min(axis=0) - margin if edges == "both" else np.full(reference.shape[1], -np.inf)
+    )
     return low, reference.max(axis=0) + margin
 
 
@@ -46,18 +51,28 @@ def first_exit(values: np.ndarray, low: np.ndarray, high: np.ndarray) -> int | N
 def _trajectories(e) -> dict[str, np.ndarray] | None:
     if e is None or "grpo_reward" not in e.arrays:
         return None
-    return {m: np.atleast_2d(e[f"grpo_{m}"]).astype(np.float64) for m in (*BANDS, *INFO) if f"grpo_{m}" in e.arrays}
+    return {
+        m: np.atleast_2d(e[f"grpo_{m}"]).astype(np.float64)
+        for m in (*BANDS, *INFO)
+        if f"grpo_{m}" in e.arrays
+    }
 
 
 def run(ctx, settings) -> CheckResult:
     new = _trajectories(ctx.new)
-    unsupported = ((ctx.new.engine.get("grpo") or {}).get("unsupported") if ctx.new is not None else None)
+    unsupported = (
+        (ctx.new.engine.get("grpo") or {}).get("unsupported") if ctx.new is not None else None
+    )
     if new is None and unsupported:  # asked for, but the engine offers no weight push gate knows
         return CheckResult(ID, TITLE, Status.ERROR, "the GRPO run could not run: no weight push for this engine",
                            f"{unsupported[:1].upper()}{unsupported[1:]}.", details={"unsupported": unsupported})  # fmt: skip
     if new is None:
         return CheckResult(ID, TITLE, Status.SKIP, "the GRPO run did not run (grpo.enabled: false)")
-    base = _trajectories(ctx.baseline.evidence) if ctx.baseline is not None and ctx.baseline_comparable else None
+    base = (
+        _trajectories(ctx.baseline.evidence)
+        if ctx.baseline is not None and ctx.baseline_comparable
+        else None
+    )
     old = _trajectories(ctx.old)
     steps = new["reward"].shape[1]
     reference, label = None, None
@@ -66,7 +81,12 @@ def run(ctx, settings) -> CheckResult:
             reference, label = candidate, name
             break
     if reference is None:
-        return CheckResult(ID, TITLE, Status.SKIP, "no baseline band or old-engine run with the same number of steps")
+        return CheckResult(
+            ID,
+            TITLE,
+            Status.SKIP,
+            "no baseline band or old-engine run with the same number of steps",
+        )
 
     measurements, metrics, exits = [], {}, {}
     for metric, (abs_m, rel_m, edges, outside_status) in BANDS.items():
@@ -75,7 +95,11 @@ def run(ctx, settings) -> CheckResult:
         step = first_exit(values, low, high)
         exits[metric] = step
         status = Status.PASS if step is None else outside_status
-        note = "inside the band" if step is None else f"leaves the band at step {step} ({values[step]:.3g} vs [{low[step]:.3g}, {high[step]:.3g}])"
+        note = (
+            "inside the band"
+            if step is None
+            else f"leaves the band at step {step} ({values[step]:.3g} vs [{low[step]:.3g}, {high[step]:.3g}])"
+        )
         measurements.append(Measurement(metric, float(values[-1]), status, engine="new", note=note))
         metrics[metric] = {
             "new": values.tolist(),
@@ -85,7 +109,10 @@ def run(ctx, settings) -> CheckResult:
         }
     for metric in INFO:
         if metric in new:
-            metrics[metric] = {"new": new[metric][0].tolist(), "old": None if old is None else old[metric][0].tolist()}
+            metrics[metric] = {
+                "new": new[metric][0].tolist(),
+                "old": None if old is None else old[metric][0].tolist(),
+            }
     reward = new["reward"][0]
     k = max(1, steps // 4)
     rise = float(reward[-k:].mean() - reward[:k].mean())
@@ -103,7 +130,13 @@ def run(ctx, settings) -> CheckResult:
                "sampled from (check logprobs_mode and precision). " if early else "")
             + "A KL or clip rate that grows step after step points at the weight-update path (stale weights or caches)."
         )  # fmt: skip
-    details = {"steps": steps, "compared_with": label, "metrics": metrics, "first_exit": exits, "reward_rise": rise}
+    details = {
+        "steps": steps,
+        "compared_with": label,
+        "metrics": metrics,
+        "first_exit": exits,
+        "reward_rise": rise,
+    }
     return CheckResult(ID, TITLE, status, summary, diagnosis, measurements, details)
 
 

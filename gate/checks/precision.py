@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from gate import evidence as ev
-from gate.checks.base import CheckResult, CheckSpec, Measurement, Status
+from gate.checks.base import CheckResult, CheckSpec, Measurement
+from gate.verdict import Status
 
 ID = "precision"
 TITLE = "lm_head precision"
@@ -34,7 +35,9 @@ def classify(d_fp32: float, d_bf16: float, decisive_ratio: float) -> str:
     return "inconclusive"
 
 
-BF16_GRID = 2.0**-7  # bf16 keeps 8 significant bits: in [1, 2) its values are 2^-7 apart, coarser above
+BF16_GRID = (
+    2.0**-7
+)  # bf16 keeps 8 significant bits: in [1, 2) its values are 2^-7 apart, coarser above
 GRID_TOLERANCE = 2e-5  # fp32 rounding of a log-softmax of magnitude up to ~30, with room
 GRID_MIN_GAPS = 200  # below this many non-zero gaps the fraction says nothing
 GRID_BF16, GRID_FP32 = 0.9, 0.1  # fractions on the grid that decide; in between is inconclusive
@@ -53,13 +56,15 @@ def logit_grid(topk_logprobs: np.ndarray | None) -> LogitGrid:
         return LogitGrid(None, 0, "inconclusive")
     lp = np.sort(topk_logprobs.astype(np.float64), axis=1)
     gaps = np.diff(lp, axis=1).ravel()
-    gaps = gaps[np.isfinite(gaps) & (gaps > GRID_TOLERANCE)]  # ties are on every grid: they prove nothing
+    gaps = gaps[
+        np.isfinite(gaps) & (gaps > GRID_TOLERANCE)
+    ]  # ties are on every grid: they prove nothing
     if len(gaps) < GRID_MIN_GAPS:
-        return LogitGrid(None, int(len(gaps)), "inconclusive")
+        return LogitGrid(None, len(gaps), "inconclusive")
     steps = gaps / BF16_GRID
     on_grid = float(np.mean(np.abs(steps - np.round(steps)) * BF16_GRID <= GRID_TOLERANCE))
     verdict = "bf16" if on_grid >= GRID_BF16 else "fp32" if on_grid <= GRID_FP32 else "inconclusive"
-    return LogitGrid(on_grid, int(len(gaps)), verdict)
+    return LogitGrid(on_grid, len(gaps), verdict)
 
 
 def run(ctx, settings) -> CheckResult:
@@ -80,7 +85,9 @@ def run(ctx, settings) -> CheckResult:
             Measurement("mean_abs_diff_bf16_head", d_bf16, Status.PASS, engine=name),
         ]
         if grid.on_grid is not None:
-            measurements.append(Measurement("top_k_gaps_on_bf16_grid", grid.on_grid, Status.PASS, engine=name))
+            measurements.append(
+                Measurement("top_k_gaps_on_bf16_grid", grid.on_grid, Status.PASS, engine=name)
+            )
     summary = ", ".join(_behaviour(n, v, grids[n]) for n, v in found.items())
     details = {"behaves_like": found, "expect_lm_head": expect, "logit_grid": grids}
     if expect != "any" and found["new"] != expect and found["new"] != "inconclusive":
@@ -91,7 +98,15 @@ def run(ctx, settings) -> CheckResult:
         )
         return CheckResult(ID, TITLE, Status.FAIL, summary, diagnosis, measurements, details)
     if "old" in found and found["old"] != found["new"] and "inconclusive" not in found.values():
-        return CheckResult(ID, TITLE, Status.WARN, summary, "The lm_head precision changed between the engines.", measurements, details)
+        return CheckResult(
+            ID,
+            TITLE,
+            Status.WARN,
+            summary,
+            "The lm_head precision changed between the engines.",
+            measurements,
+            details,
+        )
     return CheckResult(ID, TITLE, Status.PASS, summary, "", measurements, details)
 
 
@@ -102,4 +117,6 @@ def _behaviour(name: str, verdict: str, grid: dict) -> str:
     return f"{name} behaves like {verdict} ({grid['fraction_on_bf16_grid']:.0%} of top-k gaps on the bf16 grid)"
 
 
-SPEC = CheckSpec(id=ID, title=TITLE, run=run, options={"expect_lm_head": "any", "decisive_ratio": 3.0})
+SPEC = CheckSpec(
+    id=ID, title=TITLE, run=run, options={"expect_lm_head": "any", "decisive_ratio": 3.0}
+)

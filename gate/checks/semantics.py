@@ -26,9 +26,10 @@ import math
 import numpy as np
 
 from gate import evidence as ev
-from gate.checks.base import CheckResult, CheckSpec, Limit, Measurement, Status, Threshold, measure, worst
+from gate.checks.base import CheckResult, CheckSpec, Limit, Measurement, Threshold, measure
 from gate.checks.context import sampled_pairs
 from gate.metrics import logprob_semantics_distances
+from gate.verdict import Status, worst
 
 ID = "logprob-semantics"
 TITLE = "Logprob semantics"
@@ -41,10 +42,14 @@ FIX = {
 }
 
 
-def classify(d_processed: float, d_raw: float, decisive_ratio: float, max_mean_abs_diff: float) -> str:
+def classify(
+    d_processed: float, d_raw: float, decisive_ratio: float, max_mean_abs_diff: float
+) -> str:
     if math.isnan(d_processed) or math.isnan(d_raw):
         return "unknown"
-    best, other, name = (d_processed, d_raw, "processed") if d_processed <= d_raw else (d_raw, d_processed, "raw")
+    best, other, name = (
+        (d_processed, d_raw, "processed") if d_processed <= d_raw else (d_raw, d_processed, "raw")
+    )
     if best > max_mean_abs_diff or best * decisive_ratio > other:
         return "neither"
     return name
@@ -52,9 +57,10 @@ def classify(d_processed: float, d_raw: float, decisive_ratio: float, max_mean_a
 
 THRESHOLDS = {
     "tokens_outside_transform": Threshold(
-        Limit(0.0), Limit(1e-3),
+        Limit(0.0),
+        Limit(1e-3),
         source="fraction of sampled tokens the requested top-k/top-p excludes: 0 for an engine that applies them",
-    ),  # fmt: skip
+    ),
 }
 
 
@@ -79,19 +85,39 @@ def run(ctx, settings) -> CheckResult:
     opts = settings.options
     expect = opts["expect"]
     if ctx.transform_is_identity:
-        return CheckResult(ID, TITLE, Status.SKIP, "temperature 1 without top-k/top-p: raw and processed coincide")
+        return CheckResult(
+            ID, TITLE, Status.SKIP, "temperature 1 without top-k/top-p: raw and processed coincide"
+        )
     found, outside, measurements = {}, {}, []
     for name, e in ctx.engines():
         dist, excluded, total = _distances(e)
         undecidable = _undecidable(e)
         masked = excluded - undecidable
-        found[name] = classify(dist["mean_abs_diff_processed"], dist["mean_abs_diff_raw"], opts["decisive_ratio"], opts["max_mean_abs_diff"])
+        found[name] = classify(
+            dist["mean_abs_diff_processed"],
+            dist["mean_abs_diff_raw"],
+            opts["decisive_ratio"],
+            opts["max_mean_abs_diff"],
+        )
         for key, value in dist.items():
             measurements.append(Measurement(key, value, Status.PASS, engine=name))
         if undecidable:
             note = f"{undecidable} of {total} sampled tokens: within one ULP of the top-k/top-p boundary, undecidable"
-            measurements.append(Measurement("tokens_at_transform_boundary", undecidable / total, Status.PASS, engine=name, note=note))
-        m = measure("tokens_outside_transform", masked / total if total else 0.0, settings.thresholds["tokens_outside_transform"], engine=name)
+            measurements.append(
+                Measurement(
+                    "tokens_at_transform_boundary",
+                    undecidable / total,
+                    Status.PASS,
+                    engine=name,
+                    note=note,
+                )
+            )
+        m = measure(
+            "tokens_outside_transform",
+            masked / total if total else 0.0,
+            settings.thresholds["tokens_outside_transform"],
+            engine=name,
+        )
         m.note = f"{masked} of {total} sampled tokens"
         if name == "old":  # the old engine is context, not what this PR changes
             m.status, m.note = Status.PASS, m.note + "; old engine: for comparison"
@@ -111,7 +137,9 @@ def run(ctx, settings) -> CheckResult:
         # Listed first: an engine that ignores top-k/top-p also reports logprobs of the wrong
         # distribution, so the semantics finding below is usually a consequence of this one.
         label = f"new sampled {masked} token(s) outside top-k/top-p; " + label
-        diagnosis = " ".join(d for d in (_outside_diagnosis(masked, total, ctx.sampling), diagnosis) if d)
+        diagnosis = " ".join(
+            d for d in (_outside_diagnosis(masked, total, ctx.sampling), diagnosis) if d
+        )
         status = worst([status, outside_status])
     return CheckResult(ID, TITLE, status, label, diagnosis, measurements, details)
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from gate.checks.base import CheckResult, CheckSpec, Measurement, Status
+from gate.checks.base import CheckResult, CheckSpec, Measurement
+from gate.verdict import Status
 
 ID = "weight-sync"
 TITLE = "In-place weight update"
@@ -46,10 +47,16 @@ def run(ctx, settings) -> CheckResult:
         if unsupported:  # asked for, but the engine offers no push gate knows: it cannot judge
             return CheckResult(ID, TITLE, Status.ERROR, "the weight-sync probe could not push weights into this engine",
                                f"{unsupported[:1].upper()}{unsupported[1:]}.", details={"unsupported": unsupported})  # fmt: skip
-        return CheckResult(ID, TITLE, Status.SKIP, "the weight-sync probe did not run (weight_sync.enabled: false)")
+        return CheckResult(
+            ID, TITLE, Status.SKIP, "the weight-sync probe did not run (weight_sync.enabled: false)"
+        )
     opts = settings.options
     prefix = e["ws_is_prefix"]
-    eng, new_lp, old_lp = e["ws_engine_logprob"], e["ws_trainer_new_logprob"], e["ws_trainer_old_logprob"]
+    eng, new_lp, old_lp = (
+        e["ws_engine_logprob"],
+        e["ws_trainer_new_logprob"],
+        e["ws_trainer_old_logprob"],
+    )
     d_pre = _mean_abs(e["ws_before_engine_logprob"], e["ws_before_trainer_logprob"])
     values = {
         "pre_update_mismatch": d_pre,
@@ -66,17 +73,33 @@ def run(ctx, settings) -> CheckResult:
         verdict = "stale-cache"
     meta = e.engine.get("weight_sync") or {}
     measurements = [
-        Measurement(name, value, Status.PASS if not name.endswith("_vs_new") or value <= limit else Status.FAIL, fail=limit if name.endswith("_vs_new") else None)
+        Measurement(
+            name,
+            value,
+            Status.PASS if not name.endswith("_vs_new") or value <= limit else Status.FAIL,
+            fail=limit if name.endswith("_vs_new") else None,
+        )
         for name, value in values.items()
     ]
-    details = {"verdict": verdict, "limit": limit, **values, **{k: meta.get(k) for k in ("adapter", "push_s", "prefix_tokens", "probes", "block_size")}}
+    details = {
+        "verdict": verdict,
+        "limit": limit,
+        **values,
+        **{k: meta.get(k) for k in ("adapter", "push_s", "prefix_tokens", "probes", "block_size")},
+    }
     caching = e.engine.get("effective", {}).get("enable_prefix_caching")
     summary = f"after the push: {values['control_vs_new']:.2e} vs new weights, {values['control_vs_old']:.2e} vs old (via {meta.get('adapter')})"
     if verdict == "ok":
         return CheckResult(ID, TITLE, Status.PASS, summary, "", measurements, details)
-    label = {"stale-weights": "stale weights", "partial-update": "partial or wrong update", "stale-cache": "stale prefix-cache entries"}[verdict]
+    label = {
+        "stale-weights": "stale weights",
+        "partial-update": "partial or wrong update",
+        "stale-cache": "stale prefix-cache entries",
+    }[verdict]
     diagnosis = f"{label.capitalize()} after an in-place update (prefix caching {'on' if caching else 'off'}). {FIXES[verdict]}"
-    return CheckResult(ID, TITLE, Status.FAIL, f"{label}: {summary}", diagnosis, measurements, details)
+    return CheckResult(
+        ID, TITLE, Status.FAIL, f"{label}: {summary}", diagnosis, measurements, details
+    )
 
 
 SPEC = CheckSpec(id=ID, title=TITLE, run=run, options={"factor": 4.0, "floor": 1e-3})

@@ -37,8 +37,13 @@ def uses_gate_image(cfg: GateConfig) -> bool:
 
 
 def run_in_gate_image(
-    cfg: GateConfig, argv: list[str], writable: list[Path], engine_runs: int, log: Callable[[str], None],
-    readable: tuple[Path, ...] = (), environment: dict[str, str] | None = None,
+    cfg: GateConfig,
+    argv: list[str],
+    writable: list[Path],
+    engine_runs: int,
+    log: Callable[[str], None],
+    readable: tuple[Path, ...] = (),
+    environment: dict[str, str] | None = None,
 ) -> int:
     """Run ``gate <argv>`` in the gate image for ``cfg``; returns its exit code.
 
@@ -54,11 +59,23 @@ def run_in_gate_image(
     image = ensure_image(client, cfg, log)
     for folder in writable:
         folder.mkdir(parents=True, exist_ok=True)
-    mounts = [Mount(p) for p in (*config_paths(cfg), *readable)] + [Mount(p, writable=True) for p in writable]
-    plan = plan_for(cfg.docker, image, argv, mounts, environment or {}, purpose=argv[0], engines=cfg.engine_order)
+    mounts = [Mount(p) for p in (*config_paths(cfg), *readable)] + [
+        Mount(p, writable=True) for p in writable
+    ]
+    plan = plan_for(
+        cfg.docker,
+        image,
+        argv,
+        mounts,
+        environment or {},
+        purpose=argv[0],
+        engines=cfg.engine_order,
+    )
     log(f"[docker] gate {argv[0]} in {image} (gpus: {_gpus(cfg.docker.gpus)})")
     timeout = engine_runs * cfg.timeout_s + _CONTAINER_OVERHEAD_S
-    result = run_container(client, plan, timeout, on_line=lambda line: print(line, file=sys.stderr, flush=True))
+    result = run_container(
+        client, plan, timeout, on_line=lambda line: print(line, file=sys.stderr, flush=True)
+    )
     if result.oom_killed or result.status_code not in range(0, EXIT_ERROR + 1):
         raise DockerError(result.describe(cfg.docker.memory), result.tail)
     return result.status_code

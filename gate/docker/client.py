@@ -23,7 +23,9 @@ def connect() -> Any:
         client = docker.from_env()
         client.ping()
     except docker.errors.DockerException as exc:
-        raise DockerError(f"cannot reach the Docker daemon ({exc}); is dockerd running and DOCKER_HOST right?") from None
+        raise DockerError(
+            f"cannot reach the Docker daemon ({exc}); is dockerd running and DOCKER_HOST right?"
+        ) from None
     return client
 
 

@@ -9,6 +9,7 @@ removes the container on success, failure, timeout, Ctrl-C and SIGTERM.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import os
 import signal
 import threading
@@ -109,12 +110,18 @@ def ipc_for(docker_cfg: DockerConfig, engines: Sequence[EngineConfig] | None) ->
     if docker_cfg.ipc != "auto":
         return docker_cfg.ipc, f"docker.ipc is {docker_cfg.ipc}" if docker_cfg.ipc == "host" else ""
     if engines is None:
-        return "host", "the caller did not name the engines it runs, and a parallel one needs host IPC"
+        return (
+            "host",
+            "the caller did not name the engines it runs, and a parallel one needs host IPC",
+        )
     for engine in engines:
         for arg in PARALLEL_ARGS:
             value = engine.engine_args.get(arg, 1)
             if isinstance(value, int) and value > 1:
-                return "host", f"engines.{engine.name}.engine_args.{arg} is {value} (its workers share memory through IPC)"
+                return (
+                    "host",
+                    f"engines.{engine.name}.engine_args.{arg} is {value} (its workers share memory through IPC)",
+                )
     return "private", ""
 
 
@@ -133,7 +140,11 @@ def plan_for(docker_cfg: DockerConfig, image: str, command: list[str], mounts: l
         **{k: os.environ[k] for k in PASSED_THROUGH if k in os.environ},
         **environment,
     }
-    volumes = [*mounts, Mount(hf_host, True, Path(HF_CACHE)), Mount(vllm_host, True, Path(VLLM_CACHE))]
+    volumes = [
+        *mounts,
+        Mount(hf_host, True, Path(HF_CACHE)),
+        Mount(vllm_host, True, Path(VLLM_CACHE)),
+    ]
     ipc, ipc_reason = ipc_for(docker_cfg, engines)
     return ContainerPlan(
         image=image, command=command, mounts=volumes, environment=env, gpus=docker_cfg.gpus, ipc=ipc,
@@ -146,7 +157,9 @@ def cache_dirs(docker_cfg: DockerConfig) -> tuple[Path, Path]:
     """Host folders for the Hugging Face cache (weights download once per runner) and vLLM's compile cache."""
     from gate.runners.venv_build import cache_root
 
-    hf = Path(docker_cfg.hf_cache or os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface").expanduser()
+    hf = Path(
+        docker_cfg.hf_cache or os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface"
+    ).expanduser()
     vllm = cache_root() / "docker" / "vllm"
     for path in (hf, vllm):
         path.mkdir(parents=True, exist_ok=True)
@@ -168,14 +181,18 @@ class ContainerExit:
         return f"the container exited with code {self.status_code}"
 
 
-def run_container(client: Any, plan: ContainerPlan, timeout_s: float, on_line: Callable[[str], None]) -> ContainerExit:
+def run_container(
+    client: Any, plan: ContainerPlan, timeout_s: float, on_line: Callable[[str], None]
+) -> ContainerExit:
     """Run ``plan`` to completion; every output line goes to ``on_line``. The container is always removed.
 
     Removal is by name, decided before the create call: a Ctrl-C that lands while the daemon is
     still answering ``create`` leaves a container this process never got a handle to.
     """
     name = f"gate-{plan.purpose}-{uuid.uuid4().hex[:10]}"
-    if plan.ipc == "host":  # the one setting that widens what the container shares with the host: say why
+    if (
+        plan.ipc == "host"
+    ):  # the one setting that widens what the container shares with the host: say why
         on_line(f"[docker] host IPC for {name}: {plan.ipc_reason or 'requested'}")
     try:
         with _sigterm_as_interrupt():
@@ -184,7 +201,9 @@ def run_container(client: Any, plan: ContainerPlan, timeout_s: float, on_line: C
         _remove(client, name)
 
 
-def _run(client: Any, plan: ContainerPlan, name: str, timeout_s: float, on_line: Callable[[str], None]) -> ContainerExit:
+def _run(
+    client: Any, plan: ContainerPlan, name: str, timeout_s: float, on_line: Callable[[str], None]
+) -> ContainerExit:
     import docker
     import requests
 
@@ -194,7 +213,9 @@ def _run(client: Any, plan: ContainerPlan, name: str, timeout_s: float, on_line:
     except docker.errors.ImageNotFound:
         raise DockerError(f"image '{plan.image}' not found") from None
     except docker.errors.APIError as exc:
-        raise DockerError(f"cannot start a container from '{plan.image}': {exc.explanation or exc}") from None
+        raise DockerError(
+            f"cannot start a container from '{plan.image}': {exc.explanation or exc}"
+        ) from None
     tail: deque[str] = deque(maxlen=TAIL_LINES)
     reader = threading.Thread(target=_stream, args=(container, on_line, tail), daemon=True)
     reader.start()
@@ -203,7 +224,9 @@ def _run(client: Any, plan: ContainerPlan, name: str, timeout_s: float, on_line:
     except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
         _kill(container)
         reader.join(timeout=10)
-        raise DockerError(f"container {name} timed out after {timeout_s:.0f}s", "\n".join(tail)) from None
+        raise DockerError(
+            f"container {name} timed out after {timeout_s:.0f}s", "\n".join(tail)
+        ) from None
     reader.join(timeout=30)
     container.reload()
     oom = bool(container.attrs.get("State", {}).get("OOMKilled"))
@@ -226,19 +249,15 @@ def _stream(container: Any, on_line: Callable[[str], None], tail: deque[str]) ->
 
 
 def _kill(container: Any) -> None:
-    try:
+    with contextlib.suppress(Exception):
         container.kill()
-    except Exception:  # noqa: BLE001 - it may have exited meanwhile; removal follows anyway
-        pass
 
 
 def _remove(client: Any, name: str) -> None:
     import docker
 
-    try:
+    with contextlib.suppress(docker.errors.NotFound):
         client.api.remove_container(name, force=True)
-    except docker.errors.NotFound:
-        pass
 
 
 @contextmanager

@@ -46,7 +46,9 @@ class ImageRecipe:
     old_pip_args: tuple[str, ...] = ()
     new_pip_args: tuple[str, ...] = ()
     system_packages: tuple[str, ...] = ()
-    base_image_id: str = ""  # the base image's content digest (local image id); in the tag, not a build argument
+    base_image_id: str = (
+        ""  # the base image's content digest (local image id); in the tag, not a build argument
+    )
 
     @classmethod
     def from_config(cls, cfg: GateConfig, base_image_id: str = "") -> ImageRecipe:
@@ -73,12 +75,18 @@ class ImageRecipe:
 
     def tag(self, source_root: Path) -> str:
         payload = json.dumps(
-            {**self.build_args(), "base_image_id": self.base_image_id, "gate": gate_source_hash(),
-             "dockerfile": _sha256(source_root / "Dockerfile")},  # fmt: skip
+            {
+                **self.build_args(),
+                "base_image_id": self.base_image_id,
+                "gate": gate_source_hash(),
+                "dockerfile": _sha256(source_root / "Dockerfile"),
+            },
             sort_keys=True,
         )
         digest = hashlib.sha256(payload.encode()).hexdigest()[:12]
-        return f"{REPOSITORY}:{_slug(self.old_spec)}--{_slug(self.new_spec)}-{digest}"[: len(REPOSITORY) + 1 + 128]
+        return f"{REPOSITORY}:{_slug(self.old_spec)}--{_slug(self.new_spec)}-{digest}"[
+            : len(REPOSITORY) + 1 + 128
+        ]
 
     def expected_labels(self) -> dict[str, str]:
         return {
@@ -112,7 +120,11 @@ def source_root() -> Path:
 def ensure_image(client: Any, cfg: GateConfig, log: Callable[[str], None]) -> str:
     """The gate image for ``cfg``: the one named in docker.image (checked), a cached build, or a new build."""
     if cfg.docker.image:
-        check_labels(_get_or_pull(client, cfg.docker.image, "docker.image", cfg.source), ImageRecipe.from_config(cfg), cfg.source)
+        check_labels(
+            _get_or_pull(client, cfg.docker.image, "docker.image", cfg.source),
+            ImageRecipe.from_config(cfg),
+            cfg.source,
+        )
         return cfg.docker.image
     recipe = recipe_for(client, cfg, log)
     root = source_root()
@@ -124,7 +136,9 @@ def ensure_image(client: Any, cfg: GateConfig, log: Callable[[str], None]) -> st
     return tag
 
 
-def recipe_for(client: Any, cfg: GateConfig, log: Callable[[str], None] = lambda _: None) -> ImageRecipe:
+def recipe_for(
+    client: Any, cfg: GateConfig, log: Callable[[str], None] = lambda _: None
+) -> ImageRecipe:
     """The recipe of the image ``cfg`` builds, with its base image resolved to the local image id.
 
     The build uses the base image found here (it pulls only what is missing), so the id of that
@@ -135,15 +149,22 @@ def recipe_for(client: Any, cfg: GateConfig, log: Callable[[str], None] = lambda
     return ImageRecipe.from_config(cfg, base_image_id=base.id)
 
 
-def build_image(client: Any, recipe: ImageRecipe, root: Path, tag: str, network: str, log: Callable[[str], None]) -> None:
+def build_image(
+    client: Any, recipe: ImageRecipe, root: Path, tag: str, network: str, log: Callable[[str], None]
+) -> None:
     import docker
 
     log_path = cache_root() / "docker" / f"build-{tag.replace(':', '_')}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    log(f"[docker] building {tag} from {recipe.base_image} (the engine venvs take a few minutes; log: {log_path})")
+    log(
+        f"[docker] building {tag} from {recipe.base_image} (the engine venvs take a few minutes; log: {log_path})"
+    )
     start = time.perf_counter()
     tail: deque[str] = deque(maxlen=40)
-    with tempfile.TemporaryDirectory(prefix="gate-build-") as context, open(log_path, "w", encoding="utf-8") as fh:
+    with (
+        tempfile.TemporaryDirectory(prefix="gate-build-") as context,
+        open(log_path, "w", encoding="utf-8") as fh,
+    ):
         _write_context(root, Path(context))
         try:
             stream = client.api.build(
@@ -152,16 +173,22 @@ def build_image(client: Any, recipe: ImageRecipe, root: Path, tag: str, network:
             )  # fmt: skip
             for chunk in stream:
                 if "error" in chunk or "errorDetail" in chunk:
-                    message = chunk.get("error") or chunk["errorDetail"].get("message", "build failed")
+                    message = chunk.get("error") or chunk["errorDetail"].get(
+                        "message", "build failed"
+                    )
                     fh.write(message + "\n")
-                    raise DockerError(f"image build failed: {message.strip()} (log: {log_path})", "\n".join(tail))
+                    raise DockerError(
+                        f"image build failed: {message.strip()} (log: {log_path})", "\n".join(tail)
+                    )
                 for line in _COLOUR.sub("", chunk.get("stream", "")).splitlines():
                     fh.write(line + "\n")
                     tail.append(line)
                     if _SHOWN.match(line):
                         log(f"[docker] {line[:160]}")
         except docker.errors.APIError as exc:
-            raise DockerError(f"image build failed: {exc.explanation or exc} (log: {log_path})", "\n".join(tail)) from None
+            raise DockerError(
+                f"image build failed: {exc.explanation or exc} (log: {log_path})", "\n".join(tail)
+            ) from None
     size_gb = client.images.get(tag).attrs.get("Size", 0) / 1e9
     log(f"[docker] built {tag} in {time.perf_counter() - start:.0f}s ({size_gb:.1f} GB)")
 
@@ -171,7 +198,9 @@ def _write_context(root: Path, context: Path) -> None:
     code is the running gate's own, the code the tag's digest was taken from."""
     shutil.copy2(root / "Dockerfile", context / "Dockerfile")
     shutil.copy2(root / "pyproject.toml", context / "pyproject.toml")
-    shutil.copytree(gate_package_dir(), context / "gate", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(
+        gate_package_dir(), context / "gate", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+    )
 
 
 def check_labels(image: Any, recipe: ImageRecipe, source: str) -> None:
@@ -197,7 +226,9 @@ def _exists(client: Any, name: str) -> bool:
         return False
 
 
-def _get_or_pull(client: Any, name: str, field: str, source: str, log: Callable[[str], None] = lambda _: None) -> Any:
+def _get_or_pull(
+    client: Any, name: str, field: str, source: str, log: Callable[[str], None] = lambda _: None
+) -> Any:
     import docker
 
     try:
@@ -207,4 +238,6 @@ def _get_or_pull(client: Any, name: str, field: str, source: str, log: Callable[
     try:
         return client.images.pull(name)
     except docker.errors.APIError as exc:
-        raise ConfigError(f"{source}: {field}: image '{name}' is not here and cannot be pulled: {exc.explanation or exc}") from None
+        raise ConfigError(
+            f"{source}: {field}: image '{name}' is not here and cannot be pulled: {exc.explanation or exc}"
+        ) from None

@@ -40,7 +40,9 @@ def config_paths(cfg: GateConfig) -> list[Path]:
 
 
 def pythonpath_dirs(env: dict[str, str]) -> list[Path]:
-    return [Path(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).is_absolute()]
+    return [
+        Path(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).is_absolute()
+    ]
 
 
 def normalize(mounts: list[Mount]) -> list[Mount]:
@@ -56,7 +58,8 @@ def normalize(mounts: list[Mount]) -> list[Mount]:
             best[path] = best.get(path, False) or m.writable
     for path, writable in sorted(best.items()):
         covered = any(
-            other != path and path.is_relative_to(other) and (best[other] or not writable) for other in best
+            other != path and path.is_relative_to(other) and (best[other] or not writable)
+            for other in best
         )
         if not covered:
             kept.append(Mount(path, writable))
@@ -65,4 +68,7 @@ def normalize(mounts: list[Mount]) -> list[Mount]:
 
 def as_volumes(mounts: list[Mount]) -> dict[str, dict[str, str]]:
     """The SDK's ``volumes=`` mapping."""
-    return {str(m.path): {"bind": str(m.target or m.path), "mode": "rw" if m.writable else "ro"} for m in mounts}
+    return {
+        str(m.path): {"bind": str(m.target or m.path), "mode": "rw" if m.writable else "ro"}
+        for m in mounts
+    }

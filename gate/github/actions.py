@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import uuid
@@ -22,32 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gate.errors import EXIT_ERROR, EXIT_FAIL, EXIT_OK, ConfigError
-from gate.report_schema import VERDICTS, validate_report
+from gate.errors import ConfigError
+from gate.files import find_report, read_report_json
+from gate.render.budget import SUMMARY_LIMIT
+from gate.report_schema import validate_report
+from gate.verdict import VERDICTS, exit_code
 
-SUMMARY_LIMIT = 1024 * 1024  # bytes per step; GitHub drops a larger summary entirely
 MAX_ANNOTATIONS = 10
-REPORT_FILE = "report.json"
 
 
 # -- report loading ------------------------------------------------------------------------------
-def find_report(path: Path) -> Path:
-    """``path`` itself (a report.json) or the report.json in a run directory (or its ``.incomplete``)."""
-    path = Path(path)
-    if path.is_dir():
-        candidates = [path / REPORT_FILE]
-        if not path.name.endswith(".incomplete"):
-            candidates.append(path.with_name(path.name + ".incomplete") / REPORT_FILE)
-    else:
-        candidates = [path]
-        if not path.exists() and not path.name.endswith(".json"):  # a run dir that ended incomplete
-            candidates.append(path.with_name(path.name + ".incomplete") / REPORT_FILE)
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate
-    raise ConfigError(f"{path}: no {REPORT_FILE} here (pass a report.json or a gate run directory)")
-
-
 def has_report(path: Path) -> bool:
     """Whether ``path`` holds a report.json (readable or not): a bad one is an error, never a missing one."""
     try:
@@ -58,12 +41,10 @@ def has_report(path: Path) -> bool:
 
 
 def load_report(path: Path) -> tuple[dict[str, Any], Path]:
-    report_path = find_report(path)
-    try:
-        report = json.loads(report_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{report_path}: not a readable report ({exc})") from None
-    validate_report(report, str(report_path))  # types checked here, so nothing below meets a surprise
+    report, report_path = read_report_json(path)
+    validate_report(
+        report, str(report_path)
+    )  # types checked here, so nothing below meets a surprise
     if report.get("verdict") not in VERDICTS:
         raise ConfigError(f"{report_path}: field verdict: required, one of {', '.join(VERDICTS)}")
     return report, report_path
@@ -71,17 +52,13 @@ def load_report(path: Path) -> tuple[dict[str, Any], Path]:
 
 def exit_code_for(report: dict[str, Any], fail_on: str | None = None) -> int:
     """The CLI's exit code for this verdict: 0 PASS/WARN (1 with fail_on warn), 1 FAIL, 3 ERROR."""
-    verdict = report["verdict"]
-    fail_on = fail_on or report.get("fail_on") or "fail"
-    if verdict == "ERROR":
-        return EXIT_ERROR
-    if verdict == "FAIL" or (verdict == "WARN" and fail_on == "warn"):
-        return EXIT_FAIL
-    return EXIT_OK
+    return exit_code(report["verdict"], fail_on or report.get("fail_on") or "fail")
 
 
 # -- outputs -------------------------------------------------------------------------------------
-def outputs_for(report: dict[str, Any], report_path: Path, exit_code: int, comment_url: str = "") -> dict[str, str]:
+def outputs_for(
+    report: dict[str, Any], report_path: Path, exit_code: int, comment_url: str = ""
+) -> dict[str, str]:
     counts = report.get("counts") or {}
     return {
         "verdict": report["verdict"],
@@ -146,7 +123,7 @@ def write_step_summary(
         budget = int(budget * room / len(data) * 0.9)
     if not data or len(data) > room:
         note = (f"**gate {report.get('gate_id', '')}: {report.get('verdict')}** — the summary does not fit "
-                "GitHub's 1 MiB limit; see the report artifact.\n").encode("utf-8")  # fmt: skip
+                "GitHub's 1 MiB limit; see the report artifact.\n").encode()  # fmt: skip
         data = note if len(note) <= room else b""
     with open(path, "ab") as f:
         if existing:
@@ -193,19 +170,38 @@ def annotations(report: dict[str, Any], limit: int = MAX_ANNOTATIONS) -> list[An
         status = check.get("status")
         if status not in ("FAIL", "ERROR", "WARN"):
             continue
-        message = " ".join(str(part) for part in (check.get("summary"), check.get("diagnosis")) if part)
+        message = " ".join(
+            str(part) for part in (check.get("summary"), check.get("diagnosis")) if part
+        )
         title = f"gate {gate_id}: {check.get('title') or check.get('id')} {status}"
-        items.append((1 if status != "WARN" else 2, "error" if status != "WARN" else "warning", title, message or status))
+        items.append(
+            (
+                1 if status != "WARN" else 2,
+                "error" if status != "WARN" else "warning",
+                title,
+                message or status,
+            )
+        )
     baseline = report.get("baseline") or {}
     if baseline.get("status") in ("WARN", "FAIL", "ERROR"):
         differences = "; ".join(str(d) for d in baseline.get("differences") or [])
         message = " ".join(p for p in (str(baseline.get("message") or ""), differences) if p)
         level = "warning" if baseline["status"] == "WARN" else "error"
-        items.append((1 if level == "error" else 2, level, f"gate {gate_id}: baseline {baseline['status']}", message))
+        items.append(
+            (
+                1 if level == "error" else 2,
+                level,
+                f"gate {gate_id}: baseline {baseline['status']}",
+                message,
+            )
+        )
     items.sort(key=lambda item: item[0])
     if len(items) > limit:
         rest = len(items) - (limit - 1)
-        items = items[: limit - 1] + [(3, "warning", f"gate {gate_id}", f"{rest} more finding(s) in the report")]
+        items = [
+            *items[: limit - 1],
+            (3, "warning", f"gate {gate_id}", f"{rest} more finding(s) in the report"),
+        ]
     return [Annotation(level, title, message) for _, level, title, message in items]
 
 

@@ -23,14 +23,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gate.errors import EXIT_ERROR, EXIT_OK, ConfigError
+from gate.files import REPORT_FILE
 from gate.github import actions
 from gate.github.comment import MODES
+from gate.render.budget import COMMENT_BUDGET
 from gate.render.escape import no_workflow_commands
 
 if TYPE_CHECKING:
     from gate.github.event import PullRequest, WorkflowRun
-
-COMMENT_BUDGET = 65_000
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -40,24 +40,40 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     comment.add_argument("report", type=Path, metavar="REPORT_OR_RUN_DIR")
     comment.add_argument("--mode", choices=MODES, default="always",
                          help="always (default) | on-change | on-failure | off")  # fmt: skip
-    comment.add_argument("--gate-id", help="the marker's id (default: the report's gate_id); one comment per id")
-    comment.add_argument("--author", help="the login whose comment is ours (default: GET /user, else github-actions[bot])")
-    comment.add_argument("--pr-number", help="the PR to comment on (default: from $GITHUB_EVENT_PATH)")
+    comment.add_argument(
+        "--gate-id", help="the marker's id (default: the report's gate_id); one comment per id"
+    )
+    comment.add_argument(
+        "--author",
+        help="the login whose comment is ours (default: GET /user, else github-actions[bot])",
+    )
+    comment.add_argument(
+        "--pr-number", help="the PR to comment on (default: from $GITHUB_EVENT_PATH)"
+    )
     comment.add_argument("--pr-number-file", type=Path,
                          help="a file holding the PR number (workflow_run on a fork PR); default: pr-number beside the report")  # fmt: skip
     comment.add_argument("--missing-report", choices=("usage", "error"), default="usage",
                          help="no report.json at REPORT_OR_RUN_DIR: usage (default) exits 2; error, under workflow_run, "
                               "comments an ERROR verdict linking the run that produced none, and exits 3")  # fmt: skip
-    comment.add_argument("--dry-run", action="store_true", help="print the body and what would be done; no API call")
+    comment.add_argument(
+        "--dry-run", action="store_true", help="print the body and what would be done; no API call"
+    )
     comment.set_defaults(func=cmd_comment)
 
     publish = subparsers.add_parser(
         "publish", help="write the job summary, step outputs and annotations (GitHub Actions)"
     )
     publish.add_argument("report", type=Path, metavar="REPORT_OR_RUN_DIR")
-    publish.add_argument("--fail-on", choices=("fail", "warn"), help="for the exit-code output (default: the report's)")
+    publish.add_argument(
+        "--fail-on",
+        choices=("fail", "warn"),
+        help="for the exit-code output (default: the report's)",
+    )
     publish.add_argument("--comment-url", default="", help="put this into the comment-url output")
-    publish.add_argument("--gate-id", help="name the gate so in the summary and annotations (default: the report's gate_id)")
+    publish.add_argument(
+        "--gate-id",
+        help="name the gate so in the summary and annotations (default: the report's gate_id)",
+    )
     publish.add_argument("--no-annotations", action="store_true")
     publish.set_defaults(func=cmd_publish)
 
@@ -73,7 +89,7 @@ def cmd_comment(args: argparse.Namespace) -> int:
         if args.missing_report != "error" or actions.has_report(args.report):
             raise
         if run is None:
-            raise ConfigError(f"{args.report}: no {actions.REPORT_FILE} here; --missing-report error only applies under a "
+            raise ConfigError(f"{args.report}: no {REPORT_FILE} here; --missing-report error only applies under a "
                               "workflow_run event (it names the run that produced none)") from None  # fmt: skip
         return _comment_missing_report(args, run)
     gate_id = args.gate_id or str(report.get("gate_id") or "gate")
@@ -82,7 +98,9 @@ def cmd_comment(args: argparse.Namespace) -> int:
 
 def _comment_missing_report(args: argparse.Namespace, run: WorkflowRun) -> int:
     """The PR's run left no report: say so on the PR (ERROR), so the gate never goes quiet."""
-    where = f"the workflow run {run.html_url}" if run.html_url else "the pull request's workflow run"
+    where = (
+        f"the workflow run {run.html_url}" if run.html_url else "the pull request's workflow run"
+    )
     conclusion = f" (it concluded '{run.conclusion}')" if run.conclusion else ""
     report = {
         "schema": "gate-report/1",
@@ -91,10 +109,12 @@ def _comment_missing_report(args: argparse.Namespace, run: WorkflowRun) -> int:
         "exit_code": EXIT_ERROR,
         "counts": {},
         "checks": [],
-        "errors": [f"The pull request's run produced no report: {where}{conclusion} uploaded no {actions.REPORT_FILE}. "
-                   "Its log says why; re-run it once that is fixed."],  # fmt: skip
+        "errors": [
+            f"The pull request's run produced no report: {where}{conclusion} uploaded no {REPORT_FILE}. "
+            "Its log says why; re-run it once that is fixed."
+        ],
     }
-    _log(f"gate comment: {args.report}: no {actions.REPORT_FILE}; commenting an ERROR verdict for the run")
+    _log(f"gate comment: {args.report}: no {REPORT_FILE}; commenting an ERROR verdict for the run")
     code = _comment(args, report, report["gate_id"], (), None, missing_from=run)
     return EXIT_ERROR if code == EXIT_OK else code
 
@@ -104,7 +124,12 @@ def _comment(args: argparse.Namespace, report: dict[str, Any], gate_id: str, sea
     """Comment ``report``; ``pr_run`` labels it as a fork run's own word, ``missing_from`` is the run that left none."""
     from gate.github.client import GitHubClient, token_from_env
     from gate.github.comment import upsert_comment
-    from gate.github.event import NON_PR_EVENTS, NoPullRequest, resolve_pull_request, verify_workflow_run_pr
+    from gate.github.event import (
+        NON_PR_EVENTS,
+        NoPullRequest,
+        resolve_pull_request,
+        verify_workflow_run_pr,
+    )
     from gate.render.markdown import render_comment
 
     if args.mode == "off":
@@ -112,7 +137,9 @@ def _comment(args: argparse.Namespace, report: dict[str, Any], gate_id: str, sea
         return EXIT_OK
     rendered = render_comment(report, gate_id=gate_id, budget=COMMENT_BUDGET, pr_run=pr_run)
     if rendered.dropped:
-        _log(f"gate comment: sections dropped to fit GitHub's limit: {', '.join(map(str, rendered.dropped))}")
+        _log(
+            f"gate comment: sections dropped to fit GitHub's limit: {', '.join(map(str, rendered.dropped))}"
+        )
     try:
         pr = resolve_pull_request(pr_number=args.pr_number, pr_number_file=None if missing_from else args.pr_number_file,
                                   search_dirs=search_dirs)  # fmt: skip
@@ -127,7 +154,9 @@ def _comment(args: argparse.Namespace, report: dict[str, Any], gate_id: str, sea
             raise
     if args.dry_run:
         target = f"{pr.repo}#{pr.number}" if pr else "the open PR of the run's head"
-        _log(f"gate comment: dry run: {target}, gate id {gate_id}, mode {args.mode}, {len(rendered.text):,} characters")
+        _log(
+            f"gate comment: dry run: {target}, gate id {gate_id}, mode {args.mode}, {len(rendered.text):,} characters"
+        )
         print(no_workflow_commands(rendered.text))
         return EXIT_OK
     with GitHubClient(token_from_env()) as client:
@@ -136,7 +165,10 @@ def _comment(args: argparse.Namespace, report: dict[str, Any], gate_id: str, sea
         verify_workflow_run_pr(client, pr)
         result = upsert_comment(client, pr.repo, pr.number, rendered.text, gate_id, report["verdict"],
                                 args.mode, args.author)  # fmt: skip
-    _log(f"gate comment: {result.action} ({result.reason})" + (f": {result.url}" if result.url else ""))
+    _log(
+        f"gate comment: {result.action} ({result.reason})"
+        + (f": {result.url}" if result.url else "")
+    )
     actions.write_outputs({"comment-url": result.url or "", "comment-action": result.action})
     return EXIT_OK
 
@@ -148,7 +180,9 @@ def _run_pull_request(client: Any, run: WorkflowRun) -> PullRequest:
     if number is None:
         raise ConfigError(f"no open pull request of {run.base_repo} has the run's head {run.head_repo}:{run.head_branch}; "
                           "pass --pr-number")  # fmt: skip
-    return PullRequest(run.base_repo, number, "workflow_run", "event", run.head_sha, run.head_repo, run.head_branch)
+    return PullRequest(
+        run.base_repo, number, "workflow_run", "event", run.head_sha, run.head_repo, run.head_branch
+    )
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
@@ -161,12 +195,18 @@ def cmd_publish(args: argparse.Namespace) -> int:
     run = workflow_run()
     pr_run = run if run is not None and run.from_fork else None
     code = actions.exit_code_for(report, args.fail_on)
-    written = actions.write_step_summary(report, lambda r, budget: render_summary(r, budget=budget, pr_run=pr_run))
+    written = actions.write_step_summary(
+        report, lambda r, budget: render_summary(r, budget=budget, pr_run=pr_run)
+    )
     outputs = actions.outputs_for(report, report_path.resolve(), code, args.comment_url)
     in_actions = actions.write_outputs(outputs)
     if not args.no_annotations:
         actions.emit(actions.annotations(report))
-    summary = f"job summary {written:,} bytes" if written is not None else "no job summary ($GITHUB_STEP_SUMMARY unset)"
+    summary = (
+        f"job summary {written:,} bytes"
+        if written is not None
+        else "no job summary ($GITHUB_STEP_SUMMARY unset)"
+    )
     outputs_note = "outputs set" if in_actions else "no outputs ($GITHUB_OUTPUT unset)"
     _log(f"gate publish: {report['verdict']}; {summary}; {outputs_note}")
     return EXIT_OK

@@ -28,10 +28,10 @@ import httpx
 
 from gate import __version__
 from gate.errors import EXIT_USAGE, GateError
+from gate.render.budget import COMMENT_BODY_LIMIT
 
 DEFAULT_API_URL = "https://api.github.com"
 API_VERSION = "2022-11-28"
-COMMENT_BODY_LIMIT = 65_536  # characters; GitHub answers 422 above it
 _IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS"})
 _RETRY_STATUS = frozenset({500, 502, 503, 504})
 
@@ -39,7 +39,9 @@ _RETRY_STATUS = frozenset({500, 502, 503, 504})
 class GitHubError(GateError):
     """A GitHub API call failed; the message is one line and never contains the token."""
 
-    def __init__(self, message: str, status: int | None = None, method: str = "", path: str = "") -> None:
+    def __init__(
+        self, message: str, status: int | None = None, method: str = "", path: str = ""
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.method = method
@@ -151,7 +153,12 @@ class GitHubClient:
                 if wait > self.max_wait or attempt >= self.max_retries:
                     why = (f"retry in {wait:.0f}s (more than the {self.max_wait:.0f}s this client waits)"
                            if wait > self.max_wait else f"gave up after {attempt + 1} attempt(s)")  # fmt: skip
-                    raise GitHubError(f"GitHub API: {method} {shown}: {status} rate limited; {why}", status, method, shown)
+                    raise GitHubError(
+                        f"GitHub API: {method} {shown}: {status} rate limited; {why}",
+                        status,
+                        method,
+                        shown,
+                    )
                 self._sleep(wait)
                 attempt += 1
                 continue
@@ -161,8 +168,15 @@ class GitHubClient:
                     attempt += 1
                     continue
                 cls = TransientServerError if not retry_5xx else GitHubError
-                raise cls(self._message(method, shown, response, json_body, attempt), status, method, shown)
-            raise GitHubError(self._message(method, shown, response, json_body, attempt), status, method, shown)
+                raise cls(
+                    self._message(method, shown, response, json_body, attempt),
+                    status,
+                    method,
+                    shown,
+                )
+            raise GitHubError(
+                self._message(method, shown, response, json_body, attempt), status, method, shown
+            )
 
     def get_json(self, path: str, params: dict[str, Any] | None = None) -> Any:
         return self._json(self.request("GET", path, params=params), "GET", path)
@@ -171,10 +185,18 @@ class GitHubClient:
         """The ``data`` of a GraphQL query; GitHubError when GitHub answers with ``errors`` instead."""
         body = {"query": query, **({"variables": variables} if variables else {})}
         # A query has no side effect, so a 5xx may be retried like a GET.
-        answer = self._json(self.request("POST", self.graphql_url, json_body=body, retry_unsafe=True), "POST", self.graphql_url)
+        answer = self._json(
+            self.request("POST", self.graphql_url, json_body=body, retry_unsafe=True),
+            "POST",
+            self.graphql_url,
+        )
         errors = answer.get("errors") if isinstance(answer, dict) else None
         if errors or not isinstance(answer, dict) or not isinstance(answer.get("data"), dict):
-            first = errors[0].get("message") if isinstance(errors, list) and errors and isinstance(errors[0], dict) else None
+            first = (
+                errors[0].get("message")
+                if isinstance(errors, list) and errors and isinstance(errors[0], dict)
+                else None
+            )
             raise GitHubError(self.redact(f"GitHub API: POST /graphql: {first or 'no data in the answer'}").replace("\n", " "),
                               None, "POST", "/graphql")  # fmt: skip
         return answer["data"]
@@ -186,7 +208,9 @@ class GitHubClient:
             return self.api_url[: -len("/v3")] + "/graphql"
         return self.api_url + "/graphql"
 
-    def paginate(self, path: str, params: dict[str, Any] | None = None, per_page: int = 100) -> Iterator[Any]:
+    def paginate(
+        self, path: str, params: dict[str, Any] | None = None, per_page: int = 100
+    ) -> Iterator[Any]:
         """Yield the items of a list endpoint, following ``Link: <...>; rel="next"`` headers."""
         url: str | None = path
         query: dict[str, Any] | None = {**(params or {}), "per_page": per_page}
@@ -194,12 +218,16 @@ class GitHubClient:
             response = self.request("GET", url, params=query)
             items = self._json(response, "GET", url)
             if not isinstance(items, list):
-                raise GitHubError(f"GitHub API: GET {self._shown(self._url(url))}: expected a list, got {type(items).__name__}")
+                raise GitHubError(
+                    f"GitHub API: GET {self._shown(self._url(url))}: expected a list, got {type(items).__name__}"
+                )
             yield from items
             nxt = response.links.get("next", {}).get("url")
             url, query = nxt, None  # the next link carries the whole query
             if url and not self._url(url).startswith(self._origin + "/"):
-                raise GitHubError(f"GitHub API: pagination link leaves {self._origin}; refusing to send the token there")
+                raise GitHubError(
+                    f"GitHub API: pagination link leaves {self._origin}; refusing to send the token there"
+                )
 
     # -- helpers ---------------------------------------------------------------------------------
     def redact(self, text: str) -> str:
@@ -209,7 +237,9 @@ class GitHubClient:
     def _url(self, path: str) -> str:
         if path.startswith(("http://", "https://")):
             if not path.startswith(self._origin + "/"):
-                raise GitHubError(f"GitHub API: refusing to send the token to {urlsplit(path).netloc} (not {self._origin})")
+                raise GitHubError(
+                    f"GitHub API: refusing to send the token to {urlsplit(path).netloc} (not {self._origin})"
+                )
             return path
         return f"{self.api_url}/{path.lstrip('/')}"
 
@@ -218,14 +248,16 @@ class GitHubClient:
         path = urlsplit(url).path
         base = urlsplit(self.api_url).path
         if base and path.startswith(base):
-            path = path[len(base):] or "/"
+            path = path[len(base) :] or "/"
         return self.redact(path)
 
     def _json(self, response: httpx.Response, method: str, path: str) -> Any:
         try:
             return response.json()
         except ValueError:
-            raise GitHubError(f"GitHub API: {method} {self._shown(self._url(path))}: response is not JSON") from None
+            raise GitHubError(
+                f"GitHub API: {method} {self._shown(self._url(path))}: response is not JSON"
+            ) from None
 
     def backoff_delay(self, attempt: int) -> float:
         delay = min(self.max_backoff, self.backoff * (2**attempt))
@@ -248,11 +280,16 @@ class GitHubClient:
                 return max(1.0, float(reset) - time.time())
             except (TypeError, ValueError):
                 return 60.0
-        if response.status_code == 429 or "secondary rate limit" in _github_message(response).lower():
+        if (
+            response.status_code == 429
+            or "secondary rate limit" in _github_message(response).lower()
+        ):
             return 60.0
         return None
 
-    def _message(self, method: str, shown: str, response: httpx.Response, json_body: Any, attempt: int) -> str:
+    def _message(
+        self, method: str, shown: str, response: httpx.Response, json_body: Any, attempt: int
+    ) -> str:
         status = response.status_code
         message = _github_message(response)
         head = f"GitHub API: {method} {shown}: {status}" + (f" {message}" if message else "")

@@ -27,20 +27,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gate.github.client import COMMENT_BODY_LIMIT, GitHubClient, GitHubError, TransientServerError
-from gate.render.escape import marker_id
+from gate.github.client import GitHubClient, GitHubError, TransientServerError
+from gate.render.budget import COMMENT_BODY_LIMIT, marker
 
 _VIEWER = "query { viewer { login } }"
 
 MODES = ("always", "on-change", "on-failure", "off")
 ACTIONS_BOT = "github-actions[bot]"
-_MARKER = "<!-- gate-report:{} -->"
 _TRUNCATED = "\n\n*(truncated to fit GitHub's comment size limit; the full report is in the job's artifacts)*\n"
-
-
-def marker(gate_id: str) -> str:
-    """The renderer's marker line: the id reduced to characters that cannot end the HTML comment."""
-    return _MARKER.format(marker_id(gate_id))
 
 
 @dataclass(frozen=True)
@@ -72,7 +66,9 @@ def _installation_login(client: GitHubClient) -> str:
     except GitHubError as exc:
         if exc.status == 401:  # a bad token is not an app token: say so instead of guessing
             raise
-        return ACTIONS_BOT  # GHES without GraphQL, or a token GraphQL refuses: the Actions token's bot
+        return (
+            ACTIONS_BOT  # GHES without GraphQL, or a token GraphQL refuses: the Actions token's bot
+        )
     login = viewer.get("login") if isinstance(viewer, dict) else None
     if not isinstance(login, str) or not login:
         return ACTIONS_BOT
@@ -87,13 +83,21 @@ def is_ours(comment: dict[str, Any], gate_id: str, author: str) -> bool:
     return first_line == marker(gate_id) and login == author
 
 
-def find_comments(client: GitHubClient, repo: str, number: int, gate_id: str, author: str) -> list[dict[str, Any]]:
+def find_comments(
+    client: GitHubClient, repo: str, number: int, gate_id: str, author: str
+) -> list[dict[str, Any]]:
     """Every comment of ``author`` whose first line is the gate's marker, oldest first."""
-    ours = [c for c in client.paginate(f"repos/{repo}/issues/{number}/comments") if isinstance(c, dict) and is_ours(c, gate_id, author)]
+    ours = [
+        c
+        for c in client.paginate(f"repos/{repo}/issues/{number}/comments")
+        if isinstance(c, dict) and is_ours(c, gate_id, author)
+    ]
     return sorted(ours, key=_age)
 
 
-def find_comment(client: GitHubClient, repo: str, number: int, gate_id: str, author: str) -> dict[str, Any] | None:
+def find_comment(
+    client: GitHubClient, repo: str, number: int, gate_id: str, author: str
+) -> dict[str, Any] | None:
     """The oldest comment of ``author`` whose first line is the gate's marker, or None."""
     ours = find_comments(client, repo, number, gate_id, author)
     return ours[0] if ours else None
@@ -171,10 +175,17 @@ def upsert_comment(
         if action in ("unchanged", "update"):
             kept = existing if action == "unchanged" else _patch(client, repo, existing["id"], body)
             _delete(client, repo, ours[1:])  # left behind by an earlier race
-            return CommentResult("unchanged" if action == "unchanged" else "updated", reason, kept.get("html_url"), kept.get("id"))
+            return CommentResult(
+                "unchanged" if action == "unchanged" else "updated",
+                reason,
+                kept.get("html_url"),
+                kept.get("id"),
+            )
         try:
             # POST is not idempotent: after a 5xx the comment may exist, so look again before retrying.
-            response = client.request("POST", f"repos/{repo}/issues/{number}/comments", json_body={"body": body})
+            response = client.request(
+                "POST", f"repos/{repo}/issues/{number}/comments", json_body={"body": body}
+            )
         except TransientServerError:
             if attempt + 1 >= attempts:
                 raise
@@ -187,7 +198,13 @@ def upsert_comment(
 
 
 def _settle_race(
-    client: GitHubClient, repo: str, number: int, gate_id: str, login: str, body: str, created: dict[str, Any]
+    client: GitHubClient,
+    repo: str,
+    number: int,
+    gate_id: str,
+    login: str,
+    body: str,
+    created: dict[str, Any],
 ) -> dict[str, Any]:
     """After a create: if another run created one too, keep the oldest (with this body) and delete the rest.
 
@@ -205,7 +222,9 @@ def _settle_race(
 
 
 def _patch(client: GitHubClient, repo: str, comment_id: int, body: str) -> dict[str, Any]:
-    data = client.request("PATCH", f"repos/{repo}/issues/comments/{comment_id}", json_body={"body": body}).json()
+    data = client.request(
+        "PATCH", f"repos/{repo}/issues/comments/{comment_id}", json_body={"body": body}
+    ).json()
     return data if isinstance(data, dict) else {"id": comment_id}
 
 

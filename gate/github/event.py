@@ -31,7 +31,9 @@ _REPO_RE = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 
 
 # Events that are never about one pull request: `gate comment` has nothing to do there.
-NON_PR_EVENTS = frozenset({"push", "schedule", "workflow_dispatch", "merge_group", "release", "repository_dispatch"})
+NON_PR_EVENTS = frozenset(
+    {"push", "schedule", "workflow_dispatch", "merge_group", "release", "repository_dispatch"}
+)
 
 
 class NoPullRequest(ConfigError):
@@ -48,7 +50,9 @@ class PullRequest:
     number: int
     event_name: str
     source: str  # where the number came from: "event", "argument", "file"
-    head_sha: str | None = None  # workflow_run: the triggering run's head commit, repository, branch
+    head_sha: str | None = (
+        None  # workflow_run: the triggering run's head commit, repository, branch
+    )
     head_repo: str | None = None
     head_branch: str | None = None
 
@@ -78,7 +82,11 @@ def workflow_run(env: dict[str, str] | None = None) -> WorkflowRun | None:
     run = payload.get("workflow_run")
     if event_name != "workflow_run" or not isinstance(run, dict):
         return None
-    repo = env.get("GITHUB_REPOSITORY") or _str((payload.get("repository") or {}).get("full_name")) or ""
+    repo = (
+        env.get("GITHUB_REPOSITORY")
+        or _str((payload.get("repository") or {}).get("full_name"))
+        or ""
+    )
     head_repo = run.get("head_repository") if isinstance(run.get("head_repository"), dict) else {}
     return WorkflowRun(
         base_repo=repo,
@@ -109,7 +117,9 @@ def load_event(env: dict[str, str] | None = None) -> tuple[str, dict[str, Any]]:
     if not isinstance(payload, dict):
         raise ConfigError(f"GITHUB_EVENT_PATH={path}: the event JSON is not an object")
     if not name:  # act and hand-made environments may omit it: infer from the payload
-        name = next((k for k in ("pull_request", "workflow_run") if isinstance(payload.get(k), dict)), "")
+        name = next(
+            (k for k in ("pull_request", "workflow_run") if isinstance(payload.get(k), dict)), ""
+        )
     return name, payload
 
 
@@ -118,7 +128,9 @@ def parse_pr_number(text: str, where: str) -> int:
     value = text.strip()
     if not _PR_NUMBER_RE.fullmatch(value) or int(value) <= 0:
         shown = json.dumps(value[:40], ensure_ascii=True)  # one line, whatever the file holds
-        raise ConfigError(f"{where}: {shown} is not a pull request number (expected a positive number of digits 0-9)")
+        raise ConfigError(
+            f"{where}: {shown} is not a pull request number (expected a positive number of digits 0-9)"
+        )
     return int(value)
 
 
@@ -137,7 +149,9 @@ def resolve_pull_request(
     event_name, payload = load_event(env)
     repo = env.get("GITHUB_REPOSITORY") or (payload.get("repository") or {}).get("full_name") or ""
     if not _REPO_RE.match(repo):
-        raise ConfigError(f"GITHUB_REPOSITORY: '{repo}' is not owner/name (is this running in GitHub Actions?)")
+        raise ConfigError(
+            f"GITHUB_REPOSITORY: '{repo}' is not owner/name (is this running in GitHub Actions?)"
+        )
     run = payload.get("workflow_run") if isinstance(payload.get("workflow_run"), dict) else None
     head = {}
     if run:
@@ -148,14 +162,20 @@ def resolve_pull_request(
         }
 
     if pr_number not in (None, ""):
-        return PullRequest(repo, parse_pr_number(str(pr_number), "--pr-number"), event_name, "argument", **head)
+        return PullRequest(
+            repo, parse_pr_number(str(pr_number), "--pr-number"), event_name, "argument", **head
+        )
     number = _number_from_event(event_name, payload)
     if number is not None:
         return PullRequest(repo, number, event_name, "event", **head)
-    candidates = ([pr_number_file] if pr_number_file else []) + [d / PR_NUMBER_FILE for d in search_dirs]
+    candidates = ([pr_number_file] if pr_number_file else []) + [
+        d / PR_NUMBER_FILE for d in search_dirs
+    ]
     for path in candidates:
         if path.is_file():
-            with open(path, "rb") as f:  # a number is short; the file is the PR's, so read no more than that
+            with open(
+                path, "rb"
+            ) as f:  # a number is short; the file is the PR's, so read no more than that
                 text = f.read(64).decode("utf-8", errors="replace")
             return PullRequest(repo, parse_pr_number(text, str(path)), event_name, "file", **head)
         if path == pr_number_file:
@@ -169,7 +189,12 @@ def resolve_pull_request(
 
 
 def _number_from_event(event_name: str, payload: dict[str, Any]) -> int | None:
-    if event_name in ("pull_request", "pull_request_target", "pull_request_review", "pull_request_review_comment"):
+    if event_name in (
+        "pull_request",
+        "pull_request_target",
+        "pull_request_review",
+        "pull_request_review_comment",
+    ):
         pr = payload.get("pull_request")
         if isinstance(pr, dict) and isinstance(pr.get("number"), int):
             return pr["number"]
@@ -179,7 +204,11 @@ def _number_from_event(event_name: str, payload: dict[str, Any]) -> int | None:
             return prs[0]["number"]
     if event_name == "issue_comment":
         issue = payload.get("issue")
-        if isinstance(issue, dict) and issue.get("pull_request") and isinstance(issue.get("number"), int):
+        if (
+            isinstance(issue, dict)
+            and issue.get("pull_request")
+            and isinstance(issue.get("number"), int)
+        ):
             return issue["number"]
     if not event_name:  # unknown event name: take a pull_request payload when there is one
         pr = payload.get("pull_request")
@@ -198,14 +227,21 @@ def verify_workflow_run_pr(client: Any, pr: PullRequest) -> None:
     if pr.event_name != "workflow_run" or pr.source == "event":
         return
     if not pr.head_sha:
-        raise ConfigError(f"PR #{pr.number}: the workflow_run event names no head_sha to check the number against; refusing to comment")
+        raise ConfigError(
+            f"PR #{pr.number}: the workflow_run event names no head_sha to check the number against; refusing to comment"
+        )
     data = client.get_json(f"repos/{pr.repo}/pulls/{pr.number}")
     head = (data.get("head") or {}) if isinstance(data, dict) else {}
     if head.get("sha") == pr.head_sha:
         return
     # A push after the run moves the PR's head; the PR's branch (repository + ref) still identifies it.
     repo = (head.get("repo") or {}).get("full_name")
-    if pr.head_repo and pr.head_branch and repo == pr.head_repo and head.get("ref") == pr.head_branch:
+    if (
+        pr.head_repo
+        and pr.head_branch
+        and repo == pr.head_repo
+        and head.get("ref") == pr.head_branch
+    ):
         return
     origin = f"the artifact's {PR_NUMBER_FILE} file" if pr.source == "file" else "--pr-number"
     raise ConfigError(
@@ -224,12 +260,16 @@ def find_run_pr(client: Any, run: WorkflowRun) -> int | None:
     if not (run.head_repo and run.head_branch and "/" in run.head_repo):
         return None
     owner = run.head_repo.split("/", 1)[0]
-    pulls = client.get_json(f"repos/{run.base_repo}/pulls", {"head": f"{owner}:{run.head_branch}", "state": "open"})
+    pulls = client.get_json(
+        f"repos/{run.base_repo}/pulls", {"head": f"{owner}:{run.head_branch}", "state": "open"}
+    )
     for pull in pulls if isinstance(pulls, list) else []:
         head = pull.get("head") if isinstance(pull, dict) else None
         if not isinstance(head, dict) or not isinstance(pull.get("number"), int):
             continue
-        if (head.get("repo") or {}).get("full_name") == run.head_repo and head.get("ref") == run.head_branch:
+        if (head.get("repo") or {}).get("full_name") == run.head_repo and head.get(
+            "ref"
+        ) == run.head_branch:
             return pull["number"]
     return None
 

@@ -14,14 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from gate.errors import EXIT_OK, ConfigError
+from gate.files import atomic_write_text, read_report_json
 from gate.report_schema import validate_report
 
-REPORT_FILE = "report.json"
 FORMATS = ("comment", "summary", "full")
 
 
 def register(subparsers: Any) -> None:
-    report = subparsers.add_parser("report", help="render a report.json as Markdown (PR comment, job summary or full)")
+    report = subparsers.add_parser(
+        "report", help="render a report.json as Markdown (PR comment, job summary or full)"
+    )
     report.add_argument("source", type=Path, metavar="RUN_DIR_OR_REPORT_JSON")
     report.add_argument("--out", type=Path, metavar="FILE.md", help="write here (default: stdout)")
     report.add_argument("--format", choices=FORMATS, default="comment",
@@ -29,26 +31,17 @@ def register(subparsers: Any) -> None:
     report.add_argument("--gate-id", help="gate id in the comment marker (default: the report's)")
     report.set_defaults(func=cmd_report)
 
-    merge = subparsers.add_parser("merge", help="combine several report.json files into one verdict and report")
+    merge = subparsers.add_parser(
+        "merge", help="combine several report.json files into one verdict and report"
+    )
     merge.add_argument("reports", type=Path, nargs="+", metavar="REPORT.json")
     merge.add_argument("--out", type=Path, required=True, metavar="merged.json")
     merge.set_defaults(func=cmd_merge)
 
 
 def load_report(path: Path) -> dict[str, Any]:
-    """A report.json (or a run directory holding one), validated against the schema; the error names the file and field."""
-    path = Path(path)
-    file = path / REPORT_FILE if path.is_dir() else path
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{file}: no such file (expected a report.json or a run directory holding one)") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{file}: cannot read: {exc.__class__.__name__}: {exc}") from None
-    try:
-        data = json.loads(text, parse_constant=lambda _: None)  # NaN/Infinity: undefined, as the schema's null
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{file}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    """A report.json (or a run directory holding one), validated; the error names the file and field."""
+    data, file = read_report_json(path)
     return validate_report(data, str(file))
 
 
@@ -67,9 +60,7 @@ def render(report: dict[str, Any], fmt: str = "comment", gate_id: str | None = N
 def _write(path: Path, text: str) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
+        atomic_write_text(path, text)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot write: {exc.strerror or exc}") from None
 
@@ -91,5 +82,8 @@ def cmd_merge(args: argparse.Namespace) -> int:
     reports = [load_report(p) for p in args.reports]
     merged = merge_reports(reports)
     _write(args.out, json.dumps(merged, indent=2, allow_nan=False, default=str) + "\n")
-    print(f"gate: merged {len(merged['parts'])} part(s) into {args.out}: {merged['verdict']}", file=sys.stderr)
+    print(
+        f"gate: merged {len(merged['parts'])} part(s) into {args.out}: {merged['verdict']}",
+        file=sys.stderr,
+    )
     return EXIT_OK

@@ -35,12 +35,16 @@ ZWSP = "\u200b"
 _BIDI = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c"
 _BIDI_MAP = {ord(c): f"[U+{ord(c):04X}]" for c in _BIDI}
 # C0 (except tab and newline), DEL and C1 controls; line/paragraph separators are newlines.
-_CONTROL_MAP = {i: "\ufffd" for i in [*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), *range(0x7F, 0xA0)]}
+_CONTROL_MAP = {
+    i: "\ufffd" for i in [*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), *range(0x7F, 0xA0)]
+}
 _CLEAN_MAP = {**_CONTROL_MAP, **_BIDI_MAP, 0x2028: "\n", 0x2029: "\n"}
 
 _HTML = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
 # Where Markdown may or may not be parsed (<summary>): entities read the same either way.
-_HTML_STRICT = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", **{c: f"&#{ord(c)};" for c in "\\`*_[]|~!"}})
+_HTML_STRICT = str.maketrans(
+    {"&": "&amp;", "<": "&lt;", ">": "&gt;", **{c: f"&#{ord(c)};" for c in "\\`*_[]|~!"}}
+)
 # Inline Markdown: emphasis, code, links/images/footnotes, strikethrough, escapes, table pipes.
 _MD_PUNCT = re.compile(r"([\\`*_\[\]|~])")
 _MENTION = re.compile(r"@")
@@ -81,7 +85,9 @@ def truncate(text: str, limit: int | None, keep: str = "head") -> str:
 
 def _block_safe(s: str) -> str:
     """Where a paragraph or cell starts, no heading, list or rule may start."""
-    return _BLOCK_START.sub(lambda m: "\\" + m.group(1) if m.group(1) else m.group(2) + "\\" + m.group(3), s)
+    return _BLOCK_START.sub(
+        lambda m: "\\" + m.group(1) if m.group(1) else m.group(2) + "\\" + m.group(3), s
+    )
 
 
 def _escape_line(s: str, newline: str) -> str:
@@ -102,7 +108,10 @@ def prose(text: object, limit: int | None = None) -> Safe:
     parts = truncate(clean(text), limit).lstrip(" \t\n").split("`")
     if len(parts) % 2 == 0:  # an unbalanced backtick: the last one is literal text
         parts[-2:] = [parts[-2] + "`" + parts[-1]]
-    out = [(f"<code>{_escape_line(p, ' ')}</code>" if i % 2 else _escape_line(p, "<br>")) for i, p in enumerate(parts)]
+    out = [
+        (f"<code>{_escape_line(p, ' ')}</code>" if i % 2 else _escape_line(p, "<br>"))
+        for i, p in enumerate(parts)
+    ]
     return Safe(_block_safe("".join(out)))
 
 

@@ -27,26 +27,30 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 
 from gate.render import escape as esc
+from gate.render.budget import COMMENT_BUDGET, SUMMARY_BUDGET, marker
 from gate.render.escape import Safe
 from gate.report_schema import validate_report
+from gate.verdict import ICON, RANK, icon, rank
 
 if TYPE_CHECKING:
     from gate.github.event import WorkflowRun
 
-COMMENT_BUDGET = 65_000  # GitHub rejects comment bodies over 65,536 characters
-SUMMARY_BUDGET = 1_000_000  # GitHub drops a job summary over 1 MiB (bytes)
-
-ICON = {"PASS": "✅", "WARN": "⚠️", "FAIL": "❌", "ERROR": "🛑", "SKIP": "➖"}
-RANK = {"SKIP": 0, "PASS": 1, "WARN": 2, "FAIL": 3, "ERROR": 4}
-_COUNT_WORDS = (("FAIL", "failed"), ("ERROR", "errored"), ("WARN", "warned"), ("PASS", "passed"), ("SKIP", "skipped"))
+_COUNT_WORDS = (
+    ("FAIL", "failed"),
+    ("ERROR", "errored"),
+    ("WARN", "warned"),
+    ("PASS", "passed"),
+    ("SKIP", "skipped"),
+)
 
 # Effective settings worth a row in the environment fingerprint, in this order.
 KEY_SETTINGS = (
@@ -58,7 +62,16 @@ KEY_SETTINGS = (
 # Section priorities: higher survives longer; REQUIRED is never dropped.
 REQUIRED = 1_000
 P_ERRORS, P_PROBLEM_FAIL, P_PROBLEM_WARN, P_BASELINE_BAD, P_COMMANDS = 95, 85, 80, 75, 70
-P_CONFIG_BAD, P_BASELINE, P_CONFIG, P_ENV, P_METRICS_BAD, P_GRPO, P_TOKENS, P_METRICS = 65, 60, 55, 50, 45, 40, 30, 20
+P_CONFIG_BAD, P_BASELINE, P_CONFIG, P_ENV, P_METRICS_BAD, P_GRPO, P_TOKENS, P_METRICS = (
+    65,
+    60,
+    55,
+    50,
+    45,
+    40,
+    30,
+    20,
+)
 
 
 @dataclass(frozen=True)
@@ -81,9 +94,15 @@ class Limits:
     spark: int  # characters of a sparkline
 
 
-COMMENT = Limits(cell=160, text=4_000, rows=60, tokens=10, context=60, log=2_000, points=60, spark=24)
-SUMMARY = Limits(cell=400, text=20_000, rows=500, tokens=50, context=120, log=10_000, points=100, spark=40)
-FULL = Limits(cell=None, text=None, rows=None, tokens=None, context=None, log=None, points=200, spark=60)
+COMMENT = Limits(
+    cell=160, text=4_000, rows=60, tokens=10, context=60, log=2_000, points=60, spark=24
+)
+SUMMARY = Limits(
+    cell=400, text=20_000, rows=500, tokens=50, context=120, log=10_000, points=100, spark=40
+)
+FULL = Limits(
+    cell=None, text=None, rows=None, tokens=None, context=None, log=None, points=200, spark=60
+)
 
 
 @dataclass(frozen=True)
@@ -96,13 +115,11 @@ class Section:
 # ---------------------------------------------------------------------------------------------- API
 
 
-def marker(gate_id: str) -> str:
-    """The hidden line that identifies a gate's sticky comment (ids reduced to safe characters)."""
-    return f"<!-- gate-report:{esc.marker_id(gate_id)} -->"
-
-
 def render_comment(
-    report: dict, gate_id: str | None = None, budget: int = COMMENT_BUDGET, pr_run: WorkflowRun | None = None
+    report: dict,
+    gate_id: str | None = None,
+    budget: int = COMMENT_BUDGET,
+    pr_run: WorkflowRun | None = None,
 ) -> Rendered:
     """The sticky PR comment: marker line first, under ``budget`` characters (UTF-16 units, the stricter count).
 
@@ -111,14 +128,23 @@ def render_comment(
     """
     validate_report(report)
     head = marker(gate_id if gate_id is not None else report.get("gate_id") or "") + "\n"
-    text, dropped = _fit(_sections(report, COMMENT, pr_run), budget - _utf16_len(head), _utf16_len, "GitHub's comment limit")
+    text, dropped = _fit(
+        _sections(report, COMMENT, pr_run),
+        budget - _utf16_len(head),
+        _utf16_len,
+        "GitHub's comment limit",
+    )
     return Rendered(head + text, dropped)
 
 
-def render_summary(report: dict, budget: int = SUMMARY_BUDGET, pr_run: WorkflowRun | None = None) -> str:
+def render_summary(
+    report: dict, budget: int = SUMMARY_BUDGET, pr_run: WorkflowRun | None = None
+) -> str:
     """The job summary ($GITHUB_STEP_SUMMARY): same content, under ``budget`` UTF-8 bytes."""
     validate_report(report)
-    text, _ = _fit(_sections(report, SUMMARY, pr_run), budget, _utf8_len, "GitHub's job summary limit")
+    text, _ = _fit(
+        _sections(report, SUMMARY, pr_run), budget, _utf8_len, "GitHub's job summary limit"
+    )
     return text
 
 
@@ -151,7 +177,13 @@ def _env() -> jinja2.Environment:
         keep_trailing_newline=False,
         finalize=_finalize,
     )
-    env.filters.update(prose=esc.prose, code=esc.code_inline, token=esc.visible_token, html=esc.html_text, cells=_cells)
+    env.filters.update(
+        prose=esc.prose,
+        code=esc.code_inline,
+        token=esc.visible_token,
+        html=esc.html_text,
+        cells=_cells,
+    )
     return env
 
 
@@ -174,12 +206,22 @@ def _sections(report: dict, lim: Limits, pr_run: WorkflowRun | None = None) -> l
     parts = report.get("parts")
     if isinstance(parts, list) and parts:
         # worst part first (stable): what needs attention leads, and passing parts are shed first
-        ordered = sorted((p for p in parts if isinstance(p, dict)), key=lambda p: -RANK.get(str(p.get("verdict")), RANK["ERROR"]))
+        ordered = sorted(
+            (p for p in parts if isinstance(p, dict)),
+            key=lambda p: -rank(p.get("verdict")),
+        )
         out = [Section("headline", REQUIRED, _headline(report, lim, merged=True))]
-        out.append(Section("parts", REQUIRED, _render("parts", rows=[_part_row(p) for p in ordered])))
+        out.append(
+            Section("parts", REQUIRED, _render("parts", rows=[_part_row(p) for p in ordered]))
+        )
         out.append(Section("omitted", REQUIRED, ""))
         for i, part in enumerate(ordered):
-            out += _report_sections(part, lim, prefix=f"part:{i + 1}-{esc.marker_id(part.get('gate_id') or 'part')}/", level="###")
+            out += _report_sections(
+                part,
+                lim,
+                prefix=f"part:{i + 1}-{esc.marker_id(part.get('gate_id') or 'part')}/",
+                level="###",
+            )
     else:
         out = _report_sections(report, lim, prefix="", level="##", top=True)
     if pr_run is not None:
@@ -196,7 +238,9 @@ _RUN_URL = re.compile(r"https://[A-Za-z0-9.-]+(?::[0-9]+)?/[A-Za-z0-9._~/%-]*")
 def _provenance(run: WorkflowRun) -> str:
     """Who vouches for this verdict: the pull request's own run, named by the event, not by the report."""
     label = "the pull request's workflow run"
-    link = f"[{label}]({run.html_url})" if run.html_url and _RUN_URL.fullmatch(run.html_url) else label
+    link = (
+        f"[{label}]({run.html_url})" if run.html_url and _RUN_URL.fullmatch(run.html_url) else label
+    )
     where = " ".join(p for p in (
         f"on {esc.code_inline(run.head_repo, 100)}" if run.head_repo else "",
         f"at {esc.code_inline(run.head_sha[:12])}" if run.head_sha else "",
@@ -217,11 +261,19 @@ def _without_commands(report: dict) -> dict:
     return out
 
 
-def _report_sections(r: dict, lim: Limits, prefix: str, level: str, top: bool = False) -> list[Section]:
+def _report_sections(
+    r: dict, lim: Limits, prefix: str, level: str, top: bool = False
+) -> list[Section]:
     checks = [c for c in r.get("checks") or [] if isinstance(c, dict)]
     out = [Section(prefix + "headline", REQUIRED, _headline(r, lim, level=level))]
     out += _errors(r, lim, prefix)
-    out.append(Section(prefix + "checks", REQUIRED, _render("checks_table", rows=[_check_row(c, lim) for c in checks])))
+    out.append(
+        Section(
+            prefix + "checks",
+            REQUIRED,
+            _render("checks_table", rows=[_check_row(c, lim) for c in checks]),
+        )
+    )
     if top:
         out.append(Section("omitted", REQUIRED, ""))
     sub = level + "#"
@@ -233,15 +285,25 @@ def _report_sections(r: dict, lim: Limits, prefix: str, level: str, top: bool = 
         if c.get("measurements"):
             p = P_METRICS if c.get("status") in ("PASS", "SKIP") else P_METRICS_BAD
             out.append(Section(f"{prefix}metrics:{c.get('id')}", p, _metrics(c, lim)))
-    parity = next((c for c in checks if c.get("id") == "config-parity" and c.get("status") != "SKIP"), None)
+    parity = next(
+        (c for c in checks if c.get("id") == "config-parity" and c.get("status") != "SKIP"), None
+    )
     if parity is not None:
         p = P_CONFIG if parity.get("status") == "PASS" else P_CONFIG_BAD
         out.append(Section(prefix + "config-diff", p, _config_diff(parity, lim)))
     if r.get("engines"):
         out.append(Section(prefix + "environment", P_ENV, _environment(r, lim)))
     if isinstance(r.get("baseline"), dict):
-        bad = r["baseline"].get("status") in ("WARN", "FAIL", "ERROR") or bool(r["baseline"].get("differences"))
-        out.append(Section(prefix + "baseline", P_BASELINE_BAD if bad else P_BASELINE, _baseline(r["baseline"], r, lim)))
+        bad = r["baseline"].get("status") in ("WARN", "FAIL", "ERROR") or bool(
+            r["baseline"].get("differences")
+        )
+        out.append(
+            Section(
+                prefix + "baseline",
+                P_BASELINE_BAD if bad else P_BASELINE,
+                _baseline(r["baseline"], r, lim),
+            )
+        )
     tokens = _worst_tokens(r, checks, lim)
     if tokens:
         out.append(Section(prefix + "worst-tokens", P_TOKENS, tokens))
@@ -263,7 +325,9 @@ def _utf16_len(text: str) -> int:
     return len(text.encode("utf-16-le")) // 2
 
 
-def _fit(sections: list[Section], budget: int | None, size: Callable[[str], int], limit_name: str) -> tuple[str, tuple[str, ...]]:
+def _fit(
+    sections: list[Section], budget: int | None, size: Callable[[str], int], limit_name: str
+) -> tuple[str, tuple[str, ...]]:
     """Join the sections, dropping the least important (latest first among equals) until the text fits."""
     sep = "\n\n"
     dropped: set[int] = set()
@@ -271,8 +335,13 @@ def _fit(sections: list[Section], budget: int | None, size: Callable[[str], int]
         sizes = [size(s.text) + size(sep) for s in sections]
         total = sum(sizes) + 1
         longest = sorted((s.key for s in sections), key=len, reverse=True)[:12]
-        reserve = size(_omitted_note(len(sections), longest, limit_name)) + 64  # room for the note itself
-        candidates = sorted((i for i, s in enumerate(sections) if s.priority < REQUIRED), key=lambda i: (sections[i].priority, -i))
+        reserve = (
+            size(_omitted_note(len(sections), longest, limit_name)) + 64
+        )  # room for the note itself
+        candidates = sorted(
+            (i for i, s in enumerate(sections) if s.priority < REQUIRED),
+            key=lambda i: (sections[i].priority, -i),
+        )
         for i in candidates:
             if total + (reserve if dropped or total > budget else 0) <= budget:
                 break
@@ -280,10 +349,14 @@ def _fit(sections: list[Section], budget: int | None, size: Callable[[str], int]
             total -= sizes[i]
     keys = [sections[i].key for i in sorted(dropped, key=lambda i: (sections[i].priority, -i))]
     note = _omitted_note(len(keys), keys, limit_name) if keys else ""
-    texts = [note if s.key == "omitted" else s.text for i, s in enumerate(sections) if i not in dropped]
+    texts = [
+        note if s.key == "omitted" else s.text for i, s in enumerate(sections) if i not in dropped
+    ]
     text = esc.neutralise_comments(sep.join(t for t in texts if t)) + "\n"
-    if budget is not None and size(text) > budget:  # the required sections alone are too big: cut the text
-        note = _omitted_note(len(keys) + 1, keys + ["the rest of this text"], limit_name)
+    if (
+        budget is not None and size(text) > budget
+    ):  # the required sections alone are too big: cut the text
+        note = _omitted_note(len(keys) + 1, [*keys, "the rest of this text"], limit_name)
         room = budget - size(note) - size(sep) - 2
         text = _cut(text, room, size).rstrip() + sep + note + "\n"
     return text, tuple(keys)
@@ -300,7 +373,9 @@ def _cut(text: str, room: int, size: Callable[[str], int]) -> str:
 
 
 def _omitted_note(n: int, keys: list[str], limit_name: str) -> str:
-    return _render("omitted", n=n, keys=keys[:12], more=max(0, len(keys) - 12), limit_name=limit_name)
+    return _render(
+        "omitted", n=n, keys=keys[:12], more=max(0, len(keys) - 12), limit_name=limit_name
+    )
 
 
 # -------------------------------------------------------------------------------------- headline
@@ -315,7 +390,12 @@ def _engine(r: dict, name: str) -> dict[str, Any] | None:
     return {
         "version": identity.get("vllm") or "?",
         "spec": e.get("spec") or "?",
-        "reused": {"created": str(reused.get("created") or "?"), "key": str(reused.get("key") or "?")[:12]} if reused else None,
+        "reused": {
+            "created": str(reused.get("created") or "?"),
+            "key": str(reused.get("key") or "?")[:12],
+        }
+        if reused
+        else None,
     }
 
 
@@ -323,7 +403,11 @@ def _counts_text(counts: dict | None) -> str:
     counts = counts or {}
     total = sum(int(v or 0) for v in counts.values())
     words = [f"{int(counts[k])} {w}" for k, w in _COUNT_WORDS if counts.get(k)]
-    return f"{total} check{'s' if total != 1 else ''}: {', '.join(words)}" if words else "no checks ran"
+    return (
+        f"{total} check{'s' if total != 1 else ''}: {', '.join(words)}"
+        if words
+        else "no checks ran"
+    )
 
 
 def _basename(path: Any) -> str:
@@ -344,23 +428,31 @@ def _headline(r: dict, lim: Limits, level: str = "##", merged: bool = False) -> 
     return _render(
         "headline",
         level=Safe(level),
-        icon=Safe(ICON.get(verdict, "❔")),
+        icon=Safe(icon(verdict)),
         verdict=verdict,
         gate_id=str(r.get("gate_id") or "?"),
         part=level != "##",
         merged=merged,
         n_parts=len(parts or []),
-        parts_text=", ".join(f"{n} {w}" for k, w in _COUNT_WORDS for v, n in part_verdicts.items() if v == k),
+        parts_text=", ".join(
+            f"{n} {w}" for k, w in _COUNT_WORDS for v, n in part_verdicts.items() if v == k
+        ),
         old=_engine(r, "old"),
         new=_engine(r, "new"),
         baseline_from=((manifest.get("recorded_from") or {}).get("spec")),
         model_name=_basename(model.get("path")) or None,
         model_sha=str(model.get("sha256") or "")[:12] or None,
-        prompt_sets=[f"{p.get('name', '?')} ({p.get('records', '?')})" for p in run.get("prompt_sets") or [] if isinstance(p, dict)],
+        prompt_sets=[
+            f"{p.get('name', '?')} ({p.get('records', '?')})"
+            for p in run.get("prompt_sets") or []
+            if isinstance(p, dict)
+        ],
         counts=_counts_text(r.get("counts")),
         exit_code=r.get("exit_code"),
         fail_on=r.get("fail_on") or "fail",
-        baseline_status=baseline.get("status") if not merged and baseline.get("status") in ("WARN", "FAIL", "ERROR") else None,
+        baseline_status=baseline.get("status")
+        if not merged and baseline.get("status") in ("WARN", "FAIL", "ERROR")
+        else None,
         baseline_icon=Safe(ICON.get(str(baseline.get("status")), "")),
         baseline_message=esc.truncate(esc.clean(baseline.get("message") or ""), lim.text),
     )
@@ -399,7 +491,7 @@ def _key_measurement(c: dict) -> dict | None:
     pool = judged or ms
     if not pool:
         return None
-    return max(pool, key=lambda m: (RANK.get(m.get("status"), 0), m.get("engine") != "old"))
+    return max(pool, key=lambda m: (RANK.get(str(m.get("status")), 0), m.get("engine") != "old"))
 
 
 def _metric_name(m: dict) -> str:
@@ -407,7 +499,9 @@ def _metric_name(m: dict) -> str:
 
 
 def _short_diagnosis(c: dict, lim: Limits) -> str:
-    text = esc.clean(c.get("diagnosis") or "") if c.get("status") in ("WARN", "FAIL", "ERROR") else ""
+    text = (
+        esc.clean(c.get("diagnosis") or "") if c.get("status") in ("WARN", "FAIL", "ERROR") else ""
+    )
     if text:
         cut = min((i for i in (text.find(". "), text.find(": ")) if i > 0), default=len(text))
         text = text[: cut + 1].rstrip(".:") if cut < len(text) else text
@@ -419,9 +513,13 @@ def _check_row(c: dict, lim: Limits) -> dict[str, Any]:
     status = str(c.get("status") or "?")
     measured: Any = None
     if m is not None:
-        measured = m.get("value") if m.get("value") is not None else esc.truncate(esc.clean(m.get("note") or ""), lim.cell)
+        measured = (
+            m.get("value")
+            if m.get("value") is not None
+            else esc.truncate(esc.clean(m.get("note") or ""), lim.cell)
+        )
     return {
-        "icon": Safe(ICON.get(status, "❔")),
+        "icon": Safe(icon(status)),
         "status": status,
         "title": esc.truncate(esc.clean(c.get("title") or c.get("id") or "?"), lim.cell),
         "metric": _metric_name(m) if m else "",
@@ -435,11 +533,13 @@ def _measurement_row(m: dict, lim: Limits) -> dict[str, Any]:
     status = str(m.get("status") or "?")
     value = m.get("value")
     return {
-        "icon": Safe(ICON.get(status, "❔")),
+        "icon": Safe(icon(status)),
         "status": status,
         "name": esc.truncate(esc.clean(m.get("name", "?")), lim.cell),
         "engine": esc.truncate(esc.clean(m.get("engine") or ""), lim.cell),
-        "value": value if isinstance(value, (int, float)) or value is None else esc.truncate(esc.clean(value), lim.cell),
+        "value": value
+        if isinstance(value, (int, float)) or value is None
+        else esc.truncate(esc.clean(value), lim.cell),
         "warn": _bound(m, "warn"),
         "fail": _bound(m, "fail"),
         "threshold": _threshold(m),
@@ -448,13 +548,17 @@ def _measurement_row(m: dict, lim: Limits) -> dict[str, Any]:
 
 
 def _problem(c: dict, lim: Limits, level: str) -> str:
-    bad = [_measurement_row(m, lim) for m in c.get("measurements") or [] if isinstance(m, dict) and m.get("status") in ("WARN", "FAIL", "ERROR")]
+    bad = [
+        _measurement_row(m, lim)
+        for m in c.get("measurements") or []
+        if isinstance(m, dict) and m.get("status") in ("WARN", "FAIL", "ERROR")
+    ]
     shown = bad if lim.rows is None else bad[: lim.rows]
     status = str(c.get("status"))
     return _render(
         "problem",
         level=Safe(level),
-        icon=Safe(ICON.get(status, "❔")),
+        icon=Safe(icon(status)),
         status=status,
         title=esc.truncate(esc.clean(c.get("title") or c.get("id") or "?"), lim.cell),
         summary=esc.truncate(esc.clean(c.get("summary") or ""), lim.text),
@@ -470,7 +574,7 @@ def _metrics(c: dict, lim: Limits) -> str:
     status = str(c.get("status"))
     return _render(
         "metrics",
-        icon=Safe(ICON.get(status, "❔")),
+        icon=Safe(icon(status)),
         title=esc.truncate(esc.clean(c.get("title") or c.get("id") or "?"), lim.cell),
         rows=shown,
         total=len(rows),
@@ -497,7 +601,7 @@ def _config_diff(c: dict, lim: Limits) -> str:
         status = str(m.get("status") or "PASS")
         note = esc.clean(m.get("note") or "")
         policy = note[note.rfind("(") + 1 : -1] if note.endswith(")") and "(" in note else ""
-        rows.append({"icon": Safe(ICON.get(status, "❔")), "status": status, "key": esc.truncate(key, lim.cell),
+        rows.append({"icon": Safe(icon(status)), "status": status, "key": esc.truncate(key, lim.cell),
                      "old": _value(change.get("old"), lim), "new": _value(change.get("new"), lim), "policy": policy})  # fmt: skip
     overridden = [
         {"key": esc.truncate(k, lim.cell), "requested": _value((v or {}).get("requested"), lim), "effective": _value((v or {}).get("effective"), lim)}
@@ -520,16 +624,27 @@ def _environment(r: dict, lim: Limits) -> str:
     names = sorted(engines, key=lambda n: {"old": 0, "new": 1}.get(n, 2))
     manifest_engine = ((r.get("baseline") or {}).get("manifest") or {}).get("engine")
     columns = names + (["baseline"] if isinstance(manifest_engine, dict) else [])
-    source = {n: engines[n] for n in names} | ({"baseline": manifest_engine} if "baseline" in columns else {})
+    source = {n: engines[n] for n in names} | (
+        {"baseline": manifest_engine} if "baseline" in columns else {}
+    )
 
     if "baseline" in columns:
-        source["baseline"] = {**manifest_engine, "spec": ((r.get("baseline") or {}).get("manifest") or {}).get("recorded_from", {}).get("spec", _MISSING)}
+        source["baseline"] = {
+            **manifest_engine,
+            "spec": ((r.get("baseline") or {}).get("manifest") or {})
+            .get("recorded_from", {})
+            .get("spec", _MISSING),
+        }
 
     def ident(e: dict, key: str) -> Any:
         return (e.get("identity") or {}).get(key, _MISSING)
 
     def device(e: dict) -> Any:
-        parts = [str(x) for x in (ident(e, "device_kind"), ident(e, "device_name")) if x and x is not _MISSING]
+        parts = [
+            str(x)
+            for x in (ident(e, "device_kind"), ident(e, "device_name"))
+            if x and x is not _MISSING
+        ]
         return " ".join(parts) or _MISSING
 
     fields: list[tuple[str, Callable[[dict], Any]]] = [
@@ -550,10 +665,12 @@ def _environment(r: dict, lim: Limits) -> str:
         if all(v is _MISSING for v in values):
             continue
         shown = ["" if v is _MISSING else _value(v, lim) for v in values]
-        compare = [v for n, v in zip(columns, shown) if n in ("old", "new")]
+        compare = [v for n, v in zip(columns, shown, strict=True) if n in ("old", "new")]
         differs = len(compare) == 2 and compare[0] != compare[1] and label != "replay time"
         rows.append({"label": label, "values": shown, "differs": differs})
-    return _render("environment", columns=columns, rows=rows, n_diff=sum(r["differs"] for r in rows))
+    return _render(
+        "environment", columns=columns, rows=rows, n_diff=sum(r["differs"] for r in rows)
+    )
 
 
 _MISSING = object()
@@ -575,7 +692,7 @@ def _baseline(b: dict, r: dict, lim: Limits) -> str:
     identity = (manifest.get("engine") or {}).get("identity") or {}
     return _render(
         "baseline",
-        icon=Safe(ICON.get(status, "❔")),
+        icon=Safe(icon(status)),
         status=status,
         open=status in ("WARN", "FAIL", "ERROR") or bool(b.get("differences")),
         path=esc.truncate(esc.clean(b.get("path") or ""), lim.cell) or None,
@@ -585,10 +702,17 @@ def _baseline(b: dict, r: dict, lim: Limits) -> str:
         spec=recorded.get("spec"),
         recorded_run=recorded.get("run"),
         vllm=identity.get("vllm"),
-        device=" ".join(str(x) for x in (identity.get("device_kind"), identity.get("device_name")) if x) or None,
+        device=" ".join(
+            str(x) for x in (identity.get("device_kind"), identity.get("device_name")) if x
+        )
+        or None,
         model_same=None if not (run_model and base_model) else run_model == base_model,
         base_model=str(base_model or "")[:12] or None,
-        prompt_sets=[f"{p.get('name', '?')} ({p.get('records', '?')})" for p in manifest.get("prompt_sets") or [] if isinstance(p, dict)],
+        prompt_sets=[
+            f"{p.get('name', '?')} ({p.get('records', '?')})"
+            for p in manifest.get("prompt_sets") or []
+            if isinstance(p, dict)
+        ],
     )
 
 
@@ -598,7 +722,9 @@ def _baseline(b: dict, r: dict, lim: Limits) -> str:
 def _worst_tokens(r: dict, checks: list[dict], lim: Limits) -> str:
     entries: list[dict] = [t for t in r.get("worst_tokens") or [] if isinstance(t, dict)]
     for c in checks:
-        entries += [t for t in (c.get("details") or {}).get("worst_tokens") or [] if isinstance(t, dict)]
+        entries += [
+            t for t in (c.get("details") or {}).get("worst_tokens") or [] if isinstance(t, dict)
+        ]
     if not entries:
         return ""
     shown = entries if lim.tokens is None else entries[: lim.tokens]
@@ -640,7 +766,12 @@ def _downsample(values: list[float | None], k: int) -> list[float | None]:
     return out
 
 
-def sparkline(values: Iterable[float | None], lo: float | None = None, hi: float | None = None, width: int = 40) -> str:
+def sparkline(
+    values: Iterable[float | None],
+    lo: float | None = None,
+    hi: float | None = None,
+    width: int = 40,
+) -> str:
     vals = _downsample(_floats(list(values)), width)
     finite = [v for v in vals if v is not None]
     if not finite:
@@ -649,7 +780,12 @@ def sparkline(values: Iterable[float | None], lo: float | None = None, hi: float
     hi = max(finite) if hi is None else hi
     span = hi - lo
     top = len(SPARK) - 1
-    return "".join(" " if v is None else SPARK[0 if span <= 0 else max(0, min(top, round((v - lo) / span * top)))] for v in vals)
+    return "".join(
+        " "
+        if v is None
+        else SPARK[0 if span <= 0 else max(0, min(top, round((v - lo) / span * top)))]
+        for v in vals
+    )
 
 
 def _fixed(values: list[float], digits: int = 4) -> Callable[[float], str]:
@@ -660,7 +796,10 @@ def _fixed(values: list[float], digits: int = 4) -> Callable[[float], str]:
 
 
 def _mermaid_label(name: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in " _.-" else "_" for ch in esc.clean(name))[:60] or "metric"
+    return (
+        "".join(ch if ch.isalnum() or ch in " _.-" else "_" for ch in esc.clean(name))[:60]
+        or "metric"
+    )
 
 
 def _fill(values: list[float | None]) -> list[float] | None:
@@ -697,10 +836,17 @@ def _grpo(g: dict, lim: Limits) -> str:
     if not table:
         return ""
     steps = g.get("steps")
-    return _render("grpo", steps=steps if isinstance(steps, int) else None, rows=table, charts=[c for c in charts if c])
+    return _render(
+        "grpo",
+        steps=steps if isinstance(steps, int) else None,
+        rows=table,
+        charts=[c for c in charts if c],
+    )
 
 
-def _chart(name: str, series: dict[str, list[float | None]], lo: float, hi: float, points: int) -> dict[str, Any] | None:
+def _chart(
+    name: str, series: dict[str, list[float | None]], lo: float, hi: float, points: int
+) -> dict[str, Any] | None:
     n = max(len(s) for s in series.values())
     if n < 2:
         return None
@@ -734,8 +880,12 @@ def _commands(r: dict, lim: Limits) -> str:
     run = r.get("run") or {}
     return _render(
         "commands",
-        reproduce=esc.code_block(cmds["reproduce"], "bash", lim.text) if cmds.get("reproduce") else None,
-        regenerate=esc.code_block(cmds["regenerate_baseline"], "bash", lim.text) if cmds.get("regenerate_baseline") else None,
+        reproduce=esc.code_block(cmds["reproduce"], "bash", lim.text)
+        if cmds.get("reproduce")
+        else None,
+        regenerate=esc.code_block(cmds["regenerate_baseline"], "bash", lim.text)
+        if cmds.get("regenerate_baseline")
+        else None,
         gate_version=str(r.get("gate_version") or "?"),
         schema=str(r.get("schema") or "?"),
         started=run.get("started"),
@@ -749,9 +899,9 @@ def _commands(r: dict, lim: Limits) -> str:
 def _part_row(p: dict) -> dict[str, Any]:
     verdict = str(p.get("verdict") or "ERROR")
     old, new = _engine(p, "old"), _engine(p, "new")
-    model = ((p.get("run") or {}).get("model") or {})
+    model = (p.get("run") or {}).get("model") or {}
     return {
-        "icon": Safe(ICON.get(verdict, "❔")),
+        "icon": Safe(icon(verdict)),
         "verdict": verdict,
         "gate_id": str(p.get("gate_id") or "?"),
         "vllm": " → ".join(e["version"] for e in (old, new) if e) or "?",

@@ -26,4 +26,6 @@ def get_runner(engine: EngineConfig, docker: DockerConfig | None = None) -> Runn
         from gate.runners.docker import DockerRunner
 
         return DockerRunner(docker or DockerConfig())
-    raise ConfigError(f"engines.{engine.name}.runner: '{engine.runner}' is not available in this version of gate")
+    raise ConfigError(
+        f"engines.{engine.name}.runner: '{engine.runner}' is not available in this version of gate"
+    )

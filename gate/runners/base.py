@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -10,9 +11,9 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 from gate.config import EngineConfig
 from gate.errors import EngineError
@@ -55,7 +56,12 @@ class Runner(ABC):
         return {}
 
     def run_worker(
-        self, engine: EngineConfig, request_paths: Sequence[Path], log_path: Path, timeout_s: float, log
+        self,
+        engine: EngineConfig,
+        request_paths: Sequence[Path],
+        log_path: Path,
+        timeout_s: float,
+        log,
     ) -> WorkerOutcome:
         """Run one worker process over ``request_paths``: several requests share one engine start."""
         extra = self.worker_env(engine)
@@ -139,7 +145,11 @@ def run_logged(
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             reader.join(timeout=5)
-            raise EngineError(engine, f"{what} timed out after {timeout_s:.0f}s (log: {log_path})", output.tail_text())
+            raise EngineError(  # noqa: B904 - the timeout is the error; its traceback says nothing
+                engine,
+                f"{what} timed out after {timeout_s:.0f}s (log: {log_path})",
+                output.tail_text(),
+            )
         except BaseException:
             _kill_group(proc)
             raise
@@ -168,10 +178,8 @@ def _kill_group(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=10)
     except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait()
 
 

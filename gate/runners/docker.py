@@ -38,7 +38,9 @@ class DockerRunner(Runner):
         from gate.docker.client import connect
 
         if not engine.image:
-            raise EngineError(engine.name, "runner docker needs engines.<name>.image for a per-engine container")
+            raise EngineError(
+                engine.name, "runner docker needs engines.<name>.image for a per-engine container"
+            )
         try:
             self._client = connect()
             _get_or_pull(self._client, engine.image, log, engine.name)
@@ -51,11 +53,19 @@ class DockerRunner(Runner):
                 "python": engine.python, "gpus": self.docker_cfg.gpus}  # fmt: skip
 
     def worker_env(self, engine: EngineConfig) -> dict[str, str]:
-        paths = [str(WORKER_ROOT), *[p for p in engine.env.get("PYTHONPATH", "").split(os.pathsep) if p]]
+        paths = [
+            str(WORKER_ROOT),
+            *[p for p in engine.env.get("PYTHONPATH", "").split(os.pathsep) if p],
+        ]
         return {"PYTHONPATH": os.pathsep.join(paths)}
 
     def run_worker(
-        self, engine: EngineConfig, request_paths: Sequence[Path], log_path: Path, timeout_s: float, log
+        self,
+        engine: EngineConfig,
+        request_paths: Sequence[Path],
+        log_path: Path,
+        timeout_s: float,
+        log,
     ) -> WorkerOutcome:
         import time
 
@@ -74,15 +84,21 @@ class DockerRunner(Runner):
             try:
                 result = run_container(self._client, plan, timeout_s, output.feed)
             except DockerError as exc:
-                raise EngineError(engine.name, f"{exc} (log: {log_path})", exc.log_tail or output.tail_text()) from None
+                raise EngineError(
+                    engine.name, f"{exc} (log: {log_path})", exc.log_tail or output.tail_text()
+                ) from None
         if result.status_code != 0 or result.oom_killed:
             reason = result.describe(self.docker_cfg.memory) if result.oom_killed else None
             reason = reason or output.last_error or result.describe(self.docker_cfg.memory)
-            raise EngineError(engine.name, f"{reason} (image {engine.image}; log: {log_path})", output.tail_text())
+            raise EngineError(
+                engine.name, f"{reason} (image {engine.image}; log: {log_path})", output.tail_text()
+            )
         return WorkerOutcome(engine.name, log_path, time.perf_counter() - start)
 
 
-def worker_mounts(engine: EngineConfig, requests: list[WorkerRequest], request_paths: Sequence[Path]) -> list:
+def worker_mounts(
+    engine: EngineConfig, requests: list[WorkerRequest], request_paths: Sequence[Path]
+) -> list:
     from gate.docker.mounts import Mount, pythonpath_dirs
 
     mounts = [Mount(gate_package_dir(), target=WORKER_ROOT / "gate")]
@@ -110,4 +126,6 @@ def _get_or_pull(client: Any, name: str, log, engine: str) -> None:
     try:
         client.images.pull(name)
     except docker.errors.APIError as exc:
-        raise DockerError(f"engines.{engine}.image: '{name}' is not here and cannot be pulled: {exc.explanation or exc}") from None
+        raise DockerError(
+            f"engines.{engine}.image: '{name}' is not here and cannot be pulled: {exc.explanation or exc}"
+        ) from None

@@ -27,4 +27,7 @@ class LocalRunner(Runner):
 
     def environment(self, engine: EngineConfig) -> dict:
         dists = importlib.metadata.distributions()
-        return {"kind": "local", "packages": sorted({f"{d.metadata['Name'].lower()}=={d.version}" for d in dists})}
+        return {
+            "kind": "local",
+            "packages": sorted({f"{d.metadata['Name'].lower()}=={d.version}" for d in dists}),
+        }

@@ -61,7 +61,12 @@ class VenvRunner(Runner):
 
 
 def ensure_venv(
-    name: str, spec: str, pip_args: tuple[str, ...], log, installer: str = "auto", cancel: threading.Event | None = None
+    name: str,
+    spec: str,
+    pip_args: tuple[str, ...],
+    log,
+    installer: str = "auto",
+    cancel: threading.Event | None = None,
 ) -> tuple[Path, Path]:
     """Build or reuse the venv for ``spec``; returns (venv, the gate code folder inside it)."""
     path = venv_path(spec, pip_args)
@@ -109,7 +114,17 @@ def _runner_for(name: str, log, cancel: threading.Event | None):
             if echo is not None and echo.match(line):
                 log(f"[{name}] {line if len(line) <= 160 else line[:157] + '...'}")
 
-        run_logged(cmd, env, log_path, timeout_s=3600, engine=name, what=what, log=log, line_hook=relay, cancel=cancel)
+        run_logged(
+            cmd,
+            env,
+            log_path,
+            timeout_s=3600,
+            engine=name,
+            what=what,
+            log=log,
+            line_hook=relay,
+            cancel=cancel,
+        )
 
     return run
 
@@ -126,18 +141,28 @@ def _sync_gate_package(path: Path) -> Path:
     if not (src / "gate" / "__init__.py").is_file():
         tmp = src.with_name(f"{digest}.copying")
         shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(gate_package_dir(), tmp / "gate", ignore=shutil.ignore_patterns("__pycache__", "assets", "*.pyc"))
+        shutil.copytree(
+            gate_package_dir(),
+            tmp / "gate",
+            ignore=shutil.ignore_patterns("__pycache__", "assets", "*.pyc"),
+        )
         shutil.rmtree(src, ignore_errors=True)
         tmp.rename(src)
         _prune_old_copies(src.parent, keep=src, max_kept=4)
     pth = Path(json.loads((path / STAMP).read_text())["site_packages"]) / "gate-src.pth"
-    if not pth.is_file() or pth.read_text() != f"{src}\n":  # an image's venv is read-only at run time
+    if (
+        not pth.is_file() or pth.read_text() != f"{src}\n"
+    ):  # an image's venv is read-only at run time
         pth.write_text(f"{src}\n")
     return src
 
 
 def _prune_old_copies(root: Path, keep: Path, max_kept: int) -> None:
-    copies = sorted((p for p in root.iterdir() if p.is_dir() and p != keep), key=lambda p: p.stat().st_mtime, reverse=True)
+    copies = sorted(
+        (p for p in root.iterdir() if p.is_dir() and p != keep),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
     for old in copies[max_kept - 1 :]:
         shutil.rmtree(old, ignore_errors=True)
 

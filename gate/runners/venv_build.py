@@ -32,9 +32,9 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 # Bump when the install recipe changes, so cached venvs built the old way are not reused.
 FIXUP_REVISION = 1
@@ -63,7 +63,12 @@ def cache_root() -> Path:
 
 def venv_key(spec: str, pip_args: tuple[str, ...]) -> str:
     payload = json.dumps(
-        {"spec": spec, "pip_args": list(pip_args), "python": sys.version_info[:2], "fixups": FIXUP_REVISION},
+        {
+            "spec": spec,
+            "pip_args": list(pip_args),
+            "python": sys.version_info[:2],
+            "fixups": FIXUP_REVISION,
+        },
         sort_keys=True,
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
@@ -78,7 +83,15 @@ def is_built(path: Path) -> bool:
     return (path / STAMP).is_file()
 
 
-def build(name: str, spec: str, pip_args: tuple[str, ...], path: Path, run: Run, log: Log, installer: str = "auto") -> dict:
+def build(
+    name: str,
+    spec: str,
+    pip_args: tuple[str, ...],
+    path: Path,
+    run: Run,
+    log: Log,
+    installer: str = "auto",
+) -> dict:
     """Create the venv at ``path``, install ``spec``, repair what needs it; returns the stamp."""
     if path.exists():
         log(f"[{name}] removing incomplete venv {path}")
@@ -97,9 +110,17 @@ def build(name: str, spec: str, pip_args: tuple[str, ...], path: Path, run: Run,
     settings: list[str] = []
     try:
         if uv:
-            settings, uv_env = uv_install_args(pip_settings(), pip_args, log=lambda m: log(f"[{name}] {m}"))
+            settings, uv_env = uv_install_args(
+                pip_settings(), pip_args, log=lambda m: log(f"[{name}] {m}")
+            )
             env |= uv_env
-            run([uv, "venv", "--quiet", "--python", sys.executable, str(path)], env, log_path, "uv venv", None)
+            run(
+                [uv, "venv", "--quiet", "--python", sys.executable, str(path)],
+                env,
+                log_path,
+                "uv venv",
+                None,
+            )
             run([uv, "pip", "install", "--python", py, *settings, spec, *translate_pip_args(pip_args)], env, log_path,
                 f"uv pip install {spec}", UV_MILESTONES)  # fmt: skip
         else:
@@ -130,13 +151,21 @@ def build(name: str, spec: str, pip_args: tuple[str, ...], path: Path, run: Run,
     return stamp
 
 
-def _apply_fixups(py: str, uv: str | None, env: dict, log_path: Path, name: str, run: Run, log: Log) -> list[str]:
+def _apply_fixups(
+    py: str, uv: str | None, env: dict, log_path: Path, name: str, run: Run, log: Log
+) -> list[str]:
     """Probe, don't assume: remove the torch companions only where they fail to import."""
-    probe = subprocess.run([py, "-c", "import torchvision"], env=env, capture_output=True, text=True)
+    probe = subprocess.run(
+        [py, "-c", "import torchvision"], env=env, capture_output=True, text=True
+    )
     if probe.returncode == 0 or "No module named 'torchvision'" in probe.stderr:
         return []
-    log(f"[{name}] torchvision fails to import beside this torch; removing {', '.join(BROKEN_COMPANIONS)}")
-    uninstall = [uv, "pip", "uninstall", "--python", py] if uv else [py, "-m", "pip", "uninstall", "-y"]
+    log(
+        f"[{name}] torchvision fails to import beside this torch; removing {', '.join(BROKEN_COMPANIONS)}"
+    )
+    uninstall = (
+        [uv, "pip", "uninstall", "--python", py] if uv else [py, "-m", "pip", "uninstall", "-y"]
+    )
     run([*uninstall, *BROKEN_COMPANIONS], env, log_path, "uninstall", None)
     return list(BROKEN_COMPANIONS)
 
@@ -168,7 +197,9 @@ def resolve_installer(installer: str) -> str | None:
         return None
     uv = find_uv()
     if uv is None and installer == "uv":
-        raise VenvBuildError("installer: uv: uv is not installed here (pip install uv, or installer: pip)")
+        raise VenvBuildError(
+            "installer: uv: uv is not installed here (pip install uv, or installer: pip)"
+        )
     return uv
 
 
@@ -212,7 +243,9 @@ def pip_config_files(environ: dict[str, str] | None = None) -> list[Path]:
     return files
 
 
-def pip_settings(environ: dict[str, str] | None = None, files: list[Path] | None = None) -> dict[str, str]:
+def pip_settings(
+    environ: dict[str, str] | None = None, files: list[Path] | None = None
+) -> dict[str, str]:
     """The settings ``pip install`` would use here: ``[global]`` then ``[install]`` of each file, then ``PIP_*``."""
     environ = os.environ if environ is None else environ
     settings: dict[str, str] = {}
@@ -270,7 +303,9 @@ def uv_install_args(
         elif key not in _PIP_ONLY:
             ignored.append(key)
     if ignored and log is not None:
-        log(f"pip setting(s) without a uv equivalent, not applied: {', '.join(sorted(ignored))} (installer: pip applies them)")
+        log(
+            f"pip setting(s) without a uv equivalent, not applied: {', '.join(sorted(ignored))} (installer: pip applies them)"
+        )
     return args, env
 
 
@@ -310,7 +345,9 @@ def _probe_versions(py: str, env: dict, log_path: Path) -> dict[str, str]:
         fh.write(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise VenvBuildError(f"installed venv cannot import vllm: {last} (log: {log_path})", proc.stderr[-3000:])
+        raise VenvBuildError(
+            f"installed venv cannot import vllm: {last} (log: {log_path})", proc.stderr[-3000:]
+        )
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -324,7 +361,7 @@ def compile_bytecode(venvs: list[Path], log: Log) -> None:
     ``.pyc`` files are hard-linked into the others wherever the source is the very same file, and
     compileall then compiles only what differs.
     """
-    first, *rest = venvs
+    first = venvs[0]
     for i, venv in enumerate(venvs):
         if i:
             linked = _link_shared_bytecode(first, venv)
@@ -343,19 +380,33 @@ def _link_shared_bytecode(src: Path, dst: Path) -> int:
             source = source_dir / (pyc.name.split(".", 1)[0] + ".py")
             twin = target_cache.parent / source.name
             target = target_cache / pyc.name
-            if twin.is_file() and source.is_file() and not target.exists() and os.path.samefile(source, twin):
+            if (
+                twin.is_file()
+                and source.is_file()
+                and not target.exists()
+                and os.path.samefile(source, twin)
+            ):
                 target_cache.mkdir(exist_ok=True)
                 os.link(pyc, target)
                 linked += 1
     return linked
 
 
-def run_plain(cmd: list[str], env: dict, log_path: Path, what: str, echo: re.Pattern | None) -> None:
+def run_plain(
+    cmd: list[str], env: dict, log_path: Path, what: str, echo: re.Pattern | None
+) -> None:
     """The script-mode runner: output to ``log_path``, pip's milestones echoed to stderr."""
     tail: deque[str] = deque(maxlen=25)
     with open(log_path, "a", encoding="utf-8") as log_file:
         log_file.write(f"$ {redact_credentials(shlex.join(cmd))}\n")
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+        )
         assert proc.stdout is not None
         for line in proc.stdout:
             log_file.write(line)
@@ -379,9 +430,16 @@ def parse_cli(argv: list[str] | None, prog: str, description: str | None) -> Bui
     """``SPEC [--pip-args "ARGS"] [--name NAME] [--installer auto|uv|pip]``; shared by both entry points."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("spec")
-    parser.add_argument("--pip-args", default="", help="extra pip arguments, one shell-quoted string")
+    parser.add_argument(
+        "--pip-args", default="", help="extra pip arguments, one shell-quoted string"
+    )
     parser.add_argument("--name", default="engine")
-    parser.add_argument("--installer", choices=INSTALLERS, default="auto", help="default: uv where installed, else pip")
+    parser.add_argument(
+        "--installer",
+        choices=INSTALLERS,
+        default="auto",
+        help="default: uv where installed, else pip",
+    )
     args = parser.parse_args(argv)
     return BuildArgs(args.spec, tuple(shlex.split(args.pip_args)), args.name, args.installer)
 
@@ -393,7 +451,9 @@ def main(argv: list[str] | None = None) -> int:
     """
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--compile-bytecode"]:
-        compile_bytecode([Path(v) for v in argv[1:]], lambda m: print(m, file=sys.stderr, flush=True))
+        compile_bytecode(
+            [Path(v) for v in argv[1:]], lambda m: print(m, file=sys.stderr, flush=True)
+        )
         return 0
     args = parse_cli(argv, "venv_build.py", main.__doc__)
     path = venv_path(args.spec, args.pip_args)

@@ -19,8 +19,14 @@ import torch
 # Dotted attribute paths into the live engine, tried in order (V1 first, then V0 layouts).
 _SETTINGS: dict[str, tuple[str, ...]] = {
     "logprobs_mode": ("vllm_config.model_config.logprobs_mode", "model_config.logprobs_mode"),
-    "enable_prefix_caching": ("vllm_config.cache_config.enable_prefix_caching", "cache_config.enable_prefix_caching"),
-    "async_scheduling": ("vllm_config.scheduler_config.async_scheduling", "scheduler_config.async_scheduling"),
+    "enable_prefix_caching": (
+        "vllm_config.cache_config.enable_prefix_caching",
+        "cache_config.enable_prefix_caching",
+    ),
+    "async_scheduling": (
+        "vllm_config.scheduler_config.async_scheduling",
+        "scheduler_config.async_scheduling",
+    ),
     "enable_chunked_prefill": (
         "vllm_config.scheduler_config.enable_chunked_prefill",
         "vllm_config.scheduler_config.chunked_prefill_enabled",
@@ -42,13 +48,19 @@ _SETTINGS: dict[str, tuple[str, ...]] = {
     ),
     "cudagraph_mode": ("vllm_config.compilation_config.cudagraph_mode",),
     "seed": ("vllm_config.model_config.seed", "model_config.seed"),
-    "generation_config": ("vllm_config.model_config.generation_config", "model_config.generation_config"),
+    "generation_config": (
+        "vllm_config.model_config.generation_config",
+        "model_config.generation_config",
+    ),
     "override_generation_config": (
         "vllm_config.model_config.override_generation_config",
         "model_config.override_generation_config",
     ),
     "quantization": ("vllm_config.model_config.quantization", "model_config.quantization"),
-    "logits_processors": ("vllm_config.model_config.logits_processors", "model_config.logits_processors"),
+    "logits_processors": (
+        "vllm_config.model_config.logits_processors",
+        "model_config.logits_processors",
+    ),
     "attention_backend": ("vllm_config.attention_config.backend",),
     "tensor_parallel_size": (
         "vllm_config.parallel_config.tensor_parallel_size",
@@ -113,13 +125,15 @@ def resolve_model_revision(model: str, engine_args: dict[str, Any], say=print) -
     # requests, by version), "gated" and "no such id": any of them only means "ask the cache".
     try:
         return HfApi().model_info(model, revision=requested).sha
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass
     try:
         return os.path.basename(snapshot_download(model, revision=requested, local_files_only=True))
-    except Exception as exc:  # noqa: BLE001
-        say(f"warning: the hub revision of {model} could not be resolved ({type(exc).__name__}); "
-            f"loading {'revision ' + requested if requested else 'its default branch'} as vLLM finds it")
+    except Exception as exc:
+        say(
+            f"warning: the hub revision of {model} could not be resolved ({type(exc).__name__}); "
+            f"loading {'revision ' + requested if requested else 'its default branch'} as vLLM finds it"
+        )
         return requested
 
 
@@ -129,7 +143,9 @@ def supported_engine_args() -> set[str]:
     return {f.name for f in dataclasses.fields(EngineArgs)}
 
 
-def split_engine_args(requested: dict[str, Any], optional: list[str]) -> tuple[dict[str, Any], list[str]]:
+def split_engine_args(
+    requested: dict[str, Any], optional: list[str]
+) -> tuple[dict[str, Any], list[str]]:
     """Drop optional arguments this release does not know; unknown required ones raise."""
     known = supported_engine_args()
     dropped = [k for k in requested if k not in known and k in optional]
@@ -160,7 +176,10 @@ def shutdown(llm) -> None:
     if callable(stop):
         stop()
     try:
-        from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+        from vllm.distributed.parallel_state import (
+            destroy_distributed_environment,
+            destroy_model_parallel,
+        )
     except ImportError:
         return
     destroy_model_parallel()
@@ -229,7 +248,7 @@ def numerics(llm) -> dict[str, Any]:
     }
     try:
         found |= llm.collective_rpc(runtime_choices)[0]
-    except Exception as exc:  # noqa: BLE001 - any failure here is a recorded unknown, not a failed run
+    except Exception as exc:
         found["runtime_probe_error"] = f"{type(exc).__name__}: {exc}"[:300]
     return found
 
@@ -238,12 +257,16 @@ def runtime_choices(worker) -> dict[str, Any]:
     """Runs on the engine's worker: the attention backends and the sampler its model runner chose."""
     runner = getattr(worker, "model_runner", None)
     groups = getattr(runner, "attn_groups", None) or []
-    backends = sorted({g.backend.get_name() for group in groups for g in group if hasattr(g.backend, "get_name")})
+    backends = sorted(
+        {g.backend.get_name() for group in groups for g in group if hasattr(g.backend, "get_name")}
+    )
     sampler = getattr(getattr(runner, "sampler", None), "topk_topp_sampler", None)
     forward = getattr(sampler, "forward", None)
     return {
         "attention_backends": backends or None,
-        "topk_topp_sampler": f"{type(sampler).__name__}.{forward.__name__}" if sampler is not None and forward else None,
+        "topk_topp_sampler": f"{type(sampler).__name__}.{forward.__name__}"
+        if sampler is not None and forward
+        else None,
     }
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -49,12 +49,15 @@ def run_grpo(
     hf_kwargs: dict | None = None,
 ) -> dict[str, np.ndarray]:
     """One GRPO run per seed; returns ``grpo_<metric>`` arrays of shape [seeds, steps]."""
-    from gate.worker.weight_sync import _load_trainer
     from transformers import AutoModelForCausalLM
+
+    from gate.worker.weight_sync import _load_trainer
 
     usable = [i for i, a in enumerate(answers) if a]
     if not usable:
-        raise RuntimeError("grpo: the prompt sets hold no record with an `answer`; the reward needs one")
+        raise RuntimeError(
+            "grpo: the prompt sets hold no record with an `answer`; the reward needs one"
+        )
     device = "cuda" if torch.cuda.is_available() else "cpu"
     initial = None
     results = {m: np.zeros((len(request.seeds), request.steps)) for m in METRICS}
@@ -68,7 +71,9 @@ def run_grpo(
         rng = np.random.default_rng(seed)
         for step in range(request.steps):
             start = time.perf_counter()
-            batch = rng.choice(usable, size=min(request.prompts_per_step, len(usable)), replace=False)
+            batch = rng.choice(
+                usable, size=min(request.prompts_per_step, len(usable)), replace=False
+            )
             metrics = _step(llm, model, opt, [prompt_ids[i] for i in batch], [answers[i] for i in batch],
                             request, seed * 100_003 + step, device)  # fmt: skip
             pushed = time.perf_counter()
@@ -85,27 +90,35 @@ def run_grpo(
     return {f"grpo_{m}": v for m, v in results.items()}
 
 
-def _step(llm, model, opt, prompts, answers, request: GrpoRequest, seed: int, device) -> dict[str, float]:
+def _step(
+    llm, model, opt, prompts, answers, request: GrpoRequest, seed: int, device
+) -> dict[str, float]:
     from gate.worker.replay import _params
 
     params = _params(n=request.group_size, temperature=request.temperature, max_tokens=request.max_tokens,
                      seed=seed, logprobs=0)  # fmt: skip
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     seqs, starts, rollout_lp, rewards, lengths = [], [], [], [], []
-    for p, out, answer in zip(prompts, outputs, answers):
+    for p, out, answer in zip(prompts, outputs, answers, strict=True):
         for comp in out.outputs:
             tokens = list(comp.token_ids)
             seqs.append(p + tokens)
             starts.append(len(p))
-            rollout_lp.append(np.asarray(_sampled_logprobs(comp.logprobs, tokens), dtype=np.float64))
+            rollout_lp.append(
+                np.asarray(_sampled_logprobs(comp.logprobs, tokens), dtype=np.float64)
+            )
             rewards.append(reward(comp.text, answer))
             lengths.append(len(tokens))
     rewards_arr = np.asarray(rewards).reshape(len(prompts), request.group_size)
-    adv = (rewards_arr - rewards_arr.mean(1, keepdims=True)) / (rewards_arr.std(1, keepdims=True) + 1e-4)
+    adv = (rewards_arr - rewards_arr.mean(1, keepdims=True)) / (
+        rewards_arr.std(1, keepdims=True) + 1e-4
+    )
 
     lp_trainer, entropy = _trainer_logprobs(model, seqs, starts, request.temperature, device)
     lp_roll = torch.tensor(np.concatenate(rollout_lp), dtype=torch.float32, device=device)
-    token_adv = torch.tensor(np.repeat(adv.reshape(-1), lengths), dtype=torch.float32, device=device)
+    token_adv = torch.tensor(
+        np.repeat(adv.reshape(-1), lengths), dtype=torch.float32, device=device
+    )
     d = lp_trainer - lp_roll
     ratio = torch.exp(d)
     eps = request.clip_eps
@@ -129,10 +142,12 @@ def _step(llm, model, opt, prompts, answers, request: GrpoRequest, seed: int, de
 def _sampled_logprobs(logprobs, tokens: list[int]) -> list[float]:
     if hasattr(logprobs, "start_indices"):  # flat: [sampled] per position with logprobs=0
         return list(logprobs.logprobs)[: len(tokens)]
-    return [entry[t].logprob for t, entry in zip(tokens, logprobs)]
+    return [entry[t].logprob for t, entry in zip(tokens, logprobs, strict=True)]
 
 
-def _trainer_logprobs(model, seqs, starts, temperature: float, device) -> tuple[torch.Tensor, float]:
+def _trainer_logprobs(
+    model, seqs, starts, temperature: float, device
+) -> tuple[torch.Tensor, float]:
     """Teacher-forced logprobs (with grad) of the completion tokens under temperature T, and entropy."""
     lengths = [len(s) for s in seqs]
     max_len = max(lengths)
@@ -145,7 +160,9 @@ def _trainer_logprobs(model, seqs, starts, temperature: float, device) -> tuple[
     logits = model(input_ids=ids, attention_mask=mask).logits.float() / max(temperature, 1e-6)
     counts = np.asarray(lengths) - np.asarray(starts)
     rows = torch.from_numpy(np.repeat(np.arange(len(seqs)), counts)).to(device)
-    cols = torch.from_numpy(np.concatenate([np.arange(s - 1, l - 1) for s, l in zip(starts, lengths)])).to(device)
+    cols = torch.from_numpy(
+        np.concatenate([np.arange(s - 1, n - 1) for s, n in zip(starts, lengths, strict=True)])
+    ).to(device)
     logp = torch.log_softmax(logits[rows, cols], dim=-1)
     lp = logp.gather(-1, ids[rows, cols + 1].unsqueeze(-1)).squeeze(-1)
     entropy = float(-(logp.exp() * logp).sum(-1).mean().item()) if len(rows) else math.nan

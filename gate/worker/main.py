@@ -13,18 +13,19 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import sys
 import time
 import traceback
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from gate import evidence as ev
+from gate.files import atomic_write_bytes
 from gate.request import ENGINE_FILE, EVIDENCE_FILE, PROGRESS_PREFIX, TEXTS_FILE, WorkerRequest
 
 
@@ -128,22 +129,30 @@ def run_batch(requests: Sequence[WorkerRequest]) -> None:
         tokenizer = AutoTokenizer.from_pretrained(first.tokenizer or first.model,
                                                   **eng.hf_load_kwargs(requested_args, for_tokenizer=True))  # fmt: skip
         tokenized = [
-            Tokenized(replay.tokenize_prompts(tokenizer, r.prompts), replay.tokenize_references(tokenizer, r.prompts))
+            Tokenized(
+                replay.tokenize_prompts(tokenizer, r.prompts),
+                replay.tokenize_references(tokenizer, r.prompts),
+            )
             for r in requests
         ]
 
     engine_args, dropped = eng.split_engine_args(requested_args, first.optional_engine_args)
     if dropped:
         progress(f"this release has no {dropped}; running without them (recorded in engine.json)")
-    progress(f"starting engine ({len(first.prompts)} prompts" + (f", {batch} requests)" if batch > 1 else ")"))
+    progress(
+        f"starting engine ({len(first.prompts)} prompts"
+        + (f", {batch} requests)" if batch > 1 else ")")
+    )
     with shared.measure("engine_start_s"):
         llm = eng.start_engine(first.model, first.tokenizer, engine_args)
 
     own = [Timings() for _ in requests]
     passes = []
-    for i, (req, tok) in enumerate(zip(requests, tokenized)):
+    for i, (req, tok) in enumerate(zip(requests, tokenized, strict=True)):
         say = _prefixed(i, batch)
-        passes.append(_engine_passes(llm, req, tok, dropped, own[i], say, eng.hf_load_kwargs(requested_args)))
+        passes.append(
+            _engine_passes(llm, req, tok, dropped, own[i], say, eng.hf_load_kwargs(requested_args))
+        )
 
     # The engine's memory (weights, KV cache, compiled graphs) goes back before the reference loads.
     memory = {"engine_running": eng.memory_in_use()}
@@ -157,7 +166,7 @@ def run_batch(requests: Sequence[WorkerRequest]) -> None:
         p.meta["memory"] = memory
 
     references = _ReferenceCache(eng.hf_load_kwargs(requested_args))
-    for i, (req, tok, p) in enumerate(zip(requests, tokenized, passes)):
+    for i, (req, tok, p) in enumerate(zip(requests, tokenized, passes, strict=True)):
         p.meta["model_revision"] = revision
         ref, load_s = references.get(req)
         own[i].values["reference_load_s"] = load_s
@@ -215,21 +224,27 @@ class _ReferenceCache:
             progress(f"trainer-side reference ({r.dtype}, lm_head_fp32={r.lm_head_fp32})")
             start = time.perf_counter()
             device = "cuda" if torch.cuda.is_available() else "cpu"
-            self.model = ReferenceModel(request.model, r.dtype, r.lm_head_fp32, device, self.hf_kwargs)
+            self.model = ReferenceModel(
+                request.model, r.dtype, r.lm_head_fp32, device, self.hf_kwargs
+            )
             self.key, self.load_s = key, time.perf_counter() - start
         return self.model, self.load_s
 
 
-def _write_outputs(request: WorkerRequest, prompt_ids, passes: "EnginePasses", arrays, n_scored: int, timings) -> None:
+def _write_outputs(
+    request: WorkerRequest, prompt_ids, passes: EnginePasses, arrays, n_scored: int, timings
+) -> None:
     meta = {
         **passes.meta,
         "timings": timings,
         "counts": {
             "prompts": len(prompt_ids),
-            "samples": int(len(passes.sampled.finish)),
-            "sampled_tokens": int(len(passes.sampled.token_ids)),
-            "greedy_tokens": 0 if passes.greedy is None else int(len(passes.greedy.token_ids)),
-            "teacher_forced_tokens": 0 if passes.tf_scores is None else int(len(passes.tf_scores.logprob)),
+            "samples": len(passes.sampled.finish),
+            "sampled_tokens": len(passes.sampled.token_ids),
+            "greedy_tokens": 0 if passes.greedy is None else len(passes.greedy.token_ids),
+            "teacher_forced_tokens": 0
+            if passes.tf_scores is None
+            else len(passes.tf_scores.logprob),
             "reference_scored_tokens": n_scored,
         },
     }
@@ -240,13 +255,18 @@ def _write_outputs(request: WorkerRequest, prompt_ids, passes: "EnginePasses", a
     }
     out_dir = Path(request.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    _write_atomic(out_dir / EVIDENCE_FILE, lambda fh: np.savez(fh, **arrays))
-    _write_atomic(out_dir / TEXTS_FILE, lambda fh: fh.write(json.dumps(texts, ensure_ascii=False).encode()))
+    atomic_write_bytes(out_dir / EVIDENCE_FILE, lambda fh: np.savez(fh, **arrays))
+    atomic_write_bytes(
+        out_dir / TEXTS_FILE, lambda fh: fh.write(json.dumps(texts, ensure_ascii=False).encode())
+    )
     # engine.json last: its presence marks the output complete.
-    _write_atomic(out_dir / ENGINE_FILE, lambda fh: fh.write(json.dumps(meta, indent=2, sort_keys=True).encode()))
+    atomic_write_bytes(
+        out_dir / ENGINE_FILE,
+        lambda fh: fh.write(json.dumps(meta, indent=2, sort_keys=True).encode()),
+    )
 
 
-def _engine_passes(llm, request: WorkerRequest, tokenized: "Tokenized", dropped, timings: Timings, say,
+def _engine_passes(llm, request: WorkerRequest, tokenized: Tokenized, dropped, timings: Timings, say,
                    hf_kwargs: dict[str, Any]) -> EnginePasses:  # fmt: skip
     """The engine's passes over one request; ``hf_kwargs`` load the trainer copies as the engine loaded the model."""
     prompt_ids, reference_ids = tokenized.prompt_ids, tokenized.reference_ids
@@ -257,7 +277,9 @@ def _engine_passes(llm, request: WorkerRequest, tokenized: "Tokenized", dropped,
     order = replay.submission_order(len(prompt_ids), request.order_seed)
     if order is not None:
         say(f"submitting prompts in a permuted order (order_seed={request.order_seed})")
-    say(f"sampling {len(prompt_ids)} prompts x {s.n} (T={s.temperature}, top_p={s.top_p}, top_k={s.top_k}, seed={s.seed})")
+    say(
+        f"sampling {len(prompt_ids)} prompts x {s.n} (T={s.temperature}, top_p={s.top_p}, top_k={s.top_k}, seed={s.seed})"
+    )
     with timings.measure("sample_s"):
         sampled = replay.sample(llm, prompt_ids, s, order)
 
@@ -284,7 +306,9 @@ def _engine_passes(llm, request: WorkerRequest, tokenized: "Tokenized", dropped,
         from gate.worker.weight_sync import run_probe
 
         with timings.measure("weight_sync_s"):
-            ws_arrays, ws_meta = run_probe(llm, request.model, prompt_ids, reference_ids, request.weight_sync, say, hf_kwargs)
+            ws_arrays, ws_meta = run_probe(
+                llm, request.model, prompt_ids, reference_ids, request.weight_sync, say, hf_kwargs
+            )
     if request.grpo is not None:
         from gate.worker.grpo import run_grpo
         from gate.worker.weight_sync import UnsupportedEngine, choose_adapter
@@ -293,11 +317,20 @@ def _engine_passes(llm, request: WorkerRequest, tokenized: "Tokenized", dropped,
         g = request.grpo
         try:
             adapter = choose_adapter(llm, hook)
-        except UnsupportedEngine as exc:  # no weight push: the GRPO run cannot run, the evidence above stands
+        except (
+            UnsupportedEngine
+        ) as exc:  # no weight push: the GRPO run cannot run, the evidence above stands
             say(f"mini GRPO not run: {exc}")
-            grpo_meta = {"adapter": None, "unsupported": str(exc), "seeds": g.seeds, "steps": g.steps}
+            grpo_meta = {
+                "adapter": None,
+                "unsupported": str(exc),
+                "seeds": g.seeds,
+                "steps": g.steps,
+            }
         else:
-            say(f"mini GRPO: {len(g.seeds)} seed(s) x {g.steps} steps of {g.prompts_per_step} prompts x {g.group_size}")
+            say(
+                f"mini GRPO: {len(g.seeds)} seed(s) x {g.steps} steps of {g.prompts_per_step} prompts x {g.group_size}"
+            )
             with timings.measure("grpo_s"):
                 ws_arrays.update(run_grpo(llm, request.model, prompt_ids, [p.answer for p in request.prompts], g,
                                           adapter.push, say, hf_kwargs))  # fmt: skip
@@ -320,7 +353,9 @@ def _engine_passes(llm, request: WorkerRequest, tokenized: "Tokenized", dropped,
     return EnginePasses(sampled, greedy, tf_rows, tf_seqs, tf_scores, meta, ws_arrays)
 
 
-def _reference_arrays(ref, request: WorkerRequest, prompt_ids, passes: EnginePasses, timings: Timings):
+def _reference_arrays(
+    ref, request: WorkerRequest, prompt_ids, passes: EnginePasses, timings: Timings
+):
     """Score every engine token with the trainer-side reference; returns (arrays, tokens scored)."""
     from gate.worker.reference import SamplingTransform
 
@@ -329,26 +364,42 @@ def _reference_arrays(ref, request: WorkerRequest, prompt_ids, passes: EnginePas
                                 mask_dtype=_logits_dtype(passes.meta, request.engine_args))  # fmt: skip
     untransformed = SamplingTransform(temperature=0.0, top_k=0, top_p=1.0)
 
-    arrays = {ev.PROMPT_OFFSETS: _offsets([len(p) for p in prompt_ids]), ev.PROMPT_TOKEN_IDS: _flat(prompt_ids)}
+    arrays = {
+        ev.PROMPT_OFFSETS: _offsets([len(p) for p in prompt_ids]),
+        ev.PROMPT_TOKEN_IDS: _flat(prompt_ids),
+    }
     n_scored = 0
     with timings.measure("reference_score_s"):
-        for prefix, comp, transform in ((ev.SAMPLE, passes.sampled, rollout), (ev.GREEDY, passes.greedy, untransformed)):
+        for prefix, comp, transform in (
+            (ev.SAMPLE, passes.sampled, rollout),
+            (ev.GREEDY, passes.greedy, untransformed),
+        ):
             if comp is None:
                 continue
             scored = ref.score(*_continuations(prompt_ids, comp), transform, r.batch_tokens)
             arrays.update(_completion_arrays(prefix, comp, scored))
             n_scored += len(scored.raw)
         if passes.tf_scores is not None:
-            scored = ref.score(passes.tf_seqs, [1] * len(passes.tf_seqs), untransformed, r.batch_tokens)
+            scored = ref.score(
+                passes.tf_seqs, [1] * len(passes.tf_seqs), untransformed, r.batch_tokens
+            )
             prompt_lens = [len(prompt_ids[i]) for i in passes.tf_rows]
-            arrays.update(_teacher_forced_arrays(passes.tf_rows, passes.tf_seqs, prompt_lens, passes.tf_scores, scored))
+            arrays.update(
+                _teacher_forced_arrays(
+                    passes.tf_rows, passes.tf_seqs, prompt_lens, passes.tf_scores, scored
+                )
+            )
             n_scored += len(scored.raw)
     return arrays, n_scored
 
 
 def _logits_dtype(meta: dict[str, Any], engine_args: dict[str, Any]) -> str | None:
     """The dtype of the engine's logits: its lm_head's (``hf_overrides.head_dtype``), else the model's."""
-    head = (engine_args.get("hf_overrides") or {}).get("head_dtype") if isinstance(engine_args.get("hf_overrides"), dict) else None
+    head = (
+        (engine_args.get("hf_overrides") or {}).get("head_dtype")
+        if isinstance(engine_args.get("hf_overrides"), dict)
+        else None
+    )
     dtype = str(head or meta["effective"].get("dtype") or "float32").removeprefix("torch.")
     return dtype if dtype in ("bfloat16", "float16") else None
 
@@ -358,7 +409,11 @@ def _offsets(lengths: list[int]) -> np.ndarray:
 
 
 def _flat(seqs: list[list[int]]) -> np.ndarray:
-    return np.concatenate([np.asarray(s, dtype=np.int32) for s in seqs]) if seqs else np.zeros(0, np.int32)
+    return (
+        np.concatenate([np.asarray(s, dtype=np.int32) for s in seqs])
+        if seqs
+        else np.zeros(0, np.int32)
+    )
 
 
 def _continuations(prompt_ids: list[list[int]], comp) -> tuple[list[list[int]], list[int]]:
@@ -391,7 +446,9 @@ def _completion_arrays(prefix: str, comp, scored) -> dict[str, np.ndarray]:
 
 def _teacher_forced_arrays(rows, seqs, prompt_lens, engine_scores, scored) -> dict[str, np.ndarray]:
     # Target position t (1-based in the sequence) belongs to the reference when t >= prompt length.
-    is_reference = np.concatenate([np.arange(1, len(s)) >= pl for s, pl in zip(seqs, prompt_lens)])
+    is_reference = np.concatenate(
+        [np.arange(1, len(s)) >= pl for s, pl in zip(seqs, prompt_lens, strict=True)]
+    )
     return {
         f"{ev.TF}_{ev.PROMPT_INDEX}": np.asarray(rows, dtype=np.int32),
         f"{ev.TF}_input_offsets": _offsets([len(s) for s in seqs]),
@@ -402,13 +459,6 @@ def _teacher_forced_arrays(rows, seqs, prompt_lens, engine_scores, scored) -> di
         f"{ev.TF}_{ev.TRAINER_RAW_BF16_HEAD}": scored.raw_bf16_head,
         f"{ev.TF}_is_reference": is_reference,
     }
-
-
-def _write_atomic(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        write(fh)
-    os.replace(tmp, path)
 
 
 def read_requests(paths: Sequence[str]) -> list[WorkerRequest]:
@@ -435,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         run_batch(requests)
-    except Exception as exc:  # noqa: BLE001 - the orchestrator turns this into an ERROR result
+    except Exception as exc:
         traceback.print_exc()
         progress(f"error: {type(exc).__name__}: {exc}")
         return 1

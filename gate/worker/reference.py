@@ -59,14 +59,18 @@ def processed_logprobs(logits: torch.Tensor, transform: SamplingTransform) -> to
     return _masked_log_softmax(logits, transform, transform_keep(logits, transform)[0])
 
 
-def _masked_log_softmax(logits: torch.Tensor, transform: SamplingTransform, keep: torch.Tensor | None) -> torch.Tensor:
+def _masked_log_softmax(
+    logits: torch.Tensor, transform: SamplingTransform, keep: torch.Tensor | None
+) -> torch.Tensor:
     values = _scaled(logits.float(), transform)
     if keep is not None:
         values = values.masked_fill(~keep, -math.inf)
     return torch.log_softmax(values, dim=-1)
 
 
-def transform_keep(logits: torch.Tensor, transform: SamplingTransform) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def transform_keep(
+    logits: torch.Tensor, transform: SamplingTransform
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The tokens top-k/top-p keep ([rows, vocab]) and each row's boundary: its smallest kept logit.
 
     Decided on the logits rounded to ``transform.mask_dtype``: a bf16 engine sees ties that the
@@ -91,7 +95,9 @@ def transform_keep(logits: torch.Tensor, transform: SamplingTransform) -> tuple[
     return keep, keys.masked_fill(~keep, math.inf).min(dim=-1).values
 
 
-def at_boundary(logits: torch.Tensor, transform: SamplingTransform, targets: torch.Tensor) -> torch.Tensor:
+def at_boundary(
+    logits: torch.Tensor, transform: SamplingTransform, targets: torch.Tensor
+) -> torch.Tensor:
     """Whether each row's target lies within one ULP (of the mask dtype) of the top-k/top-p boundary.
 
     Such a token is undecidable rather than outside the transform: on CUDA the Triton top-k keeps
@@ -107,7 +113,9 @@ def _near_boundary(logits: torch.Tensor, transform: SamplingTransform, targets: 
         return torch.zeros(targets.shape[0], dtype=torch.bool, device=logits.device)
     key = _rounded(logits, transform.mask_dtype).gather(-1, targets).squeeze(-1)
     _, exponent = torch.frexp(boundary)  # boundary = m * 2^e with m in [0.5, 1)
-    ulp = torch.ldexp(torch.ones_like(boundary), exponent - 1 - _MANTISSA_BITS[transform.mask_dtype or "float32"])
+    ulp = torch.ldexp(
+        torch.ones_like(boundary), exponent - 1 - _MANTISSA_BITS[transform.mask_dtype or "float32"]
+    )
     return (key - boundary).abs() <= ulp
 
 
@@ -149,9 +157,15 @@ class ReferenceModel:
         head = model.get_output_embeddings()
         # Copy the projection in fp32 before the trunk is cast, so an fp32 head is really fp32.
         self.head_weight_fp32 = head.weight.detach().float().to(self.device)
-        self.head_bias_fp32 = None if getattr(head, "bias", None) is None else head.bias.detach().float().to(self.device)
+        self.head_bias_fp32 = (
+            None
+            if getattr(head, "bias", None) is None
+            else head.bias.detach().float().to(self.device)
+        )
         trunk_dtype = _DTYPES[dtype]
-        self.head_dtype = torch.float32 if (lm_head_fp32 or trunk_dtype == torch.float32) else trunk_dtype
+        self.head_dtype = (
+            torch.float32 if (lm_head_fp32 or trunk_dtype == torch.float32) else trunk_dtype
+        )
         self.trunk = model.get_decoder().to(device=self.device, dtype=trunk_dtype)
         # Gemma-style models cap logits after the projection; keep the reference faithful.
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
@@ -194,7 +208,9 @@ class ReferenceModel:
         done = 0
         for batch in _pack(order, lengths, batch_tokens):
             dest = token_ranges(out_offsets[batch], counts[batch])
-            r, p, b, e = self._score_batch([sequences[i] for i in batch], starts[batch], counts[batch], transform)
+            r, p, b, e = self._score_batch(
+                [sequences[i] for i in batch], starts[batch], counts[batch], transform
+            )
             raw[dest], processed[dest], raw_bf16[dest], edge[dest] = r, p, b, e
             done += len(batch)
             if progress:
@@ -202,7 +218,11 @@ class ReferenceModel:
         return ScoredTokens(raw=raw, processed=processed, raw_bf16_head=raw_bf16, at_boundary=edge)
 
     def _score_batch(
-        self, seqs: list[list[int]], starts: np.ndarray, counts: np.ndarray, transform: SamplingTransform
+        self,
+        seqs: list[list[int]],
+        starts: np.ndarray,
+        counts: np.ndarray,
+        transform: SamplingTransform,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         max_len = max(len(s) for s in seqs)
         ids = torch.full((len(seqs), max_len), self.pad_id, dtype=torch.long)
@@ -224,7 +244,9 @@ class ReferenceModel:
             h = picked[chunk : chunk + _HEAD_CHUNK_ROWS]
             t = targets[chunk : chunk + _HEAD_CHUNK_ROWS]
             logits = self.head(h, self.head_dtype)
-            keep, boundary = transform_keep(logits, transform)  # one sort of the [rows, vocab] block
+            keep, boundary = transform_keep(
+                logits, transform
+            )  # one sort of the [rows, vocab] block
             outs[0].append(torch.log_softmax(logits, dim=-1).gather(-1, t).squeeze(-1))
             outs[1].append(_masked_log_softmax(logits, transform, keep).gather(-1, t).squeeze(-1))
             logits_bf16 = self.head(h, torch.bfloat16)

@@ -45,7 +45,9 @@ def tokenize_prompts(tokenizer, prompts: list[PromptItem]) -> list[list[int]]:
     ids = []
     for item in prompts:
         if item.messages is not None:
-            out = tokenizer.apply_chat_template(item.messages, add_generation_prompt=True, tokenize=True)
+            out = tokenizer.apply_chat_template(
+                item.messages, add_generation_prompt=True, tokenize=True
+            )
             # transformers 5 returns a BatchEncoding here, 4.x a plain list.
             ids.append(list(out["input_ids"] if hasattr(out, "keys") else out))
         else:
@@ -55,7 +57,9 @@ def tokenize_prompts(tokenizer, prompts: list[PromptItem]) -> list[list[int]]:
 
 def tokenize_references(tokenizer, prompts: list[PromptItem]) -> list[list[int] | None]:
     return [
-        None if item.reference is None else list(tokenizer(item.reference, add_special_tokens=False).input_ids)
+        None
+        if item.reference is None
+        else list(tokenizer(item.reference, add_special_tokens=False).input_ids)
         for item in prompts
     ]
 
@@ -80,7 +84,9 @@ def _generate(llm, prompt_ids: list[list[int]], params, order: np.ndarray | None
     if not isinstance(params, list):
         params = [params] * len(prompt_ids)
     idx = np.arange(len(prompt_ids)) if order is None else order
-    outputs = llm.generate([{"prompt_token_ids": prompt_ids[i]} for i in idx], [params[i] for i in idx], use_tqdm=False)
+    outputs = llm.generate(
+        [{"prompt_token_ids": prompt_ids[i]} for i in idx], [params[i] for i in idx], use_tqdm=False
+    )
     restored = [None] * len(outputs)
     for position, i in enumerate(idx.tolist()):
         restored[i] = outputs[position]
@@ -91,7 +97,9 @@ def submission_order(n: int, order_seed: int | None) -> np.ndarray | None:
     return None if order_seed is None else np.random.default_rng(order_seed).permutation(n)
 
 
-def sample(llm, prompt_ids: list[list[int]], sampling: SamplingRequest, order: np.ndarray | None = None) -> Completions:
+def sample(
+    llm, prompt_ids: list[list[int]], sampling: SamplingRequest, order: np.ndarray | None = None
+) -> Completions:
     """The rollout path: n samples per prompt with a per-prompt seed, so batching cannot change them."""
     params = [
         _params(
@@ -108,20 +116,26 @@ def sample(llm, prompt_ids: list[list[int]], sampling: SamplingRequest, order: n
     return _collect(_generate(llm, prompt_ids, params, order), sampling.logprobs)
 
 
-def greedy(llm, prompt_ids: list[list[int]], max_tokens: int, k: int, order: np.ndarray | None = None) -> Completions:
+def greedy(
+    llm, prompt_ids: list[list[int]], max_tokens: int, k: int, order: np.ndarray | None = None
+) -> Completions:
     params = _params(n=1, temperature=0.0, max_tokens=max_tokens, logprobs=k)
     return _collect(_generate(llm, prompt_ids, params, order), k)
 
 
-def score_sequences(llm, sequences: list[list[int]], order: np.ndarray | None = None) -> PromptScores:
+def score_sequences(
+    llm, sequences: list[list[int]], order: np.ndarray | None = None
+) -> PromptScores:
     """Engine logprobs of every position after the first, teacher-forced via prompt_logprobs."""
     params = _params(n=1, temperature=0.0, max_tokens=1, prompt_logprobs=0)
     outputs = _generate(llm, sequences, params, order)
     parts = []
-    for out, seq in zip(outputs, sequences):
+    for out, seq in zip(outputs, sequences, strict=True):
         values = _prompt_logprobs_of(out.prompt_logprobs, seq)
         if len(values) != len(seq) - 1:
-            raise RuntimeError(f"engine returned {len(values)} prompt logprobs for {len(seq) - 1} positions")
+            raise RuntimeError(
+                f"engine returned {len(values)} prompt logprobs for {len(seq) - 1} positions"
+            )
         parts.append(values)
     offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
     return PromptScores(offsets=offsets, logprob=np.concatenate(parts).astype(np.float32))
@@ -146,7 +160,13 @@ def _collect(outputs, k: int) -> Completions:
             lengths.append(len(tokens))
             finish.append(FINISH_CODES.get(comp.finish_reason, FINISH_OTHER))
             texts.append(comp.text)
-            ids.append(tokens), lps.append(lp), ranks.append(rk), topk_ids.append(tid), topk_lps.append(tlp)
+            (
+                ids.append(tokens),
+                lps.append(lp),
+                ranks.append(rk),
+                topk_ids.append(tid),
+                topk_lps.append(tlp),
+            )
     return Completions(
         prompt_index=np.asarray(prompt_index, dtype=np.int32),
         sample_index=np.asarray(sample_index, dtype=np.int32),
@@ -185,9 +205,13 @@ def _sample_logprobs_of(logprobs, tokens: np.ndarray, k: int):
     # Older releases: a dict per position. The sampled token is always a key.
     lp, rk = np.empty(n), np.empty(n)
     tid, tlp = np.full((n, k), -1), np.full((n, k), -np.inf)
-    for t, (token, entry) in enumerate(zip(tokens.tolist(), logprobs)):
+    for t, (token, entry) in enumerate(zip(tokens.tolist(), logprobs, strict=True)):
         lp[t], rk[t] = entry[token].logprob, entry[token].rank
-        top = sorted((v.rank, tok, v.logprob) for tok, v in entry.items() if v.rank is not None and v.rank <= k)
+        top = sorted(
+            (v.rank, tok, v.logprob)
+            for tok, v in entry.items()
+            if v.rank is not None and v.rank <= k
+        )
         for j, (_, tok, value) in enumerate(top[:k]):
             tid[t, j], tlp[t, j] = tok, value
     return lp, rk, tid, tlp
@@ -199,4 +223,7 @@ def _prompt_logprobs_of(prompt_logprobs, seq: list[int]) -> np.ndarray:
         if list(prompt_logprobs.token_ids) != list(seq[1:]):
             raise RuntimeError("flat prompt logprobs do not follow the scored sequence")
         return np.asarray(prompt_logprobs.logprobs, dtype=np.float64)
-    return np.asarray([entry[tok].logprob for tok, entry in zip(seq[1:], prompt_logprobs[1:])], dtype=np.float64)
+    return np.asarray(
+        [entry[tok].logprob for tok, entry in zip(seq[1:], prompt_logprobs[1:], strict=True)],
+        dtype=np.float64,
+    )

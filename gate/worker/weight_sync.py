@@ -23,9 +23,10 @@ import importlib
 import importlib.util
 import inspect
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -46,7 +47,9 @@ def load_hook(spec: str) -> UpdateFn:
     """``package.module:function`` or ``/path/to/file.py:function``."""
     module_part, _, func = spec.rpartition(":")
     if not module_part or not func:
-        raise ValueError(f"weight_update.hook {spec!r}: expected 'package.module:function' or 'file.py:function'")
+        raise ValueError(
+            f"weight_update.hook {spec!r}: expected 'package.module:function' or 'file.py:function'"
+        )
     if module_part.endswith(".py"):
         path = Path(module_part)
         loader_spec = importlib.util.spec_from_file_location(f"gate_hook_{path.stem}", path)
@@ -58,7 +61,9 @@ def load_hook(spec: str) -> UpdateFn:
         module = importlib.import_module(module_part)
     fn = getattr(module, func, None)
     if not callable(fn):
-        raise ValueError(f"weight_update.hook {spec!r}: {func} is not a function of {module.__name__}")
+        raise ValueError(
+            f"weight_update.hook {spec!r}: {func} is not a function of {module.__name__}"
+        )
     return fn
 
 
@@ -93,7 +98,12 @@ def accepts_weights_iterator(obj: Any, forwards_left: int = 2) -> bool:
         return True
     forwards = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     runner = getattr(obj, "model_runner", None)
-    return forwards and runner is not None and forwards_left > 0 and accepts_weights_iterator(runner, forwards_left - 1)
+    return (
+        forwards
+        and runner is not None
+        and forwards_left > 0
+        and accepts_weights_iterator(runner, forwards_left - 1)
+    )
 
 
 def has_runner_load_weights(worker: Any) -> bool:
@@ -103,7 +113,10 @@ def has_runner_load_weights(worker: Any) -> bool:
 
 def _probe_worker(worker) -> dict[str, bool]:
     # Runs on each worker (collective_rpc); plain types travel back from worker processes.
-    return {"reload_weights_iterator": accepts_weights_iterator(worker), "runner_load_weights": has_runner_load_weights(worker)}
+    return {
+        "reload_weights_iterator": accepts_weights_iterator(worker),
+        "runner_load_weights": has_runner_load_weights(worker),
+    }
 
 
 def probe_push_paths(llm) -> PushPaths | None:
@@ -111,7 +124,12 @@ def probe_push_paths(llm) -> PushPaths | None:
     if not callable(getattr(llm, "collective_rpc", None)):
         return None
     per_worker = llm.collective_rpc(_probe_worker)
-    return PushPaths(**{f.name: bool(per_worker) and all(w[f.name] for w in per_worker) for f in fields(PushPaths)})
+    return PushPaths(
+        **{
+            f.name: bool(per_worker) and all(w[f.name] for w in per_worker)
+            for f in fields(PushPaths)
+        }
+    )
 
 
 def _reload_on_worker(worker, state_dict) -> None:
@@ -156,7 +174,9 @@ def v0_load_weights_push(llm, state_dict: dict[str, torch.Tensor]) -> None:
 
 
 RELOAD_WEIGHTS = Adapter("collective_rpc reload_weights + reset_prefix_cache", reload_weights_push)
-RUNNER_LOAD_WEIGHTS = Adapter("collective_rpc model_runner.model.load_weights + reset_prefix_cache", runner_load_weights_push)
+RUNNER_LOAD_WEIGHTS = Adapter(
+    "collective_rpc model_runner.model.load_weights + reset_prefix_cache", runner_load_weights_push
+)
 V0_LOAD_WEIGHTS = Adapter("V0 driver_worker.model_runner.model.load_weights", v0_load_weights_push)
 
 
@@ -172,8 +192,13 @@ def pick_adapter(paths: PushPaths | None, has_v0_driver_model: bool) -> Adapter:
         return replace(RUNNER_LOAD_WEIGHTS, probed=paths)
     if has_v0_driver_model:
         return replace(V0_LOAD_WEIGHTS, probed=paths)
-    found = "no collective_rpc" if paths is None else (
-        "Worker.reload_weights takes no weights_iterator and Worker.model_runner.model has no load_weights")
+    found = (
+        "no collective_rpc"
+        if paths is None
+        else (
+            "Worker.reload_weights takes no weights_iterator and Worker.model_runner.model has no load_weights"
+        )
+    )
     raise UnsupportedEngine(f"this engine offers no in-place weight-update path gate knows ({found}); "
                             "configure weight_update.hook with your trainer's update function")  # fmt: skip
 
@@ -205,10 +230,15 @@ def _alias_key(tensor: torch.Tensor) -> AliasKey:
 def clone_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A detached copy that keeps tied tensors tied: names of one tensor share one clone."""
     clones: dict[AliasKey, torch.Tensor] = {}
-    return {name: _once(clones, _alias_key(t), lambda t=t: t.detach().clone()) for name, t in state_dict.items()}
+    return {
+        name: _once(clones, _alias_key(t), lambda t=t: t.detach().clone())
+        for name, t in state_dict.items()
+    }
 
 
-def perturbed(state_dict: dict[str, torch.Tensor], scale: float, seed: int) -> dict[str, torch.Tensor]:
+def perturbed(
+    state_dict: dict[str, torch.Tensor], scale: float, seed: int
+) -> dict[str, torch.Tensor]:
     """A new policy: every float tensor moved by ``scale`` times its own std, reproducibly.
 
     Once per tensor, not per name: tied weights (``tie_word_embeddings``: ``lm_head.weight`` is
@@ -218,10 +248,15 @@ def perturbed(state_dict: dict[str, torch.Tensor], scale: float, seed: int) -> d
     """
     gen = torch.Generator().manual_seed(seed)
     done: dict[AliasKey, torch.Tensor] = {}
-    return {name: _once(done, _alias_key(t), lambda t=t: _perturb(t, scale, gen)) for name, t in state_dict.items()}
+    return {
+        name: _once(done, _alias_key(t), lambda t=t: _perturb(t, scale, gen))
+        for name, t in state_dict.items()
+    }
 
 
-def _once(memo: dict[AliasKey, torch.Tensor], key: AliasKey, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+def _once(
+    memo: dict[AliasKey, torch.Tensor], key: AliasKey, make: Callable[[], torch.Tensor]
+) -> torch.Tensor:
     if key not in memo:
         memo[key] = make()
     return memo[key]
@@ -230,7 +265,9 @@ def _once(memo: dict[AliasKey, torch.Tensor], key: AliasKey, make: Callable[[], 
 def _perturb(tensor: torch.Tensor, scale: float, gen: torch.Generator) -> torch.Tensor:
     if not (tensor.is_floating_point() and tensor.numel() > 1):
         return tensor.clone()
-    noise = torch.randn(tensor.shape, generator=gen, dtype=torch.float32).to(tensor.device, tensor.dtype)
+    noise = torch.randn(tensor.shape, generator=gen, dtype=torch.float32).to(
+        tensor.device, tensor.dtype
+    )
     return tensor + scale * tensor.float().std().to(tensor.dtype) * noise
 
 
@@ -268,12 +305,17 @@ def probe_prompts(prompt_ids: list[list[int]], reference_ids: list[list[int] | N
     stripped only where ``bos_token_id`` says the tokenizer has one and the prompt starts with it.
     """
     fits = [p for p in prompt_ids if 0 < len(p) < block_size]
-    tails = [control_prompt(p, block_size, bos_token_id) for p in prompt_ids if len(p) >= block_size]
+    tails = [
+        control_prompt(p, block_size, bos_token_id) for p in prompt_ids if len(p) >= block_size
+    ]
     questions = list(dict.fromkeys(map(tuple, fits + tails)))[:n]  # distinct, in order
     if not questions:
         raise ValueError("the weight-sync probe needs at least one non-empty prompt")
     # The prefix: whole prompt+reference examples (the model's own format), without BOS repeats.
-    pieces = [split_bos(p + (r or []), bos_token_id)[1] for p, r in zip(prompt_ids, reference_ids)]
+    pieces = [
+        split_bos(p + (r or []), bos_token_id)[1]
+        for p, r in zip(prompt_ids, reference_ids, strict=True)
+    ]
     longest = max(len(q) for q in questions)
     budget = max_model_len - longest - max_tokens - 1
     prefix = _fill(pieces, min(budget, 2 * block_size))[: max(budget, 0)]
@@ -305,11 +347,15 @@ def engine_block_size(llm) -> int:
     if callable(getattr(llm, "collective_rpc", None)):
         sizes = set(llm.collective_rpc(_worker_block_size)) - {None}
         if len(sizes) > 1:
-            raise RuntimeError(f"the engine's workers disagree on the KV block size: {sorted(sizes)}")
+            raise RuntimeError(
+                f"the engine's workers disagree on the KV block size: {sorted(sizes)}"
+            )
         if sizes:
             return int(sizes.pop())
     engine = llm.llm_engine
-    cache_config = getattr(getattr(engine, "vllm_config", None), "cache_config", None) or getattr(engine, "cache_config", None)
+    cache_config = getattr(getattr(engine, "vllm_config", None), "cache_config", None) or getattr(
+        engine, "cache_config", None
+    )
     size = getattr(cache_config, "block_size", None)
     if not size:
         raise RuntimeError("cannot tell the engine's KV block size (no cache_config.block_size)")
@@ -374,7 +420,9 @@ def run_probe(llm, model_path: str, prompt_ids, reference_ids, request: WeightSy
         "ws_engine_logprob": after.logprob,
         "ws_trainer_new_logprob": post_new,
         "ws_trainer_old_logprob": post_old,
-        "ws_before_is_prefix": np.repeat(np.arange(len(probes)) >= len(control), np.diff(before.offsets)),
+        "ws_before_is_prefix": np.repeat(
+            np.arange(len(probes)) >= len(control), np.diff(before.offsets)
+        ),
         "ws_before_engine_logprob": before.logprob,
         "ws_before_trainer_logprob": pre_old,
     }
@@ -402,7 +450,10 @@ def _load_trainer(auto_cls, model_path: str, device: str, hf_kwargs: dict | None
 
 
 def _continuations(prompts: list[list[int]], comp) -> tuple[list[list[int]], list[int]]:
-    seqs = [p + comp.token_ids[comp.offsets[i] : comp.offsets[i + 1]].tolist() for i, p in enumerate(prompts)]
+    seqs = [
+        p + comp.token_ids[comp.offsets[i] : comp.offsets[i + 1]].tolist()
+        for i, p in enumerate(prompts)
+    ]
     return seqs, [len(p) for p in prompts]
 
 
@@ -411,11 +462,19 @@ def _score(model, state_dict, seqs: list[list[int]], starts: list[int], device: 
     """Raw logprobs of the generated tokens (greedy: the processed transform is the identity)."""
     model.load_state_dict(state_dict)
     out = []
-    for seq, start in zip(seqs, starts):  # a handful of probe sequences: one forward each
+    for seq, start in zip(
+        seqs, starts, strict=True
+    ):  # a handful of probe sequences: one forward each
         if start >= len(seq):
             continue
         ids = torch.tensor([seq], device=device)
         logp = torch.log_softmax(model(ids).logits[0].float(), dim=-1)
         targets = ids[0, start:]
-        out.append(logp[start - 1 : len(seq) - 1].gather(-1, targets.unsqueeze(-1)).squeeze(-1).cpu().numpy())
+        out.append(
+            logp[start - 1 : len(seq) - 1]
+            .gather(-1, targets.unsqueeze(-1))
+            .squeeze(-1)
+            .cpu()
+            .numpy()
+        )
     return np.concatenate(out).astype(np.float32) if out else np.zeros(0, np.float32)

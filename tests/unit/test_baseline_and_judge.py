@@ -11,7 +11,7 @@ import pytest
 
 from gate import baseline as bl
 from gate import report
-from gate.checks.base import Status
+from gate.verdict import Status
 from gate.config import load_config
 from gate.errors import EXIT_ERROR, EXIT_FAIL, EXIT_OK, ConfigError, GateError
 from gate.judge import judge

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from gate.checks import parse_settings, run_checks
-from gate.checks.base import Limit, Status, Threshold, worst
+from gate.checks.base import Limit, Threshold
+from gate.verdict import Status, worst
 from gate.checks.context import Context
 from gate.errors import ConfigError
 

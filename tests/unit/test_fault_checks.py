@@ -9,7 +9,7 @@ import pytest
 
 from gate import evidence as ev
 from gate.checks import parse_settings, run_checks
-from gate.checks.base import Status
+from gate.verdict import Status
 from gate.checks.context import Context, per_prompt, sampled_pairs
 from gate.repeat import subset_evidence
 

@@ -10,7 +10,8 @@ import pytest
 
 from gate.errors import ConfigError
 from gate.github.client import GitHubClient, GitHubError
-from gate.github.comment import ACTIONS_BOT, decide, fit_body, marker, resolve_author, upsert_comment
+from gate.github.comment import ACTIONS_BOT, decide, fit_body, resolve_author, upsert_comment
+from gate.render.budget import marker
 from gate.github.event import PullRequest, resolve_pull_request, verify_workflow_run_pr
 from tests.github_server import FakeGitHub, Token
 

@@ -15,7 +15,9 @@ import pytest
 from gate.errors import EXIT_USAGE, ConfigError
 from gate.render import cli as render_cli
 from gate.render import escape as esc
-from gate.render.markdown import ICON, Rendered, marker, render_comment, render_full, render_summary, sparkline
+from gate.render.budget import marker
+from gate.render.markdown import Rendered, render_comment, render_full, render_summary, sparkline
+from gate.verdict import ICON
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "docs" / "examples"
@@ -404,7 +406,7 @@ def test_cli_report_formats_to_a_file(tmp_path, warning, fmt):
 
 @pytest.mark.parametrize(
     "content, message",
-    [(None, "no such file"), ("{not json", "invalid JSON at line 1"), ('{"schema": "gate-report/2"}', "unsupported report schema 'gate-report/2'"),
+    [(None, "no report.json here"), ("{not json", "invalid JSON at line 1"), ('{"schema": "gate-report/2"}', "unsupported report schema 'gate-report/2'"),
      ('{"verdict": "PASS"}', "not a gate report"), ("[1, 2]", "expected a JSON object"), (b"\xff\xfe\x00", "cannot read")],
 )  # fmt: skip
 def test_cli_bad_input_is_a_config_error_naming_the_file(tmp_path, content, message):
@@ -521,7 +523,8 @@ def test_a_cut_never_splits_an_astral_character(failing):
 
 
 def test_astral_summary_stays_within_one_mebibyte_in_utf8_bytes(failing, tmp_path):
-    from gate.github.actions import SUMMARY_LIMIT, write_step_summary
+    from gate.github.actions import write_step_summary
+    from gate.render.budget import SUMMARY_LIMIT
 
     r = copy.deepcopy(failing)
     r["checks"] = [dict(copy.deepcopy(r["checks"][0]), id=f"c{i}", status="FAIL", summary="😀" * 20_000) for i in range(400)]

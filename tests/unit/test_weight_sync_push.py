@@ -20,7 +20,7 @@ import torch
 
 from gate import evidence as ev
 from gate.checks import parse_settings, run_checks
-from gate.checks.base import Status
+from gate.verdict import Status
 from gate.checks.context import Context
 from gate.worker import weight_sync as ws
 
