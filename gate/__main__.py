@@ -1,3 +1,5 @@
+"""``python -m gate``: the same command line as the ``gate`` console script."""
+
 import sys
 
 from gate.cli import main

@@ -224,7 +224,10 @@ def write(
     grpo = {
         k: v for k, v in e.arrays.items() if k.startswith("grpo_")
     }  # per-seed trajectories: the band
-    np.savez_compressed(tmp / ARRAYS, **{k: e[k] for k in _KEPT}, **grpo)
+    # Any, not ndarray: numpy >= 2.2's stub matches **arrays against savez's `allow_pickle: bool`,
+    # a keyword numpy <= 2.1 (in the supported range) does not have, so it cannot be passed either.
+    arrays: dict[str, Any] = {**{k: e[k] for k in _KEPT}, **grpo}
+    np.savez_compressed(tmp / ARRAYS, **arrays)
     changes = _changes(previous, manifest, summary, noise) if previous else []
     if out.exists():
         shutil.rmtree(out)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import zipfile
+from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,10 @@ TRAINER_RAW_BF16_HEAD = "trainer_logprob_raw_bf16_head"
 TRAINER_AT_BOUNDARY = "trainer_at_boundary"
 
 FINISH_NAMES = ("stop", "length", "abort", "other")
+
+# texts.json key: the decoded text of every distinct prompt and sampled token id, ``{"123": " the"}``.
+# Absent in evidence from gate versions before it: tokens then show by id (:meth:`Evidence.token_label`).
+TOKEN_TEXT = "token_text"
 
 # Per-token arrays that must be finite: an engine that reports NaN/inf for a token it produced
 # (or a reference that does) cannot be judged.
@@ -85,6 +91,21 @@ class Evidence:
         off = self.arrays[PROMPT_OFFSETS]
         return self.arrays[PROMPT_TOKEN_IDS][off[i] : off[i + 1]]
 
+    @cached_property
+    def token_text(self) -> dict[int, str]:
+        """Decoded text by token id (texts.json); empty for evidence written before it was recorded."""
+        raw = self.texts.get(TOKEN_TEXT) if isinstance(self.texts, dict) else None
+        return _token_text(raw, self.path / TEXTS_FILE)
+
+    def token_label(self, token_id: int) -> str:
+        """The token's text as the engine emitted it (untrusted), or ``⟨id N⟩`` where none is recorded."""
+        text = self.token_text.get(int(token_id))
+        return f"⟨id {int(token_id)}⟩" if text is None else text
+
+    def decode(self, token_ids: Iterable[int]) -> str:
+        """Token texts joined: readable context, though a character split across tokens shows as U+FFFD."""
+        return "".join(self.token_label(t) for t in token_ids)
+
 
 def load(folder: str | Path) -> Evidence:
     folder = Path(folder)
@@ -100,6 +121,7 @@ def load(folder: str | Path) -> Evidence:
         raise EvidenceError(f"{folder}: unreadable evidence: {exc}") from None
     evidence = Evidence(path=folder, arrays=arrays, engine=engine, texts=texts)
     validate(evidence)
+    _ = evidence.token_text  # malformed token text fails here, naming the file, not in a check
     return evidence
 
 
@@ -135,6 +157,20 @@ def validate(evidence: Evidence, filename: str = EVIDENCE_FILE) -> None:
         if key in a and not np.all(np.isfinite(a[key]) | np.isneginf(a[key])):
             bad = int(np.count_nonzero(~(np.isfinite(a[key]) | np.isneginf(a[key]))))
             raise EvidenceError(f"{where}: {key}: {bad} NaN/+inf value(s) in reference output")
+
+
+def _token_text(raw: Any, where: Path) -> dict[int, str]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise EvidenceError(f"{where}: {TOKEN_TEXT}: expected a mapping of token id to text")
+    try:
+        table = {int(k): v for k, v in raw.items()}
+    except ValueError:
+        raise EvidenceError(f"{where}: {TOKEN_TEXT}: a key is not a token id") from None
+    if not all(isinstance(v, str) for v in table.values()):
+        raise EvidenceError(f"{where}: {TOKEN_TEXT}: a value is not a string")
+    return table
 
 
 def _is_per_token(key: str) -> bool:

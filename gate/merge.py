@@ -6,27 +6,31 @@ verdict (ERROR > FAIL > WARN > PASS), counts are summed, ``fail_on`` is ``warn``
 and ``exit_code`` is recomputed from those. ``checks`` lists every part's checks, each tagged with its
 part's ``gate_id`` under ``part``, so consumers that walk ``checks`` (annotations) still see them all.
 Merging a merged report flattens its parts.
+
+The summaries are computed from the typed reports; the parts and checks are copied from the JSON
+they were read from (``document``), so keys this gate does not interpret survive the merge.
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
+from collections.abc import Sequence
 from typing import Any
 
 from gate import __version__
 from gate.errors import ConfigError
-from gate.report_schema import SCHEMA_PREFIX, SUPPORTED_MAJOR, validate_report
+from gate.report_model import SCHEMA, Report, ReportBody
 from gate.verdict import RANK, STATUSES, exit_code, worst_verdict
 
-SCHEMA = f"{SCHEMA_PREFIX}{SUPPORTED_MAJOR}"
+
+def _parts_of(report: Report) -> tuple[ReportBody, ...]:
+    return report.parts if report.parts is not None else (report,)
 
 
-def _parts_of(report: dict, index: int) -> list[dict]:
-    validate_report(report, f"report {index + 1}")
-    if isinstance(report.get("parts"), list):
-        return [copy.deepcopy(p) for p in report["parts"] if isinstance(p, dict)]
-    return [{k: copy.deepcopy(v) for k, v in report.items() if k != "schema"}]
+def _part_document(part: ReportBody) -> dict[str, Any]:
+    """The part as its JSON, without a schema line (a part has none of its own)."""
+    return {k: copy.deepcopy(v) for k, v in part.document.items() if k != "schema"}
 
 
 def merged_gate_id(ids: list[str]) -> str:
@@ -40,22 +44,22 @@ def merged_gate_id(ids: list[str]) -> str:
     return f"merged-{len(unique)}-{hashlib.sha256(joined.encode()).hexdigest()[:12]}"
 
 
-def merge_reports(reports: list[dict]) -> dict[str, Any]:
+def merge_reports(reports: Sequence[Report]) -> dict[str, Any]:
+    """The merged report.json document of ``reports``, in the order given."""
     if not reports:
         raise ConfigError("merge: no reports given")
-    parts = [p for i, r in enumerate(reports) for p in _parts_of(r, i)]
-    verdicts = [str(p.get("verdict") or "ERROR") for p in parts]
-    verdict = worst_verdict(verdicts)
-    fail_on = "warn" if any(p.get("fail_on") == "warn" for p in parts) else "fail"
-    counts = {s: sum(int((p.get("counts") or {}).get(s) or 0) for p in parts) for s in STATUSES}
-    ids = [str(p.get("gate_id") or "?") for p in parts]
-    starts = [s for p in parts if (s := (p.get("run") or {}).get("started"))]
-    ends = [s for p in parts if (s := (p.get("run") or {}).get("finished"))]
-    baseline_worst = max(((p.get("baseline") or {}).get("status") or "SKIP" for p in parts),
+    parts = [p for r in reports for p in _parts_of(r)]
+    verdict = worst_verdict(p.verdict or "ERROR" for p in parts)
+    fail_on = "warn" if any(p.fail_on == "warn" for p in parts) else "fail"
+    counts = {s: sum(p.counts.get(s, 0) for p in parts) for s in STATUSES}
+    ids = [p.gate_id or "?" for p in parts]
+    starts = [p.run.started for p in parts if p.run and p.run.started]
+    ends = [p.run.finished for p in parts if p.run and p.run.finished]
+    baseline_worst = max(((p.baseline.status if p.baseline else None) or "SKIP" for p in parts),
                          key=lambda s: RANK.get(s, 0))  # fmt: skip
     commands: dict[str, str] = {}
     for key in ("reproduce", "regenerate_baseline"):
-        lines = [c for p in parts if (c := (p.get("commands") or {}).get(key))]
+        lines = [c for p in parts if p.commands and (c := getattr(p.commands, key))]
         if lines:
             commands[key] = "\n".join(dict.fromkeys(lines))
     return {
@@ -66,9 +70,7 @@ def merge_reports(reports: list[dict]) -> dict[str, Any]:
         "exit_code": exit_code(verdict, fail_on),
         "fail_on": fail_on,
         "counts": counts,
-        "errors": [
-            f"{gid}: {e}" for gid, p in zip(ids, parts, strict=True) for e in p.get("errors") or []
-        ],
+        "errors": [f"{gid}: {e}" for gid, p in zip(ids, parts, strict=True) for e in p.errors],
         "run": {
             "started": min(starts) if starts else None,
             "finished": max(ends) if ends else None,
@@ -81,16 +83,15 @@ def merge_reports(reports: list[dict]) -> dict[str, Any]:
             "differences": [
                 f"{gid}: {d}"
                 for gid, p in zip(ids, parts, strict=True)
-                for d in (p.get("baseline") or {}).get("differences") or []
+                for d in (p.baseline.differences if p.baseline else ())
             ],
             "manifest": None,
         },
         "checks": [
-            {**c, "part": gid}
+            {**copy.deepcopy(dict(c.document)), "part": gid}
             for gid, p in zip(ids, parts, strict=True)
-            for c in p.get("checks") or []
-            if isinstance(c, dict)
+            for c in p.checks
         ],
         "commands": commands,
-        "parts": parts,
+        "parts": [_part_document(p) for p in parts],
     }

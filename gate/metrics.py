@@ -46,6 +46,7 @@ __all__ = [
     "bootstrap_mean_ci",
     "bootstrap_mean_diff_ci",
     "greedy_agreement",
+    "largest_abs_diff",
     "length_ratio",
     "logprob_semantics_distances",
     "mismatch",
@@ -343,6 +344,34 @@ def _pearson(x: np.ndarray, y: np.ndarray) -> float:
     yc = y - y.mean()
     rho = float(np.dot(xc, yc) / math.sqrt(float(np.dot(xc, xc)) * float(np.dot(yc, yc))))
     return min(1.0, max(-1.0, rho))  # rounding can step just outside [-1, 1]
+
+
+def largest_abs_diff(lp_trainer: Any, lp_engine: Any, n: int) -> np.ndarray:
+    """Flat indices of the ``n`` tokens with the largest ``|d|``, largest first (ties: lower index first).
+
+    One partition over all tokens finds the n-th largest ``|d|``; only the chosen ``n`` are sorted.
+    Tokens where either side is not finite (a sampled token the transform excludes) have no ``d`` and
+    are never chosen; fewer than ``n`` indices come back when fewer tokens have one.
+    """
+    trainer = _as_float_1d(lp_trainer, "lp_trainer")
+    engine = _as_float_1d(lp_engine, "lp_engine")
+    if trainer.size != engine.size:
+        raise ValueError(f"lp_trainer has {trainer.size} tokens, lp_engine {engine.size}")
+    with np.errstate(invalid="ignore"):  # inf - inf: such tokens are dropped just below
+        abs_d = np.abs(trainer - engine)
+    candidates = np.flatnonzero(np.isfinite(abs_d))
+    k = min(max(int(n), 0), candidates.size)
+    if k == 0:
+        return np.zeros(0, dtype=np.int64)
+    values = abs_d[candidates]
+    if k < candidates.size:
+        # Everything above the k-th largest, then the earliest of those equal to it: ties at the
+        # cut are settled by position, not by the partition's internal order.
+        kth = -np.partition(-values, k - 1)[k - 1]
+        above, tied = values > kth, values == kth
+        tied &= np.cumsum(tied) <= k - int(above.sum())
+        candidates, values = candidates[above | tied], values[above | tied]
+    return candidates[np.lexsort((candidates, -values))].astype(np.int64)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,10 +1,11 @@
-"""``gate repeat``: the same old/new comparison over many sampling seeds, one engine start per engine.
+"""Repeated runs: the same old/new comparison over many sampling seeds, one engine start per engine.
 
 A single ``gate run`` is one draw: its samples come from one sampling seed. How often the gate
 flags a clean upgrade (false alarms) or a real fault (sensitivity) is only visible over many draws.
 ``gate repeat`` replays the config's old and new engine over N sampling seeds. Each engine runs in
 ONE worker process for all seeds (an engine start costs ~15-35 s on CPU, one replay of the default
-prompt set a few seconds), and each seed gets an ordinary run directory that ``gate check`` reads::
+prompt set a few seconds), and each seed gets an ordinary run directory that ``gate check`` reads
+(the command itself is :mod:`gate.commands.repeat`)::
 
     <out>/seed-<k>/run.json, report.json, engines/old/..., engines/new/...
     <out>/worker-<engine>.log      the one worker process per engine
@@ -40,13 +41,12 @@ import dataclasses
 import json
 import os
 import shutil
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -64,8 +64,12 @@ from gate.replay import (
     run_engine,
     run_manifest,
 )
+from gate.request import PromptItem
 from gate.rundir import RunDirectory
 from gate.verdict import Status, worst
+
+if TYPE_CHECKING:
+    from gate.baseline import Baseline
 
 SCHEMA = "gate-repeat/1"
 ENGINES = ("old", "new")
@@ -173,7 +177,7 @@ def run_variants(
     started = time.perf_counter()
     _check_variants(cfg, variants)
     out = _prepare_out(Path(out))
-    names = _engine_names(only, old_from)
+    names = replayed_engines(only, old_from)
     prompt_sets, prompts = load_prompts(cfg)
     fingerprint = model_fingerprint(cfg.model.path)
     if old_from is not None:
@@ -315,7 +319,8 @@ def _prepare_out(out: Path) -> Path:
     return out
 
 
-def _engine_names(only: str | None, old_from: Path | None) -> list[str]:
+def replayed_engines(only: str | None, old_from: Path | None) -> list[str]:
+    """The engines a repeat replays: both, ``only`` one, or the new one when the old one's evidence is reused."""
     if only is not None and only not in ENGINES:
         raise ConfigError(f"--only: expected one of {ENGINES}, got {only!r}")
     if old_from is not None and only == "old":
@@ -346,7 +351,9 @@ def _check_variants(cfg: GateConfig, variants: Sequence[Variant]) -> None:
                 )
 
 
-def _check_reusable(source: Path, old: EngineConfig, variants: Sequence[Variant], prompts) -> None:
+def _check_reusable(
+    source: Path, old: EngineConfig, variants: Sequence[Variant], prompts: list[PromptItem]
+) -> None:
     """The old evidence under ``source`` must come from this engine and exactly these requests."""
     doc = load_summary(source)
     recorded = doc.get("engines", {}).get("old")
@@ -381,7 +388,7 @@ def _check_reusable(source: Path, old: EngineConfig, variants: Sequence[Variant]
 
 
 def _reuse_old(
-    source: Path, variants: Sequence[Variant], targets: list[Target], log
+    source: Path, variants: Sequence[Variant], targets: list[Target], log: Callable[[str], None]
 ) -> list[EngineRun]:
     """Copy each run's old-engine folder (hard links where possible) and its run.json entry."""
     log(f"[old] reusing evidence from {source}")
@@ -407,89 +414,6 @@ def _link_or_copy(src: str, dst: str) -> None:
         os.link(src, dst)  # evidence files are never modified in place: a hard link is a safe copy
     except OSError:
         shutil.copy2(src, dst)
-
-
-# -- command line --------------------------------------------------------------------------------
-
-
-def register(subparsers: Any) -> None:
-    """``gate repeat``: called by gate.cli with its subparsers."""
-    p = subparsers.add_parser(
-        "repeat", help="old vs new over many sampling seeds (one engine start per engine)"
-    )
-    from gate.cli import _config_args
-
-    _config_args(p)
-    seeds = p.add_mutually_exclusive_group(required=True)
-    seeds.add_argument(
-        "--seeds", type=int, metavar="N", help="N repetitions with non-overlapping sampling seeds"
-    )
-    seeds.add_argument("--seed-list", metavar="S1,S2,...", help="explicit sampling seeds")
-    p.add_argument(
-        "--out",
-        type=Path,
-        required=True,
-        help="folder to create (seed-<k>/ run directories, repeat.json)",
-    )
-    p.add_argument(
-        "--only", choices=ENGINES, help="replay one engine only (old: evidence to reuse later)"
-    )
-    p.add_argument("--old-from", type=Path, metavar="REPEAT_DIR",
-                   help="reuse the old engine's per-seed evidence from an earlier `gate repeat` folder")  # fmt: skip
-    p.set_defaults(func=cmd_repeat)
-
-
-def cmd_repeat(args) -> int:
-    from gate.cli import _load
-    from gate.runners.base import stderr_log
-
-    cfg = _load(args)
-    if args.seed_list:
-        try:
-            seeds = [int(s) for s in args.seed_list.split(",") if s.strip()]
-        except ValueError:
-            raise ConfigError(
-                f"--seed-list: expected comma-separated integers, got {args.seed_list!r}"
-            ) from None
-    else:
-        seeds = repetition_seeds(cfg, len(load_prompts(cfg)[1]), args.seeds)
-    code = _repeat_in_gate_image(args, cfg, seeds)
-    if code is not None:
-        return code
-    result = run_repeat(cfg, seeds, args.out, stderr_log, only=args.only, old_from=args.old_from)
-    c = counts(result.outcomes)
-    if result.engine_error:
-        stderr_log(
-            f"gate: error: an engine could not produce evidence for {c['checks_verdict']['ERROR']} seed(s)"
-        )
-    stderr_log(
-        f"repeat: {c['seeds']} seed(s) in {result.wall_s:.0f}s; flagged (a check WARN or FAIL) {c['flagged']}; "
-        f"checks FAIL {c['checks_verdict']['FAIL']}, WARN {c['checks_verdict']['WARN']}, PASS {c['checks_verdict']['PASS']}; "
-        f"verdicts {', '.join(f'{k} {v}' for k, v in c['verdict'].items() if v)}"
-    )
-    for o in result.outcomes:  # stdout: one line per seed, for scripts
-        print(
-            f"{o.seed}\t{o.checks_verdict}\t{o.verdict}\t{','.join(k for k, v in o.checks.items() if v in FLAGGED) or '-'}"
-        )
-    sys.stdout.flush()
-    return result.exit_code
-
-
-def _repeat_in_gate_image(args, cfg: GateConfig, seeds: list[int]) -> int | None:
-    """The same repeat in the gate image when the config asks for it (gate.cli._route_to_gate_image)."""
-    from gate.cli import _route_to_gate_image
-
-    out = Path(args.out).resolve()
-    command = ["repeat", "--seed-list", ",".join(map(str, seeds)), "--out", str(out)]
-    command += ["--only", args.only] if args.only else []
-    readable = ()
-    if args.old_from:  # read from where the host has it
-        readable = (Path(args.old_from).resolve(),)
-        command += ["--old-from", str(readable[0])]
-    engines = len(_engine_names(args.only, args.old_from))
-    return _route_to_gate_image(
-        cfg, command, [out.parent], readable, engine_runs=engines * len(seeds)
-    )
 
 
 # -- offline re-judging on fewer prompts / shorter completions -----------------------------------
@@ -573,7 +497,7 @@ def rejudge_subset(
     cfg: GateConfig,
     prompts: np.ndarray,
     max_tokens: int | None = None,
-    baseline=None,
+    baseline: Baseline | None = None,
 ) -> dict[str, str]:
     """Check statuses for ``run_dir``'s old/new evidence cut to ``prompts`` and ``max_tokens``.
 

@@ -1,6 +1,7 @@
 """report.json: the machine-readable verdict, everything a renderer needs (schema in docs/report.md).
 
-The schema is versioned (``schema``); a renderer must refuse a major version it does not know.
+The schema is versioned (``schema``) and declared in :mod:`gate.report_model`, which every reader
+loads a report through; a reader refuses a major version it does not know.
 """
 
 from __future__ import annotations
@@ -15,9 +16,8 @@ from gate import __version__
 from gate.config import GateConfig
 from gate.files import REPORT_FILE, read_run_manifest, write_json
 from gate.judge import Judgment
+from gate.report_model import SCHEMA
 from gate.verdict import Status
-
-SCHEMA = "gate-report/1"
 
 
 def build(run_dir: Path, cfg: GateConfig, judgment: Judgment) -> dict[str, Any]:

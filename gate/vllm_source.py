@@ -181,15 +181,18 @@ def _referenced_classes(text: bytes) -> set[str]:
     for node in tree.body:
         if isinstance(node, ast.ClassDef):
             names |= {_dotted(b).rsplit(".", 1)[-1] for b in node.bases if _dotted(b)}
-            names |= {w for sub in ast.walk(node) if (w := _model_wrapper(sub))}
+            names |= {
+                w
+                for sub in ast.walk(node)
+                if isinstance(sub, ast.Assign) and (w := _model_wrapper(sub))
+            }
     return names
 
 
-def _model_wrapper(node: ast.AST) -> str | None:
+def _model_wrapper(node: ast.Assign) -> str | None:
     """``X`` in ``self.model = X(...)``: a class the model runner wraps its model in."""
     if (
-        isinstance(node, ast.Assign)
-        and _self_target(node, "model") is not None
+        _self_target(node, "model") is not None
         and isinstance(node.value, ast.Call)
         and isinstance(node.value.func, ast.Name)
     ):
@@ -280,7 +283,7 @@ class SourceTree:
 
     def attribute(
         self, cls_name: str, name: str
-    ) -> tuple[ClassInfo, ast.AST, ast.expr | None] | None:
+    ) -> tuple[ClassInfo, ast.stmt, ast.expr | None] | None:
         """Where ``name`` becomes an attribute of instances of the class: (class, node, annotation).
 
         A class-body field (dataclass, pydantic, msgspec; not an InitVar), a method or property, or a
@@ -306,15 +309,20 @@ class SourceTree:
                     isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name
                 ):
                     return c, node, node.returns
-            for node in ast.walk(c.node):
-                target = _self_target(node, name)
-                if target is not None:
-                    return c, node, getattr(node, "annotation", None)
+            for walked in ast.walk(c.node):
+                if isinstance(walked, _ASSIGNMENTS) and _self_target(walked, name) is not None:
+                    annotation = walked.annotation if isinstance(walked, ast.AnnAssign) else None
+                    return c, walked, annotation
         return None
 
 
-def _self_target(node: ast.AST, name: str) -> ast.Attribute | None:
-    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []  # fmt: skip
+_ASSIGNMENTS = (ast.Assign, ast.AnnAssign, ast.AugAssign)
+
+
+def _self_target(
+    node: ast.Assign | ast.AnnAssign | ast.AugAssign, name: str
+) -> ast.Attribute | None:
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
     for t in targets:
         for sub in ast.walk(t):  # tuple unpacking: self.a, self.b = ...
             if (
@@ -327,7 +335,7 @@ def _self_target(node: ast.AST, name: str) -> ast.Attribute | None:
     return None
 
 
-def _where(cls: ClassInfo, node: ast.AST) -> str:
+def _where(cls: ClassInfo, node: ast.stmt) -> str:
     return f"{cls.path}:{node.lineno}"
 
 
@@ -336,16 +344,16 @@ def worker_setting_paths(
 ) -> dict[str, tuple[str, ...]]:
     """The worker's effective-setting table (``_SETTINGS`` in gate/worker/engine.py), read without importing it."""
     tree = ast.parse(engine_py.read_text(encoding="utf-8"))
+    target: ast.expr
     for node in tree.body:
-        target = (
-            node.target
-            if isinstance(node, ast.AnnAssign)
-            else node.targets[0]
-            if isinstance(node, ast.Assign)
-            else None
-        )
-        if isinstance(target, ast.Name) and target.id == "_SETTINGS" and node.value is not None:
-            return {k: tuple(v) for k, v in ast.literal_eval(node.value).items()}
+        if isinstance(node, ast.AnnAssign):
+            target, value = node.target, node.value
+        elif isinstance(node, ast.Assign):
+            target, value = node.targets[0], node.value
+        else:
+            continue
+        if isinstance(target, ast.Name) and target.id == "_SETTINGS" and value is not None:
+            return {k: tuple(v) for k, v in ast.literal_eval(value).items()}
     raise LookupError(
         f"{engine_py}: no _SETTINGS table; the compatibility check follows the worker's own paths"
     )
@@ -439,12 +447,15 @@ def _runner_model_load_weights(tree: SourceTree) -> Finding:
     runner = tree.attribute("Worker", "model_runner")
     if runner is None:
         return Finding(False, "", "Worker has no model_runner")
+    gpu_runner = tree.find("GPUModelRunner")
     model = tree.attribute("GPUModelRunner", "model")
-    if model is None:
+    if gpu_runner is None or model is None:  # no class: no attribute either
         return Finding(False, _where(runner[0], runner[1]), "GPUModelRunner has no model attribute")
     # self.model = Wrapper(self.model, ...): load_weights must still reach the wrapped model.
-    for runner_cls in tree.mro(tree.find("GPUModelRunner")):
+    for runner_cls in tree.mro(gpu_runner):
         for node in ast.walk(runner_cls.node):
+            if not isinstance(node, ast.Assign):
+                continue
             wrapper = _model_wrapper(node)
             if wrapper is None:
                 continue

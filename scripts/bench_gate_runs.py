@@ -39,8 +39,14 @@ def run(label: str, out: Path, env: dict[str, str], extra: list[str]) -> dict:
     return {
         "wall_s": round(wall, 1),
         "verdict": json.loads((out / "report.json").read_text())["verdict"],
-        "engines": {n: {"prepare_s": e["prepare_s"], "worker_s": e["worker_s"], "reused": bool(e.get("reused"))}
-                    for n, e in engines.items()},  # fmt: skip
+        "engines": {
+            n: {
+                "prepare_s": e["prepare_s"],
+                "worker_s": e["worker_s"],
+                "reused": bool(e.get("reused")),
+            }
+            for n, e in engines.items()
+        },
     }
 
 
@@ -53,28 +59,44 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="gate-bench-") as tmp:
         root = Path(tmp)
         config = Path(args.config).resolve() if args.config else None
-        env = {k: v for k, v in os.environ.items() if k not in ("GATE_EVIDENCE_DIR", "UV_CACHE_DIR")}
-        env |= {"GATE_CACHE_DIR": str(root / "cache"), "VLLM_CACHE_ROOT": str(root / "vllm-cache"), "PYTHONUNBUFFERED": "1"}
+        env = {
+            k: v for k, v in os.environ.items() if k not in ("GATE_EVIDENCE_DIR", "UV_CACHE_DIR")
+        }
+        env |= {
+            "GATE_CACHE_DIR": str(root / "cache"),
+            "VLLM_CACHE_ROOT": str(root / "vllm-cache"),
+            "PYTHONUNBUFFERED": "1",
+        }
         extra = ["-c", str(config)] if config else []
         figures = {
             "cold": run("cold (fresh caches)", root / "cold", env, extra),
             "reuse": run("pull request (old evidence reused)", root / "reuse", env, extra),
-            "warm_full": run("warm full run (--no-reuse)", root / "warm", env, [*extra, "--no-reuse"]),
+            "warm_full": run(
+                "warm full run (--no-reuse)", root / "warm", env, [*extra, "--no-reuse"]
+            ),
         }
     reuse, warm = figures["reuse"], figures["warm_full"]
     floor = reuse["engines"]["new"]["worker_s"]
     figures["reuse_over_warm_full"] = round(reuse["wall_s"] / warm["wall_s"], 2)
     figures["reuse_floor_s"] = floor
 
-    print(f"{'run':<28} {'wall s':>7} {'old prep s':>11} {'old worker s':>13} {'new prep s':>11} {'new worker s':>13}  verdict")
-    for label, key in (("cold (fresh machine)", "cold"), ("pull request (reuse old)", "reuse"), ("warm full (--no-reuse)", "warm_full")):
+    print(
+        f"{'run':<28} {'wall s':>7} {'old prep s':>11} {'old worker s':>13} {'new prep s':>11} {'new worker s':>13}  verdict"
+    )
+    for label, key in (
+        ("cold (fresh machine)", "cold"),
+        ("pull request (reuse old)", "reuse"),
+        ("warm full (--no-reuse)", "warm_full"),
+    ):
         f = figures[key]
         old, new = f["engines"]["old"], f["engines"]["new"]
         old_worker = "reused" if old["reused"] else f"{old['worker_s']:.1f}"
         print(f"{label:<28} {f['wall_s']:>7.1f} {old['prepare_s']:>11.1f} {old_worker:>13} {new['prepare_s']:>11.1f} "
               f"{new['worker_s']:>13.1f}  {f['verdict']}")  # fmt: skip
-    print(f"pull request / warm full: {figures['reuse_over_warm_full']:.2f}x; "
-          f"its floor, the new engine's worker alone: {floor:.1f} s ({reuse['wall_s'] - floor:.1f} s above it)")
+    print(
+        f"pull request / warm full: {figures['reuse_over_warm_full']:.2f}x; "
+        f"its floor, the new engine's worker alone: {floor:.1f} s ({reuse['wall_s'] - floor:.1f} s above it)"
+    )
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0

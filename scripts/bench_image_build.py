@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gate.config import BUILTIN_CONFIG, load_config  # noqa: E402
-from gate.docker.image import ImageRecipe, _write_context, source_root  # noqa: E402
+from gate.config import BUILTIN_CONFIG, load_config
+from gate.docker.image import ImageRecipe, _write_context, source_root
 
 STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 COLOUR = re.compile(r"\x1b\[[0-9;]*m")  # the classic builder's red for a RUN's stderr
@@ -36,8 +36,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base-image", default="gate-base:bookworm")
     parser.add_argument("--network", default="host")
-    parser.add_argument("--warm", action="store_true", help="use the layer cache (default: --no-cache)")
-    parser.add_argument("--touch", action="store_true", help="change gate's code (a comment) in the build context")
+    parser.add_argument(
+        "--warm", action="store_true", help="use the layer cache (default: --no-cache)"
+    )
+    parser.add_argument(
+        "--touch", action="store_true", help="change gate's code (a comment) in the build context"
+    )
     parser.add_argument("--tag", help="default: the tag gate gives this recipe")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument("--log", type=Path, default=Path(tempfile.gettempdir()) / "gate-bench-image-build.log",
@@ -47,12 +51,17 @@ def main() -> int:
     import docker
 
     client = docker.from_env()
-    recipe = dataclasses.replace(ImageRecipe.from_config(load_config(BUILTIN_CONFIG)), base_image=args.base_image)
+    recipe = dataclasses.replace(
+        ImageRecipe.from_config(load_config(BUILTIN_CONFIG)), base_image=args.base_image
+    )
     root = source_root()
     tag = args.tag or recipe.tag(root) + ("-touched" if args.touch else "")
     steps: list[dict] = []
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="gate-bench-build-") as context, open(args.log, "w") as log:
+    with (
+        tempfile.TemporaryDirectory(prefix="gate-bench-build-") as context,
+        open(args.log, "w") as log,
+    ):
         _write_context(root, Path(context))
         if args.touch:
             init = Path(context) / "gate" / "__init__.py"
@@ -63,7 +72,11 @@ def main() -> int:
         )  # fmt: skip
         for chunk in stream:
             if "error" in chunk or "errorDetail" in chunk:
-                print(chunk.get("error") or chunk["errorDetail"].get("message"), f"(log: {args.log})", file=sys.stderr)
+                print(
+                    chunk.get("error") or chunk["errorDetail"].get("message"),
+                    f"(log: {args.log})",
+                    file=sys.stderr,
+                )
                 return 1
             for line in COLOUR.sub("", chunk.get("stream", "")).splitlines():
                 now = time.perf_counter() - start
@@ -73,9 +86,21 @@ def main() -> int:
                 if match:
                     if steps:
                         steps[-1]["s"] = round(now - steps[-1]["at"], 1)
-                    steps.append({"step": int(match[1]), "of": int(match[2]), "what": match[3], "at": now, "s": None})
+                    steps.append(
+                        {
+                            "step": int(match[1]),
+                            "of": int(match[2]),
+                            "what": match[3],
+                            "at": now,
+                            "s": None,
+                        }
+                    )
                     print(f"{now:6.0f}s  {line[:150]}", file=sys.stderr, flush=True)
-                elif steps and steps[-1]["what"].startswith("RUN") and re.match(r"^\[(old|new)\] ", line):
+                elif (
+                    steps
+                    and steps[-1]["what"].startswith("RUN")
+                    and re.match(r"^\[(old|new)\] ", line)
+                ):
                     print(f"{now:6.0f}s    {line[:150]}", file=sys.stderr, flush=True)
     wall = time.perf_counter() - start
     if steps:
@@ -91,7 +116,10 @@ def main() -> int:
         "base_size_bytes": client.images.get(args.base_image).attrs["Size"],
         "steps": [{k: v for k, v in s.items() if k != "at"} for s in steps],
         "largest_layers": sorted(
-            ({"size_bytes": layer["Size"], "created_by": layer["CreatedBy"][-110:]} for layer in layers),
+            (
+                {"size_bytes": layer["Size"], "created_by": layer["CreatedBy"][-110:]}
+                for layer in layers
+            ),
             key=lambda layer: -layer["size_bytes"],
         )[:4],
     }

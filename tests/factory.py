@@ -33,9 +33,11 @@ def make_evidence(
     greedy_tokens: np.ndarray | None = None,
     weight_sync: str | None = "ok",
     grpo: str | None = "ok",
+    token_text: dict[int, str] | None = None,
 ) -> ev.Evidence:
     """One engine's evidence; the engine's sampled logprob equals the trainer's `engine_equals` one
-    (processed / raw / bf16) plus ``engine_offset`` and Gaussian ``engine_noise``."""
+    (processed / raw / bf16) plus ``engine_offset`` and Gaussian ``engine_noise``. ``token_text``
+    goes into texts.json as the worker records it (None: left out, as older evidence has it)."""
     rng = np.random.default_rng(seed)
     s = n_prompts * n
     offsets = np.arange(s + 1, dtype=np.int64) * length
@@ -44,16 +46,26 @@ def make_evidence(
     processed = (raw / 0.7).astype(np.float32)  # a stand-in for the temperature transform
     bf16 = (raw + rng.normal(0, 0.01, t)).astype(np.float32)
     base = {"processed": processed, "raw": raw}[engine_equals]
-    engine = (base + engine_offset + rng.normal(0, engine_noise, t) * (engine_noise > 0)).astype(np.float32)
+    engine = (base + engine_offset + rng.normal(0, engine_noise, t) * (engine_noise > 0)).astype(
+        np.float32
+    )
     prompts = prompt_tokens or [[1, 10 + p % 7, 20 + p % 5] for p in range(n_prompts)]
-    greedy = greedy_tokens if greedy_tokens is not None else np.tile(np.arange(4, dtype=np.int32), n_prompts)
-    tf_ids = np.concatenate([np.asarray(prompts[p] + [5, 6, 7], dtype=np.int32) for p in range(n_prompts)])
+    greedy = (
+        greedy_tokens
+        if greedy_tokens is not None
+        else np.tile(np.arange(4, dtype=np.int32), n_prompts)
+    )
+    tf_ids = np.concatenate(
+        [np.asarray(prompts[p] + [5, 6, 7], dtype=np.int32) for p in range(n_prompts)]
+    )
     tf_in_off = np.concatenate([[0], np.cumsum([len(prompts[p]) + 3 for p in range(n_prompts)])])
     tf_t = int(tf_in_off[-1]) - n_prompts
     # Fixed sequences through the same model: identical across engines unless tf_offset says otherwise.
     tf_trainer = -np.random.default_rng(1234).uniform(0.05, 3.0, tf_t).astype(np.float32)
     arrays = {
-        ev.PROMPT_OFFSETS: np.concatenate([[0], np.cumsum([len(p) for p in prompts])]).astype(np.int64),
+        ev.PROMPT_OFFSETS: np.concatenate([[0], np.cumsum([len(p) for p in prompts])]).astype(
+            np.int64
+        ),
         ev.PROMPT_TOKEN_IDS: np.concatenate([np.asarray(p, dtype=np.int32) for p in prompts]),
         "sample_prompt_index": np.repeat(np.arange(n_prompts), n).astype(np.int32),
         "sample_sample_index": np.tile(np.arange(n), n_prompts).astype(np.int32),
@@ -62,7 +74,9 @@ def make_evidence(
         "sample_engine_logprob": engine,
         "sample_engine_rank": np.ones(t, dtype=np.int32),
         "sample_topk_ids": rng.integers(3, 100, (t, 5)).astype(np.int32),
-        "sample_topk_logprobs": np.sort(-rng.uniform(0, 5, (t, 5)), axis=1)[:, ::-1].astype(np.float32),
+        "sample_topk_logprobs": np.sort(-rng.uniform(0, 5, (t, 5)), axis=1)[:, ::-1].astype(
+            np.float32
+        ),
         "sample_finish": np.zeros(s, dtype=np.int8),
         "sample_trainer_logprob_raw": raw,
         "sample_trainer_logprob_processed": processed,
@@ -74,7 +88,9 @@ def make_evidence(
         "tf_prompt_index": np.arange(n_prompts, dtype=np.int32),
         "tf_input_offsets": tf_in_off.astype(np.int64),
         "tf_input_ids": tf_ids,
-        "tf_offsets": np.concatenate([[0], np.cumsum([len(prompts[p]) + 2 for p in range(n_prompts)])]).astype(np.int64),
+        "tf_offsets": np.concatenate(
+            [[0], np.cumsum([len(prompts[p]) + 2 for p in range(n_prompts)])]
+        ).astype(np.int64),
         "tf_engine_logprob": (tf_trainer + tf_offset).astype(np.float32),
         "tf_trainer_logprob_raw": tf_trainer,
         "tf_trainer_logprob_raw_bf16_head": (tf_trainer + 0.02).astype(np.float32),
@@ -87,22 +103,42 @@ def make_evidence(
     folder.mkdir(parents=True, exist_ok=True)
     np.savez(folder / "evidence.npz", **arrays)
     meta = {
-        "identity": {"vllm": "0.32.0", "engine_generation": "V1", "device_kind": "cpu", "device_name": "cpu", "transformers": "5"},
+        "identity": {
+            "vllm": "0.32.0",
+            "engine_generation": "V1",
+            "device_kind": "cpu",
+            "device_name": "cpu",
+            "transformers": "5",
+        },
         "effective": {**EFFECTIVE, **(effective or {})},
         "default_sampling_params": {"temperature": 1.0, "repetition_penalty": 1.0},
         "generation_config_overrides": {},
         "dropped_engine_args": [],
-        "weight_sync": {"adapter": "collective_rpc reload_weights + reset_prefix_cache", "push_s": 0.05},
+        "weight_sync": {
+            "adapter": "collective_rpc reload_weights + reset_prefix_cache",
+            "push_s": 0.05,
+        },
     }
     (folder / "engine.json").write_text(json.dumps(meta))
-    (folder / "texts.json").write_text(json.dumps({"prompt_ids": [f"p{i}" for i in range(n_prompts)], "greedy_text": ["t"] * n_prompts}))
+    texts = {"prompt_ids": [f"p{i}" for i in range(n_prompts)], "greedy_text": ["t"] * n_prompts}
+    if token_text is not None:
+        texts[ev.TOKEN_TEXT] = {str(k): v for k, v in token_text.items()}
+    (folder / "texts.json").write_text(json.dumps(texts))
     return ev.load(folder)
 
 
 RUN = {
     "model": {"sha256": "a" * 64, "path": "/m"},
     "prompt_sets": [{"name": "arith", "sha256": "b" * 64, "records": 20, "file": "x"}],
-    "sampling": {"n": 2, "max_tokens": 8, "temperature": 0.7, "top_p": 1.0, "top_k": 0, "seed": 1, "logprobs": 5},
+    "sampling": {
+        "n": 2,
+        "max_tokens": 8,
+        "temperature": 0.7,
+        "top_p": 1.0,
+        "top_k": 0,
+        "seed": 1,
+        "logprobs": 5,
+    },
     "greedy": {"enabled": True, "max_tokens": 4},
     "teacher_forced": {"enabled": True},
     "reference": {"dtype": "float32", "lm_head_fp32": False, "batch_tokens": 16384},

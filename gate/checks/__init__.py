@@ -15,12 +15,18 @@ Each check is one module exposing ``SPEC`` (id, title, default thresholds and op
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import functools
+from typing import TYPE_CHECKING, Any
 
-from gate.checks.base import CheckResult, CheckSettings, CheckSpec
+import msgspec
+
+from gate.checks.base import CheckResult, CheckSettings, CheckSpec, ThresholdOverride
 from gate.checks.context import Context
 from gate.errors import ConfigError
 from gate.verdict import Status
+
+if TYPE_CHECKING:
+    from gate.config.decode import Invalid
 
 MODES = ("fail", "warn", "off")
 
@@ -52,61 +58,140 @@ def registry() -> list[CheckSpec]:
     return [m.SPEC for m in modules]
 
 
+@functools.cache
+def settings_schema() -> type[msgspec.Struct]:
+    """The Struct that decodes gate.yaml's ``checks:`` section: one field per check id.
+
+    Each check's Struct holds ``mode``, a ``thresholds`` Struct with one optional override per
+    metric, and its options typed by their defaults; unknown keys are refused at every level.
+    Cached: the registry is fixed, and the config schema embeds these same Structs.
+    """
+    checks = [(spec.id, _check_struct(spec)) for spec in registry()]
+    return _struct(
+        "Checks",
+        [(_attr(cid), struct, msgspec.field(default_factory=struct)) for cid, struct in checks],
+        renamed=[cid for cid, _ in checks],
+        doc="Per-check settings, by check id; a check left out runs with its defaults.",
+    )
+
+
 def parse_settings(raw: Any, where: str) -> dict[str, CheckSettings]:
-    """Validate the ``checks:`` section against every check's spec; unknown keys fail by path."""
-    raw = raw or {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: checks: expected a mapping of check id to settings")
-    specs = {spec.id: spec for spec in registry()}
-    for check_id in raw:
-        if check_id not in specs:
-            raise ConfigError(
-                f"{where}: checks.{check_id}: unknown check (expected one of: {', '.join(specs)})"
-            )
+    """Every check's settings from the ``checks:`` section (``None`` for none), defaults filled in."""
+    # Imported here: gate.config imports this package for the section's schema.
+    from gate.config.decode import Invalid, convert
+
+    try:
+        section = convert(raw or {}, settings_schema())
+    except Invalid as invalid:
+        raise _settings_error(invalid, where) from None
     return {
-        cid: _settings(spec, raw.get(cid) or {}, f"{where}: checks.{cid}")
-        for cid, spec in specs.items()
+        spec.id: _settings(spec, getattr(section, _attr(spec.id)), f"{where}: checks.{spec.id}")
+        for spec in registry()
     }
 
 
-def _settings(spec: CheckSpec, raw: Any, where: str) -> CheckSettings:
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: expected a mapping")
-    raw = dict(raw)
-    mode = raw.pop("mode", "fail")
-    if mode not in MODES:
-        raise ConfigError(f"{where}.mode: '{mode}' is not one of {MODES}")
+def default_settings(spec: CheckSpec) -> CheckSettings:
+    return CheckSettings(mode="fail", thresholds=dict(spec.thresholds), options=dict(spec.options))
+
+
+def _check_struct(spec: CheckSpec) -> type[msgspec.Struct]:
+    name = "".join(part.title() for part in spec.id.split("-"))
+    thresholds = _struct(
+        f"{name}Thresholds",
+        [(_attr(metric), ThresholdOverride | None, None) for metric in spec.thresholds],
+        renamed=list(spec.thresholds),
+        doc=f"Overrides of {spec.id}'s thresholds, by metric.",
+    )
+    options = [(_attr(key), *_option_field(default)) for key, default in spec.options.items()]
+    return _struct(
+        name,
+        [
+            ("mode", str, "fail"),
+            ("thresholds", thresholds, msgspec.field(default_factory=thresholds)),
+            *options,
+        ],
+        renamed=list(spec.options),
+        doc=f"{spec.title}. mode: one of {', '.join(MODES)}.",
+    )
+
+
+def _option_field(default: Any) -> tuple[Any, Any]:
+    """An option's type and default, from its default: a mapping is merged under the default."""
+    if isinstance(default, dict):
+        return dict[str, Any], msgspec.field(default_factory=lambda: dict(default))
+    return (Any if default is None else type(default)), default
+
+
+def _struct(name: str, fields: list[Any], renamed: list[str], doc: str) -> type[msgspec.Struct]:
+    return msgspec.defstruct(
+        name,
+        fields,
+        namespace={"__doc__": doc},
+        module=__name__,
+        rename={_attr(key): key for key in renamed if _attr(key) != key},
+        kw_only=True,
+        frozen=True,
+        forbid_unknown_fields=True,
+    )
+
+
+def _attr(key: str) -> str:
+    # Check ids hold hyphens; Struct fields are attributes, and keep their id as the YAML key.
+    return key.replace("-", "_")
+
+
+def _settings(spec: CheckSpec, decoded: Any, where: str) -> CheckSettings:
+    if decoded.mode not in MODES:
+        raise ConfigError(f"{where}.mode: '{decoded.mode}' is not one of {MODES}")
     thresholds = dict(spec.thresholds)
-    for name, value in (raw.pop("thresholds", None) or {}).items():
-        if name not in thresholds:
-            raise ConfigError(
-                f"{where}.thresholds.{name}: unknown metric (expected one of: {', '.join(thresholds)})"
-            )
-        thresholds[name] = thresholds[name].with_overrides(value, f"{where}.thresholds.{name}")
-    options = dict(spec.options)
-    for name, value in raw.items():
-        if name not in options:
-            known = ", ".join(["mode", "thresholds", *options])
-            raise ConfigError(f"{where}.{name}: unknown key (expected one of: {known})")
-        default = options[name]
-        if isinstance(default, dict):
-            if not isinstance(value, dict):
-                raise ConfigError(f"{where}.{name}: expected a mapping")
-            value = {**default, **value}
-        elif (
-            default is not None
-            and not isinstance(value, type(default))
-            and not (isinstance(default, float) and isinstance(value, int))
-        ):
-            raise ConfigError(f"{where}.{name}: expected {type(default).__name__}, got {value!r}")
-        options[name] = value
-    return CheckSettings(mode=mode, thresholds=thresholds, options=options)
+    for metric, default in spec.thresholds.items():
+        override = getattr(decoded.thresholds, _attr(metric))
+        if override is not None:
+            thresholds[metric] = default.with_overrides(override, f"{where}.thresholds.{metric}")
+    options = {}
+    for key, default in spec.options.items():
+        value = getattr(decoded, _attr(key))
+        options[key] = {**default, **value} if isinstance(default, dict) else value
+    return CheckSettings(mode=decoded.mode, thresholds=thresholds, options=options)
+
+
+def _settings_error(invalid: Invalid, where: str) -> ConfigError:
+    """The error for a bad ``checks:`` section, worded by where in it the problem is."""
+    path, key = invalid.path, f"{where}: checks.{invalid.key}".rstrip(".")
+    known = ", ".join(invalid.known)
+    match invalid.kind, len(path), path[1:2], path[3:]:
+        case "type", 0, _, _:
+            message = "expected a mapping of check id to settings"
+        case "unknown", 1, _, _:
+            message = f"unknown check (expected one of: {known})"
+        case "unknown", 3, ("thresholds",), _:
+            message = f"unknown metric (expected one of: {known})"
+        case "unknown", 4, ("thresholds",), _:
+            message = "unknown key (expected warn, fail, floor)"
+        case "unknown", 2, _, _:
+            message = f"unknown key (expected one of: {known})"
+        case "type", 3, ("thresholds",), _:
+            message = "expected a mapping with warn/fail"
+        case "type", 4, ("thresholds",), ("floor",):
+            message = f"expected a number, got {invalid.value!r}"
+        case "type", 4, ("thresholds",), _:
+            message = f"expected a number or 'N x noise', got {invalid.value!r}"
+        case "type", 2, ("mode",), _:
+            message = f"'{invalid.value}' is not one of {MODES}"
+        case "type", _, _, _ if dict in invalid.expected_kinds:
+            message = "expected a mapping"
+        case "type", _, _, _:
+            expected = " or ".join(k.__name__ for k in invalid.expected_kinds)
+            message = f"expected {expected}, got {invalid.value!r}"
+        case _:
+            message = invalid.problem
+    return ConfigError(f"{key}: {message}")
 
 
 def run_checks(ctx: Context, settings: dict[str, CheckSettings]) -> list[CheckResult]:
     results = []
     for spec in registry():
-        s = settings[spec.id]
+        s = settings.get(spec.id) or default_settings(spec)
         if s.mode == "off":
             results.append(
                 CheckResult(spec.id, spec.title, Status.SKIP, "turned off in the config")

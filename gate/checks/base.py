@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from gate.errors import ConfigError
 from gate.verdict import Status
 
@@ -75,25 +77,16 @@ class Threshold:
     def _beyond(self, value: float, bound: float) -> bool:
         return value > bound if self.higher_is_worse else value < bound
 
-    def with_overrides(self, raw: Any, where: str) -> Threshold:
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{where}: expected a mapping with warn/fail")
-        unknown = set(raw) - {"warn", "fail", "floor"}
-        if unknown:
-            raise ConfigError(
-                f"{where}.{sorted(unknown)[0]}: unknown key (expected warn, fail, floor)"
-            )
-        floor = raw.get("floor")
-        if floor is not None and (isinstance(floor, bool) or not isinstance(floor, (int, float))):
-            raise ConfigError(f"{where}.floor: expected a number, got {floor!r}")
-
+    def with_overrides(self, override: ThresholdOverride, where: str) -> Threshold:
         def limit(key: str, default: Limit | None) -> Limit | None:
-            new = Limit.parse(raw[key], f"{where}.{key}") if key in raw else default
+            given = getattr(override, key)
+            new = default if given is msgspec.UNSET else Limit.parse(given, f"{where}.{key}")
             if new is None:
                 return None
             # A relative limit keeps the default's floor unless the config sets one.
             kept = default.floor if default is not None else 0.0
-            return Limit(new.value, new.relative, float(floor) if floor is not None else kept)
+            floor = override.floor if override.floor is not None else kept
+            return Limit(new.value, new.relative, floor)
 
         return Threshold(
             warn=limit("warn", self.warn),
@@ -101,6 +94,17 @@ class Threshold:
             higher_is_worse=self.higher_is_worse,
             source="config",
         )
+
+
+class ThresholdOverride(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A metric's bounds in gate.yaml: a number or "N x noise" each, and the floor of a relative one.
+
+    A bound left out keeps the check's default; ``null`` removes it.
+    """
+
+    warn: float | str | msgspec.UnsetType | None = msgspec.UNSET
+    fail: float | str | msgspec.UnsetType | None = msgspec.UNSET
+    floor: float | None = None
 
 
 @dataclass
@@ -169,6 +173,8 @@ def _num(x: float | None) -> float | None:
 
 @dataclass(frozen=True)
 class CheckSettings:
+    """One check's settings from gate.yaml's ``checks:`` section, its defaults filled in."""
+
     mode: str  # fail | warn | off
     thresholds: dict[str, Threshold]
     options: dict[str, Any]

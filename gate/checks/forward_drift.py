@@ -57,13 +57,16 @@ def aligned_teacher_forced(
             strict=True,
         )
     )
-    keep_a, keep_b, skipped = [], [], 0
+    keep_a: list[np.ndarray] = []
+    keep_b: list[np.ndarray] = []
+    skipped = 0
     for p, seq, values in zip(
         a[f"{ev.TF}_{ev.PROMPT_INDEX}"].tolist(), seqs_a, lps_a, strict=True
     ):  # per sequence
         other = seqs_b.get(p)
         if other is not None and np.array_equal(seq, other):
-            keep_a.append(values), keep_b.append(lps_b[p])
+            keep_a.append(values)
+            keep_b.append(lps_b[p])
         else:
             skipped += 1
     if not keep_a:

@@ -7,6 +7,8 @@ settings (first divergence reported), and the mean sampled output length should 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from gate import evidence as ev
@@ -38,7 +40,7 @@ def run(ctx, settings) -> CheckResult:
     g, s = ev.GREEDY, ev.SAMPLE
     measurements, details = [], {}
     for label, ref in refs:
-        entry = {}
+        entry: dict[str, Any] = {}  # JSON details: the agreement's figures and the length ratio
         if f"{g}_{ev.OFFSETS}" in ctx.new.arrays and f"{g}_{ev.OFFSETS}" in ref.arrays:
             agree = greedy_agreement(ctx.new[f"{g}_{ev.TOKEN_IDS}"], ctx.new[f"{g}_{ev.OFFSETS}"],
                                      ref[f"{g}_{ev.TOKEN_IDS}"], ref[f"{g}_{ev.OFFSETS}"])  # fmt: skip

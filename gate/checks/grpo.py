@@ -75,18 +75,23 @@ def run(ctx, settings) -> CheckResult:
     )
     old = _trajectories(ctx.old)
     steps = new["reward"].shape[1]
-    reference, label = None, None
-    for candidate, name in ((base, "baseline"), (old, "old")):
-        if candidate is not None and candidate["reward"].shape[1] == steps:
-            reference, label = candidate, name
-            break
-    if reference is None:
+    # the band: the baseline's trajectories where comparable, else the old engine's
+    found = next(
+        (
+            (candidate, name)
+            for candidate, name in ((base, "baseline"), (old, "old"))
+            if candidate is not None and candidate["reward"].shape[1] == steps
+        ),
+        None,
+    )
+    if found is None:
         return CheckResult(
             ID,
             TITLE,
             Status.SKIP,
             "no baseline band or old-engine run with the same number of steps",
         )
+    reference, label = found
 
     measurements, metrics, exits = [], {}, {}
     for metric, (abs_m, rel_m, edges, outside_status) in BANDS.items():

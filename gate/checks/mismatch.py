@@ -6,14 +6,25 @@ the raw one. Absolute thresholds apply to the new engine (published healthy rang
 the regression test asks whether the new engine's per-prompt mean |d| is larger than the old one's
 by more than noise: a paired bootstrap over prompts gives a confidence interval of the increase, and
 only its lower bound is compared with the threshold, so sampling noise cannot trip it.
+
+``details.worst_tokens`` lists the sampled tokens with the largest |d| (the ``worst_tokens`` option,
+per engine, new first; 0 lists none), each with its prompt, position and a few tokens of context,
+so a reader sees where the engines diverge. Token text comes from the worker (texts.json) and is
+untrusted: it is carried verbatim and the renderer escapes it.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
 from gate import evidence as ev
 from gate.checks.base import CheckResult, CheckSpec, Limit, Measurement, Threshold, measure
 from gate.checks.context import per_prompt, sampled_pairs
-from gate.metrics import bootstrap_mean_diff_ci, mismatch
+from gate.evidence import Evidence
+from gate.metrics import bootstrap_mean_diff_ci, largest_abs_diff, mismatch
 from gate.verdict import Status, worst
 
 ID = "train-inference-mismatch"
@@ -38,6 +49,11 @@ THRESHOLDS = {
         source="lower 95% bound of the per-prompt increase in mean |d|, new vs old; floors apply when uncalibrated",
     ),
 }
+
+
+WORST_TOKENS = 10  # default of the ``worst_tokens`` option: tokens listed per engine
+CONTEXT_BEFORE = 8  # tokens of context before a worst token (the prompt's tail near the start)
+CONTEXT_AFTER = 4  # tokens of the completion after it
 
 
 def _d_stats(pairs, clip_eps: float):
@@ -92,6 +108,13 @@ def run(ctx, settings) -> CheckResult:
         measurements.append(m)
         details["regression"] = {"low": low, "high": high, "point": point}
 
+    n_worst = _worst_token_count(opts)
+    if n_worst:
+        # New engine first: a comment shows only the first rows, and the new engine is what changed.
+        details["worst_tokens"] = [
+            asdict(row) for name, e in reversed(ctx.engines()) for row in worst_tokens(e, name, trainer_key, n_worst)
+        ]  # fmt: skip
+
     status = worst(m.status for m in measurements)
     new = stats["new"]
     summary = f"new: token_mult_prob_error {new.token_mult_prob_error:.4f}, k3 KL {new.k3_kl:.2e}, clip {new.clip_frac_token:.2%}"
@@ -110,10 +133,86 @@ def run(ctx, settings) -> CheckResult:
     return CheckResult(ID, TITLE, status, summary, diagnosis, measurements, details)
 
 
+@dataclass(frozen=True)
+class WorstToken:
+    """One row of ``details.worst_tokens`` (gate.report_model.WorstToken). Text is untrusted, verbatim."""
+
+    engine: str  # "new" / "old"
+    rank: int  # 1 = the largest |d| of this engine
+    prompt_id: str | int  # the prompt set's id; its index where the evidence has none
+    sample: int | None  # which of the prompt's n samples
+    position: int  # the token's index in its completion
+    token_id: int
+    token: str  # its decoded text, or ``⟨id N⟩`` (evidence without token text)
+    context: str  # up to CONTEXT_BEFORE tokens before it (the prompt's tail near the start)
+    context_after: str  # up to CONTEXT_AFTER tokens after it in the completion
+    engine_logprob: float
+    trainer_logprob: float  # d = trainer_logprob - engine_logprob
+
+
+def worst_tokens(e: Evidence, engine: str, trainer_key: str, n: int) -> list[WorstToken]:
+    """The ``n`` sampled tokens of ``e`` with the largest |d|, largest first.
+
+    d is ``trainer_key``'s logprob minus the engine's, as the check measures it; tokens the transform
+    excludes have none and are never listed. The selection is vectorised; only the chosen rows are
+    assembled one by one.
+    """
+    g = ev.SAMPLE
+    trainer, engine_lp = e[f"{g}_{trainer_key}"], e[f"{g}_{ev.ENGINE_LOGPROB}"]
+    chosen = largest_abs_diff(trainer, engine_lp, n)
+    offsets, token_ids = e[f"{g}_{ev.OFFSETS}"], e[f"{g}_{ev.TOKEN_IDS}"]
+    seqs = np.searchsorted(offsets, chosen, side="right") - 1  # the sequence holding each token
+    prompt_index, sample_index = e[f"{g}_{ev.PROMPT_INDEX}"], e.arrays.get(f"{g}_{ev.SAMPLE_INDEX}")
+    prompt_names = _prompt_names(e)
+    rows: list[WorstToken] = []
+    for rank, (t, s) in enumerate(zip(chosen.tolist(), seqs.tolist(), strict=True), start=1):
+        start, end, prompt = int(offsets[s]), int(offsets[s + 1]), int(prompt_index[s])
+        before = token_ids[max(start, t - CONTEXT_BEFORE) : t].tolist()
+        if len(before) < CONTEXT_BEFORE:  # near the start: the prompt's last tokens lead into it
+            before = e.prompt_tokens(prompt)[len(before) - CONTEXT_BEFORE :].tolist() + before
+        rows.append(WorstToken(
+            engine=engine,
+            rank=rank,
+            prompt_id=prompt_names[prompt] if prompt < len(prompt_names) else prompt,
+            sample=None if sample_index is None else int(sample_index[s]),
+            position=t - start,
+            token_id=int(token_ids[t]),
+            token=e.token_label(int(token_ids[t])),
+            context=e.decode(before),
+            context_after=e.decode(token_ids[t + 1 : min(end, t + 1 + CONTEXT_AFTER)].tolist()),
+            engine_logprob=float(engine_lp[t]),
+            trainer_logprob=float(trainer[t]),
+        ))  # fmt: skip
+    return rows
+
+
+def _prompt_names(e: Evidence) -> list[str]:
+    """The prompt set's ids by prompt index (texts.json); empty where the evidence has none."""
+    names = e.texts.get("prompt_ids") if isinstance(e.texts, dict) else None
+    return [str(n) for n in names] if isinstance(names, list) else []
+
+
+def _worst_token_count(options: Any) -> int:
+    """The ``worst_tokens`` option, from a mapping or a typed settings object; the default if absent."""
+    value = (
+        options.get("worst_tokens", WORST_TOKENS)
+        if hasattr(options, "get")
+        else getattr(options, "worst_tokens", WORST_TOKENS)
+    )
+    if isinstance(value, bool) or not isinstance(value, int):
+        return WORST_TOKENS
+    return max(value, 0)
+
+
 SPEC = CheckSpec(
     id=ID,
     title=TITLE,
     run=run,
     thresholds=THRESHOLDS,
-    options={"trainer_logprob": "processed", "clip_eps": 0.2, "bootstrap_seed": 0},
+    options={
+        "trainer_logprob": "processed",
+        "clip_eps": 0.2,
+        "bootstrap_seed": 0,
+        "worst_tokens": WORST_TOKENS,
+    },
 )

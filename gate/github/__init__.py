@@ -4,5 +4,6 @@
 - ``event``: the repository and PR number from the Actions environment.
 - ``comment``: one sticky comment per gate id, found by its hidden marker.
 - ``actions``: ``$GITHUB_STEP_SUMMARY``, ``$GITHUB_OUTPUT`` and workflow annotations.
-- ``cli``: ``gate comment`` and ``gate publish`` (``register(subparsers)``).
+
+The commands that use them, ``gate comment`` and ``gate publish``, live in :mod:`gate.commands.github`.
 """

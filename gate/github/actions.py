@@ -11,8 +11,6 @@
   so untrusted text can neither forge a workflow command nor break the annotation.
 """
 
-from __future__ import annotations
-
 import os
 import re
 import uuid
@@ -22,15 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from gate.errors import ConfigError
-from gate.files import find_report, read_report_json
+from gate.files import find_report
 from gate.render.budget import SUMMARY_LIMIT
-from gate.report_schema import validate_report
-from gate.verdict import VERDICTS, exit_code
+from gate.report_model import Report
+from gate.verdict import exit_code
 
 MAX_ANNOTATIONS = 10
 
 
-# -- report loading ------------------------------------------------------------------------------
+# -- the report and its verdict ------------------------------------------------------------------
 def has_report(path: Path) -> bool:
     """Whether ``path`` holds a report.json (readable or not): a bad one is an error, never a missing one."""
     try:
@@ -40,36 +38,26 @@ def has_report(path: Path) -> bool:
     return True
 
 
-def load_report(path: Path) -> tuple[dict[str, Any], Path]:
-    report, report_path = read_report_json(path)
-    validate_report(
-        report, str(report_path)
-    )  # types checked here, so nothing below meets a surprise
-    if report.get("verdict") not in VERDICTS:
-        raise ConfigError(f"{report_path}: field verdict: required, one of {', '.join(VERDICTS)}")
-    return report, report_path
-
-
-def exit_code_for(report: dict[str, Any], fail_on: str | None = None) -> int:
+def exit_code_for(report: Report, fail_on: str | None = None) -> int:
     """The CLI's exit code for this verdict: 0 PASS/WARN (1 with fail_on warn), 1 FAIL, 3 ERROR."""
-    return exit_code(report["verdict"], fail_on or report.get("fail_on") or "fail")
+    return exit_code(report.verdict or "ERROR", fail_on or report.fail_on or "fail")
 
 
 # -- outputs -------------------------------------------------------------------------------------
 def outputs_for(
-    report: dict[str, Any], report_path: Path, exit_code: int, comment_url: str = ""
+    report: Report, report_path: Path, exit_code: int, comment_url: str = ""
 ) -> dict[str, str]:
-    counts = report.get("counts") or {}
+    counts = report.counts
     return {
-        "verdict": report["verdict"],
+        "verdict": str(report.verdict),
         "report-path": str(report_path),
         "comment-url": comment_url,
         "exit-code": str(exit_code),
-        "pass-count": str(int(counts.get("PASS", 0))),
-        "warn-count": str(int(counts.get("WARN", 0))),
-        "fail-count": str(int(counts.get("FAIL", 0))),
-        "error-count": str(int(counts.get("ERROR", 0))),
-        "skip-count": str(int(counts.get("SKIP", 0))),
+        "pass-count": str(counts.get("PASS", 0)),
+        "warn-count": str(counts.get("WARN", 0)),
+        "fail-count": str(counts.get("FAIL", 0)),
+        "error-count": str(counts.get("ERROR", 0)),
+        "skip-count": str(counts.get("SKIP", 0)),
     }
 
 
@@ -97,9 +85,9 @@ def write_outputs(values: dict[str, str], path: str | os.PathLike | None = None)
 
 # -- job summary ---------------------------------------------------------------------------------
 def write_step_summary(
-    report: dict[str, Any],
-    render: Callable[[dict[str, Any], int], str],
-    path: str | os.PathLike | None = None,
+    report: Report,
+    render: Callable[[Report, int], str],
+    path: str | os.PathLike[str] | None = None,
     limit: int = SUMMARY_LIMIT,
 ) -> int | None:
     """Append the rendered summary to ``$GITHUB_STEP_SUMMARY``; the bytes written, or None outside Actions.
@@ -122,7 +110,7 @@ def write_step_summary(
             break
         budget = int(budget * room / len(data) * 0.9)
     if not data or len(data) > room:
-        note = (f"**gate {report.get('gate_id', '')}: {report.get('verdict')}** — the summary does not fit "
+        note = (f"**gate {report.gate_id or ''}: {report.verdict}** — the summary does not fit "
                 "GitHub's 1 MiB limit; see the report artifact.\n").encode()  # fmt: skip
         data = note if len(note) <= room else b""
     with open(path, "ab") as f:
@@ -160,41 +148,26 @@ def annotation(level: str, title: str, message: str) -> str:
     return Annotation(level, title, message).command()
 
 
-def annotations(report: dict[str, Any], limit: int = MAX_ANNOTATIONS) -> list[Annotation]:
+def annotations(report: Report, limit: int = MAX_ANNOTATIONS) -> list[Annotation]:
     """At most ``limit`` annotations: errors, FAIL/ERROR checks, then WARN checks and the baseline."""
-    gate_id = report.get("gate_id") or "gate"
+    gate_id = report.gate_id or "gate"
     items: list[tuple[int, str, str, str]] = []  # (rank, level, title, message)
-    for error in report.get("errors") or []:
+    for error in report.errors:
         items.append((0, "error", f"gate {gate_id}: ERROR", str(error)))
-    for check in report.get("checks") or []:
-        status = check.get("status")
-        if status not in ("FAIL", "ERROR", "WARN"):
+    for check in report.checks:
+        if check.status not in ("FAIL", "ERROR", "WARN"):
             continue
-        message = " ".join(
-            str(part) for part in (check.get("summary"), check.get("diagnosis")) if part
-        )
-        title = f"gate {gate_id}: {check.get('title') or check.get('id')} {status}"
-        items.append(
-            (
-                1 if status != "WARN" else 2,
-                "error" if status != "WARN" else "warning",
-                title,
-                message or status,
-            )
-        )
-    baseline = report.get("baseline") or {}
-    if baseline.get("status") in ("WARN", "FAIL", "ERROR"):
-        differences = "; ".join(str(d) for d in baseline.get("differences") or [])
-        message = " ".join(p for p in (str(baseline.get("message") or ""), differences) if p)
-        level = "warning" if baseline["status"] == "WARN" else "error"
-        items.append(
-            (
-                1 if level == "error" else 2,
-                level,
-                f"gate {gate_id}: baseline {baseline['status']}",
-                message,
-            )
-        )
+        message = " ".join(part for part in (check.summary, check.diagnosis) if part)
+        title = f"gate {gate_id}: {check.title or check.id} {check.status}"
+        level = "error" if check.status != "WARN" else "warning"
+        items.append((1 if level == "error" else 2, level, title, message or check.status))
+    baseline = report.baseline
+    if baseline is not None and baseline.status in ("WARN", "FAIL", "ERROR"):
+        differences = "; ".join(str(d) for d in baseline.differences)
+        message = " ".join(p for p in (baseline.message or "", differences) if p)
+        level = "warning" if baseline.status == "WARN" else "error"
+        title = f"gate {gate_id}: baseline {baseline.status}"
+        items.append((1 if level == "error" else 2, level, title, message))
     items.sort(key=lambda item: item[0])
     if len(items) > limit:
         rest = len(items) - (limit - 1)

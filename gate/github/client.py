@@ -20,7 +20,7 @@ import json
 import os
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -337,6 +337,6 @@ def _github_errors(response: httpx.Response) -> str:
     return f" ({json.dumps(errors)[:300]})" if errors else ""
 
 
-def token_from_env(env: dict[str, str] | None = None) -> str:
+def token_from_env(env: Mapping[str, str] | None = None) -> str:
     env = os.environ if env is None else env
     return env.get("GITHUB_TOKEN") or env.get("GH_TOKEN") or ""

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gate.github.client import GitHubClient, GitHubError, TransientServerError
-from gate.render.budget import COMMENT_BODY_LIMIT, marker
+from gate.render.budget import COMMENT_BODY_LIMIT, marker, utf16_len
 
 _VIEWER = "query { viewer { login } }"
 
@@ -136,14 +136,10 @@ def fit_body(body: str, limit: int = COMMENT_BODY_LIMIT) -> str:
 
     Measured in UTF-16 units, the stricter count (an emoji is two), and never cut inside a character.
     """
-    if _utf16_len(body) <= limit:
+    if utf16_len(body) <= limit:
         return body
-    room = 2 * (limit - _utf16_len(_TRUNCATED))
+    room = 2 * (limit - utf16_len(_TRUNCATED))
     return body.encode("utf-16-le")[:room].decode("utf-16-le", "ignore") + _TRUNCATED
-
-
-def _utf16_len(text: str) -> int:
-    return len(text.encode("utf-16-le")) // 2
 
 
 def upsert_comment(
@@ -172,7 +168,7 @@ def upsert_comment(
         action, reason = decide(mode, verdict, existing, body)
         if action == "skip":
             return CommentResult("skipped", reason)
-        if action in ("unchanged", "update"):
+        if existing is not None:  # decide() answers unchanged or update exactly when one exists
             kept = existing if action == "unchanged" else _patch(client, repo, existing["id"], body)
             _delete(client, repo, ours[1:])  # left behind by an earlier race
             return CommentResult(

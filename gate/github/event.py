@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,7 +76,7 @@ class WorkflowRun:
         return self.head_repo != self.base_repo
 
 
-def workflow_run(env: dict[str, str] | None = None) -> WorkflowRun | None:
+def workflow_run(env: Mapping[str, str] | None = None) -> WorkflowRun | None:
     """The triggering run under a ``workflow_run`` event; None for any other event."""
     env = os.environ if env is None else env
     event_name, payload = load_event(env)
@@ -87,7 +88,8 @@ def workflow_run(env: dict[str, str] | None = None) -> WorkflowRun | None:
         or _str((payload.get("repository") or {}).get("full_name"))
         or ""
     )
-    head_repo = run.get("head_repository") if isinstance(run.get("head_repository"), dict) else {}
+    head_repository = run.get("head_repository")
+    head_repo = head_repository if isinstance(head_repository, dict) else {}
     return WorkflowRun(
         base_repo=repo,
         head_sha=_str(run.get("head_sha")),
@@ -103,7 +105,7 @@ def _str(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def load_event(env: dict[str, str] | None = None) -> tuple[str, dict[str, Any]]:
+def load_event(env: Mapping[str, str] | None = None) -> tuple[str, dict[str, Any]]:
     """(event name, event payload) from the Actions environment; an empty payload outside Actions."""
     env = os.environ if env is None else env
     name = env.get("GITHUB_EVENT_NAME", "")
@@ -135,7 +137,7 @@ def parse_pr_number(text: str, where: str) -> int:
 
 
 def resolve_pull_request(
-    env: dict[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
     pr_number: int | str | None = None,
     pr_number_file: Path | None = None,
     search_dirs: tuple[Path, ...] = (),

@@ -1,19 +1,6 @@
 """Rendering report.json (docs/report.md) as Markdown: the PR comment, the job summary, the artifact.
 
-``gate.render.markdown`` holds the public functions. The schema (its versions and fields) lives in
-:mod:`gate.report_schema`, which imports no Jinja2, so ``gate.merge`` and the CLI check reports cheaply.
+``gate.render.markdown`` holds the public functions; they take a :class:`gate.report_model.Report`,
+which is where a report is loaded and checked. ``sections`` builds the parts, ``charts`` draws the GRPO
+trajectories, ``escape`` makes untrusted text inert and ``budget`` fits the text under GitHub's limits.
 """
-
-from __future__ import annotations
-
-from typing import Any
-
-from gate.report_schema import SCHEMA_PREFIX, SUPPORTED_MAJOR, check_version
-
-__all__ = ["SCHEMA_PREFIX", "SUPPORTED_MAJOR", "check_schema"]
-
-
-def check_schema(report: Any, where: str = "report") -> dict[str, Any]:
-    """The report itself when its schema's major version is one this renderer knows, else a ReportError."""
-    check_version(report, where)
-    return report

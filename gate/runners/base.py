@@ -141,7 +141,7 @@ def run_logged(
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
         try:
-            rc = _wait(proc, timeout_s, cancel)
+            rc = _wait(proc, timeout_s, cancel, " ".join(cmd[:3]))
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             reader.join(timeout=5)
@@ -159,7 +159,9 @@ def run_logged(
         raise EngineError(engine, f"{reason} (log: {log_path})", output.tail_text())
 
 
-def _wait(proc: subprocess.Popen, timeout_s: float, cancel: threading.Event | None) -> int:
+def _wait(
+    proc: subprocess.Popen[str], timeout_s: float, cancel: threading.Event | None, command: str
+) -> int:
     if cancel is None:
         return proc.wait(timeout=timeout_s)
     deadline = time.monotonic() + timeout_s
@@ -170,10 +172,10 @@ def _wait(proc: subprocess.Popen, timeout_s: float, cancel: threading.Event | No
             if time.monotonic() >= deadline:
                 raise
             if cancel.is_set():
-                raise KeyboardInterrupt(f"cancelled: {' '.join(proc.args[:3])}") from None
+                raise KeyboardInterrupt(f"cancelled: {command}") from None
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen[str]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=10)

@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -182,7 +182,7 @@ def find_uv() -> str | None:
     """The uv binary: the one installed beside gate (the ``uv`` package), else one on PATH."""
     with _FIND_UV_LOCK:
         try:
-            import uv  # type: ignore[import-not-found]
+            import uv
 
             return uv.find_uv_bin()
         except (ImportError, FileNotFoundError):
@@ -225,7 +225,7 @@ _PIP_ONLY = frozenset({
 })  # fmt: skip
 
 
-def pip_config_files(environ: dict[str, str] | None = None) -> list[Path]:
+def pip_config_files(environ: Mapping[str, str] | None = None) -> list[Path]:
     """pip's configuration files in its override order (later wins): global, user, site, PIP_CONFIG_FILE."""
     environ = os.environ if environ is None else environ
     explicit = environ.get("PIP_CONFIG_FILE")
@@ -244,7 +244,7 @@ def pip_config_files(environ: dict[str, str] | None = None) -> list[Path]:
 
 
 def pip_settings(
-    environ: dict[str, str] | None = None, files: list[Path] | None = None
+    environ: Mapping[str, str] | None = None, files: list[Path] | None = None
 ) -> dict[str, str]:
     """The settings ``pip install`` would use here: ``[global]`` then ``[install]`` of each file, then ``PIP_*``."""
     environ = os.environ if environ is None else environ

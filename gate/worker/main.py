@@ -17,46 +17,44 @@ import sys
 import time
 import traceback
 from collections.abc import Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from gate import evidence as ev
 from gate.files import atomic_write_bytes
 from gate.request import ENGINE_FILE, EVIDENCE_FILE, PROGRESS_PREFIX, TEXTS_FILE, WorkerRequest
+from gate.worker import replay
+from gate.worker.passes import (
+    ENGINE_PASSES,
+    PassInput,
+    Say,
+    TeacherForced,
+    Timings,
+    Tokenized,
+    run_passes,
+)
+from gate.worker.replay import Completions
+
+if TYPE_CHECKING:
+    from gate.worker.reference import ReferenceModel, ScoredTokens
 
 
 def progress(message: str) -> None:
     print(f"{PROGRESS_PREFIX}{message}", file=sys.stderr, flush=True)
 
 
-@dataclass
-class Timings:
-    values: dict[str, float] = field(default_factory=dict)
+@dataclass(frozen=True)
+class EngineOutputs:
+    """What the engine produced for one request, before it is shut down and the reference takes over."""
 
-    @contextmanager
-    def measure(self, key: str):
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.values[key] = time.perf_counter() - start
-
-
-@dataclass
-class EnginePasses:
-    """What the engine produced, before it is shut down and the reference takes over."""
-
-    sampled: Any  # replay.Completions
-    greedy: Any | None
-    tf_rows: list[int]  # prompts with a reference continuation
-    tf_seqs: list[list[int]]  # prompt + reference token ids
-    tf_scores: Any | None  # replay.PromptScores
-    meta: dict[str, Any]
-    weight_sync_arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    sampled: Completions
+    greedy: Completions | None
+    teacher_forced: TeacherForced | None
+    meta: dict[str, Any]  # engine.json, less what is known only after the engine (timings, counts)
+    rl_arrays: dict[str, np.ndarray]  # ws_* and grpo_* evidence arrays
 
 
 # One engine process serves one engine construction: these request fields must agree.
@@ -91,12 +89,6 @@ def validate_batch(requests: Sequence[WorkerRequest]) -> None:
         raise ValueError("two requests write to the same output_dir")
 
 
-@dataclass
-class Tokenized:
-    prompt_ids: list[list[int]]
-    reference_ids: list[list[int] | None]
-
-
 def run(request: WorkerRequest) -> None:
     run_batch([request])
 
@@ -118,8 +110,6 @@ def run_batch(requests: Sequence[WorkerRequest]) -> None:
         eng.prepare_process()  # before torch/vllm start any threads
         import vllm  # noqa: F401 - imported here so start-up cost is attributed honestly
         from transformers import AutoTokenizer
-
-        from gate.worker import replay
 
     first = requests[0]
     # One commit of a hub model for the tokenizer, the engine and the reference (None: a local folder).
@@ -147,12 +137,14 @@ def run_batch(requests: Sequence[WorkerRequest]) -> None:
         llm = eng.start_engine(first.model, first.tokenizer, engine_args)
 
     own = [Timings() for _ in requests]
-    passes = []
-    for i, (req, tok) in enumerate(zip(requests, tokenized, strict=True)):
-        say = _prefixed(i, batch)
-        passes.append(
-            _engine_passes(llm, req, tok, dropped, own[i], say, eng.hf_load_kwargs(requested_args))
+    outputs = [
+        _engine_passes(
+            PassInput(llm, req, tok, _prefixed(i, batch), eng.hf_load_kwargs(requested_args)),
+            dropped,
+            own[i],
         )
+        for i, (req, tok) in enumerate(zip(requests, tokenized, strict=True))
+    ]
 
     # The engine's memory (weights, KV cache, compiled graphs) goes back before the reference loads.
     memory = {"engine_running": eng.memory_in_use()}
@@ -162,20 +154,22 @@ def run_batch(requests: Sequence[WorkerRequest]) -> None:
         eng.release_memory()
     memory["engine_released"] = eng.memory_in_use()
     progress(f"engine released: {_memory_note(memory)}")
-    for p in passes:
-        p.meta["memory"] = memory
+    for out in outputs:
+        out.meta["memory"] = memory
 
     references = _ReferenceCache(eng.hf_load_kwargs(requested_args))
-    for i, (req, tok, p) in enumerate(zip(requests, tokenized, passes, strict=True)):
-        p.meta["model_revision"] = revision
+    for i, (req, tok, out) in enumerate(zip(requests, tokenized, outputs, strict=True)):
+        out.meta["model_revision"] = revision
         ref, load_s = references.get(req)
         own[i].values["reference_load_s"] = load_s
-        arrays, n_scored = _reference_arrays(ref, req, tok.prompt_ids, p, own[i])
-        arrays.update(p.weight_sync_arrays)
+        arrays, n_scored = _reference_arrays(ref, req, tok.prompt_ids, out, own[i])
+        arrays.update(out.rl_arrays)
         timings = {**shared.values, **own[i].values}
         timings["reference_tokens_per_s"] = n_scored / max(timings["reference_score_s"], 1e-9)
         timings["total_s"] = time.perf_counter() - started
-        _write_outputs(req, tok.prompt_ids, p, arrays, n_scored, timings)
+        seen = np.concatenate([_flat(tok.prompt_ids), out.sampled.token_ids])
+        texts = _texts(req, out, replay.token_texts(tokenizer, seen))
+        _write_outputs(req, tok.prompt_ids, out, arrays, texts, n_scored, timings)
         _prefixed(i, batch)(
             f"done in {timings['total_s']:.1f}s (engine start {timings['engine_start_s']:.1f}s, "
             f"reference {timings['reference_tokens_per_s']:.0f} tok/s)"
@@ -191,7 +185,7 @@ def _memory_note(memory: dict[str, dict[str, Any]]) -> str:
     return f"{what} {running[key] / 2**30:.2f} -> {released[key] / 2**30:.2f} GiB"
 
 
-def _prefixed(i: int, batch: int):
+def _prefixed(i: int, batch: int) -> Say:
     """progress() with a "[request i/n]" prefix in a batch; a single request's lines stay as they were."""
     if batch == 1:
         return progress
@@ -207,18 +201,19 @@ class _ReferenceCache:
 
     def __init__(self, hf_kwargs: dict[str, Any]) -> None:
         self.hf_kwargs = hf_kwargs  # the engine's remote-code and revision choices (one per batch)
-        self.key: tuple | None = None
-        self.model = None
+        self.key: tuple[str, str, bool] | None = None
+        self.model: ReferenceModel | None = None
         self.load_s = 0.0
 
-    def get(self, request: WorkerRequest):
+    def get(self, request: WorkerRequest) -> tuple[ReferenceModel, float]:
+        """The reference for ``request`` and the seconds its load took (once per settings)."""
         import torch
 
         from gate.worker.reference import ReferenceModel
 
         r = request.reference
         key = (request.model, r.dtype, r.lm_head_fp32)
-        if key != self.key:
+        if self.model is None or key != self.key:
             self.model = None
             gc.collect()
             progress(f"trainer-side reference ({r.dtype}, lm_head_fp32={r.lm_head_fp32})")
@@ -231,31 +226,41 @@ class _ReferenceCache:
         return self.model, self.load_s
 
 
-def _write_outputs(
-    request: WorkerRequest, prompt_ids, passes: EnginePasses, arrays, n_scored: int, timings
-) -> None:
+def _texts(
+    request: WorkerRequest, out: EngineOutputs, token_text: dict[str, str]
+) -> dict[str, Any]:
+    """texts.json: decoded text for humans and reports (untrusted: the renderer escapes it)."""
+    return {
+        "prompt_ids": [p.id for p in request.prompts],
+        "sample_text": out.sampled.texts,
+        "greedy_text": [] if out.greedy is None else out.greedy.texts,
+        # Every distinct prompt and sampled token id's own text, so the orchestrator (which has no
+        # tokenizer) can show any token with its context: bounded by the vocabulary, not the run.
+        ev.TOKEN_TEXT: token_text,
+    }
+
+
+def _write_outputs(request: WorkerRequest, prompt_ids: list[list[int]], out: EngineOutputs,
+                   arrays: dict[str, np.ndarray], texts: dict[str, Any], n_scored: int,
+                   timings: dict[str, float]) -> None:  # fmt: skip
     meta = {
-        **passes.meta,
+        **out.meta,
         "timings": timings,
         "counts": {
             "prompts": len(prompt_ids),
-            "samples": len(passes.sampled.finish),
-            "sampled_tokens": len(passes.sampled.token_ids),
-            "greedy_tokens": 0 if passes.greedy is None else len(passes.greedy.token_ids),
+            "samples": len(out.sampled.finish),
+            "sampled_tokens": len(out.sampled.token_ids),
+            "greedy_tokens": 0 if out.greedy is None else len(out.greedy.token_ids),
             "teacher_forced_tokens": 0
-            if passes.tf_scores is None
-            else len(passes.tf_scores.logprob),
+            if out.teacher_forced is None
+            else len(out.teacher_forced.scores.logprob),
             "reference_scored_tokens": n_scored,
         },
     }
-    texts = {
-        "prompt_ids": [p.id for p in request.prompts],
-        "sample_text": passes.sampled.texts,
-        "greedy_text": [] if passes.greedy is None else passes.greedy.texts,
-    }
     out_dir = Path(request.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(out_dir / EVIDENCE_FILE, lambda fh: np.savez(fh, **arrays))
+    named: dict[str, Any] = dict(arrays)  # numpy's stub would match the names against savez's flags
+    atomic_write_bytes(out_dir / EVIDENCE_FILE, lambda fh: np.savez(fh, **named))
     atomic_write_bytes(
         out_dir / TEXTS_FILE, lambda fh: fh.write(json.dumps(texts, ensure_ascii=False).encode())
     )
@@ -266,81 +271,20 @@ def _write_outputs(
     )
 
 
-def _engine_passes(llm, request: WorkerRequest, tokenized: Tokenized, dropped, timings: Timings, say,
-                   hf_kwargs: dict[str, Any]) -> EnginePasses:  # fmt: skip
-    """The engine's passes over one request; ``hf_kwargs`` load the trainer copies as the engine loaded the model."""
-    prompt_ids, reference_ids = tokenized.prompt_ids, tokenized.reference_ids
+def _engine_passes(inp: PassInput, dropped: list[str], timings: Timings) -> EngineOutputs:
+    """The engine's passes over one request (:data:`~gate.worker.passes.ENGINE_PASSES`), and what
+    the live engine says about itself."""
     from gate.worker import engine as eng
-    from gate.worker import replay
 
-    s = request.sampling
-    order = replay.submission_order(len(prompt_ids), request.order_seed)
-    if order is not None:
-        say(f"submitting prompts in a permuted order (order_seed={request.order_seed})")
-    say(
-        f"sampling {len(prompt_ids)} prompts x {s.n} (T={s.temperature}, top_p={s.top_p}, top_k={s.top_k}, seed={s.seed})"
-    )
-    with timings.measure("sample_s"):
-        sampled = replay.sample(llm, prompt_ids, s, order)
-
-    greedy = None
-    if request.greedy_max_tokens > 0:
-        say("greedy pass")
-        with timings.measure("greedy_s"):
-            greedy = replay.greedy(llm, prompt_ids, request.greedy_max_tokens, s.logprobs, order)
-
-    tf_rows = [i for i, ref in enumerate(reference_ids) if ref] if request.teacher_forced else []
-    tf_seqs = [prompt_ids[i] + reference_ids[i] for i in tf_rows]
-    tf_scores = None
-    if tf_seqs:
-        say(f"teacher-forced pass over {len(tf_seqs)} fixed sequences")
-        with timings.measure("teacher_forced_s"):
-            tf_order = replay.submission_order(len(tf_seqs), request.order_seed)
-            tf_scores = replay.score_sequences(llm, tf_seqs, tf_order)
-
-    # Last: the weight-sync probe and the GRPO run change the engine's weights (validate_batch
-    # keeps them to the last request of a batch).
-    ws_arrays: dict[str, np.ndarray] = {}
-    ws_meta = grpo_meta = None
-    if request.weight_sync is not None:
-        from gate.worker.weight_sync import run_probe
-
-        with timings.measure("weight_sync_s"):
-            ws_arrays, ws_meta = run_probe(
-                llm, request.model, prompt_ids, reference_ids, request.weight_sync, say, hf_kwargs
-            )
-    if request.grpo is not None:
-        from gate.worker.grpo import run_grpo
-        from gate.worker.weight_sync import UnsupportedEngine, choose_adapter
-
-        hook = request.weight_sync.hook if request.weight_sync else None
-        g = request.grpo
-        try:
-            adapter = choose_adapter(llm, hook)
-        except (
-            UnsupportedEngine
-        ) as exc:  # no weight push: the GRPO run cannot run, the evidence above stands
-            say(f"mini GRPO not run: {exc}")
-            grpo_meta = {
-                "adapter": None,
-                "unsupported": str(exc),
-                "seeds": g.seeds,
-                "steps": g.steps,
-            }
-        else:
-            say(
-                f"mini GRPO: {len(g.seeds)} seed(s) x {g.steps} steps of {g.prompts_per_step} prompts x {g.group_size}"
-            )
-            with timings.measure("grpo_s"):
-                ws_arrays.update(run_grpo(llm, request.model, prompt_ids, [p.answer for p in request.prompts], g,
-                                          adapter.push, say, hf_kwargs))  # fmt: skip
-            grpo_meta = {"adapter": adapter.name, "seeds": g.seeds, "steps": g.steps}
-
+    results = run_passes(ENGINE_PASSES, inp, timings)
+    if results.sampled is None:
+        raise RuntimeError("the sample pass did not run")  # the table always enables it
+    llm, request = inp.llm, inp.request
     meta = {
         "engine_name": request.engine_name,
         "order_seed": request.order_seed,
-        "weight_sync": ws_meta,
-        "grpo": grpo_meta,
+        "weight_sync": results.weight_sync,
+        "grpo": results.grpo,
         "identity": eng.identity(llm),
         "requested_engine_args": request.engine_args,
         "dropped_engine_args": dropped,
@@ -350,18 +294,19 @@ def _engine_passes(llm, request: WorkerRequest, tokenized: Tokenized, dropped, t
         "generation_config_overrides": eng.generation_config_overrides(llm),
         "flat_logprobs": replay.flat_logprobs_supported(),
     }
-    return EnginePasses(sampled, greedy, tf_rows, tf_seqs, tf_scores, meta, ws_arrays)
+    return EngineOutputs(
+        results.sampled, results.greedy, results.teacher_forced, meta, results.arrays
+    )
 
 
-def _reference_arrays(
-    ref, request: WorkerRequest, prompt_ids, passes: EnginePasses, timings: Timings
-):
+def _reference_arrays(ref: ReferenceModel, request: WorkerRequest, prompt_ids: list[list[int]],
+                      out: EngineOutputs, timings: Timings) -> tuple[dict[str, np.ndarray], int]:  # fmt: skip
     """Score every engine token with the trainer-side reference; returns (arrays, tokens scored)."""
     from gate.worker.reference import SamplingTransform
 
     r, s = request.reference, request.sampling
     rollout = SamplingTransform(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                                mask_dtype=_logits_dtype(passes.meta, request.engine_args))  # fmt: skip
+                                mask_dtype=_logits_dtype(out.meta, request.engine_args))  # fmt: skip
     untransformed = SamplingTransform(temperature=0.0, top_k=0, top_p=1.0)
 
     arrays = {
@@ -371,24 +316,19 @@ def _reference_arrays(
     n_scored = 0
     with timings.measure("reference_score_s"):
         for prefix, comp, transform in (
-            (ev.SAMPLE, passes.sampled, rollout),
-            (ev.GREEDY, passes.greedy, untransformed),
+            (ev.SAMPLE, out.sampled, rollout),
+            (ev.GREEDY, out.greedy, untransformed),
         ):
             if comp is None:
                 continue
             scored = ref.score(*_continuations(prompt_ids, comp), transform, r.batch_tokens)
             arrays.update(_completion_arrays(prefix, comp, scored))
             n_scored += len(scored.raw)
-        if passes.tf_scores is not None:
-            scored = ref.score(
-                passes.tf_seqs, [1] * len(passes.tf_seqs), untransformed, r.batch_tokens
-            )
-            prompt_lens = [len(prompt_ids[i]) for i in passes.tf_rows]
-            arrays.update(
-                _teacher_forced_arrays(
-                    passes.tf_rows, passes.tf_seqs, prompt_lens, passes.tf_scores, scored
-                )
-            )
+        tf = out.teacher_forced
+        if tf is not None:
+            scored = ref.score(tf.seqs, [1] * len(tf.seqs), untransformed, r.batch_tokens)
+            prompt_lens = [len(prompt_ids[i]) for i in tf.rows]
+            arrays.update(_teacher_forced_arrays(tf, prompt_lens, scored))
             n_scored += len(scored.raw)
     return arrays, n_scored
 
@@ -416,7 +356,9 @@ def _flat(seqs: list[list[int]]) -> np.ndarray:
     )
 
 
-def _continuations(prompt_ids: list[list[int]], comp) -> tuple[list[list[int]], list[int]]:
+def _continuations(
+    prompt_ids: list[list[int]], comp: Completions
+) -> tuple[list[list[int]], list[int]]:
     """Prompt + completion sequences and where their completion starts, for the reference."""
     seqs, starts = [], []
     for i, p in enumerate(comp.prompt_index.tolist()):
@@ -426,7 +368,9 @@ def _continuations(prompt_ids: list[list[int]], comp) -> tuple[list[list[int]], 
     return seqs, starts
 
 
-def _completion_arrays(prefix: str, comp, scored) -> dict[str, np.ndarray]:
+def _completion_arrays(
+    prefix: str, comp: Completions, scored: ScoredTokens
+) -> dict[str, np.ndarray]:
     return {
         f"{prefix}_{ev.PROMPT_INDEX}": comp.prompt_index,
         f"{prefix}_{ev.SAMPLE_INDEX}": comp.sample_index,
@@ -444,17 +388,19 @@ def _completion_arrays(prefix: str, comp, scored) -> dict[str, np.ndarray]:
     }
 
 
-def _teacher_forced_arrays(rows, seqs, prompt_lens, engine_scores, scored) -> dict[str, np.ndarray]:
+def _teacher_forced_arrays(
+    tf: TeacherForced, prompt_lens: list[int], scored: ScoredTokens
+) -> dict[str, np.ndarray]:
     # Target position t (1-based in the sequence) belongs to the reference when t >= prompt length.
     is_reference = np.concatenate(
-        [np.arange(1, len(s)) >= pl for s, pl in zip(seqs, prompt_lens, strict=True)]
+        [np.arange(1, len(s)) >= pl for s, pl in zip(tf.seqs, prompt_lens, strict=True)]
     )
     return {
-        f"{ev.TF}_{ev.PROMPT_INDEX}": np.asarray(rows, dtype=np.int32),
-        f"{ev.TF}_input_offsets": _offsets([len(s) for s in seqs]),
-        f"{ev.TF}_input_ids": _flat(seqs),
-        f"{ev.TF}_{ev.OFFSETS}": _offsets([len(s) - 1 for s in seqs]),
-        f"{ev.TF}_{ev.ENGINE_LOGPROB}": engine_scores.logprob,
+        f"{ev.TF}_{ev.PROMPT_INDEX}": np.asarray(tf.rows, dtype=np.int32),
+        f"{ev.TF}_input_offsets": _offsets([len(s) for s in tf.seqs]),
+        f"{ev.TF}_input_ids": _flat(tf.seqs),
+        f"{ev.TF}_{ev.OFFSETS}": _offsets([len(s) - 1 for s in tf.seqs]),
+        f"{ev.TF}_{ev.ENGINE_LOGPROB}": tf.scores.logprob,
         f"{ev.TF}_{ev.TRAINER_RAW}": scored.raw,
         f"{ev.TF}_{ev.TRAINER_RAW_BF16_HEAD}": scored.raw_bf16_head,
         f"{ev.TF}_is_reference": is_reference,

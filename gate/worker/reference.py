@@ -266,7 +266,9 @@ def _load_causal_lm(auto_cls, model_path: str, **hf_kwargs: Any):
 
 def _pack(order: np.ndarray, lengths: np.ndarray, batch_tokens: int) -> list[np.ndarray]:
     """Group indices (already sorted longest first) so that rows * longest <= batch_tokens."""
-    batches, current, longest = [], [], 0
+    batches: list[np.ndarray] = []
+    current: list[int] = []
+    longest = 0
     for idx in order:
         longest_if_added = max(longest, int(lengths[idx]))
         if current and longest_if_added * (len(current) + 1) > batch_tokens:

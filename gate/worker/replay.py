@@ -8,10 +8,14 @@ the ids the engine and the trainer-side reference saw.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from gate.request import PromptItem, SamplingRequest
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 FINISH_CODES = {"stop": 0, "length": 1, "abort": 2}
 FINISH_OTHER = 3
@@ -62,6 +66,18 @@ def tokenize_references(tokenizer, prompts: list[PromptItem]) -> list[list[int] 
         else list(tokenizer(item.reference, add_special_tokens=False).input_ids)
         for item in prompts
     ]
+
+
+def token_texts(tokenizer: PreTrainedTokenizerBase, ids: np.ndarray) -> dict[str, str]:
+    """Each distinct token id's own decoded text, keyed by the id as a string (texts.json).
+
+    Decoded one token at a time and verbatim (special tokens kept, no space clean-up), so a token
+    shows as the engine emitted it; a token holding part of a multi-byte character decodes to U+FFFD.
+    """
+    distinct = np.unique(np.asarray(ids, dtype=np.int64)).tolist()
+    texts = tokenizer.batch_decode([[i] for i in distinct], skip_special_tokens=False,
+                                   clean_up_tokenization_spaces=False)  # fmt: skip
+    return dict(zip(map(str, distinct), texts, strict=True))
 
 
 def flat_logprobs_supported() -> bool:
@@ -160,13 +176,11 @@ def _collect(outputs, k: int) -> Completions:
             lengths.append(len(tokens))
             finish.append(FINISH_CODES.get(comp.finish_reason, FINISH_OTHER))
             texts.append(comp.text)
-            (
-                ids.append(tokens),
-                lps.append(lp),
-                ranks.append(rk),
-                topk_ids.append(tid),
-                topk_lps.append(tlp),
-            )
+            ids.append(tokens)
+            lps.append(lp)
+            ranks.append(rk)
+            topk_ids.append(tid)
+            topk_lps.append(tlp)
     return Completions(
         prompt_index=np.asarray(prompt_index, dtype=np.int32),
         sample_index=np.asarray(sample_index, dtype=np.int32),
@@ -193,15 +207,15 @@ def _sample_logprobs_of(logprobs, tokens: np.ndarray, k: int):
     if hasattr(logprobs, "start_indices"):
         # FlatLogprobs: every position holds [sampled, top-1 .. top-k] (vLLM appends k + 1 entries).
         width = k + 1
-        lp = np.asarray(logprobs.logprobs, dtype=np.float64)
-        if lp.size != n * width:
-            raise RuntimeError(f"flat logprobs hold {lp.size} entries for {n} tokens x {width}")
-        lp = lp.reshape(n, width)
-        tid = np.asarray(logprobs.token_ids, dtype=np.int64).reshape(n, width)
-        rk = np.asarray(logprobs.ranks, dtype=np.int64).reshape(n, width)
-        if not np.array_equal(tid[:, 0], tokens):
+        flat = np.asarray(logprobs.logprobs, dtype=np.float64)
+        if flat.size != n * width:
+            raise RuntimeError(f"flat logprobs hold {flat.size} entries for {n} tokens x {width}")
+        lps = flat.reshape(n, width)
+        ids = np.asarray(logprobs.token_ids, dtype=np.int64).reshape(n, width)
+        ranks = np.asarray(logprobs.ranks, dtype=np.int64).reshape(n, width)
+        if not np.array_equal(ids[:, 0], tokens):
             raise RuntimeError("flat logprobs: first entry of a position is not the sampled token")
-        return lp[:, 0], rk[:, 0], tid[:, 1:], lp[:, 1:]
+        return lps[:, 0], ranks[:, 0], ids[:, 1:], lps[:, 1:]
     # Older releases: a dict per position. The sampled token is always a key.
     lp, rk = np.empty(n), np.empty(n)
     tid, tlp = np.full((n, k), -1), np.full((n, k), -np.inf)

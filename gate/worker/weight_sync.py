@@ -25,6 +25,7 @@ import inspect
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -231,7 +232,7 @@ def clone_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     """A detached copy that keeps tied tensors tied: names of one tensor share one clone."""
     clones: dict[AliasKey, torch.Tensor] = {}
     return {
-        name: _once(clones, _alias_key(t), lambda t=t: t.detach().clone())
+        name: _once(clones, _alias_key(t), partial(_detached_clone, t))
         for name, t in state_dict.items()
     }
 
@@ -249,9 +250,13 @@ def perturbed(
     gen = torch.Generator().manual_seed(seed)
     done: dict[AliasKey, torch.Tensor] = {}
     return {
-        name: _once(done, _alias_key(t), lambda t=t: _perturb(t, scale, gen))
+        name: _once(done, _alias_key(t), partial(_perturb, t, scale, gen))
         for name, t in state_dict.items()
     }
+
+
+def _detached_clone(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().clone()
 
 
 def _once(

@@ -31,6 +31,7 @@ import pytest
 import yaml
 
 from gate.render.markdown import render_summary
+from gate.report_model import load_report
 from tests.github_server import ACTIONS_BOT, FakeGitHub, Token
 
 pytestmark = pytest.mark.e2e
@@ -45,7 +46,14 @@ ACTION_FILES = ["action.yml", "action-requirements.txt", "pyproject.toml", "READ
 DATA = ["tests/e2e/workflows", "tests/e2e/data"]
 # Modules a PR could add at its top level to run in place of what the action's steps start: each
 # leaves a marker and exits 99.
-HOSTILE = ["gate/__init__.py", "gate/__main__.py", "pip/__init__.py", "pip/__main__.py", "setuptools.py", "venv.py"]
+HOSTILE = [
+    "gate/__init__.py",
+    "gate/__main__.py",
+    "pip/__init__.py",
+    "pip/__main__.py",
+    "setuptools.py",
+    "venv.py",
+]
 HOSTILE_CODE = """import os, pathlib, sys
 out = pathlib.Path(os.environ.get("E2E_OUT") or pathlib.Path(__file__).parent)
 (out / ("pwned-" + __name__)).write_text(sys.executable)
@@ -64,7 +72,10 @@ def _act() -> str:
 def _make_workspace(root: Path, hostile: bool = False) -> Path:
     """A small git repository holding only what the workflow needs (act copies it for the job)."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
-    for rel, dst in [*((r, root / "_action" / r) for r in ACTION_FILES), *((r, root / r) for r in DATA)]:
+    for rel, dst in [
+        *((r, root / "_action" / r) for r in ACTION_FILES),
+        *((r, root / r) for r in DATA),
+    ]:
         src = REPO_ROOT / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         if src.is_dir():
@@ -76,13 +87,27 @@ def _make_workspace(root: Path, hostile: bool = False) -> Path:
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             (root / rel).write_text(HOSTILE_CODE)
     report = json.loads((root / "tests/e2e/data/report.json").read_text())
-    (root / "tests/e2e/data/report-warn.json").write_text(json.dumps(_with_status(report, "WARN"), indent=2))
-    (root / "tests/e2e/data/report-fail.json").write_text(json.dumps(_with_status(report, "FAIL"), indent=2))
-    git = ["git", "-c", "user.name=e2e", "-c", "user.email=e2e@example.invalid", "-c", "init.defaultBranch=main"]
+    (root / "tests/e2e/data/report-warn.json").write_text(
+        json.dumps(_with_status(report, "WARN"), indent=2)
+    )
+    (root / "tests/e2e/data/report-fail.json").write_text(
+        json.dumps(_with_status(report, "FAIL"), indent=2)
+    )
+    git = [
+        "git",
+        "-c",
+        "user.name=e2e",
+        "-c",
+        "user.email=e2e@example.invalid",
+        "-c",
+        "init.defaultBranch=main",
+    ]
     subprocess.run([*git, "init", "-q"], cwd=root, check=True)
     subprocess.run([*git, "add", "-A"], cwd=root, check=True)
     subprocess.run([*git, "commit", "-q", "-m", "e2e"], cwd=root, check=True)
-    subprocess.run([*git, "remote", "add", "origin", f"https://github.com/{GH_REPO}.git"], cwd=root, check=True)
+    subprocess.run(
+        [*git, "remote", "add", "origin", f"https://github.com/{GH_REPO}.git"], cwd=root, check=True
+    )
     return root
 
 
@@ -105,11 +130,20 @@ def cache_action(tmp_path_factory) -> list[str]:
     root = tmp_path_factory.mktemp("actions-cache")
     for sub in ("restore", "save"):
         (root / sub).mkdir()
-        step = {"shell": "bash", "run": "echo 'the e2e test runs no engine: the cache steps must be skipped'; exit 1"}
+        step = {
+            "shell": "bash",
+            "run": "echo 'the e2e test runs no engine: the cache steps must be skipped'; exit 1",
+        }
         (root / sub / "action.yml").write_text(
-            yaml.safe_dump({"name": f"cache {sub} stand-in", "runs": {"using": "composite", "steps": [step]}})
+            yaml.safe_dump(
+                {"name": f"cache {sub} stand-in", "runs": {"using": "composite", "steps": [step]}}
+            )
         )
-    return [flag for ref in sorted(refs) for flag in ("--local-repository", f"actions/cache@{ref}={root}")]
+    return [
+        flag
+        for ref in sorted(refs)
+        for flag in ("--local-repository", f"actions/cache@{ref}={root}")
+    ]
 
 
 def _with_status(report: dict, status: str) -> dict:
@@ -117,10 +151,15 @@ def _with_status(report: dict, status: str) -> dict:
     r = json.loads(json.dumps(report))
     check = r["checks"][1]
     check["status"] = status
-    check["diagnosis"] = "k3 KL rose: compare `logprobs_mode` and the sampling defaults of both engines"
+    check["diagnosis"] = (
+        "k3 KL rose: compare `logprobs_mode` and the sampling defaults of both engines"
+    )
     r["verdict"] = status
     r["exit_code"] = 1 if status == "FAIL" else 0
-    r["counts"] = {s: sum(c["status"] == s for c in r["checks"]) for s in ("PASS", "WARN", "FAIL", "ERROR", "SKIP")}
+    r["counts"] = {
+        s: sum(c["status"] == s for c in r["checks"])
+        for s in ("PASS", "WARN", "FAIL", "ERROR", "SKIP")
+    }
     return r
 
 
@@ -131,8 +170,18 @@ def github():
         yield server
 
 
-def _run_act(workspace: Path, server: FakeGitHub, out: Path, report: str, config: str = "", *, extra: list[str],
-             python: str = sys.executable, author: str = "", token: str = TOKEN) -> subprocess.CompletedProcess:
+def _run_act(
+    workspace: Path,
+    server: FakeGitHub,
+    out: Path,
+    report: str,
+    config: str = "",
+    *,
+    extra: list[str],
+    python: str = sys.executable,
+    author: str = "",
+    token: str = TOKEN,
+) -> subprocess.CompletedProcess:
     out.mkdir(parents=True, exist_ok=True)
     event = out / "event.json"
     event.write_text(json.dumps({
@@ -162,7 +211,9 @@ def _run_act(workspace: Path, server: FakeGitHub, out: Path, report: str, config
     env |= {"ACT_DISABLE_VERSION_CHECK": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     # act keeps each job's copy of the repository under $XDG_CACHE_HOME/act (a failed job's stays):
     # keep those in the test's folder; pip keeps its usual cache.
-    env.setdefault("PIP_CACHE_DIR", str(Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pip"))
+    env.setdefault(
+        "PIP_CACHE_DIR", str(Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pip")
+    )
     env["XDG_CACHE_HOME"] = str(out / "cache")
     proc = subprocess.run(cmd, cwd=workspace, env=env, stdin=subprocess.DEVNULL, capture_output=True,
                           text=True, timeout=300)  # fmt: skip
@@ -188,35 +239,51 @@ def _comment_writes(server: FakeGitHub, paths: bool = False) -> list:
 
 
 def _outputs(out: Path) -> dict[str, str]:
-    return dict(line.split("=", 1) for line in (out / "outputs.txt").read_text().splitlines() if "=" in line)
+    return dict(
+        line.split("=", 1) for line in (out / "outputs.txt").read_text().splitlines() if "=" in line
+    )
 
 
 def test_action_creates_then_updates_one_sticky_comment(workspace, github, cache_action, tmp_path):
     # -- first run: PASS report, a new comment -------------------------------------------------------
-    first = _run_act(workspace, github, tmp_path / "run1", "tests/e2e/data/report.json", extra=cache_action)
+    first = _run_act(
+        workspace, github, tmp_path / "run1", "tests/e2e/data/report.json", extra=cache_action
+    )
     log = (tmp_path / "run1" / "act.log").read_text()
     assert first.returncode == 0, log[-6000:]
     comments = github.comments(GH_REPO, PR)
     assert len(comments) == 1, log[-6000:]
     comment = comments[0]
-    assert comment["user"]["login"] == ACTIONS_BOT  # /user is 403 for an installation token: the fallback
-    assert comment["body"].startswith("<!-- gate-report:cpu-default -->\n") and "PASS" in comment["body"]
+    assert (
+        comment["user"]["login"] == ACTIONS_BOT
+    )  # /user is 403 for an installation token: the fallback
+    assert (
+        comment["body"].startswith("<!-- gate-report:cpu-default -->\n")
+        and "PASS" in comment["body"]
+    )
     assert _comment_writes(github) == ["POST"]
     assert all(r.authorized for r in github.requests)
 
     out = _outputs(tmp_path / "run1")
     assert out["verdict"] == "PASS" and out["exit-code"] == "0"
-    assert (out["pass-count"], out["warn-count"], out["fail-count"], out["error-count"]) == ("7", "0", "0", "0")
+    assert (out["pass-count"], out["warn-count"], out["fail-count"], out["error-count"]) == (
+        "7",
+        "0",
+        "0",
+        "0",
+    )
     assert out["comment-url"] == comment["html_url"]
     assert out["report-path"].endswith("tests/e2e/data/report.json")
     # the step summary act received is exactly what the renderer makes of the report
-    expected = render_summary(json.loads((workspace / "tests/e2e/data/report.json").read_text()))
+    expected = render_summary(load_report(workspace / "tests/e2e/data/report.json")[0])
     assert _summary(log).strip() == expected.strip()
     assert TOKEN not in log
 
     # -- second run: WARN report, the same comment is updated -----------------------------------------
     github.requests.clear()
-    second = _run_act(workspace, github, tmp_path / "run2", "tests/e2e/data/report-warn.json", extra=cache_action)
+    second = _run_act(
+        workspace, github, tmp_path / "run2", "tests/e2e/data/report-warn.json", extra=cache_action
+    )
     log = (tmp_path / "run2" / "act.log").read_text()
     assert second.returncode == 0, log[-6000:]  # WARN exits 0 unless fail-on is warn
     comments = github.comments(GH_REPO, PR)
@@ -232,20 +299,28 @@ def test_action_creates_then_updates_one_sticky_comment(workspace, github, cache
 
     # -- third run: FAIL report, the comment is updated before the action fails the job ---------------
     github.requests.clear()
-    third = _run_act(workspace, github, tmp_path / "run3", "tests/e2e/data/report-fail.json", extra=cache_action)
+    third = _run_act(
+        workspace, github, tmp_path / "run3", "tests/e2e/data/report-fail.json", extra=cache_action
+    )
     log = (tmp_path / "run3" / "act.log").read_text()
     assert third.returncode != 0, log[-6000:]
     comments = github.comments(GH_REPO, PR)
-    assert len(comments) == 1 and comments[0]["id"] == comment["id"] and "FAIL" in comments[0]["body"]
+    assert (
+        len(comments) == 1 and comments[0]["id"] == comment["id"] and "FAIL" in comments[0]["body"]
+    )
     assert _comment_writes(github) == ["PATCH"]
     out = _outputs(tmp_path / "run3")
     assert (out["verdict"], out["exit-code"], out["fail-count"]) == ("FAIL", "1", "1")
     assert "::error title=gate cpu-default%3A" in log
 
 
-def test_a_usage_error_fails_the_action_without_publishing_or_commenting(workspace, github, cache_action, tmp_path):
+def test_a_usage_error_fails_the_action_without_publishing_or_commenting(
+    workspace, github, cache_action, tmp_path
+):
     # No report given, so the action runs `gate run`; a missing config stops it before any engine.
-    proc = _run_act(workspace, github, tmp_path / "run", "", config="no-such-gate.yaml", extra=cache_action)
+    proc = _run_act(
+        workspace, github, tmp_path / "run", "", config="no-such-gate.yaml", extra=cache_action
+    )
     log = (tmp_path / "run" / "act.log").read_text()
     assert proc.returncode != 0, log[-4000:]
     assert "gate: error: " in log and "no-such-gate.yaml" in log
@@ -257,7 +332,11 @@ def test_a_usage_error_fails_the_action_without_publishing_or_commenting(workspa
 def _pythons() -> list:
     """This interpreter (3.11+: PYTHONSAFEPATH protects too) and a Python 3.10 where there is one (only the
     working folder protects): python3.10 on PATH (CI's setup-python installs it) or GATE_E2E_PYTHONS."""
-    candidates = [sys.executable, shutil.which("python3.10"), *os.environ.get("GATE_E2E_PYTHONS", "").split(os.pathsep)]
+    candidates = [
+        sys.executable,
+        shutil.which("python3.10"),
+        *os.environ.get("GATE_E2E_PYTHONS", "").split(os.pathsep),
+    ]
     found: dict[str, str] = {}
     for path in filter(None, candidates):
         proc = subprocess.run([path, "-c", "import sys, venv, ensurepip; print('py%d.%d' % sys.version_info[:2])"],
@@ -268,16 +347,27 @@ def _pythons() -> list:
 
 
 @pytest.mark.parametrize("python", _pythons())
-def test_a_hostile_workspace_cannot_run_in_place_of_the_gate(hostile_workspace, github, cache_action, tmp_path, python):
+def test_a_hostile_workspace_cannot_run_in_place_of_the_gate(
+    hostile_workspace, github, cache_action, tmp_path, python
+):
     out = tmp_path / "run"
-    proc = _run_act(hostile_workspace, github, out, "tests/e2e/data/report.json", extra=cache_action, python=python)
+    proc = _run_act(
+        hostile_workspace,
+        github,
+        out,
+        "tests/e2e/data/report.json",
+        extra=cache_action,
+        python=python,
+    )
     log = (out / "act.log").read_text()
     assert proc.returncode == 0, log[-6000:]
     assert "PWNED" not in log and not list(out.glob("pwned-*")), log[-6000:]
     # the real gate published and commented (the workspace's gate/ would have exited 99 first)
     assert _outputs(out)["verdict"] == "PASS"
     comments = github.comments(GH_REPO, PR)
-    assert len(comments) == 1 and comments[0]["body"].startswith("<!-- gate-report:cpu-default -->\n")
+    assert len(comments) == 1 and comments[0]["body"].startswith(
+        "<!-- gate-report:cpu-default -->\n"
+    )
 
 
 def test_the_author_input_finds_a_github_app_s_comment(workspace, cache_action, tmp_path):
@@ -286,13 +376,17 @@ def test_the_author_input_finds_a_github_app_s_comment(workspace, cache_action, 
     app_token = "ghs_e2eAppInstallationToken0123456789"
     with FakeGitHub({app_token: Token(None, app="gate-app", viewer="not-the-author")}) as server:
         server.add_pull(GH_REPO, PR)
-        ours = server.add_comment(GH_REPO, PR, "<!-- gate-report:cpu-default -->\nold", login="gate-app[bot]")
+        ours = server.add_comment(
+            GH_REPO, PR, "<!-- gate-report:cpu-default -->\nold", login="gate-app[bot]"
+        )
         out = tmp_path / "run"
         proc = _run_act(workspace, server, out, "tests/e2e/data/report.json", extra=cache_action, author="gate-app[bot]",
                         token=app_token)  # fmt: skip
         log = (out / "act.log").read_text()
         assert proc.returncode == 0, log[-6000:]
-        assert _comment_writes(server, paths=True) == [("PATCH", f"/repos/{GH_REPO}/issues/comments/{ours['id']}")], log[-6000:]
+        assert _comment_writes(server, paths=True) == [
+            ("PATCH", f"/repos/{GH_REPO}/issues/comments/{ours['id']}")
+        ], log[-6000:]
         assert not server.calls(path="^/user$") and not server.calls(path="^/graphql$")
         (comment,) = server.comments(GH_REPO, PR)
         assert comment["id"] == ours["id"] and "PASS" in comment["body"]

@@ -3,8 +3,8 @@
 ``ROWS`` is the single source of expectations: the engine tests assert each row against a real run
 with :func:`verify` (the check that must fire, its allowed statuses, the text its diagnosis must
 contain), and ``scripts/make_fault_table.py`` renders the records of a test run into
-``docs/fault_matrix.json`` and the README's "What the gate catches" table. A unit test keeps the
-committed JSON, the README table and ``ROWS`` in step, so the table cannot go stale.
+``docs/fault_matrix.json`` and the fault table in docs/validation.md. A unit test keeps the
+committed JSON, that table and ``ROWS`` in step, so the table cannot go stale.
 
 Records are written only when ``GATE_FAULT_RECORDS`` names a folder (one ``<row id>.json`` each):
 ``GATE_FAULT_RECORDS=/tmp/rows python -m pytest tests/integration`` then
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 RECORDS_ENV = "GATE_FAULT_RECORDS"
-EXCERPT_CHARS = 220  # the README shows the diagnosis sentence around the required text, trimmed
+EXCERPT_CHARS = 220  # docs/validation.md shows the diagnosis sentence around the required text, trimmed
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ BY_ID = {r.id: r for r in ROWS}
 
 
 def diagnosis_excerpt(diagnosis: str, needle: str, width: int = EXCERPT_CHARS) -> str:
-    """What the README shows of a diagnosis: its first sentence (the finding) and, when the required
+    """What docs/validation.md shows of a diagnosis: its first sentence (the finding) and, when the required
     text is elsewhere, the sentence holding it (usually the fix), each cut at word boundaries."""
     sentences = [s for s in re.split(r"(?<=\.)\s+(?=[A-Z])", diagnosis.strip()) if s]
     if not sentences:
@@ -157,7 +157,7 @@ def verify(row_id: str, report: dict[str, Any]) -> dict[str, Any]:
 
 
 def record_control(control_id: str, summary: dict[str, Any]) -> None:
-    """A control's counts (from repeat.json) for the README's false-alarm line."""
+    """A control's counts (from repeat.json) for the false-alarm line in docs/validation.md."""
     row = next(c for c in CONTROLS if c.id == control_id)
     write_record(f"control-{control_id.replace('/', '')}", {**asdict(row), "counts": summary["counts"],
                                                           "seeds": len(summary["seeds"]), "wall_s": summary["wall_s"]})  # fmt: skip

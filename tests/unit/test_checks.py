@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import numpy as np
 import pytest
 
 from gate.checks import parse_settings, run_checks
 from gate.checks.base import Limit, Threshold
-from gate.verdict import Status, worst
 from gate.checks.context import Context
 from gate.errors import ConfigError
+from gate.verdict import Status, worst
 
 from ..factory import RUN, make_evidence
 
@@ -59,7 +60,7 @@ def test_threshold_directions():
 
 
 def test_checks_config_is_validated_by_path():
-    with pytest.raises(ConfigError, match="checks.nope: unknown check"):
+    with pytest.raises(ConfigError, match=r"checks\.nope: unknown check"):
         _settings(nope={})
     with pytest.raises(ConfigError, match=r"checks.train-inference-mismatch.thresholds.kl: unknown metric"):
         _settings(**{"train-inference-mismatch": {"thresholds": {"kl": {"fail": 1}}}})
@@ -70,6 +71,59 @@ def test_checks_config_is_validated_by_path():
     s = _settings(**{"train-inference-mismatch": {"thresholds": {"k3_kl": {"fail": "6x noise"}}}})
     k3 = s["train-inference-mismatch"].thresholds["k3_kl"]
     assert k3.fail.relative and k3.warn == Limit(1e-3)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"precision": 3}, "checks.precision: expected a mapping"),
+        (
+            {"precision": {"expect_lm_head": 3}},
+            "checks.precision.expect_lm_head: expected str, got 3",
+        ),
+        ({"config-parity": {"policy": "warn"}}, "checks.config-parity.policy: expected a mapping"),
+        (
+            {"train-inference-mismatch": {"thresholds": {"k3_kl": 3}}},
+            "thresholds.k3_kl: expected a mapping with warn/fail",
+        ),
+        (
+            {"train-inference-mismatch": {"thresholds": {"k3_kl": {"fial": 1}}}},
+            "thresholds.k3_kl.fial: unknown key (expected warn, fail, floor)",
+        ),
+        (
+            {"train-inference-mismatch": {"thresholds": {"k3_kl": {"floor": "x"}}}},
+            "thresholds.k3_kl.floor: expected a number, got 'x'",
+        ),
+        (
+            {"train-inference-mismatch": {"thresholds": {"k3_kl": {"warn": True}}}},
+            "thresholds.k3_kl.warn: expected a number or 'N x noise', got True",
+        ),
+        (
+            {"train-inference-mismatch": {"thresholds": {"k3_kl": {"warn": "lots"}}}},
+            "thresholds.k3_kl.warn: expected a number or 'N x noise', got 'lots'",
+        ),
+    ],
+)
+def test_bad_check_settings_name_the_key(raw, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_settings(raw, "gate.yaml")
+
+
+def test_threshold_overrides_keep_what_they_do_not_set():
+    s = _settings(
+        **{
+            "train-inference-mismatch": {
+                "thresholds": {"k3_kl": {"warn": None, "fail": "6x noise", "floor": 1}}
+            }
+        }
+    )
+    k3 = s["train-inference-mismatch"].thresholds["k3_kl"]
+    assert k3.warn is None  # null removes a bound
+    assert k3.fail == Limit(6.0, relative=True, floor=1.0) and k3.source == "config"
+    default = _settings()["train-inference-mismatch"].thresholds["k3_kl"]
+    assert default.source != "config" and default.warn == Limit(1e-3)
+    policy = _settings(**{"config-parity": {"policy": {"dtype": "warn"}}})["config-parity"]
+    assert policy.options["policy"]["kv_cache_dtype"] == "fail"  # merged under the default policy
 
 
 def test_mode_warn_caps_and_off_skips(tmp_path, clean):

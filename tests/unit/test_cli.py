@@ -54,6 +54,19 @@ def test_no_command_prints_help():
     assert main([]) == EXIT_USAGE
 
 
+def test_python_m_gate_is_the_console_script():
+    proc = subprocess.run([sys.executable, "-m", "gate", "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    # the subcommands, one per line indented by four, in the order the help has always had
+    listed = [
+        line.split()[0]
+        for line in proc.stdout.splitlines()
+        if line.startswith("    ") and line[4] != " "
+    ]
+    assert listed == ["run", "key", "check", "calibrate", "baseline", "prepare", "prompts", "report",
+                      "merge", "repeat", "comment", "publish"]  # fmt: skip
+
+
 def test_an_error_quoting_untrusted_text_cannot_forge_a_workflow_command(tmp_path, capsys):
     hostile = tmp_path / "run\n::error title=forged::pwned\n::add-mask::x"
     assert main(["check", str(hostile)]) == EXIT_USAGE

@@ -1,7 +1,13 @@
+import json
+from pathlib import Path
+
 import pytest
 
-from gate.config import BUILTIN_CONFIG, load_config
+from gate.config import BUILTIN_CONFIG, GreedyConfig, load_config
+from gate.config.schema import SCHEMA_FILE, json_schema_text
 from gate.errors import EXIT_USAGE, ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_builtin_default_loads_with_parity_settings():
@@ -13,7 +19,9 @@ def test_builtin_default_loads_with_parity_settings():
         assert engine.engine_args["enable_prefix_caching"] is False
         assert engine.engine_args["async_scheduling"] is False
         assert engine.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
-    assert cfg.sampling.n * 64 * cfg.sampling.max_tokens >= 64 * 4 * 32  # the minimum workload
+    assert (
+        cfg.sampling.n * 64 * cfg.sampling.max_tokens >= 64 * 4 * 32
+    )  # the minimum workload
 
 
 def test_relative_paths_resolve_against_the_config_file(minimal_config, tmp_path):
@@ -23,10 +31,12 @@ def test_relative_paths_resolve_against_the_config_file(minimal_config, tmp_path
 
 
 def test_engine_args_merge_shared_then_per_engine(minimal_config):
-    cfg = load_config(minimal_config(
-        extra="engine_args: {dtype: float32, seed: 0}\n",
-        engines="engines:\n  old: {spec: a}\n  new: {spec: b, engine_args: {dtype: bfloat16}}\n",
-    ))
+    cfg = load_config(
+        minimal_config(
+            extra="engine_args: {dtype: float32, seed: 0}\n",
+            engines="engines:\n  old: {spec: a}\n  new: {spec: b, engine_args: {dtype: bfloat16}}\n",
+        )
+    )
     assert cfg.engines["old"].engine_args == {"dtype": "float32", "seed": 0}
     assert cfg.engines["new"].engine_args == {"dtype": "bfloat16", "seed": 0}
 
@@ -43,7 +53,10 @@ def test_engine_args_merge_shared_then_per_engine(minimal_config):
         ("source: /elsewhere.yaml\n", "source: unknown key"),
         ("weight_update: {hook: nocolon}\n", "weight_update.hook: expected"),
         ("weight_update: {hook: missing.py:fn}\n", "weight_update.hook: file"),
-        ("checks: {precision: {expect_lm_head: 3}}\n", "checks.precision.expect_lm_head: expected str"),
+        (
+            "checks: {precision: {expect_lm_head: 3}}\n",
+            "checks.precision.expect_lm_head: expected str",
+        ),
         ("greedy: {enabled: yes please}\n", "greedy.enabled: expected true or false"),
     ],
 )
@@ -63,12 +76,14 @@ def test_engines_must_be_old_and_new(minimal_config):
 
 def test_unknown_engine_key_has_its_path(minimal_config):
     with pytest.raises(ConfigError, match=r"engines\.new\.imagee: unknown key"):
-        load_config(minimal_config(engines="engines:\n  old: {spec: a}\n  new: {spec: b, imagee: x}\n"))
+        load_config(
+            minimal_config(engines="engines:\n  old: {spec: a}\n  new: {spec: b, imagee: x}\n")
+        )
 
 
 def test_missing_model_folder_is_a_config_error(minimal_config, tmp_path):
     (tmp_path / "model").rmdir()
-    with pytest.raises(ConfigError, match="model.path: model folder .* not found"):
+    with pytest.raises(ConfigError, match=r"model\.path: model folder .* not found"):
         load_config(minimal_config())
 
 
@@ -90,9 +105,21 @@ def test_missing_file_and_bad_yaml(tmp_path):
 @pytest.mark.parametrize(
     ("engine", "field", "secret"),
     [
-        ("{spec: a, pip_args: ['--index-url=https://me:s3cret@pypi.example/simple']}", "pip_args[0]", "me:s3cret"),
-        ("{spec: a, pip_args: [--pre, --extra-index-url, 'https://s3cret@pypi.example/simple']}", "pip_args[2]", "s3cret"),
-        ("{spec: a, pip_args: ['-ihttps://me:s3cret@pypi.example/simple']}", "pip_args[0]", "me:s3cret"),
+        (
+            "{spec: a, pip_args: ['--index-url=https://me:s3cret@pypi.example/simple']}",
+            "pip_args[0]",
+            "me:s3cret",
+        ),
+        (
+            "{spec: a, pip_args: [--pre, --extra-index-url, 'https://s3cret@pypi.example/simple']}",
+            "pip_args[2]",
+            "s3cret",
+        ),
+        (
+            "{spec: a, pip_args: ['-ihttps://me:s3cret@pypi.example/simple']}",
+            "pip_args[0]",
+            "me:s3cret",
+        ),
         ("{spec: 'vllm @ git+https://s3cret@github.com/me/vllm'}", "spec", "s3cret"),
     ],
 )
@@ -113,7 +140,9 @@ def test_pip_urls_without_credentials_load(minimal_config):
                                   f"  new: {{spec: b, pip_args: {args}}}\n")  # fmt: skip
     cfg = load_config(path)
     assert cfg.engines["new"].pip_args[0] == "--index-url=https://pypi.example/simple?x=a@b"
-    assert cfg.engines["old"].spec == "vllm @ git+ssh://git@github.com/me/vllm"  # a user name; the ssh key authenticates
+    assert (
+        cfg.engines["old"].spec == "vllm @ git+ssh://git@github.com/me/vllm"
+    )  # a user name; the ssh key authenticates
 
 
 def test_credentials_in_a_spec_on_the_command_line_are_refused(capsys):
@@ -121,5 +150,93 @@ def test_credentials_in_a_spec_on_the_command_line_are_refused(capsys):
 
     code = main(["prepare", "--new", "vllm @ https://me:s3cret@wheels.example/vllm.whl"])
     err = capsys.readouterr().err
-    assert code == EXIT_USAGE and "command line: --new: 'vllm @ https://***@wheels.example/vllm.whl' carries credentials" in err
+    assert (
+        code == EXIT_USAGE
+        and "command line: --new: 'vllm @ https://***@wheels.example/vllm.whl' carries credentials"
+        in err
+    )
     assert "s3cret" not in err
+
+
+def test_check_settings_are_parsed_once_at_load(minimal_config):
+    cfg = load_config(
+        minimal_config(extra="checks: {precision: {mode: warn, decisive_ratio: 2}}\n")
+    )
+    assert cfg.check_settings is cfg.check_settings  # a field, not a property that re-parses
+    assert cfg.check_settings["precision"].mode == "warn"
+    assert cfg.check_settings["precision"].options["decisive_ratio"] == 2.0  # typed by its default
+    assert cfg.check_settings["forward-drift"].mode == "fail"  # every check, defaults filled in
+
+
+@pytest.mark.parametrize(
+    ("gpus", "expected"), [("none", "none"), ("[0, GPU-3f2a]", ("0", "GPU-3f2a"))]
+)
+def test_gpus_are_a_choice_or_device_ids_as_strings(minimal_config, gpus, expected):
+    # A union of a string and a list: each member is tried, not only the first.
+    assert load_config(minimal_config(extra=f"docker: {{gpus: {gpus}}}\n")).docker.gpus == expected
+
+
+def test_empty_sections_mean_defaults_and_env_values_become_strings(minimal_config):
+    cfg = load_config(minimal_config(
+        extra="greedy:\nchecks:\nenv: {A: 1, B: true}\n",
+        engines="engines:\n  old: {spec: a, env: {A: x}}\n  new: {spec: b}\n",
+    ))  # fmt: skip
+    assert cfg.greedy == GreedyConfig() and cfg.check_settings["precision"].mode == "fail"
+    assert cfg.engines["old"].env == {"A": "x", "B": "True"} and cfg.engines["new"].env == {
+        "A": "1",
+        "B": "True",
+    }
+
+
+@pytest.mark.parametrize(
+    ("extra", "engines", "message"),
+    [
+        (
+            "",
+            "engines:\n  old: {spec: a}\n  new: {spec: 3}\n",
+            "engines.new.spec: expected a string, got 3",
+        ),
+        ("", "engines:\n  old: {spec: a}\n  new: {}\n", "engines.new.spec: required"),
+        (
+            "",
+            "engines:\n  old: {spec: a}\n  new: {spec: b, pip_args: [x, 2]}\n",
+            "engines.new.pip_args[1]: expected a string, got 2",
+        ),
+        ("runner: podman\n", None, "engines.old.runner: 'podman' is not one of"),
+        ("sampling: 3\n", None, "sampling: expected a mapping, got int"),
+        ("grpo: {band_seeds: [0, x]}\n", None, "grpo.band_seeds[1]: expected an integer, got 'x'"),
+        (
+            "docker: {pids_limit: lots}\n",
+            None,
+            "docker.pids_limit: expected an integer, got 'lots'",
+        ),
+        ("timeout_s: 0\n", None, "timeout_s: must be > 0"),
+        (
+            "checks: {nope: {}}\n",
+            None,
+            "checks.nope: unknown check (expected one of: logprob-semantics,",
+        ),
+    ],
+)
+def test_decoding_errors_name_the_key_as_written(minimal_config, extra, engines, message):
+    path = minimal_config(extra=extra, engines=engines)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value).startswith(f"{path}: {message}")
+
+
+def test_every_shipped_config_loads():
+    for path in [BUILTIN_CONFIG, *sorted((REPO / "examples").glob("*.yaml"))]:
+        assert load_config(path).gate_id, path
+
+
+def test_the_committed_json_schema_is_current():
+    # Editors validate gate.yaml against docs/gate.schema.json; it is generated, never hand-edited.
+    committed = SCHEMA_FILE.read_text(encoding="utf-8")
+    assert committed == json_schema_text(), (
+        "docs/gate.schema.json is stale: regenerate it with "
+        "python -c 'from gate.config.schema import write_json_schema; write_json_schema()'"
+    )
+    schema = json.loads(committed)
+    assert schema["$defs"]["SamplingConfig"]["additionalProperties"] is False  # typos are flagged
+    assert "train-inference-mismatch" in schema["$defs"]["Checks"]["properties"]

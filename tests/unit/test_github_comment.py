@@ -11,8 +11,8 @@ import pytest
 from gate.errors import ConfigError
 from gate.github.client import GitHubClient, GitHubError
 from gate.github.comment import ACTIONS_BOT, decide, fit_body, resolve_author, upsert_comment
-from gate.render.budget import marker
 from gate.github.event import PullRequest, resolve_pull_request, verify_workflow_run_pr
+from gate.render.budget import marker
 from tests.github_server import FakeGitHub, Token
 
 REPO = "acme/rl"
@@ -22,7 +22,11 @@ REPORT = Path(__file__).resolve().parent.parent / "e2e" / "data" / "report.json"
 
 @pytest.fixture
 def gh():
-    tokens = {"user-token": Token("gate-bot"), "app-token": Token(None), "ro-token": Token(None, write=False)}
+    tokens = {
+        "user-token": Token("gate-bot"),
+        "app-token": Token(None),
+        "ro-token": Token(None, write=False),
+    }
     with FakeGitHub(tokens) as server:
         server.add_pull(REPO, PR, head_sha="b" * 40, head_ref="bump-vllm", head_repo="fork/rl")
         yield server
@@ -36,9 +40,13 @@ def body(gate_id: str = "cpu-default", text: str = "PASS") -> str:
     return f"{marker(gate_id)}\n## gate: {text}\n"
 
 
-def upsert(gh, text="PASS", verdict="PASS", mode="always", gate_id="cpu-default", token="user-token", **kw):
+def upsert(
+    gh, text="PASS", verdict="PASS", mode="always", gate_id="cpu-default", token="user-token", **kw
+):
     with client(gh, token) as c:
-        return upsert_comment(c, REPO, PR, body(gate_id, text), gate_id, verdict, mode, sleep=lambda s: None, **kw)
+        return upsert_comment(
+            c, REPO, PR, body(gate_id, text), gate_id, verdict, mode, sleep=lambda s: None, **kw
+        )
 
 
 def writes(gh):
@@ -98,7 +106,10 @@ def test_one_comment_per_gate_id(gh):
     upsert(gh, "x", gate_id="cpu")
     comments = gh.comments()
     assert len(comments) == 2
-    assert sorted(c["body"].split("\n")[0] for c in comments) == [marker("cpu"), marker("cpu-default")]
+    assert sorted(c["body"].split("\n")[0] for c in comments) == [
+        marker("cpu"),
+        marker("cpu-default"),
+    ]
 
 
 def test_marker_must_be_the_first_line(gh):
@@ -122,7 +133,10 @@ def test_a_github_app_token_finds_its_own_comment_again(gh):
     second = upsert(gh, "changed", verdict="FAIL", token="my-app-token")
     assert (first.action, second.action) == ("created", "updated") and first.id == second.id
     (comment,) = gh.comments()
-    assert comment["user"]["login"] == "my-gate-app[bot]" and comment["performed_via_github_app"]["slug"] == "my-gate-app"
+    assert (
+        comment["user"]["login"] == "my-gate-app[bot]"
+        and comment["performed_via_github_app"]["slug"] == "my-gate-app"
+    )
     assert [r.status for r in gh.calls("POST", "^/graphql$")] == [200, 200]
 
 
@@ -160,13 +174,19 @@ def test_a_race_where_the_other_run_posted_first_leaves_its_comment_with_our_bod
     gh.before("POST", "/comments$", _rival(gh))  # the rival's comment is the older one
     result = upsert(gh, "ours", verdict="FAIL")
     (comment,) = gh.comments()
-    assert comment["body"] == body(text="ours") and result.id == comment["id"] and result.action == "created"
+    assert (
+        comment["body"] == body(text="ours")
+        and result.id == comment["id"]
+        and result.action == "created"
+    )
     assert [r.status for r in gh.calls("DELETE")] == [204]
 
 
 def test_a_race_where_we_posted_first_deletes_the_newer_duplicate(gh):
     gh.before("GET", "/comments$", lambda g: None)  # our first lookup: nothing yet
-    gh.before("GET", "/comments$", _rival(gh))  # the rival posts after our create, before our second lookup
+    gh.before(
+        "GET", "/comments$", _rival(gh)
+    )  # the rival posts after our create, before our second lookup
     result = upsert(gh, "ours")
     (comment,) = gh.comments()
     assert comment["body"] == body(text="ours") and comment["id"] == result.id
@@ -251,14 +271,24 @@ def test_patch_retries_on_502(gh):
 
 
 def test_secondary_rate_limit_on_create(gh):
-    gh.inject("POST", "/comments$", 403, headers={"retry-after": "1"}, message="You have exceeded a secondary rate limit")
+    gh.inject(
+        "POST",
+        "/comments$",
+        403,
+        headers={"retry-after": "1"},
+        message="You have exceeded a secondary rate limit",
+    )
     assert upsert(gh).action == "created" and len(gh.comments()) == 1
 
 
 def test_read_only_token_explains_the_fork_split(gh):
     with pytest.raises(GitHubError) as err:
         upsert(gh, token="ro-token")
-    assert err.value.status == 403 and "workflow_run" in str(err.value) and "read-only" in str(err.value)
+    assert (
+        err.value.status == 403
+        and "workflow_run" in str(err.value)
+        and "read-only" in str(err.value)
+    )
 
 
 def test_an_oversized_body_is_cut_to_fit_and_posted(gh):
@@ -274,7 +304,11 @@ def test_an_oversized_body_is_cut_to_fit_and_posted(gh):
 def _env(tmp_path: Path, event_name: str, payload: dict, repo: str = REPO) -> dict[str, str]:
     path = tmp_path / "event.json"
     path.write_text(json.dumps(payload))
-    return {"GITHUB_EVENT_NAME": event_name, "GITHUB_EVENT_PATH": str(path), "GITHUB_REPOSITORY": repo}
+    return {
+        "GITHUB_EVENT_NAME": event_name,
+        "GITHUB_EVENT_PATH": str(path),
+        "GITHUB_REPOSITORY": repo,
+    }
 
 
 @pytest.mark.parametrize("event", ["pull_request", "pull_request_target"])
@@ -296,7 +330,12 @@ def test_workflow_run_from_a_fork_reads_the_pr_number_file(tmp_path):
     artifact.mkdir()
     (artifact / "pr-number").write_text("5\n")
     pr = resolve_pull_request(_env(tmp_path, "workflow_run", payload), search_dirs=(artifact,))
-    assert (pr.number, pr.source, pr.head_repo, pr.head_branch) == (5, "file", "fork/rl", "bump-vllm")
+    assert (pr.number, pr.source, pr.head_repo, pr.head_branch) == (
+        5,
+        "file",
+        "fork/rl",
+        "bump-vllm",
+    )
 
 
 def test_explicit_pr_number_wins_and_is_validated(tmp_path):
@@ -320,7 +359,9 @@ def test_no_pr_number_is_a_clear_error(tmp_path):
 
 def test_repository_is_required(tmp_path):
     with pytest.raises(ConfigError, match="GITHUB_REPOSITORY"):
-        resolve_pull_request(_env(tmp_path, "pull_request", {"pull_request": {"number": 1}}, repo="nope"))
+        resolve_pull_request(
+            _env(tmp_path, "pull_request", {"pull_request": {"number": 1}}, repo="nope")
+        )
 
 
 def test_artifact_pr_number_is_checked_against_the_run_head(gh):
@@ -328,14 +369,18 @@ def test_artifact_pr_number_is_checked_against_the_run_head(gh):
     with client(gh) as c:
         verify_workflow_run_pr(c, PullRequest(**base, head_sha="b" * 40))  # same head
         # the PR moved on since the run, but it is the same branch of the same fork
-        verify_workflow_run_pr(c, PullRequest(**base, head_sha="d" * 40, head_repo="fork/rl", head_branch="bump-vllm"))
+        verify_workflow_run_pr(
+            c, PullRequest(**base, head_sha="d" * 40, head_repo="fork/rl", head_branch="bump-vllm")
+        )
         with pytest.raises(ConfigError, match="refusing to comment"):
-            verify_workflow_run_pr(c, PullRequest(**base, head_sha="e" * 40, head_repo="evil/rl", head_branch="x"))
+            verify_workflow_run_pr(
+                c, PullRequest(**base, head_sha="e" * 40, head_repo="evil/rl", head_branch="x")
+            )
 
 
 # -- the command ----------------------------------------------------------------------------------
 def _parser() -> argparse.ArgumentParser:
-    from gate.github.cli import register
+    from gate.commands.github import register
 
     parser = argparse.ArgumentParser(prog="gate")
     register(parser.add_subparsers())
@@ -345,7 +390,11 @@ def _parser() -> argparse.ArgumentParser:
 @pytest.fixture
 def actions_env(gh, tmp_path, monkeypatch):
     env = _env(tmp_path, "pull_request", {"pull_request": {"number": PR}})
-    env |= {"GITHUB_API_URL": gh.url, "GITHUB_TOKEN": "app-token", "GITHUB_OUTPUT": str(tmp_path / "output")}
+    env |= {
+        "GITHUB_API_URL": gh.url,
+        "GITHUB_TOKEN": "app-token",
+        "GITHUB_OUTPUT": str(tmp_path / "output"),
+    }
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     return env
@@ -409,7 +458,10 @@ def test_gate_comment_under_workflow_run_for_a_fork_pr(gh, tmp_path, monkeypatch
     (artifact / "pr-number").write_text(f"{PR}\n")
     run = {"pull_requests": [], "head_sha": "b" * 40, "head_branch": "bump-vllm",
            "head_repository": {"full_name": "fork/rl"}}  # fmt: skip
-    env = _env(tmp_path, "workflow_run", {"workflow_run": run}) | {"GITHUB_API_URL": gh.url, "GITHUB_TOKEN": "app-token"}
+    env = _env(tmp_path, "workflow_run", {"workflow_run": run}) | {
+        "GITHUB_API_URL": gh.url,
+        "GITHUB_TOKEN": "app-token",
+    }
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("GITHUB_OUTPUT", raising=False)
@@ -426,7 +478,10 @@ def test_gate_comment_under_workflow_run_for_a_fork_pr(gh, tmp_path, monkeypatch
 
 
 def test_gate_comment_on_a_push_event_skips(gh, tmp_path, monkeypatch, capsys):
-    env = _env(tmp_path, "push", {"ref": "refs/heads/main"}) | {"GITHUB_API_URL": gh.url, "GITHUB_TOKEN": "app-token"}
+    env = _env(tmp_path, "push", {"ref": "refs/heads/main"}) | {
+        "GITHUB_API_URL": gh.url,
+        "GITHUB_TOKEN": "app-token",
+    }
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("GITHUB_OUTPUT", str(tmp_path / "output"))

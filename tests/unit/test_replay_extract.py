@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from gate.worker.replay import _prompt_logprobs_of, _sample_logprobs_of  # noqa: E402
+from gate.worker.replay import _prompt_logprobs_of, _sample_logprobs_of
 
 
 def _flat(rows):
@@ -58,4 +58,7 @@ def test_prompt_logprobs_both_layouts():
     with pytest.raises(RuntimeError, match="do not follow"):
         _prompt_logprobs_of(flat, [1, 5, 8])
     lp = lambda v: SimpleNamespace(logprob=v, rank=1)  # noqa: E731
-    assert _prompt_logprobs_of([None, {5: lp(-1.0)}, {6: lp(-2.0)}], [1, 5, 6]).tolist() == [-1.0, -2.0]
+    assert _prompt_logprobs_of([None, {5: lp(-1.0)}, {6: lp(-2.0)}], [1, 5, 6]).tolist() == [
+        -1.0,
+        -2.0,
+    ]

@@ -14,8 +14,13 @@ def _request(tmp_path) -> WorkerRequest:
         tokenizer=None,
         engine_args={"dtype": "float32"},
         optional_engine_args=["logprobs_mode"],
-        prompts=[PromptItem(id="a", prompt="1+1=", reference="2"), PromptItem(id="b", messages=[{"role": "user", "content": "hi"}])],
-        sampling=SamplingRequest(n=2, temperature=0.7, top_p=0.9, top_k=0, max_tokens=8, seed=1, logprobs=5),
+        prompts=[
+            PromptItem(id="a", prompt="1+1=", reference="2"),
+            PromptItem(id="b", messages=[{"role": "user", "content": "hi"}]),
+        ],
+        sampling=SamplingRequest(
+            n=2, temperature=0.7, top_p=0.9, top_k=0, max_tokens=8, seed=1, logprobs=5
+        ),
         greedy_max_tokens=8,
         teacher_forced=True,
         reference=ReferenceRequest(dtype="float32", lm_head_fp32=False, batch_tokens=1024),
@@ -62,13 +67,17 @@ def test_valid_evidence_loads(tmp_path):
 
 
 def test_nan_in_engine_output_is_named(tmp_path):
-    folder = _write_evidence(tmp_path / "e", sample_engine_logprob=np.array([-0.1, np.nan, -0.3, -np.inf]))
+    folder = _write_evidence(
+        tmp_path / "e", sample_engine_logprob=np.array([-0.1, np.nan, -0.3, -np.inf])
+    )
     with pytest.raises(ev.EvidenceError, match="sample_engine_logprob: 2 non-finite"):
         ev.load(folder)
 
 
 def test_misaligned_arrays_are_refused(tmp_path):
-    folder = _write_evidence(tmp_path / "e", sample_trainer_logprob_raw=np.zeros(3, dtype=np.float32))
+    folder = _write_evidence(
+        tmp_path / "e", sample_trainer_logprob_raw=np.zeros(3, dtype=np.float32)
+    )
     with pytest.raises(ev.EvidenceError, match="sample_trainer_logprob_raw: 3 rows, expected 4"):
         ev.load(folder)
     folder = _write_evidence(tmp_path / "f", sample_offsets=np.array([0, 3, 2]))
@@ -79,5 +88,5 @@ def test_misaligned_arrays_are_refused(tmp_path):
 def test_missing_file(tmp_path):
     folder = _write_evidence(tmp_path / "e")
     (folder / "engine.json").unlink()
-    with pytest.raises(ev.EvidenceError, match="engine.json: missing"):
+    with pytest.raises(ev.EvidenceError, match=r"engine\.json: missing"):
         ev.load(folder)

