@@ -18,6 +18,7 @@ import msgspec
 from gate.errors import ConfigError
 from gate.verdict import Status
 
+_NUMBER = re.compile(r"^\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*$")
 _RELATIVE = re.compile(r"^\s*([0-9.eE+-]+)\s*x\s*noise\s*$")
 
 
@@ -39,6 +40,9 @@ class Limit:
             m = _RELATIVE.match(raw)
             if m:
                 return cls(float(m.group(1)), relative=True)
+            # YAML 1.1 (PyYAML) reads `1e-3`, without a dot, as a string; the user meant a number.
+            if _NUMBER.match(raw):
+                return cls(float(raw))
         raise ConfigError(f"{where}: expected a number or 'N x noise', got {raw!r}")
 
     def resolve(self, noise: float | None) -> float:

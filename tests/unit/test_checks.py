@@ -373,3 +373,15 @@ def test_grpo_band_edges():
     assert np.all(np.isneginf(low))
     np.testing.assert_allclose(high, [0.55, 0.7])
     assert first_exit(np.array([0.3, 0.9]), *band(ref, 0.1, 0.0, "both")) == 1
+
+
+def test_a_yaml_number_without_a_dot_is_a_number():
+    """PyYAML reads `1e-3` as the string "1e-3" (YAML 1.1); as a threshold it is the number."""
+    import yaml
+
+    raw = yaml.safe_load("warn: 1e-3")["warn"]
+    assert raw == "1e-3"
+    assert Limit.parse(raw, "x") == Limit(1e-3)
+    assert Limit.parse(" -2E+1 ", "x") == Limit(-20.0)
+    with pytest.raises(ConfigError):
+        Limit.parse("1e", "x")
