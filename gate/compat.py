@@ -6,8 +6,9 @@ This is the one place that states the worker's vLLM requirements. Three readers 
   ``.py`` files, never imported) and yields a ``{feature key: bool}`` map per release;
 * ``tests/compat`` and ``scripts/make_compat_table.py`` turn those maps into the compatibility
   test and ``docs/compatibility.md``;
-* the worker (``gate/worker/weight_sync.py``) may probe the same features on a live engine and
-  ask :func:`worker_path` which push to use, so the table and the worker cannot disagree.
+* the worker (``gate/worker/weight_sync.py``) probes the same features on a live engine and
+  picks its push by the same rule as :func:`worker_path` (an equivalence test holds them together;
+  the worker may not import this module).
 
 Standard library only: the worker imports it inside engine environments, the orchestrator without
 vLLM or torch.
@@ -44,6 +45,7 @@ LOGPROBS_MODE = "engine_args.logprobs_mode"
 FLAT_LOGPROBS = "sampling_params.flat_logprobs"
 RELOAD_WEIGHTS = "worker.reload_weights"
 RELOAD_WEIGHTS_ITERATOR = "worker.reload_weights.weights_iterator"
+RELOAD_WEIGHTS_PATH = "worker.reload_weights.weights_path"
 RUNNER_LOAD_WEIGHTS = "worker.model_runner.model.load_weights"
 WT_INIT = "worker.init_weight_transfer_engine"
 WT_START = "worker.start_weight_update"
@@ -52,8 +54,9 @@ WT_FINISH = "worker.finish_weight_update"
 
 FEATURES: tuple[Feature, ...] = (
     Feature(COLLECTIVE_RPC, "collective_rpc(fn)",
-            "LLM.collective_rpc accepting a callable: every weight push runs a function on each worker "
-            "through it. Without it the worker has no in-place push (unsupported release)."),
+            "LLM.collective_rpc accepting a callable: every weight push runs on each worker through it (a "
+            "function in-process, a method name across processes). Without it the worker has no in-place "
+            "push (unsupported release)."),
     Feature(RESET_PREFIX_CACHE, "reset_prefix_cache",
             "LLM.reset_prefix_cache(): after a push, drops KV blocks computed with the old weights. Without "
             "it prefix-cached prompts keep sampling from the old policy (unsupported release)."),
@@ -63,6 +66,10 @@ FEATURES: tuple[Feature, ...] = (
             "Worker.reload_weights accepts weights_iterator=: loads the pushed tensors in place, with the "
             "release's layerwise reload handling. Without it (reload_weights(self) re-reads the checkpoint "
             "from disk) the push must fall back to model_runner.model.load_weights."),
+    Feature(RELOAD_WEIGHTS_PATH, "reload_weights(weights_path)",
+            "Worker.reload_weights accepts weights_path=: each rank reloads in place from a safetensors folder. "
+            "The only push when the workers are other processes (tensor/pipeline parallel, mp or ray "
+            "executor), since no function or tensor can be sent to them; without it such engines need a hook."),
     Feature(RUNNER_LOAD_WEIGHTS, "model_runner.model.load_weights",
             "Worker.model_runner.model reaches the model's load_weights (wrappers such as CUDAGraphWrapper "
             "forward attributes): the fallback push for releases whose reload_weights takes no weights."),
@@ -92,30 +99,41 @@ SETTING_PREFIX = "setting."
 SUPPORTED = "supported"
 UNSUPPORTED = "unsupported"
 
-# The two weight pushes, worded as the table shows them; weight_sync's adapter names may reuse them.
+# The weight pushes, worded as the table shows them; weight_sync's adapter names may reuse them.
 PUSH_RELOAD_WEIGHTS = "reload_weights(weights_iterator) via collective_rpc"
 PUSH_RUNNER_LOAD_WEIGHTS = "model_runner.model.load_weights via collective_rpc"
+PUSH_RELOAD_FROM_FOLDER = (
+    "reload_weights(weights_path) from a safetensors folder via collective_rpc"
+)
 PUSH_RESET = "reset_prefix_cache"
 
 # What worker_path reads; a caller must state each one (a missing key is a bug, not a "no").
 PUSH_FEATURES: tuple[str, ...] = (
     COLLECTIVE_RPC,
     RELOAD_WEIGHTS_ITERATOR,
+    RELOAD_WEIGHTS_PATH,
     RUNNER_LOAD_WEIGHTS,
     RESET_PREFIX_CACHE,
 )
 
 
-def worker_path(features: Mapping[str, bool]) -> tuple[str, tuple[str, ...] | str]:
+def worker_path(
+    features: Mapping[str, bool], multiprocess: bool = False
+) -> tuple[str, tuple[str, ...] | str]:
     """``(SUPPORTED, steps)`` of the weight push the worker takes, or ``(UNSUPPORTED, reason)``.
 
-    The rule the worker follows (no user hook configured):
+    The rule the worker follows (no user hook configured; ``gate.worker.weight_sync.pick_adapter``
+    applies it to a live engine, and tests/unit/test_compat.py holds the two to the same answers):
 
-    1. every push runs on the workers through ``LLM.collective_rpc`` with a function;
-    2. ``reload_weights(weights_iterator=...)`` where the worker accepts it (vLLM 0.16+), else
+    1. every push runs on the workers through ``LLM.collective_rpc``;
+    2. workers in this process (``multiprocess`` False) get a function:
+       ``reload_weights(weights_iterator=...)`` where the worker accepts it (vLLM 0.16+), else
        ``model_runner.model.load_weights(...)``: before 0.16 ``reload_weights(self)`` takes no
        weights and would re-read the checkpoint, or raise TypeError when given some;
-    3. then ``LLM.reset_prefix_cache()``, so no cached block computed with the old weights is reused.
+    3. workers in other processes (tensor/pipeline parallel, an mp or ray executor) get a method
+       name and a path, nothing else: ``reload_weights(weights_path=...)`` from a safetensors
+       folder the driver wrote (vLLM 0.16+); older releases have no such path;
+    4. then ``LLM.reset_prefix_cache()``, so no cached block computed with the old weights is reused.
 
     The reason of an unsupported release starts with "unsupported release:" and names what is missing.
     """
@@ -129,7 +147,14 @@ def worker_path(features: Mapping[str, bool]) -> tuple[str, tuple[str, ...] | st
             "unsupported release: LLM.collective_rpc with a callable is missing, and every weight push "
             "runs on the workers through it; configure weight_update.hook"
         )
-    if features[RELOAD_WEIGHTS_ITERATOR]:
+    if multiprocess:
+        if not features[RELOAD_WEIGHTS_PATH]:
+            return UNSUPPORTED, (
+                "unsupported release: with workers in other processes no function or tensor can be "
+                "sent to them, and Worker.reload_weights takes no weights_path; configure weight_update.hook"
+            )
+        push = PUSH_RELOAD_FROM_FOLDER
+    elif features[RELOAD_WEIGHTS_ITERATOR]:
         push = PUSH_RELOAD_WEIGHTS
     elif features[RUNNER_LOAD_WEIGHTS]:
         push = PUSH_RUNNER_LOAD_WEIGHTS

@@ -122,7 +122,11 @@ def build_request(
         greedy_max_tokens=cfg.greedy.max_tokens if cfg.greedy.enabled else 0,
         teacher_forced=cfg.teacher_forced.enabled,
         reference=ReferenceRequest(
-            dtype=r.dtype, lm_head_fp32=r.lm_head_fp32, batch_tokens=r.batch_tokens
+            dtype=r.dtype,
+            lm_head_fp32=r.lm_head_fp32,
+            batch_tokens=r.batch_tokens,
+            device_map=r.device_map,
+            max_memory=r.max_memory,
         ),
         output_dir=str(output_dir),
         order_seed=order_seed,
@@ -138,6 +142,7 @@ def _grpo_request(cfg: GateConfig, seeds: tuple[int, ...] | None) -> GrpoRequest
     return GrpoRequest(
         steps=g.steps, prompts_per_step=g.prompts_per_step, group_size=g.group_size, max_tokens=g.max_tokens,
         temperature=g.temperature, lr=g.lr, clip_eps=g.clip_eps, seeds=list(seeds if seeds is not None else (g.seed,)),
+        trainable=g.trainable, optimizer=g.optimizer,
     )  # fmt: skip
 
 
@@ -163,8 +168,11 @@ def run_gate(
     log: Callable[[str], None],
     jobs: list[EngineJob] | None = None,
     reuse_old: bool | None = None,
+    memory_plan: dict | None = None,
 ) -> RunResult:
     """Replay ``jobs`` (default: old and new) into a new run directory.
+
+    ``memory_plan``: the plan made before the run (gate.memory_plan), kept in run.json.
 
     ``reuse_old``: None leaves the evidence cache alone; True takes the old engine's evidence from
     it when its key matches; False replays the old engine in full. Either bool keeps the old
@@ -191,7 +199,8 @@ def run_gate(
             env.cancel()
     status = "ok" if all(r.status == "ok" for r in results) else "error"
     final = run_dir.finish(
-        run_manifest(cfg, prompt_sets, fingerprint, started, results), complete=status == "ok"
+        run_manifest(cfg, prompt_sets, fingerprint, started, results, memory_plan),
+        complete=status == "ok",
     )
     return RunResult(run_dir=final, status=status, engines=results)
 
@@ -326,10 +335,11 @@ def run_manifest(
     fingerprint: dict,
     started: float,
     results: list[EngineRun],
+    memory_plan: dict | None = None,
 ) -> dict:
     """run.json: what ran, with which inputs and settings, and each engine's outcome."""
     status = "ok" if all(r.status == "ok" for r in results) else "error"
-    return {
+    manifest = {
         "gate_version": __version__,
         "gate_id": cfg.gate_id,
         "status": status,
@@ -344,11 +354,15 @@ def run_manifest(
         "sampling": dataclasses.asdict(cfg.sampling),
         "greedy": dataclasses.asdict(cfg.greedy),
         "teacher_forced": dataclasses.asdict(cfg.teacher_forced),
-        "reference": dataclasses.asdict(cfg.reference),
+        "reference": cfg.reference.scoring(),  # baselines compare it: placement stays out
+        "reference_placement": cfg.reference.placement(),
         "weight_sync": dataclasses.asdict(cfg.weight_sync) | {"hook": cfg.weight_update.hook},
         "grpo": dataclasses.asdict(cfg.grpo),
         "engines": {r.name: dataclasses.asdict(r) for r in results},
     }
+    if memory_plan is not None:
+        manifest["memory_plan"] = memory_plan
+    return manifest
 
 
 def run_engine(

@@ -52,7 +52,23 @@ def build(run_dir: Path, cfg: GateConfig, judgment: Judgment) -> dict[str, Any]:
         "checks": [c.to_dict() for c in judgment.checks],
         "commands": commands(cfg),
         **_grpo(judgment),
+        **_memory_plan(run_dir, run),
     }
+
+
+def _memory_plan(run_dir: Path, run: dict[str, Any]) -> dict[str, Any]:
+    """The plan run.json holds, with each engine's measured peak RSS when the worker recorded one."""
+    plan = run.get("memory_plan")
+    if not isinstance(plan, dict):
+        return {}
+    measured = {}
+    for name in run.get("engines", {}):
+        meta_path = run_dir / "engines" / name / "engine.json"
+        if meta_path.is_file():
+            peaks = json.loads(meta_path.read_text(encoding="utf-8")).get("memory_peaks") or {}
+            if isinstance(peaks.get("rss_peak_bytes"), int):
+                measured[name] = peaks["rss_peak_bytes"]
+    return {"memory_plan": plan | ({"measured_peak_bytes": measured} if measured else {})}
 
 
 def _grpo(judgment: Judgment) -> dict[str, Any]:

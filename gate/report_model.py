@@ -258,6 +258,56 @@ class Grpo:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PlanComponent:
+    name: str | None = None
+    bytes: int | None = None
+    how: str | None = None  # the formula or constant it came from
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanDeviceUse:
+    total_bytes: int | None = None
+    components: tuple[PlanComponent, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanDevice:
+    name: str | None = None  # "cuda:0", or "cpu" for the host
+    total_bytes: int | None = None
+    available_bytes: int | None = None  # free when the plan was made
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineMemoryPlan:
+    """The plan of the engines that share these settings (old and new, when alike)."""
+
+    engines: tuple[str | None, ...] = ()
+    devices: tuple[PlanDevice, ...] = ()
+    peak_bytes: Mapping[str, int | None] = field(default_factory=dict)  # device -> largest phase
+    peak_phase: Mapping[str, str | None] = field(default_factory=dict)
+    phases: Mapping[str, Mapping[str, PlanDeviceUse]] = field(
+        default_factory=dict
+    )  # phase -> device
+    problems: tuple[str | None, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryPlan:
+    """gate.memory_plan's plan, made before the run (absent in reports of older gates)."""
+
+    model: str | None = None
+    parameters: int | None = None
+    parameters_from: str | None = None  # "safetensors header" (exact) or "config.json"
+    fits: bool | None = None
+    knobs: tuple[str | None, ...] = ()
+    engines: tuple[EngineMemoryPlan, ...] = ()
+    skipped: str | None = None  # why there is no plan (e.g. a hub model not in the local cache)
+    measured_peak_bytes: Mapping[str, int | None] = field(
+        default_factory=dict
+    )  # engine -> RSS peak
+
+
+@dataclass(frozen=True, kw_only=True)
 class ReportBody:
     """Everything a report says about one gate run; a merged report's part is exactly this."""
 
@@ -275,6 +325,7 @@ class ReportBody:
     commands: Commands | None = None
     grpo: Grpo | None = None
     worst_tokens: tuple[WorstToken, ...] = ()
+    memory_plan: MemoryPlan | None = None
     document: JsonObject = field(
         default_factory=dict, repr=False, compare=False, metadata=_DOCUMENT
     )

@@ -55,6 +55,10 @@ class ReferenceRequest:
     dtype: str  # float32 | bfloat16 | float16
     lm_head_fp32: bool  # fp32 final projection on a lower-precision trunk
     batch_tokens: int  # padded tokens per forward pass
+    # accelerate placement: "auto" | "balanced" | "balanced_low_0" | "sequential", or module ->
+    # GPU index / "cpu"; None keeps the whole reference on one device.
+    device_map: str | dict[str, int | str] | None = None
+    max_memory: dict[str, str | int] | None = None  # "0" (GPU index) or "cpu" -> "20GiB" or bytes
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,11 @@ class GrpoRequest:
     lr: float
     clip_eps: float
     seeds: list[int]
+    # The parameters the trainer updates ("all", "lm_head", "norms" or {"last_layers": N}) and its
+    # optimizer ("adamw" | "sgd"). These defaults are the worker's behaviour before the fields
+    # existed; gate.yaml's own default (grpo.trainable) is a subset that fits beside the engine.
+    trainable: str | dict[str, int] = "all"
+    optimizer: str = "adamw"
 
 
 @dataclass(frozen=True)

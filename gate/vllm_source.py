@@ -403,6 +403,11 @@ def _params(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
 
 def _reload_accepts_iterator(tree: SourceTree) -> Finding:
     """Worker.reload_weights(weights_iterator=...), following a ``*args, **kwargs`` forward to the runner."""
+    return _reload_accepts(tree, "weights_iterator")
+
+
+def _reload_accepts(tree: SourceTree, keyword: str) -> Finding:
+    """Worker.reload_weights(<keyword>=...), following a ``*args, **kwargs`` forward to the runner."""
     cls_name = "Worker"
     for _ in range(3):  # Worker -> GPUModelRunner; a longer chain would be new and worth a look
         found = tree.method(cls_name, "reload_weights")
@@ -410,13 +415,13 @@ def _reload_accepts_iterator(tree: SourceTree) -> Finding:
             return Finding(False, "", f"{cls_name}.reload_weights is missing")
         cls, fn = found
         where = _where(cls, fn)
-        if "weights_iterator" in _params(fn):
+        if keyword in _params(fn):
             return Finding(True, where)
         if fn.args.kwarg is None:
             return Finding(
                 False,
                 where,
-                f"{cls.name}.reload_weights({', '.join(_params(fn))}) takes no weights_iterator",
+                f"{cls.name}.reload_weights({', '.join(_params(fn))}) takes no {keyword}",
             )
         target = _forward_target(fn)
         if target is None:
@@ -534,6 +539,7 @@ def check_tree(
         compat.FLAT_LOGPROBS: _field(tree, "SamplingParams", "flat_logprobs"),
         compat.RELOAD_WEIGHTS: _method(tree, "Worker", "reload_weights"),
         compat.RELOAD_WEIGHTS_ITERATOR: _reload_accepts_iterator(tree),
+        compat.RELOAD_WEIGHTS_PATH: _reload_accepts(tree, "weights_path"),
         compat.RUNNER_LOAD_WEIGHTS: _runner_model_load_weights(tree),
         compat.WT_INIT: _method(tree, "Worker", "init_weight_transfer_engine"),
         compat.WT_START: _method(tree, "Worker", "start_weight_update"),

@@ -25,7 +25,8 @@ YES, NO = "✓", "✗"
 
 # Column order of the release table: the push path first, then what the recorded evidence needs.
 API_COLUMNS = (
-    compat.COLLECTIVE_RPC, compat.RESET_PREFIX_CACHE, compat.RELOAD_WEIGHTS_ITERATOR, compat.RUNNER_LOAD_WEIGHTS,
+    compat.COLLECTIVE_RPC, compat.RESET_PREFIX_CACHE, compat.RELOAD_WEIGHTS_ITERATOR, compat.RELOAD_WEIGHTS_PATH,
+    compat.RUNNER_LOAD_WEIGHTS,
     compat.LOGPROBS_MODE, compat.FLAT_LOGPROBS, compat.DEFAULT_SAMPLING_PARAMS, compat.DIFF_SAMPLING_PARAM,
     compat.WT_INIT, compat.WT_START, compat.WT_UPDATE, compat.WT_FINISH,
 )  # fmt: skip
@@ -53,22 +54,24 @@ def collect(
     return out
 
 
-def push_cell(findings: dict) -> str:
-    _, detail = compat.worker_path({k: f.present for k, f in findings.items()})
+def push_cell(findings: dict, multiprocess: bool = False) -> str:
+    _, detail = compat.worker_path({k: f.present for k, f in findings.items()}, multiprocess)
     return " + ".join(detail) if isinstance(detail, tuple) else detail  # the steps, or the reason
 
 
 def release_table(results: dict[str, dict]) -> str:
     labels = {f.key: f.label for f in compat.FEATURES}
     lines = [
-        "| release | weight push the worker takes | "
+        "| release | weight push the worker takes | with workers in other processes (TP/PP > 1) | "
         + " | ".join(f"`{labels[k]}`" for k in API_COLUMNS)
         + " |",
-        "| --- | --- |" + " :-: |" * len(API_COLUMNS),
+        "| --- | --- | --- |" + " :-: |" * len(API_COLUMNS),
     ]
     for v, findings in results.items():
         marks = " | ".join(YES if findings[k].present else NO for k in API_COLUMNS)
-        lines.append(f"| {v} | {cell(push_cell(findings))} | {marks} |")
+        lines.append(
+            f"| {v} | {cell(push_cell(findings))} | {cell(push_cell(findings, True))} | {marks} |"
+        )
     return "\n".join(lines)
 
 
@@ -124,9 +127,14 @@ numerics, which only the gate's own runs measure. `tests/compat` asserts these f
 this page is current; `python scripts/make_compat_table.py` regenerates it.
 
 The weight push follows `gate.compat.worker_path`: every push runs on the workers through
-`LLM.collective_rpc` with a function, uses `reload_weights(weights_iterator=...)` where the
-worker accepts it and `model_runner.model.load_weights(...)` otherwise, then resets the prefix
-cache. A configured `weight_update.hook` replaces all of this.
+`LLM.collective_rpc`. Workers in the worker's own process (TP=1, the default executor) get a
+function: `reload_weights(weights_iterator=...)` where the worker accepts it and
+`model_runner.model.load_weights(...)` otherwise. Workers in other processes (tensor or pipeline
+parallel, an `mp` or `ray` executor) cannot be sent a function or a tensor: the driver writes the
+weights once as safetensors into a tmpfs folder and every rank runs
+`reload_weights(weights_path=...)` by name. Then the prefix cache is reset. A configured
+`weight_update.hook` replaces all of this. Every call carries a timeout (`timeout=` exists in every
+release listed).
 
 ## Releases
 

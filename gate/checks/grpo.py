@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from gate.checks.base import CheckResult, CheckSpec, Measurement
+from gate.checks.weight_sync import push_failure
 from gate.verdict import Status, worst
 
 ID = "grpo-trajectory"
@@ -59,6 +60,13 @@ def _trajectories(e) -> dict[str, np.ndarray] | None:
 
 
 def run(ctx, settings) -> CheckResult:
+    failed = (
+        push_failure(ctx.new.engine.get("grpo") or {}, ID, TITLE, "The GRPO run")
+        if ctx.new is not None
+        else None
+    )
+    if failed is not None:
+        return failed
     new = _trajectories(ctx.new)
     unsupported = (
         (ctx.new.engine.get("grpo") or {}).get("unsupported") if ctx.new is not None else None

@@ -12,10 +12,14 @@ that prefix caching (when on) stored with the old weights. Decisions, in order:
   old weights were reused);
 
 each measured against ``max(factor x the pre-update mismatch, floor)``, so an engine whose
-precision differs from the trainer's is not mistaken for a broken update.
+precision differs from the trainer's is not mistaken for a broken update. A push that raised (a
+hook, or one rank of a tensor-parallel engine) is an ERROR of this check alone, with the path, the
+failing ranks and the tails of the traceback and the engine log.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
@@ -40,8 +44,42 @@ def _mean_abs(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.mean(np.abs(a.astype(np.float64) - b))) if len(a) else float("nan")
 
 
+def push_failure(
+    section: dict[str, Any], check_id: str, title: str, what: str
+) -> CheckResult | None:
+    """ERROR for a pass whose push raised (engine.json ``error``) or that did not run after one.
+
+    Shared with grpo-trajectory: the message names the path (the hook), the ranks whose log lines
+    report the failure, the traceback's tail and the engine's log tail.
+    """
+    if "not_run" in section:
+        return CheckResult(check_id, title, Status.ERROR, f"{what} did not run: {section['not_run']}",
+                           "The engine's weights were unknown after the failed push, so this pass was "
+                           "skipped; the checks of the replay before it are judged as usual.",
+                           details={"not_run": section["not_run"]})  # fmt: skip
+    error = section.get("error")
+    if not error:
+        return None
+    path = error.get("adapter")  # set when the push itself raised: the hook or the built-in path
+    ranks = error.get("failed_ranks") or []
+    where = f" on {', '.join(ranks)}" if ranks else ""
+    raised = f"the weight push via {path} raised" if path else f"{what} raised"
+    summary = f"{raised}{where}: {error.get('message', '')}"[:300]
+    diagnosis = (
+        f"{what} stopped{' at the push' if path else ''}{where}; the checks of the replay before it "
+        "are judged as usual. Traceback (tail):\n" + (error.get("traceback_tail") or "")
+    )
+    if error.get("log_tail"):
+        diagnosis += "\nEngine log (tail):\n" + error["log_tail"]
+    return CheckResult(check_id, title, Status.ERROR, summary, diagnosis,
+                       details={k: error.get(k) for k in ("message", "hook", "adapter", "failed_ranks")})  # fmt: skip
+
+
 def run(ctx, settings) -> CheckResult:
     e = ctx.new
+    failed = push_failure(e.engine.get("weight_sync") or {}, ID, TITLE, "The weight-sync probe")
+    if failed is not None:
+        return failed
     if "ws_engine_logprob" not in e.arrays:
         unsupported = (e.engine.get("weight_sync") or {}).get("unsupported")
         if unsupported:  # asked for, but the engine offers no push gate knows: it cannot judge

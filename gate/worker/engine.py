@@ -12,6 +12,9 @@ import enum
 import os
 import platform
 import sys
+import threading
+from collections import deque
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -86,6 +89,152 @@ def prepare_process() -> None:
     init_amx = getattr(getattr(torch._C, "_cpu", None), "_init_amx", None)
     if init_amx is not None and not torch.cuda.is_available():
         init_amx()
+
+
+# -- the process layout: how many ranks, and the environment the gate sets for them -----------------
+
+MULTIPROCESS_BACKENDS = ("mp", "ray")
+THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def parallel_ranks(engine_args: Mapping[str, Any]) -> int:
+    """Tensor x pipeline parallel ranks the engine arguments ask for (each one process on one device)."""
+    tp = int(engine_args.get("tensor_parallel_size") or 1)
+    pp = int(engine_args.get("pipeline_parallel_size") or 1)
+    return tp * pp
+
+
+def runs_workers_in_processes(engine_args: Mapping[str, Any]) -> bool:
+    """Whether the engine's workers will be other processes (more than one rank, or an mp/ray executor)."""
+    backend = engine_args.get("distributed_executor_backend")
+    return parallel_ranks(engine_args) > 1 or backend in MULTIPROCESS_BACKENDS
+
+
+@dataclasses.dataclass(frozen=True)
+class GateSetting:
+    """An engine environment variable the gate set because the user did not, and why."""
+
+    name: str
+    value: str
+    reason: str
+
+
+def cpu_thread_binding(ranks: int, cpus: Sequence[int]) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``ranks`` CPU workers: ``cpus`` split into contiguous groups.
+
+    ``0|1`` for 2 CPUs and 2 ranks, ``0-3|4-7`` for 8; a remainder goes to the first groups. Raises
+    ValueError when there are fewer CPUs than ranks (each rank binds its OpenMP threads to its own).
+    """
+    ordered = sorted(set(cpus))
+    if ranks < 1 or len(ordered) < ranks:
+        raise ValueError(
+            f"{ranks} CPU engine rank(s) need at least one CPU each, and this process may use "
+            f"{len(ordered)} ({_cpu_list(ordered) or 'none'}); lower tensor_parallel_size x "
+            f"pipeline_parallel_size or set {THREADS_BIND} yourself"
+        )
+    size, extra = divmod(len(ordered), ranks)
+    groups, start = [], 0
+    for rank in range(ranks):
+        end = start + size + (1 if rank < extra else 0)
+        groups.append(_cpu_list(ordered[start:end]))
+        start = end
+    return "|".join(groups)
+
+
+def _cpu_list(ids: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``0-2,5``: the id-list syntax vLLM parses per rank."""
+    runs: list[list[int]] = []
+    for cpu in ids:
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def engine_environment(engine_args: Mapping[str, Any], on_cpu: bool, environ: Mapping[str, str],
+                       cpus: Sequence[int]) -> list[GateSetting]:  # fmt: skip
+    """The environment variables the gate sets for this engine, where the user set none.
+
+    On CPU with more than one rank, vLLM binds each rank's OpenMP threads to a list of CPUs; its
+    ``auto`` binding wants one NUMA node per rank and refuses otherwise ("Not enough allowed NUMA
+    nodes"), which one-socket CI runners never have. The gate splits the CPUs this process may use
+    (``os.sched_getaffinity``) instead.
+    """
+    ranks = parallel_ranks(engine_args)
+    if not on_cpu or ranks < 2 or THREADS_BIND in environ:
+        return []
+    reason = (
+        f"{ranks} CPU ranks on {len(set(cpus))} allowed CPU(s): vLLM's auto binding needs one NUMA "
+        "node per rank, so the gate splits the allowed CPUs into contiguous groups"
+    )
+    return [GateSetting(THREADS_BIND, cpu_thread_binding(ranks, cpus), reason)]
+
+
+def apply_environment(settings: Sequence[GateSetting]) -> None:
+    # Before the engine starts: its worker processes are spawned with this environment.
+    for setting in settings:
+        os.environ[setting.name] = setting.value
+
+
+def on_cpu_platform() -> bool:
+    """vLLM's own answer (the CPU wheel's platform), after ``import vllm``."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+class OutputTail:
+    """The last lines written to this process's stdout and stderr, by it and by the processes it starts.
+
+    Engine worker processes inherit fds 1 and 2, and vLLM logs to stdout, so a rank's own error
+    ("(Worker_TP1 pid=...) ERROR ...") passes through here on its way to the log; a failure that
+    only one rank sees can then be reported with that rank's lines. Everything is written through
+    unchanged, each stream to where it went before.
+    """
+
+    def __init__(self, max_lines: int = 400, fds: tuple[int, ...] = (1, 2)) -> None:
+        self._lines: deque[str] = deque(maxlen=max_lines)
+        self._lock = threading.Lock()
+        self._restore: list[tuple[int, int]] = []  # (fd, its original, duplicated)
+        self._pumps: list[threading.Thread] = []
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd in fds:
+            through = os.dup(fd)
+            read_end, write_end = os.pipe()
+            os.dup2(write_end, fd)
+            os.close(write_end)
+            self._restore.append((fd, through))
+            pump = threading.Thread(target=self._run, args=(read_end, through), daemon=True,
+                                    name=f"gate-output-tail-{fd}")  # fmt: skip
+            pump.start()
+            self._pumps.append(pump)
+
+    def _run(self, read_end: int, through: int) -> None:
+        pending = b""
+        while chunk := os.read(read_end, 65536):
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(through, view) :]
+            *complete, pending = (pending + chunk).split(b"\n")
+            with self._lock:
+                self._lines.extend(line.decode("utf-8", "replace") for line in complete)
+
+    def lines(self) -> list[str]:
+        with self._lock:
+            return list(self._lines)
+
+    def close(self, wait_s: float = 1.0) -> None:
+        """Put the original streams back and let the pumps drain what is left (bounded wait: a
+        helper process such as multiprocessing's resource tracker may hold a pipe open until exit,
+        and the daemon pumps keep passing its lines through meanwhile)."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, through in self._restore:
+            os.dup2(through, fd)  # drops this process's write end; workers' ends close as they exit
+        for pump in self._pumps:
+            pump.join(timeout=wait_s)
 
 
 # Engine arguments that choose what transformers must load too, so the trainer-side reference,
@@ -220,9 +369,12 @@ def _rss_bytes() -> int | None:
     return None
 
 
-def effective_settings(llm) -> dict[str, Any]:
+def effective_settings(llm, gate_settings: Sequence[GateSetting] = ()) -> dict[str, Any]:
+    """The live engine's settings (``_SETTINGS``), plus ``env.<NAME>`` for each variable the gate set."""
     engine = llm.llm_engine
-    return {name: _jsonable(_first_attr(engine, paths)) for name, paths in _SETTINGS.items()}
+    found = {name: _jsonable(_first_attr(engine, paths)) for name, paths in _SETTINGS.items()}
+    found |= {f"env.{s.name}": s.value for s in gate_settings}
+    return found
 
 
 # vLLM environment variables that change kernels or precision for the whole process, the
@@ -247,10 +399,14 @@ def numerics(llm) -> dict[str, Any]:
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
     }
     try:
-        found |= llm.collective_rpc(runtime_choices)[0]
+        # A function reaches in-process workers only; across processes vLLM refuses to send one.
+        found |= llm.collective_rpc(runtime_choices, timeout=RUNTIME_PROBE_TIMEOUT_S)[0]
     except Exception as exc:
         found["runtime_probe_error"] = f"{type(exc).__name__}: {exc}"[:300]
     return found
+
+
+RUNTIME_PROBE_TIMEOUT_S = 120.0
 
 
 def runtime_choices(worker) -> dict[str, Any]:

@@ -3,8 +3,9 @@
 Per step: ``prompts_per_step`` prompts with a verifiable answer, ``group_size`` samples each from
 the engine (its reported logprobs are the rollout policy's), reward 1 when the completion's last
 integer equals the answer else 0, group-normalised advantages, the PPO-clipped policy-gradient loss
-with the importance ratio exp(lp_trainer - lp_rollout) (token mean over the batch), one AdamW step
-on the trainer model, and an in-place push of the new weights into the running engine.
+with the importance ratio exp(lp_trainer - lp_rollout) (token mean over the batch), one optimizer
+step (grpo.optimizer) on the parameters grpo.trainable selects, and an in-place push of the whole new
+state dict into the running engine.
 
 Per step it records what RL practitioners watch: mean reward, k3 KL(rollout || trainer) on the
 sampled tokens, clip fraction, entropy of the trainer's sampling distribution, mean |d|,
@@ -19,6 +20,8 @@ import math
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,6 +33,14 @@ METRICS = (
     "step_s", "push_s",
 )  # fmt: skip
 _LAST_INT = re.compile(r"-?\d+")
+
+
+@dataclass(frozen=True)
+class GrpoRun:
+    """A GRPO run's per-step arrays (``grpo_<metric>``, [seeds, steps]) and its trainer's record."""
+
+    arrays: dict[str, np.ndarray]
+    trainer: dict[str, Any]  # what trained, with which optimizer, and the memory that kept
 
 
 def reward(text: str, answer: str) -> float:
@@ -47,10 +58,16 @@ def run_grpo(
     push: Callable,
     progress,
     hf_kwargs: dict | None = None,
-) -> dict[str, np.ndarray]:
-    """One GRPO run per seed; returns ``grpo_<metric>`` arrays of shape [seeds, steps]."""
+) -> GrpoRun:
+    """One GRPO run per seed: ``grpo_<metric>`` arrays of shape [seeds, steps], and the trainer's record."""
     from transformers import AutoModelForCausalLM
 
+    from gate.worker.trainable import (
+        make_optimizer,
+        optimizer_state_bytes,
+        select_trainable,
+        trainer_record,
+    )
     from gate.worker.weight_sync import _load_trainer
 
     usable = [i for i, a in enumerate(answers) if a]
@@ -67,7 +84,12 @@ def run_grpo(
         if initial is None:
             initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
         push(llm, initial)  # every run starts from the checkpoint, whatever ran before
-        opt = torch.optim.AdamW(model.parameters(), lr=request.lr, weight_decay=0.0)
+        trained = select_trainable(model, request.trainable)
+        opt = make_optimizer(trained, request.optimizer, request.lr)
+        if s_idx == 0:
+            progress(f"grpo trains {trained.trainable_parameters:,} of {trained.total_parameters:,} "
+                     f"parameters ({request.trainable}) with {request.optimizer}"
+                     + (" (lm_head is tied: the input embeddings train with it)" if trained.tied_lm_head else ""))  # fmt: skip
         rng = np.random.default_rng(seed)
         for step in range(request.steps):
             start = time.perf_counter()
@@ -87,7 +109,8 @@ def run_grpo(
                 f"k3 {metrics['k3_kl']:.1e}, clip {metrics['clip_frac']:.1%}, {metrics['step_s']:.1f}s"
             )
     push(llm, initial)
-    return {f"grpo_{m}": v for m, v in results.items()}
+    record = trainer_record(trained, request.optimizer, optimizer_state_bytes(opt))
+    return GrpoRun({f"grpo_{m}": v for m, v in results.items()}, record)
 
 
 def _step(

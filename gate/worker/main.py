@@ -11,8 +11,10 @@ stdlib/numpy-only seam modules). Progress goes to stderr as ``[gate-worker] ...`
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
+import os
 import sys
 import time
 import traceback
@@ -27,6 +29,7 @@ from gate import evidence as ev
 from gate.files import atomic_write_bytes
 from gate.request import ENGINE_FILE, EVIDENCE_FILE, PROGRESS_PREFIX, TEXTS_FILE, WorkerRequest
 from gate.worker import replay
+from gate.worker.memory import PeakMemory, cuda_device_used
 from gate.worker.passes import (
     ENGINE_PASSES,
     PassInput,
@@ -34,11 +37,13 @@ from gate.worker.passes import (
     TeacherForced,
     Timings,
     Tokenized,
+    no_log_tail,
     run_passes,
 )
 from gate.worker.replay import Completions
 
 if TYPE_CHECKING:
+    from gate.worker.engine import GateSetting, OutputTail
     from gate.worker.reference import ReferenceModel, ScoredTokens
 
 
@@ -55,6 +60,15 @@ class EngineOutputs:
     teacher_forced: TeacherForced | None
     meta: dict[str, Any]  # engine.json, less what is known only after the engine (timings, counts)
     rl_arrays: dict[str, np.ndarray]  # ws_* and grpo_* evidence arrays
+
+
+@dataclass(frozen=True)
+class EngineRun:
+    """Every request's engine outputs and own timings, and the memory in use before shutdown."""
+
+    outputs: list[EngineOutputs]
+    timings: list[Timings]
+    memory_running: dict[str, Any]
 
 
 # One engine process serves one engine construction: these request fields must agree.
@@ -111,6 +125,7 @@ def run_batch(requests: Sequence[WorkerRequest]) -> None:
         import vllm  # noqa: F401 - imported here so start-up cost is attributed honestly
         from transformers import AutoTokenizer
 
+    peaks = PeakMemory(device=cuda_device_used())  # engine.json memory_peaks
     first = requests[0]
     # One commit of a hub model for the tokenizer, the engine and the reference (None: a local folder).
     revision = eng.resolve_model_revision(first.model, first.engine_args, progress)
@@ -129,30 +144,25 @@ def run_batch(requests: Sequence[WorkerRequest]) -> None:
     engine_args, dropped = eng.split_engine_args(requested_args, first.optional_engine_args)
     if dropped:
         progress(f"this release has no {dropped}; running without them (recorded in engine.json)")
-    progress(
-        f"starting engine ({len(first.prompts)} prompts"
-        + (f", {batch} requests)" if batch > 1 else ")")
-    )
-    with shared.measure("engine_start_s"):
-        llm = eng.start_engine(first.model, first.tokenizer, engine_args)
-
-    own = [Timings() for _ in requests]
-    outputs = [
-        _engine_passes(
-            PassInput(llm, req, tok, _prefixed(i, batch), eng.hf_load_kwargs(requested_args)),
-            dropped,
-            own[i],
+    gate_settings = eng.engine_environment(engine_args, eng.on_cpu_platform(), os.environ,
+                                           sorted(os.sched_getaffinity(0)))  # fmt: skip
+    for setting in gate_settings:
+        progress(
+            f"setting {setting.name}={setting.value}: {setting.reason} (recorded in engine.json)"
         )
-        for i, (req, tok) in enumerate(zip(requests, tokenized, strict=True))
-    ]
+    eng.apply_environment(gate_settings)
+    # Worker processes' own logs pass through this process's stdout/stderr: keep their last lines, so a
+    # failure on one rank can be reported with that rank's words.
+    tail = eng.OutputTail() if eng.runs_workers_in_processes(engine_args) else None
+    try:
+        engine_run = _run_engine(requests, tokenized, requested_args, engine_args, dropped,
+                                 gate_settings, tail, shared, peaks)  # fmt: skip
+    finally:
+        if tail is not None:
+            tail.close()
 
-    # The engine's memory (weights, KV cache, compiled graphs) goes back before the reference loads.
-    memory = {"engine_running": eng.memory_in_use()}
-    with shared.measure("engine_shutdown_s"):
-        eng.shutdown(llm)
-        del llm
-        eng.release_memory()
-    memory["engine_released"] = eng.memory_in_use()
+    outputs, own = engine_run.outputs, engine_run.timings
+    memory = {"engine_running": engine_run.memory_running, "engine_released": eng.memory_in_use()}
     progress(f"engine released: {_memory_note(memory)}")
     for out in outputs:
         out.meta["memory"] = memory
@@ -160,9 +170,12 @@ def run_batch(requests: Sequence[WorkerRequest]) -> None:
     references = _ReferenceCache(eng.hf_load_kwargs(requested_args))
     for i, (req, tok, out) in enumerate(zip(requests, tokenized, outputs, strict=True)):
         out.meta["model_revision"] = revision
-        ref, load_s = references.get(req)
-        own[i].values["reference_load_s"] = load_s
-        arrays, n_scored = _reference_arrays(ref, req, tok.prompt_ids, out, own[i])
+        with peaks.phase("reference"):
+            ref, load_s = references.get(req)
+            own[i].values["reference_load_s"] = load_s
+            arrays, n_scored = _reference_arrays(ref, req, tok.prompt_ids, out, own[i])
+        out.meta["reference"] = ref.placement_record()
+        out.meta["memory_peaks"] = peaks.as_dict()
         arrays.update(out.rl_arrays)
         timings = {**shared.values, **own[i].values}
         timings["reference_tokens_per_s"] = n_scored / max(timings["reference_score_s"], 1e-9)
@@ -174,6 +187,50 @@ def run_batch(requests: Sequence[WorkerRequest]) -> None:
             f"done in {timings['total_s']:.1f}s (engine start {timings['engine_start_s']:.1f}s, "
             f"reference {timings['reference_tokens_per_s']:.0f} tok/s)"
         )
+
+
+def _run_engine(requests: Sequence[WorkerRequest], tokenized: list[Tokenized], requested_args: dict[str, Any],
+                engine_args: dict[str, Any], dropped: list[str], gate_settings: list[GateSetting],
+                tail: OutputTail | None, shared: Timings, peaks: PeakMemory) -> EngineRun:  # fmt: skip
+    """Start the engine, run every request's passes, shut it down."""
+    from gate.worker import engine as eng
+
+    batch = len(requests)
+    first = requests[0]
+    progress(
+        f"starting engine ({len(first.prompts)} prompts"
+        + (f", {batch} requests)" if batch > 1 else ")")
+    )
+    with shared.measure("engine_start_s"), peaks.phase("engine_start"):
+        llm = eng.start_engine(first.model, first.tokenizer, engine_args)
+
+    own = [Timings() for _ in requests]
+    log_tail = tail.lines if tail is not None else no_log_tail
+    outputs = [
+        _engine_passes(
+            PassInput(
+                llm,
+                req,
+                tok,
+                _prefixed(i, batch),
+                eng.hf_load_kwargs(requested_args),
+                log_tail,
+                memory=peaks,
+            ),
+            dropped,
+            gate_settings,
+            own[i],
+        )
+        for i, (req, tok) in enumerate(zip(requests, tokenized, strict=True))
+    ]
+
+    # The engine's memory (weights, KV cache, compiled graphs) goes back before the reference loads.
+    memory_running = eng.memory_in_use()
+    with shared.measure("engine_shutdown_s"), peaks.phase("engine_shutdown"):
+        eng.shutdown(llm)
+        del llm
+        eng.release_memory()
+    return EngineRun(outputs, own, memory_running)
 
 
 def _memory_note(memory: dict[str, dict[str, Any]]) -> str:
@@ -201,7 +258,7 @@ class _ReferenceCache:
 
     def __init__(self, hf_kwargs: dict[str, Any]) -> None:
         self.hf_kwargs = hf_kwargs  # the engine's remote-code and revision choices (one per batch)
-        self.key: tuple[str, str, bool] | None = None
+        self.key: tuple[str, str, bool, str] | None = None
         self.model: ReferenceModel | None = None
         self.load_s = 0.0
 
@@ -212,16 +269,16 @@ class _ReferenceCache:
         from gate.worker.reference import ReferenceModel
 
         r = request.reference
-        key = (request.model, r.dtype, r.lm_head_fp32)
+        key = (request.model, r.dtype, r.lm_head_fp32,
+               json.dumps([r.device_map, r.max_memory], sort_keys=True))  # fmt: skip
         if self.model is None or key != self.key:
             self.model = None
             gc.collect()
             progress(f"trainer-side reference ({r.dtype}, lm_head_fp32={r.lm_head_fp32})")
             start = time.perf_counter()
             device = "cuda" if torch.cuda.is_available() else "cpu"
-            self.model = ReferenceModel(
-                request.model, r.dtype, r.lm_head_fp32, device, self.hf_kwargs
-            )
+            self.model = ReferenceModel(request.model, r.dtype, r.lm_head_fp32, device, self.hf_kwargs,
+                                        device_map=r.device_map, max_memory=r.max_memory)  # fmt: skip
             self.key, self.load_s = key, time.perf_counter() - start
         return self.model, self.load_s
 
@@ -271,7 +328,8 @@ def _write_outputs(request: WorkerRequest, prompt_ids: list[list[int]], out: Eng
     )
 
 
-def _engine_passes(inp: PassInput, dropped: list[str], timings: Timings) -> EngineOutputs:
+def _engine_passes(inp: PassInput, dropped: list[str], gate_settings: list[GateSetting],
+                   timings: Timings) -> EngineOutputs:  # fmt: skip
     """The engine's passes over one request (:data:`~gate.worker.passes.ENGINE_PASSES`), and what
     the live engine says about itself."""
     from gate.worker import engine as eng
@@ -288,7 +346,10 @@ def _engine_passes(inp: PassInput, dropped: list[str], timings: Timings) -> Engi
         "identity": eng.identity(llm),
         "requested_engine_args": request.engine_args,
         "dropped_engine_args": dropped,
-        "effective": eng.effective_settings(llm),
+        "effective": eng.effective_settings(llm, gate_settings),
+        # Environment the gate set for the engine, with why (the values are in "effective" too).
+        "gate_settings": [dataclasses.asdict(g) for g in gate_settings],
+        "passes_not_run": results.not_run,
         "numerics": eng.numerics(llm),
         "default_sampling_params": eng.default_sampling(llm),
         "generation_config_overrides": eng.generation_config_overrides(llm),

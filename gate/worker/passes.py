@@ -5,16 +5,31 @@ timing each as ``<name>_s`` (engine.json ``timings``); each adds its result to :
 The order is part of the contract: the weight-sync probe and the GRPO run push new weights into
 the engine, so they come last (and ``validate_batch`` keeps them to the last request of a batch).
 
+Those two (:data:`RL_PASSES`) may fail on their own: a push that raises (a user's hook, a rank
+that fails) is recorded as that pass's ``error`` in engine.json, the passes after it are recorded
+as not run (the engine's weights are then unknown), and the replay's evidence, already gathered,
+is written and judged as usual. A failure in any other pass ends the worker, as before.
+
+Bounds: every call into the workers has a timeout (``weight_sync.call_workers``); each pass may
+also be bounded by ``GATE_WORKER_PHASE_TIMEOUT_S`` (seconds), which ends it with an error naming it.
+
 Imports only numpy and the standard library at module level; the engine-side modules (vllm,
 torch, transformers) load inside the passes that need them.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import signal
+import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,6 +40,8 @@ from gate.worker.replay import Completions, PromptScores
 
 if TYPE_CHECKING:
     from vllm import LLM
+
+    from gate.worker.memory import PeakMemory
 
 Say = Callable[[str], None]
 
@@ -52,6 +69,10 @@ class Tokenized:
     reference_ids: list[list[int] | None]
 
 
+def no_log_tail() -> list[str]:
+    return []
+
+
 @dataclass(frozen=True)
 class PassInput:
     """What every pass may read: the live engine, the request and its tokens."""
@@ -61,6 +82,15 @@ class PassInput:
     tokenized: Tokenized
     say: Say  # progress, prefixed with the request's place in a batch
     hf_kwargs: dict[str, Any]  # load trainer-side copies as the engine loaded the model
+    # The last lines the engine's processes wrote (engine.OutputTail.lines), for a failure
+    # on one rank; returns nothing where they are not captured.
+    log_tail: Callable[[], list[str]] = no_log_tail
+    memory: PeakMemory | None = None  # peak memory per pass (engine.json memory_peaks)
+
+    @property
+    def scratch_dir(self) -> Path:
+        """Beside the request's output dir: where a push folder goes when /dev/shm has no room."""
+        return Path(self.request.output_dir).resolve().parent
 
     @property
     def order(self) -> np.ndarray | None:
@@ -94,6 +124,7 @@ class PassResults:
     weight_sync: dict[str, Any] | None = None  # engine.json "weight_sync"
     grpo: dict[str, Any] | None = None  # engine.json "grpo"
     arrays: dict[str, np.ndarray] = field(default_factory=dict)  # ws_* and grpo_* evidence arrays
+    not_run: list[str] = field(default_factory=list)  # enabled passes skipped after a failed one
 
 
 @dataclass(frozen=True)
@@ -103,14 +134,125 @@ class EnginePass:
     run: Callable[[PassInput, PassResults], None]
 
 
+RL_PASSES = (
+    "weight_sync",
+    "grpo",
+)  # they push weights; a failure there costs only their own checks
+PHASE_TIMEOUT_ENV = "GATE_WORKER_PHASE_TIMEOUT_S"
+
+
+class PhaseTimeout(TimeoutError):
+    """A pass ran past ``GATE_WORKER_PHASE_TIMEOUT_S``; the message names it."""
+
+
+def phase_timeout_s() -> float | None:
+    raw = os.environ.get(PHASE_TIMEOUT_ENV)
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{PHASE_TIMEOUT_ENV}={raw!r}: expected a number of seconds") from None
+    return value if value > 0 else None
+
+
+@contextmanager
+def phase_deadline(name: str, seconds: float | None) -> Iterator[None]:
+    """Raise :class:`PhaseTimeout` in this (the main) thread when the pass outlives ``seconds``.
+
+    A timer signal, so it also ends a pass waiting in Python on an engine that never answers; no
+    bound where ``seconds`` is None or off the main thread (signals are delivered only there).
+    """
+    if seconds is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(signum: int, frame: object) -> None:
+        raise PhaseTimeout(f"the {name} pass ran past its {seconds:g}s limit ({PHASE_TIMEOUT_ENV})")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def run_passes(passes: Sequence[EnginePass], inp: PassInput, timings: Timings) -> PassResults:
-    """Run the enabled passes in table order, each timed as ``<name>_s``."""
+    """Run the enabled passes in table order, each timed as ``<name>_s``.
+
+    An RL pass that raises is recorded (:func:`failure_record`) and every RL pass after it is
+    listed in ``not_run``; any other pass that raises ends the run.
+    """
     results = PassResults()
+    limit = phase_timeout_s()
+    failed: str | None = None
     for engine_pass in passes:
-        if engine_pass.enabled(inp):
-            with timings.measure(f"{engine_pass.name}_s"):
-                engine_pass.run(inp, results)
+        if not engine_pass.enabled(inp):
+            continue
+        if failed is not None:  # after a failed push the engine's weights are unknown
+            results.not_run.append(engine_pass.name)
+            _record(results, engine_pass.name, {"not_run": f"the {failed} pass failed before it"})
+            continue
+        phase = inp.memory.phase(engine_pass.name) if inp.memory is not None else nullcontext()
+        with timings.measure(f"{engine_pass.name}_s"), phase:
+            try:
+                with phase_deadline(engine_pass.name, limit):
+                    engine_pass.run(inp, results)
+            except Exception as exc:
+                if engine_pass.name not in RL_PASSES:
+                    raise
+                failed = engine_pass.name
+                inp.say(f"{engine_pass.name} failed: {type(exc).__name__}: {exc}"[:500])
+                _record(results, engine_pass.name, failure_record(exc, inp.log_tail(), _hook(inp)))
     return results
+
+
+def _record(results: PassResults, pass_name: str, entry: dict[str, Any]) -> None:
+    """Merge ``entry`` into the pass's engine.json section (``weight_sync`` or ``grpo``)."""
+    setattr(results, pass_name, {**(getattr(results, pass_name) or {}), **entry})
+
+
+def _hook(inp: PassInput) -> str | None:
+    ws = inp.request.weight_sync
+    return ws.hook if ws is not None else None
+
+
+# A line an engine worker process logged, as vLLM prefixes it: "(Worker_TP1 pid=4242) ERROR ...".
+_WORKER_LINE = re.compile(r"\((?P<proc>\w*Worker\w*) pid=\d+\)(?P<rest>.*)")
+_FAILURE_WORDS = ("ERROR", "Error", "Exception", "Traceback")
+TRACEBACK_LINES = 25
+LOG_TAIL_LINES = 40
+
+
+def failed_ranks(lines: Sequence[str]) -> list[str]:
+    """The worker processes (``Worker_TP1``, ``Worker_PP0_TP1``) whose log lines report a failure."""
+    found = []
+    for line in lines:
+        match = _WORKER_LINE.search(line)
+        if match and any(word in match["rest"] for word in _FAILURE_WORDS):
+            found.append(match["proc"])
+    return sorted(set(found))
+
+
+def failure_record(
+    exc: BaseException, log_lines: Sequence[str], hook: str | None
+) -> dict[str, Any]:
+    """engine.json's ``error`` for a pass that raised: what, through which path, where it failed."""
+    tb = "".join(traceback.format_exception(exc)).rstrip().splitlines()
+    adapter = getattr(exc, "adapter", None)
+    cause = exc.__cause__ if adapter and exc.__cause__ is not None else exc  # the hook's own error
+    return {
+        "error": {
+            "message": f"{type(cause).__name__}: {cause}"[:2000],
+            "adapter": adapter,
+            "hook": hook,
+            "traceback_tail": "\n".join(tb[-TRACEBACK_LINES:]),
+            "failed_ranks": failed_ranks(log_lines),
+            "log_tail": "\n".join(log_lines[-LOG_TAIL_LINES:]),
+        }
+    }
 
 
 # -- the passes ------------------------------------------------------------------------------------
@@ -148,18 +290,18 @@ def _weight_sync(inp: PassInput, out: PassResults) -> None:
     assert inp.request.weight_sync is not None  # enabled() says so
     arrays, out.weight_sync = run_probe(inp.llm, inp.request.model, inp.tokenized.prompt_ids,
                                         inp.tokenized.reference_ids, inp.request.weight_sync, inp.say,
-                                        inp.hf_kwargs)  # fmt: skip
+                                        inp.hf_kwargs, inp.scratch_dir)  # fmt: skip
     out.arrays.update(arrays)
 
 
 def _grpo(inp: PassInput, out: PassResults) -> None:
     from gate.worker.grpo import run_grpo
-    from gate.worker.weight_sync import UnsupportedEngine, choose_adapter
+    from gate.worker.weight_sync import UnsupportedEngine, choose_adapter, push_naming_failures
 
     g, ws = inp.request.grpo, inp.request.weight_sync
     assert g is not None  # enabled() says so
     try:
-        adapter = choose_adapter(inp.llm, ws.hook if ws else None)
+        adapter = choose_adapter(inp.llm, ws.hook if ws else None, inp.scratch_dir)
     except UnsupportedEngine as exc:  # no weight push: no GRPO run; the evidence above stands
         inp.say(f"mini GRPO not run: {exc}")
         out.grpo = {"adapter": None, "unsupported": str(exc), "seeds": g.seeds, "steps": g.steps}
@@ -167,9 +309,16 @@ def _grpo(inp: PassInput, out: PassResults) -> None:
     inp.say(f"mini GRPO: {len(g.seeds)} seed(s) x {g.steps} steps of {g.prompts_per_step} prompts "
             f"x {g.group_size}")  # fmt: skip
     answers = [p.answer for p in inp.request.prompts]
-    out.arrays.update(run_grpo(inp.llm, inp.request.model, inp.tokenized.prompt_ids, answers, g,
-                               adapter.push, inp.say, inp.hf_kwargs))  # fmt: skip
-    out.grpo = {"adapter": adapter.name, "seeds": g.seeds, "steps": g.steps}
+    out.grpo = {
+        "adapter": adapter.name,
+        "seeds": g.seeds,
+        "steps": g.steps,
+    }  # kept if the run fails
+    push = partial(push_naming_failures, adapter)
+    run = run_grpo(inp.llm, inp.request.model, inp.tokenized.prompt_ids, answers, g, push, inp.say,
+                   inp.hf_kwargs)  # fmt: skip
+    out.arrays.update(run.arrays)
+    out.grpo["trainer"] = run.trainer
 
 
 ENGINE_PASSES: tuple[EnginePass, ...] = (

@@ -14,6 +14,7 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -144,32 +145,82 @@ def full_fp32_matmul() -> Iterator[None]:
         torch.set_float32_matmul_precision(previous)
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where the reference goes: one device, or spread over several by accelerate."""
+
+    device: str  # the device of a one-device reference ("cuda" or "cpu")
+    device_map: str | dict[str, int | str] | None = (
+        None  # accelerate's: a strategy or module -> device
+    )
+    max_memory: dict[str, str | int] | None = None  # "0" (GPU index) or "cpu" -> "20GiB" or bytes
+
+
+@dataclass
+class _Loaded:
+    """A loaded reference: the trunk, the final projection in fp32, and where each lives."""
+
+    trunk: torch.nn.Module
+    head_weight_fp32: torch.Tensor
+    head_bias_fp32: torch.Tensor | None
+    input_device: torch.device  # where the token ids go: the embeddings' device
+    head_device: torch.device  # where the projection runs
+    head_source: str  # where the fp32 projection's values came from
+    module_devices: dict[str, str] | None  # accelerate's module -> device map, when spread
+    softcap: float | None  # Gemma-style models cap logits after the projection
+
+
 class ReferenceModel:
     """A transformers causal LM split into trunk and final projection so the head precision is ours."""
 
     def __init__(self, model_path: str, dtype: str, lm_head_fp32: bool, device: str,
-                 hf_kwargs: dict[str, Any] | None = None) -> None:  # fmt: skip
-        from transformers import AutoModelForCausalLM
-
-        self.device = torch.device(device)
-        model = _load_causal_lm(AutoModelForCausalLM, model_path, **(hf_kwargs or {}))
-        model.eval()
-        head = model.get_output_embeddings()
-        # Copy the projection in fp32 before the trunk is cast, so an fp32 head is really fp32.
-        self.head_weight_fp32 = head.weight.detach().float().to(self.device)
-        self.head_bias_fp32 = (
-            None
-            if getattr(head, "bias", None) is None
-            else head.bias.detach().float().to(self.device)
-        )
+                 hf_kwargs: dict[str, Any] | None = None,
+                 device_map: str | dict[str, int | str] | None = None,
+                 max_memory: dict[str, str | int] | None = None) -> None:  # fmt: skip
+        self.placement = Placement(device, device_map, max_memory)
         trunk_dtype = _DTYPES[dtype]
+        loaded = (
+            _load_on_one_device(model_path, trunk_dtype, torch.device(device), hf_kwargs or {})
+            if device_map is None
+            else _load_spread(
+                model_path, trunk_dtype, lm_head_fp32, self.placement, hf_kwargs or {}
+            )
+        )
+        self.trunk = loaded.trunk
+        self.head_weight_fp32, self.head_bias_fp32 = loaded.head_weight_fp32, loaded.head_bias_fp32
+        self.input_device, self.head_device = loaded.input_device, loaded.head_device
+        self.head_source, self.module_devices = loaded.head_source, loaded.module_devices
         self.head_dtype = (
             torch.float32 if (lm_head_fp32 or trunk_dtype == torch.float32) else trunk_dtype
         )
-        self.trunk = model.get_decoder().to(device=self.device, dtype=trunk_dtype)
-        # Gemma-style models cap logits after the projection; keep the reference faithful.
-        self.softcap = getattr(model.config, "final_logit_softcapping", None)
+        self.softcap = loaded.softcap
         self.pad_id = 0
+
+    def placement_record(self) -> dict[str, Any]:
+        """engine.json's account of where the reference sits: requested placement, module -> device
+        (accelerate's map, when spread), and the bytes of weights and buffers on each device."""
+        return {
+            "device_map": self.placement.device_map,
+            "max_memory": self.placement.max_memory,
+            "modules": self.module_devices,
+            "input_device": str(self.input_device),
+            "head_device": str(self.head_device),
+            "head_dtype": str(self.head_dtype).removeprefix("torch."),
+            "head_source": self.head_source,
+            "bytes_per_device": self.bytes_per_device(),
+        }
+
+    def bytes_per_device(self) -> dict[str, int]:
+        """Bytes of the trunk's parameters and buffers and of the fp32 projection, per device
+        ("offloaded": weights accelerate keeps off the device they run on)."""
+        tensors = [*self.trunk.parameters(), *self.trunk.buffers(), self.head_weight_fp32]
+        if self.head_bias_fp32 is not None:
+            tensors.append(self.head_bias_fp32)
+        totals: dict[str, int] = {}
+        for t in tensors:
+            where = "offloaded" if t.device.type == "meta" else str(t.device)
+            totals[where] = totals.get(where, 0) + t.numel() * t.element_size()
+        return totals
 
     def head(self, hidden: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         weight = self.head_weight_fp32.to(dtype)
@@ -230,14 +281,16 @@ class ReferenceModel:
         for row, seq in enumerate(seqs):  # one Python step per sequence, not per token
             ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
             mask[row, : len(seq)] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        hidden = self.trunk(input_ids=ids, attention_mask=mask).last_hidden_state
+        hidden = self.trunk(
+            input_ids=ids.to(self.input_device), attention_mask=mask.to(self.input_device)
+        ).last_hidden_state
 
-        # Target t is predicted by the hidden state at t - 1.
-        rows = torch.from_numpy(np.repeat(np.arange(len(seqs)), counts)).to(self.device)
-        cols = torch.from_numpy(token_ranges(starts - 1, counts)).to(self.device)
-        targets = ids[rows, cols + 1].unsqueeze(-1)
-        picked = hidden[rows, cols]
+        # Target t is predicted by the hidden state at t - 1. A spread reference ends on the device
+        # of its last layer: the picked states move to the projection's device, not the reverse.
+        rows = torch.from_numpy(np.repeat(np.arange(len(seqs)), counts))
+        cols = torch.from_numpy(token_ranges(starts - 1, counts))
+        targets = ids[rows, cols + 1].unsqueeze(-1).to(self.head_device)
+        picked = hidden[rows.to(hidden.device), cols.to(hidden.device)].to(self.head_device)
 
         outs: tuple[list[torch.Tensor], ...] = ([], [], [], [])
         for chunk in range(0, picked.shape[0], _HEAD_CHUNK_ROWS):
@@ -256,12 +309,160 @@ class ReferenceModel:
         return raw, processed, raw_bf16, torch.cat(outs[3]).cpu().numpy()
 
 
-def _load_causal_lm(auto_cls, model_path: str, **hf_kwargs: Any):
+def _load_on_one_device(
+    model_path: str, trunk_dtype: torch.dtype, device: torch.device, hf_kwargs: dict[str, Any]
+) -> _Loaded:
+    from transformers import AutoModelForCausalLM
+
+    model = _load_causal_lm(AutoModelForCausalLM, model_path, **hf_kwargs).eval()
+    head = model.get_output_embeddings()
+    # Copy the projection in fp32 before the trunk is cast, so an fp32 head is really fp32.
+    bias = getattr(head, "bias", None)
+    return _Loaded(
+        trunk=model.get_decoder().to(device=device, dtype=trunk_dtype),
+        head_weight_fp32=head.weight.detach().float().to(device),
+        head_bias_fp32=None if bias is None else bias.detach().float().to(device),
+        input_device=device,
+        head_device=device,
+        head_source="float32 load",
+        module_devices=None,
+        softcap=getattr(model.config, "final_logit_softcapping", None),
+    )
+
+
+def _load_spread(model_path: str, trunk_dtype: torch.dtype, lm_head_fp32: bool,
+                 placement: Placement, hf_kwargs: dict[str, Any]) -> _Loaded:  # fmt: skip
+    """The reference spread over devices by accelerate, loaded straight in the trunk's dtype.
+
+    Loaded in that dtype (not fp32, then cast) so that accelerate sizes the shards by the bytes
+    they will hold: a 70B bf16 reference is 140 GB, not 280. The numbers stay those of the
+    one-device path: the trunk's float buffers (rotary frequencies) are cast as that path casts
+    them, and an fp32 projection on a lower-precision trunk is read at the checkpoint's own
+    precision when the checkpoint is a local or cached safetensors one.
+    """
+    from transformers import AutoModelForCausalLM
+
+    _require_accelerate()
+    try:
+        model = _load_causal_lm(AutoModelForCausalLM, model_path, dtype=trunk_dtype,
+                                device_map=placement.device_map,
+                                max_memory=_accelerate_max_memory(placement.max_memory),
+                                **hf_kwargs).eval()  # fmt: skip
+    except ValueError as exc:
+        if "offload" not in str(exc):
+            raise
+        raise RuntimeError(
+            "reference.device_map / reference.max_memory: the reference does not fit the devices "
+            f"and memory given (accelerate would offload layers to disk): {exc}"
+        ) from None
+    head = model.get_output_embeddings()
+    head_device = _execution_device(head)
+    weight = _module_tensor(head, "weight")
+    source = f"{str(weight.dtype).removeprefix('torch.')} load"
+    if lm_head_fp32 and weight.dtype != torch.float32:
+        stored = _checkpoint_tensor(model_path, _parameter_names(model, head.weight), hf_kwargs)
+        if stored is not None:
+            weight, source = stored, f"checkpoint ({str(stored.dtype).removeprefix('torch.')})"
+    bias = _module_tensor(head, "bias") if getattr(head, "bias", None) is not None else None
+    # accelerate records its map only when it dispatched over several devices; one device is "".
+    device_map = getattr(model, "hf_device_map", None) or {"": head_device}
+    return _Loaded(
+        # dtype only: the modules stay where accelerate put them; float buffers are cast as above.
+        trunk=model.get_decoder().to(dtype=trunk_dtype),
+        head_weight_fp32=weight.detach().float().to(head_device),
+        head_bias_fp32=None if bias is None else bias.detach().float().to(head_device),
+        input_device=_execution_device(model.get_input_embeddings()),
+        head_device=head_device,
+        head_source=source,
+        module_devices={name: str(device) for name, device in device_map.items()},
+        softcap=getattr(model.config, "final_logit_softcapping", None),
+    )
+
+
+def _require_accelerate() -> None:
+    try:
+        import accelerate  # noqa: F401 - transformers places models with it
+    except ImportError:
+        raise RuntimeError(
+            "reference.device_map needs accelerate in the engine environment, which lacks it: add "
+            "it to the engine's install (engines.<name>.pip_args: [accelerate]) or pip install accelerate"
+        ) from None
+
+
+def _accelerate_max_memory(
+    max_memory: dict[str, str | int] | None,
+) -> dict[int | str, str | int] | None:
+    """gate.yaml's device keys ("0", "cpu") as accelerate takes them: GPU indices are integers."""
+    if max_memory is None:
+        return None
+    return {int(k) if k.isdigit() else k: v for k, v in max_memory.items()}
+
+
+def _execution_device(module: torch.nn.Module) -> torch.device:
+    """The device ``module`` runs on: accelerate's hook says so for offloaded modules."""
+    hook = getattr(module, "_hf_hook", None)
+    device = getattr(hook, "execution_device", None)
+    if device is not None:
+        return torch.device(f"cuda:{device}" if isinstance(device, int) else device)
+    return next(module.parameters()).device
+
+
+def _module_tensor(module: torch.nn.Module, name: str) -> torch.Tensor:
+    """``module``'s parameter ``name`` with its values, also when accelerate offloaded it (on meta)."""
+    tensor: torch.Tensor = getattr(module, name)
+    if tensor.device.type == "meta":
+        weights_map = getattr(getattr(module, "_hf_hook", None), "weights_map", None)
+        if weights_map is None:
+            raise RuntimeError(
+                f"reference.device_map: the output projection's {name} has no values"
+            )
+        tensor = weights_map[name]
+    return tensor
+
+
+def _parameter_names(model: torch.nn.Module, tensor: torch.Tensor) -> list[str]:
+    """Every name ``tensor`` goes by in ``model`` (a tied projection has two)."""
+    return [n for n, p in model.named_parameters(remove_duplicate=False) if p is tensor]
+
+
+def _checkpoint_tensor(
+    model_path: str, names: list[str], hf_kwargs: dict[str, Any]
+) -> torch.Tensor | None:
+    """The first of ``names`` found in the checkpoint's safetensors files, at their stored dtype.
+
+    None when the checkpoint is not local or cached safetensors, or names none of them.
+    """
+    from safetensors import safe_open
+
+    folder = _checkpoint_folder(model_path, hf_kwargs)
+    for file in sorted(folder.glob("*.safetensors")) if folder else []:
+        with safe_open(str(file), framework="pt") as fh:
+            found = next((n for n in names if n in fh.keys()), None)  # noqa: SIM118 - not a dict
+            if found is not None:
+                return fh.get_tensor(found)
+    return None
+
+
+def _checkpoint_folder(model_path: str, hf_kwargs: dict[str, Any]) -> Path | None:
+    if Path(model_path).is_dir():
+        return Path(model_path)
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(model_path, revision=hf_kwargs.get("revision"),
+                                      local_files_only=True))  # fmt: skip
+    except Exception:  # not cached: the projection is upcast from the loaded one instead
+        return None
+
+
+def _load_causal_lm(
+    auto_cls, model_path: str, dtype: torch.dtype = torch.float32, **hf_kwargs: Any
+):
     # transformers 5 renamed torch_dtype to dtype; probe instead of parsing versions.
     try:
-        return auto_cls.from_pretrained(model_path, dtype=torch.float32, **hf_kwargs)
+        return auto_cls.from_pretrained(model_path, dtype=dtype, **hf_kwargs)
     except TypeError:
-        return auto_cls.from_pretrained(model_path, torch_dtype=torch.float32, **hf_kwargs)
+        return auto_cls.from_pretrained(model_path, torch_dtype=dtype, **hf_kwargs)
 
 
 def _pack(order: np.ndarray, lengths: np.ndarray, batch_tokens: int) -> list[np.ndarray]:

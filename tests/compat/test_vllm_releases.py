@@ -30,6 +30,8 @@ SINCE = {
     compat.FLAT_LOGPROBS: "0.12.0",
     # Worker.reload_weights(self) up to 0.15.1; (*args, **kwargs) -> runner(weights_iterator=...) from 0.16.0.
     compat.RELOAD_WEIGHTS_ITERATOR: "0.16.0",
+    # The runner's reload_weights(weights_iterator=None, weights_path=None, ...) arrived as one signature.
+    compat.RELOAD_WEIGHTS_PATH: "0.16.0",
     compat.WT_INIT: "0.16.0",
     compat.WT_UPDATE: "0.16.0",
     compat.WT_START: "0.21.0",
@@ -46,16 +48,12 @@ _memo: dict[str, dict | vllm_source.FetchError] = {}
 def findings(version: str) -> dict[str, vllm_source.Finding]:
     if version not in _memo:
         try:
-            _memo[version] = vllm_source.check_release(
-                vllm_source.ensure_source(version)
-            )
+            _memo[version] = vllm_source.check_release(vllm_source.ensure_source(version))
         except vllm_source.FetchError as exc:
             _memo[version] = exc
     result = _memo[version]
     if isinstance(result, vllm_source.FetchError):
-        pytest.skip(
-            f"vllm {version} not checked, its wheel could not be fetched: {result}"
-        )
+        pytest.skip(f"vllm {version} not checked, its wheel could not be fetched: {result}")
     return result
 
 
@@ -65,13 +63,9 @@ def test_every_feature_has_an_expectation():
 
 @pytest.mark.parametrize("version", compat.RELEASES)
 def test_the_worker_has_a_weight_push_path(version):
-    status, detail = compat.worker_path(
-        {k: f.present for k, f in findings(version).items()}
-    )
+    status, detail = compat.worker_path({k: f.present for k, f in findings(version).items()})
     if version in UNSUPPORTED:
-        assert status == compat.UNSUPPORTED and detail.startswith(
-            "unsupported release: "
-        )
+        assert status == compat.UNSUPPORTED and detail.startswith("unsupported release: ")
         assert UNSUPPORTED[version] in detail
         return
     assert status == compat.SUPPORTED, f"vllm {version}: {detail}"
@@ -81,6 +75,20 @@ def test_the_worker_has_a_weight_push_path(version):
         else compat.PUSH_RUNNER_LOAD_WEIGHTS
     )
     assert detail == (expected, compat.PUSH_RESET)
+
+
+@pytest.mark.parametrize("version", compat.RELEASES)
+def test_workers_in_other_processes_get_the_folder_push_from_0_16(version):
+    status, detail = compat.worker_path(
+        {k: f.present for k, f in findings(version).items()}, multiprocess=True
+    )
+    if _v(version) >= _v("0.16.0"):
+        assert (status, detail) == (
+            compat.SUPPORTED,
+            (compat.PUSH_RELOAD_FROM_FOLDER, compat.PUSH_RESET),
+        )
+    else:
+        assert status == compat.UNSUPPORTED and "takes no weights_path" in detail
 
 
 @pytest.mark.parametrize("version", compat.RELEASES)
@@ -99,9 +107,5 @@ def test_every_effective_setting_has_a_path(version):
     found = findings(version)
     missing = {k.removeprefix(compat.SETTING_PREFIX): f.note for k, f in found.items()
                if k.startswith(compat.SETTING_PREFIX) and not f.present}  # fmt: skip
-    expected = {
-        name for name, since in SETTING_SINCE.items() if _v(version) < _v(since)
-    }
-    assert set(missing) == expected, (
-        f"vllm {version}: settings no worker path reaches: {missing}"
-    )
+    expected = {name for name, since in SETTING_SINCE.items() if _v(version) < _v(since)}
+    assert set(missing) == expected, f"vllm {version}: settings no worker path reaches: {missing}"

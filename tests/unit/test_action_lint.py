@@ -4,12 +4,11 @@ actions pinned by commit, no step that can import the workspace). docs/security.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-
-import re
 
 import pytest
 import yaml

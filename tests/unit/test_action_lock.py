@@ -11,10 +11,10 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 from packaging.markers import default_environment
 from packaging.requirements import Requirement

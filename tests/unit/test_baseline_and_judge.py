@@ -11,10 +11,10 @@ import pytest
 
 from gate import baseline as bl
 from gate import report
-from gate.verdict import Status
 from gate.config import load_config
 from gate.errors import EXIT_ERROR, EXIT_FAIL, EXIT_OK, ConfigError, GateError
 from gate.judge import judge
+from gate.verdict import Status
 
 from ..factory import RUN, make_evidence
 

@@ -62,6 +62,60 @@ def test_push_refuses_to_guess_a_feature_it_was_not_given():
         )
 
 
+def test_workers_in_other_processes_take_the_folder_push():
+    assert compat.worker_path(PUSH_ALL, multiprocess=True) == (
+        compat.SUPPORTED,
+        (compat.PUSH_RELOAD_FROM_FOLDER, compat.PUSH_RESET),
+    )
+
+
+def test_workers_in_other_processes_need_weights_path():
+    # 0.10-0.15 shape: the runner's load_weights is there, but only a function reaches it.
+    features = {
+        **PUSH_ALL,
+        compat.RELOAD_WEIGHTS_ITERATOR: False,
+        compat.RELOAD_WEIGHTS_PATH: False,
+    }
+    status, reason = compat.worker_path(features, multiprocess=True)
+    assert status == compat.UNSUPPORTED and "takes no weights_path" in reason
+
+
+@pytest.mark.parametrize("multiprocess", [False, True], ids=["in-process", "multi-process"])
+@pytest.mark.parametrize(
+    "present",
+    [tuple(k for k, on in zip(compat.PUSH_FEATURES, bits, strict=True) if on)
+     for bits in __import__("itertools").product([False, True], repeat=len(compat.PUSH_FEATURES))],
+    ids=lambda present: "+".join(k.rsplit(".", 1)[-1] for k in present) or "none",
+)  # fmt: skip
+def test_the_worker_picks_the_push_the_table_states(present, multiprocess):
+    """pick_adapter (live engine) and worker_path (release table) are one rule: same answer for every
+    combination of features (reset_prefix_cache aside: the worker calls it where it exists)."""
+    ws = pytest.importorskip("gate.worker.weight_sync")
+    features = {k: k in present for k in compat.PUSH_FEATURES}
+    status, detail = compat.worker_path({**features, compat.RESET_PREFIX_CACHE: True}, multiprocess)
+    paths = (
+        ws.PushPaths(
+            reload_weights_iterator=features[compat.RELOAD_WEIGHTS_ITERATOR] and not multiprocess,
+            runner_load_weights=features[compat.RUNNER_LOAD_WEIGHTS] and not multiprocess,
+            reload_weights_path=features[compat.RELOAD_WEIGHTS_PATH],
+            multiprocess=multiprocess,
+        )
+        if features[compat.COLLECTIVE_RPC]
+        else None
+    )
+    try:
+        adapter = ws.pick_adapter(paths, has_v0_driver_model=False)
+    except ws.UnsupportedEngine:
+        assert status == compat.UNSUPPORTED, detail
+        return
+    pushes = {
+        ws.RELOAD_WEIGHTS.name: compat.PUSH_RELOAD_WEIGHTS,
+        ws.RUNNER_LOAD_WEIGHTS.name: compat.PUSH_RUNNER_LOAD_WEIGHTS,
+        ws.FOLDER_RELOAD.name: compat.PUSH_RELOAD_FROM_FOLDER,
+    }
+    assert status == compat.SUPPORTED and detail[0] == pushes[adapter.name]
+
+
 # ---- static checks ------------------------------------------------------------------------------
 
 # A minimal release: the classes the checks read, in vLLM's layout, with the 0.16+ shapes.
@@ -200,9 +254,7 @@ def test_collective_rpc_taking_only_a_name_cannot_run_the_push(tmp_path):
             def reset_prefix_cache(self): ...
     """)  # fmt: skip
     found = _check(tree)
-    assert (
-        not found[compat.COLLECTIVE_RPC] and not found[compat.DEFAULT_SAMPLING_PARAMS]
-    )
+    assert not found[compat.COLLECTIVE_RPC] and not found[compat.DEFAULT_SAMPLING_PARAMS]
     assert compat.worker_path(found)[0] == compat.UNSUPPORTED
 
 
@@ -245,13 +297,8 @@ def test_a_setting_reads_from_its_first_path_that_exists(tmp_path):
         "y": ("vllm_config.cache_config.nope",),
     }
     found = check_tree(_tree(tmp_path), settings)
-    assert (
-        found["setting.x"].present and found["setting.x"].note == "model_config.dtype"
-    )
-    assert (
-        not found["setting.y"].present
-        and "no attribute 'nope'" in found["setting.y"].note
-    )
+    assert found["setting.x"].present and found["setting.x"].note == "model_config.dtype"
+    assert not found["setting.y"].present and "no attribute 'nope'" in found["setting.y"].note
 
 
 def test_the_worker_setting_table_is_read_from_the_worker_itself():
@@ -301,9 +348,7 @@ def test_a_failed_download_is_a_fetch_error_that_says_why(tmp_path, monkeypatch)
         )
 
     monkeypatch.setattr(vllm_source.subprocess, "run", failing_run)
-    with pytest.raises(
-        vllm_source.FetchError, match="vllm==9.9.9 failed .*network unreachable"
-    ):
+    with pytest.raises(vllm_source.FetchError, match=r"vllm==9\.9\.9 failed .*network unreachable"):
         vllm_source.ensure_source("9.9.9", tmp_path)
     assert vllm_source.cached_source("9.9.9", tmp_path) is None
 

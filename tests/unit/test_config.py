@@ -240,3 +240,68 @@ def test_the_committed_json_schema_is_current():
     schema = json.loads(committed)
     assert schema["$defs"]["SamplingConfig"]["additionalProperties"] is False  # typos are flagged
     assert "train-inference-mismatch" in schema["$defs"]["Checks"]["properties"]
+
+
+def test_reference_placement_and_grpo_training_load_with_their_defaults(minimal_config):
+    cfg = load_config(minimal_config())
+    assert cfg.reference.device_map is None and cfg.reference.max_memory is None
+    # A subset that fits beside the engine: the last two decoder layers, with AdamW.
+    assert cfg.grpo.trainable == {"last_layers": 2} and cfg.grpo.optimizer == "adamw"
+    # The CPU default pins whole-model AdamW: its committed GRPO baseline was recorded so.
+    builtin = load_config(BUILTIN_CONFIG)
+    assert builtin.grpo.trainable == "all" and builtin.grpo.optimizer == "adamw"
+
+
+def test_a_sharded_reference_and_a_trained_subset_reach_the_worker_request(
+    minimal_config, tmp_path
+):
+    from gate.replay import build_request
+    from gate.request import WorkerRequest
+
+    cfg = load_config(minimal_config(extra=(
+        "reference: {dtype: bfloat16, lm_head_fp32: true, device_map: {model.layers.0: 0, lm_head: cpu},"
+        " max_memory: {0: 20GiB, cpu: 1000000}}\n"
+        "grpo: {trainable: {last_layers: 4}, optimizer: sgd}\n"
+    )))  # fmt: skip
+    # GPU indices written as numbers become strings; an explicit map keeps its integers.
+    assert cfg.reference.max_memory == {"0": "20GiB", "cpu": 1000000}
+    assert cfg.reference.device_map == {"model.layers.0": 0, "lm_head": "cpu"}
+    request = build_request(cfg, cfg.engines["old"], [], tmp_path)
+    again = WorkerRequest.from_json(request.to_json())  # the seam the worker reads
+    assert again.reference.device_map == {"model.layers.0": 0, "lm_head": "cpu"}
+    assert again.reference.max_memory == {"0": "20GiB", "cpu": 1000000}
+    assert again.grpo is not None
+    assert again.grpo.trainable == {"last_layers": 4} and again.grpo.optimizer == "sgd"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("reference: {device_map: everywhere}\n",
+         "reference.device_map: must be one of ('auto', 'balanced', 'balanced_low_0', 'sequential') or a mapping of module -> device"),
+        ("reference: {device_map: {lm_head: gpu}}\n",
+         "reference.device_map.lm_head: expected a GPU index, 'cpu' or 'cuda:N', got 'gpu'"),
+        ("reference: {device_map: {}}\n", "reference.device_map: an explicit map needs at least one module"),
+        ("reference: {device_map: 3}\n", "reference.device_map: expected a string or a mapping, got 3"),
+        ("reference: {max_memory: {0: 20GiB}}\n", "reference.max_memory: only used with device_map"),
+        ("reference: {device_map: auto, max_memory: {gpu0: 2GiB}}\n",
+         "reference.max_memory.gpu0: a device is a GPU index or one of ('cpu', 'mps')"),
+        ("reference: {device_map: auto, max_memory: {0: lots}}\n",
+         "reference.max_memory.0: expected a size such as 20GiB or 512MB, or bytes, got 'lots'"),
+        ("grpo: {trainable: everything}\n",
+         "grpo.trainable: must be one of ('all', 'lm_head', 'norms') or {last_layers: N}"),
+        ("grpo: {trainable: {last_layers: 0}}\n", "grpo.trainable.last_layers: must be >= 1"),
+        ("grpo: {trainable: {last_layers: x}}\n", "grpo.trainable.last_layers: expected an integer, got 'x'"),
+        ("grpo: {trainable: {first_layers: 2}}\n",
+         "grpo.trainable: a mapping takes one key, last_layers (got ['first_layers'])"),
+        ("grpo: {optimizer: adam}\n", "grpo.optimizer: must be one of ('adamw', 'sgd')"),
+    ],
+)  # fmt: skip
+def test_bad_placement_and_training_settings_name_the_file_and_field(
+    minimal_config, extra, message
+):
+    path = minimal_config(extra=extra)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == f"{path}: {message}"
+    assert info.value.exit_code == EXIT_USAGE

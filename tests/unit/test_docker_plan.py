@@ -440,8 +440,8 @@ def test_repeat_runs_in_the_image_with_the_venv_runner_and_same_paths(monkeypatc
     # `gate repeat --runner docker` used to take the per-engine runner, which needs an image per
     # engine: every seed an ERROR. It runs in the gate image like `gate run`.
     from gate import cli
-    from gate.replay import load_prompts
     from gate.repeat import repetition_seeds
+    from gate.replay import load_prompts
 
     calls = _recording(monkeypatch)
     out, earlier = tmp_path / "sweeps" / "rep", tmp_path / "rep-old"

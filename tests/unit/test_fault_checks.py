@@ -9,9 +9,9 @@ import pytest
 
 from gate import evidence as ev
 from gate.checks import parse_settings, run_checks
-from gate.verdict import Status
 from gate.checks.context import Context, per_prompt, sampled_pairs
 from gate.repeat import subset_evidence
+from gate.verdict import Status
 
 from ..factory import RUN, make_evidence
 

@@ -174,3 +174,64 @@ def test_top_p_boundary_ties_are_undecidable():
         True,
         False,
     ]  # tied: undecidable; far: outside
+
+
+# A sharded reference (reference.device_map through accelerate). On a CPU-only machine every
+# placement resolves to "cpu": these tests hold the loading path, the placement record and the
+# scores to the one-device reference; the device hops themselves run only where there are GPUs.
+SHARDED_SEQS, SHARDED_STARTS = [[1, 5, 7, 9, 2], [1, 3], [1, 4, 4, 4, 8]], [1, 1, 2]
+EXPLICIT_MAP = {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "cpu",
+                "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "cpu"}  # fmt: skip
+
+
+def _scores(ref):
+    t = SamplingTransform(temperature=0.7, top_k=10, top_p=0.95, mask_dtype="bfloat16")
+    scored = ref.score(SHARDED_SEQS, SHARDED_STARTS, t, batch_tokens=256)
+    return np.stack([scored.raw, scored.processed, scored.raw_bf16_head])
+
+
+@pytest.mark.parametrize(
+    "dtype,lm_head_fp32", [("float32", False), ("bfloat16", True), ("bfloat16", False)]
+)
+@pytest.mark.parametrize("device_map", ["auto", EXPLICIT_MAP], ids=["auto", "explicit"])
+def test_a_spread_reference_scores_as_the_one_device_reference(
+    tiny_model, dtype, lm_head_fp32, device_map
+):
+    pytest.importorskip("accelerate")
+    path, _ = tiny_model
+    whole = ReferenceModel(str(path), dtype, lm_head_fp32, device="cpu")
+    spread = ReferenceModel(str(path), dtype, lm_head_fp32, device="cpu", device_map=device_map,
+                            max_memory={"cpu": "1GiB"})  # fmt: skip
+    np.testing.assert_array_equal(_scores(spread), _scores(whole))
+    record = spread.placement_record()
+    assert record["device_map"] == device_map and record["max_memory"] == {"cpu": "1GiB"}
+    assert set(record["modules"].values()) == {"cpu"}
+    # An fp32 projection on a bf16 trunk is read from the (fp32) checkpoint, not upcast from bf16.
+    expected_source = "checkpoint (float32)" if lm_head_fp32 else f"{dtype} load"
+    assert record["head_source"] == expected_source
+    assert record["bytes_per_device"] == whole.bytes_per_device()
+
+
+def test_the_one_device_reference_records_its_placement(tiny_model):
+    path, model = tiny_model
+    ref = ReferenceModel(str(path), "bfloat16", lm_head_fp32=True, device="cpu")
+    record = ref.placement_record()
+    assert record["modules"] is None and record["device_map"] is None
+    assert record["head_dtype"] == "float32" and record["head_device"] == "cpu"
+    trunk = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("lm_head"))
+    head = model.lm_head.weight.numel()
+    # the bf16 trunk, its buffers (rotary frequencies, cast as the trunk is) and the fp32 projection
+    buffers = sum(b.numel() * b.element_size() for b in ref.trunk.buffers())
+    assert {b.dtype for b in ref.trunk.buffers()} == {torch.bfloat16}
+    assert record["bytes_per_device"] == {"cpu": trunk * 2 + buffers + head * 4}
+
+
+def test_a_spread_reference_without_accelerate_names_the_fix(tiny_model, monkeypatch):
+    import sys
+
+    path, _ = tiny_model
+    monkeypatch.setitem(sys.modules, "accelerate", None)  # import accelerate raises ImportError
+    with pytest.raises(
+        RuntimeError, match=r"reference.device_map needs accelerate.*pip_args: \[accelerate\]"
+    ):
+        ReferenceModel(str(path), "float32", False, device="cpu", device_map="auto")

@@ -11,11 +11,21 @@ import pytest
 from gate.cli import main
 from gate.config import load_config
 from gate.errors import EXIT_ERROR, EXIT_USAGE, ConfigError
-from gate.replay import build_request, load_prompts
 from gate.repeat import (
-    REPEAT_FILE, SCHEMA, SeedOutcome, Variant, _check_reusable, _check_variants, _engine_meta, counts, judge_seed,
-    repetition_seeds, seed_config, seed_dir_name,
+    REPEAT_FILE,
+    SCHEMA,
+    SeedOutcome,
+    Variant,
+    _check_reusable,
+    _check_variants,
+    _engine_meta,
+    counts,
+    judge_seed,
+    repetition_seeds,
+    seed_config,
+    seed_dir_name,
 )  # fmt: skip
+from gate.replay import build_request, load_prompts
 
 from ..factory import RUN, make_evidence
 

@@ -14,14 +14,16 @@ import json
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+
 torch = pytest.importorskip("torch")
 
 from gate import evidence as ev
 from gate.checks import parse_settings, run_checks
-from gate.verdict import Status
 from gate.checks.context import Context
+from gate.verdict import Status
 from gate.worker import weight_sync as ws
 
 from ..factory import RUN, make_evidence
@@ -98,7 +100,9 @@ class LLM:
         self.workers = [WorkerWrapper(w) for w in workers]
         self.resets = 0
 
-    def collective_rpc(self, method, timeout=None, args: tuple = (), kwargs: dict | None = None) -> list:
+    def collective_rpc(
+        self, method, timeout=None, args: tuple = (), kwargs: dict | None = None
+    ) -> list:
         return [method(w, *args, **(kwargs or {})) for w in self.workers]
 
     def reset_prefix_cache(self) -> bool:
@@ -112,7 +116,9 @@ class V0Engine:
     def __init__(self) -> None:
         runner = type("ModelRunner", (), {"model": TinyModel()})()
         worker = type("Worker", (), {"model_runner": runner})()
-        self.llm_engine = type("LLMEngine", (), {"model_executor": type("Executor", (), {"driver_worker": worker})()})()
+        self.llm_engine = type(
+            "LLMEngine", (), {"model_executor": type("Executor", (), {"driver_worker": worker})()}
+        )()
 
 
 # --- signature probe and choice ------------------------------------------------------------------
@@ -150,7 +156,11 @@ def test_before_016_the_runner_load_weights_path_is_taken_and_loads_in_place():
 def test_from_016_reload_weights_is_taken():
     llm = LLM(WorkerFrom016())
     adapter = ws.choose_adapter(llm, None)
-    assert adapter.name == ws.RELOAD_WEIGHTS.name == "collective_rpc reload_weights + reset_prefix_cache"
+    assert (
+        adapter.name
+        == ws.RELOAD_WEIGHTS.name
+        == "collective_rpc reload_weights + reset_prefix_cache"
+    )
     adapter.push(llm, {"proj.weight": torch.zeros(2, 2)})
     assert llm.workers[0].model_runner.loaded == ["proj.weight"] and llm.resets == 1
 
@@ -164,13 +174,17 @@ def test_v0_engine_uses_the_driver_worker():
     llm = V0Engine()
     assert ws.choose_adapter(llm, None).name == ws.V0_LOAD_WEIGHTS.name
     ws.choose_adapter(llm, None).push(llm, {"proj.weight": torch.ones(2, 2)})
-    assert torch.equal(llm.llm_engine.model_executor.driver_worker.model_runner.model.proj.weight, torch.ones(2, 2))
+    assert torch.equal(
+        llm.llm_engine.model_executor.driver_worker.model_runner.model.proj.weight, torch.ones(2, 2)
+    )
 
 
 def test_no_path_is_unsupported_with_the_reason():
     worker = WorkerBefore016()
     del worker.model_runner.model
-    with pytest.raises(ws.UnsupportedEngine, match="takes no weights_iterator.*weight_update.hook"):
+    with pytest.raises(
+        ws.UnsupportedEngine, match=r"takes no weights_iterator.*weight_update\.hook"
+    ):
         ws.choose_adapter(LLM(worker), None)
 
 
@@ -185,10 +199,58 @@ def test_unsupported_engine_is_an_error_of_the_check(tmp_path):
     make_evidence(tmp_path / "new", seed=2, weight_sync=None)
     path = tmp_path / "new" / "engine.json"
     reason = "this engine offers no in-place weight-update path gate knows (no collective_rpc)"
-    path.write_text(json.dumps({**json.loads(path.read_text()), "weight_sync": {"adapter": None, "unsupported": reason}}))
-    ctx = Context(new=ev.load(tmp_path / "new"), old=make_evidence(tmp_path / "old", seed=1), run=copy.deepcopy(RUN))
-    result = next(r for r in run_checks(ctx, parse_settings({}, "gate.yaml")) if r.id == "weight-sync")
-    assert result.status == Status.ERROR and "This engine offers no in-place weight-update path" in result.diagnosis
+    path.write_text(
+        json.dumps(
+            {
+                **json.loads(path.read_text()),
+                "weight_sync": {"adapter": None, "unsupported": reason},
+            }
+        )
+    )
+    ctx = Context(
+        new=ev.load(tmp_path / "new"),
+        old=make_evidence(tmp_path / "old", seed=1),
+        run=copy.deepcopy(RUN),
+    )
+    result = next(
+        r for r in run_checks(ctx, parse_settings({}, "gate.yaml")) if r.id == "weight-sync"
+    )
+    assert (
+        result.status == Status.ERROR
+        and "This engine offers no in-place weight-update path" in result.diagnosis
+    )
+
+
+def test_a_push_that_raised_is_an_error_of_its_checks_and_the_rest_are_judged(tmp_path):
+    """engine.json as the worker writes it when the hook raised on one rank: weight-sync and GRPO are
+    ERROR (the hook, the rank, the tails), every replay check keeps its own verdict."""
+    make_evidence(tmp_path / "new", seed=2, weight_sync=None)
+    path = tmp_path / "new" / "engine.json"
+    error = {"message": "AttributeError: 'Parameter' object has no attribute 'weight_loader'",
+             "adapter": "hook hooks.py:load_into_driver_model", "hook": "hooks.py:load_into_driver_model",
+             "traceback_tail": "  File hooks.py, line 9\nAttributeError: 'Parameter' ...",
+             "failed_ranks": ["Worker_TP1"], "log_tail": "(Worker_TP1 pid=7) ERROR boom"}  # fmt: skip
+    meta = json.loads(path.read_text())
+    meta |= {"weight_sync": {"error": error}, "grpo": {"not_run": "the weight_sync pass failed before it"},
+             "passes_not_run": ["grpo"]}  # fmt: skip
+    path.write_text(json.dumps(meta))
+    ctx = Context(
+        new=ev.load(tmp_path / "new"),
+        old=make_evidence(tmp_path / "old", seed=1),
+        run=copy.deepcopy(RUN),
+    )
+    results = {r.id: r for r in run_checks(ctx, parse_settings({}, "gate.yaml"))}
+    sync, grpo = results["weight-sync"], results["grpo-trajectory"]
+    assert sync.status == Status.ERROR
+    assert sync.summary.startswith(
+        "the weight push via hook hooks.py:load_into_driver_model raised on Worker_TP1: "
+    )
+    assert "weight_loader" in sync.summary and "(Worker_TP1 pid=7) ERROR boom" in sync.diagnosis
+    assert grpo.status == Status.ERROR and "did not run" in grpo.summary
+    judged = [r for r in results.values() if r.id not in ("weight-sync", "grpo-trajectory")]
+    assert judged and all(r.status != Status.ERROR for r in judged), {
+        r.id: r.status for r in judged
+    }
 
 
 # --- tied weights --------------------------------------------------------------------------------
@@ -221,7 +283,9 @@ def test_tied_weights_are_perturbed_once_and_stay_tied(tmp_path):
     # embedding. Both must end on the same head, or weight-sync sees a "partial update".
     trainer.load_state_dict(new)
     engine_view = _tied_model(tmp_path / "engine")
-    engine_view.load_state_dict({k: v for k, v in new.items() if not k.startswith("lm_head.")}, strict=False)
+    engine_view.load_state_dict(
+        {k: v for k, v in new.items() if not k.startswith("lm_head.")}, strict=False
+    )
     ids = torch.tensor([[1, 40, 41, 42]])
     with torch.no_grad():
         assert torch.equal(trainer(ids).logits, engine_view(ids).logits)
@@ -234,7 +298,9 @@ def test_untied_and_distinct_views_are_perturbed_independently():
     assert all(not torch.equal(new[k], state[k]) for k in "abc")
     assert not torch.allclose(new["a"] - state["a"], new["b"] - state["b"])
     assert torch.equal(new["step"], state["step"])  # integer buffers are copied, not moved
-    assert all(torch.equal(new[k], v) for k, v in ws.perturbed(state, 0.5, seed=3).items())  # reproducible
+    assert all(
+        torch.equal(new[k], v) for k, v in ws.perturbed(state, 0.5, seed=3).items()
+    )  # reproducible
 
 
 # --- prompts -------------------------------------------------------------------------------------
@@ -264,7 +330,9 @@ def _prompts(bos: bool) -> tuple[list[list[int]], list[list[int]]]:
     chats = [PromptItem(id=item["id"], messages=[system, *item["messages"]]) for item in items]
     prompts = [ids if bos else ids[1:] for ids in replay.tokenize_prompts(tokenizer, chats)]
     assert all(ids[0] == tokenizer.bos_token_id for ids in prompts) is bos
-    references = [tokenizer(item["reference"], add_special_tokens=False).input_ids for item in items]
+    references = [
+        tokenizer(item["reference"], add_special_tokens=False).input_ids for item in items
+    ]
     return prompts, references
 
 
@@ -278,30 +346,202 @@ def test_probe_prompts_fit_the_block_and_keep_every_question_token(block_size, b
 
     assert len(control) == 4 and len({tuple(q) for q in control}) == 4  # distinct questions
     assert all(len(q) < block_size for q in control)  # no full KV block: no cache hit possible
-    tails = [p[-len(q) + (1 if bos else 0):] for p, q in zip(prompts, control)]
-    assert all(q[1 if bos else 0:] == t for q, t in zip(control, tails))  # the end of each prompt, whole
+    tails = [p[-len(q) + (1 if bos else 0) :] for p, q in zip(prompts, control, strict=False)]
+    assert all(
+        q[1 if bos else 0 :] == t for q, t in zip(control, tails, strict=True)
+    )  # the end of each prompt, whole
     shared = len(prefixed[0]) - len(control[0])
     assert shared >= block_size  # the shared prefix fills at least one block
     heads = {tuple(p[: shared + (1 if bos else 0)]) for p in prefixed}
     assert len(heads) == 1  # ... and every prefixed prompt has it
-    for q, p in zip(control, prefixed):
+    for q, p in zip(control, prefixed, strict=True):
         body = q[1:] if bos else q
-        assert p[-len(body):] == body  # the question follows whole, its first token included
+        assert p[-len(body) :] == body  # the question follows whole, its first token included
         assert p.count(bos_id) == (1 if bos else 0) and (p[0] == bos_id) is bos
 
 
 def test_short_prompts_are_used_whole_on_a_cpu_sized_block():
     prompts, references = _prompts(bos=True)
-    control, _ = ws.probe_prompts(prompts, references, 128, 512, 4, 16, _tokenizer(bos=True).bos_token_id)
+    control, _ = ws.probe_prompts(
+        prompts, references, 128, 512, 4, 16, _tokenizer(bos=True).bos_token_id
+    )
     assert control == prompts[:4]
 
 
 def test_split_bos_strips_only_a_bos_that_is_there():
     assert ws.split_bos([1, 5, 6], 1) == ([1], [5, 6])
     assert ws.split_bos([5, 6], 1) == ([], [5, 6])
-    assert ws.split_bos([0, 5], None) == ([], [0, 5])  # token 0 is not a BOS when the tokenizer has none
+    assert ws.split_bos([0, 5], None) == (
+        [],
+        [0, 5],
+    )  # token 0 is not a BOS when the tokenizer has none
 
 
 def test_too_short_a_context_for_one_block_is_refused():
     with pytest.raises(RuntimeError, match="less than one KV block"):
         ws.probe_prompts([[1, 5, 6, 7]], [[8, 9]], 128, 140, 1, 16, 1)
+
+
+# --- workers in other processes: the folder push ---------------------------------------------------
+
+
+class ParallelLLM(LLM):
+    """An engine whose workers are other processes: collective_rpc takes method NAMES only, as vLLM
+    does across processes without VLLM_ALLOW_INSECURE_SERIALIZATION; ``calls`` records them."""
+
+    def __init__(self, worker_cls: str, world_size: int = 2, backend: str = "mp") -> None:
+        super().__init__()
+        parallel = SimpleNamespace(world_size=world_size, distributed_executor_backend=backend,
+                                   worker_cls=worker_cls)  # fmt: skip
+        cache = SimpleNamespace(block_size=128)
+        self.llm_engine = SimpleNamespace(
+            vllm_config=SimpleNamespace(parallel_config=parallel, cache_config=cache)
+        )
+        self.calls: list[tuple] = []
+        self.read: list[dict] = []
+
+    def collective_rpc(
+        self, method, timeout=None, args: tuple = (), kwargs: dict | None = None
+    ) -> list:
+        if not isinstance(method, str):
+            raise TypeError("cannot send a function to another process")
+        self.calls.append((method, timeout, kwargs))
+        from safetensors.torch import load_file
+
+        folder = Path(kwargs["weights_path"])
+        self.read.append(load_file(folder / ws.WEIGHTS_FILE))  # what each rank would load
+        return [None, None]
+
+
+WORKER_FROM_016 = f"{__name__}.WorkerFrom016"
+WORKER_BEFORE_016 = f"{__name__}.WorkerBefore016"
+
+
+class RunnerModelRunner(RunnerFrom016):
+    """Named like vLLM's runners, so the class probe finds it beside the worker class below."""
+
+
+class ForwardingWorker:
+    def reload_weights(self, *args, **kwargs) -> None:
+        raise AssertionError("a class probe must not call anything")
+
+
+def test_a_worker_class_is_probed_without_an_instance():
+    # Worker(*args, **kwargs) forwards to the runner classes its module holds (GPUModelRunner).
+    assert ws.accepts_keyword(ForwardingWorker, "weights_path")
+    assert ws.model_runner_classes(ForwardingWorker) == [RunnerModelRunner]
+    assert not ws.accepts_keyword(WorkerBefore016, "weights_path")
+
+
+@pytest.mark.parametrize(
+    "shape, multiprocess",
+    [
+        ((1, "uni"), False),
+        ((1, None), False),
+        ((2, "mp"), True),
+        ((1, "mp"), True),
+        ((4, "ray"), True),
+    ],
+)
+def test_workers_are_in_other_processes_with_parallel_ranks_or_an_mp_ray_executor(
+    shape, multiprocess
+):
+    llm = ParallelLLM(WORKER_FROM_016, *shape)
+    assert ws.executor_shape(llm).multiprocess is multiprocess
+
+
+def test_tensor_parallel_takes_the_folder_push_and_sends_only_a_path(tmp_path, monkeypatch):
+    monkeypatch.setenv(ws.RPC_TIMEOUT_ENV, "42")
+    llm = ParallelLLM(f"{__name__}.ForwardingWorker")
+    adapter = ws.choose_adapter(llm, None, tmp_path)
+    assert adapter.name == ws.FOLDER_RELOAD.name
+    assert adapter.probed == ws.PushPaths(False, False, True, True, f"{__name__}.ForwardingWorker")
+    state = {"a": torch.ones(2), "b": torch.zeros(3)}
+    adapter.push(llm, state)
+    ((method, timeout, kwargs),) = llm.calls
+    assert (method, timeout, list(kwargs)) == ("reload_weights", 42.0, ["weights_path"])
+    assert torch.equal(llm.read[0]["a"], state["a"]) and torch.equal(llm.read[0]["b"], state["b"])
+    assert not Path(kwargs["weights_path"]).exists()  # removed after the push
+    assert llm.resets == 1
+
+
+def test_tensor_parallel_before_016_is_unsupported_with_the_reason():
+    llm = ParallelLLM(WORKER_BEFORE_016)
+    with pytest.raises(ws.UnsupportedEngine, match=r"separate processes.*takes no weights_path"):
+        ws.choose_adapter(llm, None)
+
+
+def test_tied_tensors_are_written_under_both_names(tmp_path):
+    from safetensors.torch import load_file
+
+    embed = torch.arange(6.0).reshape(3, 2)
+    state = {"model.embed_tokens.weight": embed, "lm_head.weight": embed, "norm": torch.ones(2)}
+    with ws.staged_weights(state, [tmp_path]) as folder:
+        assert folder.parent == tmp_path
+        loaded = load_file(folder / ws.WEIGHTS_FILE)
+    assert sorted(loaded) == sorted(state)
+    assert torch.equal(loaded["lm_head.weight"], embed) and torch.equal(
+        loaded["model.embed_tokens.weight"], embed
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_folder_is_removed_when_the_push_fails(tmp_path):
+    with (
+        pytest.raises(RuntimeError, match="rank 1 broke"),
+        ws.staged_weights({"a": torch.ones(2)}, [tmp_path]),
+    ):
+        raise RuntimeError("rank 1 broke")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_first_folder_with_room_is_used(tmp_path, monkeypatch):
+    small, large = tmp_path / "shm", tmp_path / "beside"
+    small.mkdir(), large.mkdir()
+    free = {str(small): 10 * 2**20, str(large): 10 * 2**30}
+    real = ws.shutil.disk_usage
+    monkeypatch.setattr(
+        ws.shutil,
+        "disk_usage",
+        lambda p: SimpleNamespace(free=free[str(p)]) if str(p) in free else real(p),
+    )
+    assert ws.staging_parent(100 * 2**20, [small, large]) == large
+    with pytest.raises(
+        RuntimeError,
+        match=r"no folder has room for the 20\.00 GiB.*shm: 0\.01 GiB free.*missing: No such file",
+    ):
+        ws.staging_parent(20 * 2**30, [small, large, tmp_path / "missing"])
+
+
+def test_staging_prefers_gate_push_dir_then_shared_memory_then_beside(tmp_path, monkeypatch):
+    monkeypatch.delenv(ws.PUSH_DIR_ENV, raising=False)
+    assert ws.staging_roots(tmp_path) == (ws.SHARED_MEMORY, tmp_path)
+    monkeypatch.setenv(ws.PUSH_DIR_ENV, "/shared/nfs")
+    assert ws.staging_roots(None) == (Path("/shared/nfs"), ws.SHARED_MEMORY)
+
+
+def test_a_worker_call_that_times_out_names_the_phase():
+    class Hung(LLM):
+        def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+            raise TimeoutError(f"RPC call to {method} timed out.")
+
+    with pytest.raises(
+        ws.WorkerCallTimeout, match=r"weight push: .*collective_rpc\(reload_weights\) within 600s"
+    ):
+        ws.call_workers(Hung(), "reload_weights", "weight push")
+
+
+def test_a_push_that_raises_names_its_path():
+    adapter = ws.Adapter(
+        "hook hooks.py:broken",
+        lambda llm, sd: (_ for _ in ()).throw(AttributeError("no weight_loader")),
+    )
+    with pytest.raises(
+        ws.PushFailed, match=r"the push via hook hooks\.py:broken raised AttributeError"
+    ) as info:
+        ws.push_naming_failures(adapter, LLM(), {})
+    assert info.value.adapter == "hook hooks.py:broken"
+
+
+def test_the_block_size_of_a_parallel_engine_comes_from_the_driver_config():
+    assert ws.engine_block_size(ParallelLLM(WORKER_FROM_016)) == 128

