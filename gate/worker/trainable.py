@@ -5,10 +5,16 @@ moments): 128 GB for an 8B model, more than one GPU holds beside the engine. A s
 gradient and optimizer state to that subset; the frozen rest needs no gradient and, with plain
 SGD, nothing at all besides the weights. Whatever trains, the push still sends the whole state
 dict through the engine's update path.
+
+The model itself runs in the engine's dtype. A trained parameter in a lower precision gets an fp32
+master copy that the optimizer steps (its update would round away in bf16) and that is written
+back into the model after each step; an fp32 parameter is its own master, so an fp32 model trains
+exactly as a plain optimizer over its parameters would.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +29,9 @@ class TrainableSet:
 
     spec: str | dict[str, int]  # grpo.trainable as requested
     names: tuple[str, ...]  # one name per trained tensor
-    parameters: tuple[torch.nn.Parameter, ...]
+    parameters: tuple[torch.nn.Parameter, ...]  # the model's own, in the dtype it runs
+    # What the optimizer steps: fp32 copies, or the parameters themselves when they are fp32.
+    masters: tuple[torch.nn.Parameter, ...]
     total_parameters: int  # elements in the whole model, a tied tensor once
     tied_lm_head: bool  # "lm_head" selected a projection shared with the input embeddings
 
@@ -46,6 +54,7 @@ def select_trainable(model: torch.nn.Module, spec: str | dict[str, int]) -> Trai
         spec=spec,
         names=tuple(chosen),
         parameters=tuple(chosen.values()),
+        masters=tuple(_master(p) for p in chosen.values()),
         total_parameters=sum(p.numel() for p in model.parameters()),
         tied_lm_head=spec == "lm_head" and _head_is_tied(model),
     )
@@ -53,12 +62,56 @@ def select_trainable(model: torch.nn.Module, spec: str | dict[str, int]) -> Trai
 
 def make_optimizer(trained: TrainableSet, name: str, lr: float) -> torch.optim.Optimizer:
     """AdamW (two fp32 moments per trained element) or plain SGD (no momentum: no state)."""
-    params = list(trained.parameters)
+    params = list(trained.masters)
     if name == "adamw":
         return torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=0.0)
     raise ValueError(f"grpo.optimizer: {name!r} is not one of {_OPTIMIZERS}")
+
+
+def optimizer_step(trained: TrainableSet, optimizer: torch.optim.Optimizer) -> None:
+    """One step on the masters from the gradients backward left on the model's parameters."""
+    for param, master in zip(trained.parameters, trained.masters, strict=True):
+        # One tensor at a time: each low-precision gradient goes as its fp32 one comes.
+        if master is not param:
+            master.grad = None if param.grad is None else param.grad.float()
+            param.grad = None
+    optimizer.step()
+    with torch.no_grad():
+        for param, master in zip(trained.parameters, trained.masters, strict=True):
+            if master is not param:
+                param.copy_(master)
+
+
+def zero_grad(trained: TrainableSet, optimizer: torch.optim.Optimizer) -> None:
+    optimizer.zero_grad()
+    for param in trained.parameters:
+        param.grad = None
+
+
+def initial_values(trained: TrainableSet) -> dict[str, torch.Tensor]:
+    """The trained parameters as they start, by name: all a run changes, so all it must restore."""
+    return {
+        name: p.detach().clone() for name, p in zip(trained.names, trained.parameters, strict=True)
+    }
+
+
+def restored_state_dict(
+    model: torch.nn.Module, trained: TrainableSet, initial: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """The model's state dict with every trained tensor back at ``initial``: the checkpoint again.
+
+    Matched by tensor, not name, so a tied name (``lm_head.weight`` of ``embed_tokens.weight``)
+    gets the restored value too; the frozen rest never moved.
+    """
+    by_tensor = {
+        _storage_key(p): initial[name]
+        for name, p in zip(trained.names, trained.parameters, strict=True)
+    }
+    return {
+        name: by_tensor.get(_storage_key(t), t.detach()) for name, t in model.state_dict().items()
+    }
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
@@ -80,9 +133,19 @@ def trainer_record(trained: TrainableSet, optimizer_name: str, state_bytes: int)
         "parameters": trained.total_parameters,
         # A tied projection is the input embedding too: training "lm_head" trains both.
         "tied_lm_head": trained.tied_lm_head,
-        "gradient_bytes": sum(p.numel() * p.element_size() for p in trained.parameters),
+        "gradient_bytes": sum(p.numel() * p.element_size() for p in trained.masters),
         "optimizer_state_bytes": state_bytes,
     }
+
+
+def _master(param: torch.nn.Parameter) -> torch.nn.Parameter:
+    if param.dtype == torch.float32:
+        return param
+    return torch.nn.Parameter(param.detach().float().clone())
+
+
+def _storage_key(tensor: torch.Tensor) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    return (tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()))
 
 
 def _chosen(

@@ -516,6 +516,23 @@ def clone_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     }
 
 
+def host_state_dict(state_dict: dict[str, torch.Tensor], pin: bool) -> dict[str, torch.Tensor]:
+    """A detached copy in host memory (page-locked when ``pin``) that keeps tied tensors tied:
+    what the trainer's model loads from, by ``load_state_dict``, without a second device copy."""
+    copies: dict[AliasKey, torch.Tensor] = {}
+    return {
+        name: _once(copies, _alias_key(t), partial(_to_host, t, pin))
+        for name, t in state_dict.items()
+    }
+
+
+def _to_host(tensor: torch.Tensor, pin: bool) -> torch.Tensor:
+    if tensor.device.type == "cpu" and not pin:
+        return tensor.detach().clone()
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=pin)
+    return host.copy_(tensor.detach())
+
+
 def perturbed(
     state_dict: dict[str, torch.Tensor], scale: float, seed: int
 ) -> dict[str, torch.Tensor]:
@@ -685,9 +702,14 @@ def run_probe(llm, model_path: str, prompt_ids, reference_ids, request: WeightSy
 
     before = replay.greedy(llm, probes, request.max_tokens, 1)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    trainer = _load_trainer(AutoModelForCausalLM, model_path, device, hf_kwargs)
-    old_sd = clone_state_dict(trainer.state_dict())
+    # One model on the device, in the engine's dtype; both policies wait on the host (pinned for a
+    # fast copy in) and are loaded into it in turn: one device copy of the weights, not three.
+    trainer = _load_trainer(AutoModelForCausalLM, model_path, device, hf_kwargs, engine_dtype(llm))
+    pin = device == "cuda"
+    old_sd = host_state_dict(trainer.state_dict(), pin)
     new_sd = perturbed(old_sd, request.perturbation, request.seed)
+    if pin:
+        new_sd = host_state_dict(new_sd, pin)
 
     start = time.perf_counter()
     push_naming_failures(adapter, llm, new_sd)
@@ -728,11 +750,24 @@ def run_probe(llm, model_path: str, prompt_ids, reference_ids, request: WeightSy
     return arrays, meta
 
 
-def _load_trainer(auto_cls, model_path: str, device: str, hf_kwargs: dict | None = None):
-    """The trainer's fp32 copy of the model, loaded as the engine loaded it (remote code, revision)."""
+def _load_trainer(auto_cls, model_path: str, device: str, hf_kwargs: dict | None = None,
+                  dtype: torch.dtype = torch.float32):  # fmt: skip
+    """The trainer's copy of the model in ``dtype``, loaded as the engine loaded it (remote code, revision)."""
     from gate.worker.reference import _load_causal_lm
 
-    return _load_causal_lm(auto_cls, model_path, **(hf_kwargs or {})).to(device).eval()
+    return _load_causal_lm(auto_cls, model_path, dtype, **(hf_kwargs or {})).to(device).eval()
+
+
+def engine_dtype(llm) -> torch.dtype:
+    """The dtype the running engine holds its weights in (its resolved model_config.dtype).
+
+    float32 where the engine does not say (an engine of another shape): the trainer's old default.
+    """
+    config = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
+    dtype = getattr(getattr(config, "model_config", None), "dtype", None)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype.removeprefix("torch."), None)
+    return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
 
 
 def _continuations(prompts: list[list[int]], comp) -> tuple[list[list[int]], list[int]]:

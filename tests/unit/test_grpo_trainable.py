@@ -6,10 +6,14 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from gate.worker.trainable import (  # noqa: E402
+    initial_values,
     make_optimizer,
     optimizer_state_bytes,
+    optimizer_step,
+    restored_state_dict,
     select_trainable,
     trainer_record,
+    zero_grad,
 )
 
 LAYERS, HIDDEN, INTER, VOCAB = 3, 16, 32, 50
@@ -162,3 +166,72 @@ def test_a_grpo_run_trains_the_subset_and_pushes_the_whole_state_dict(tmp_path, 
         "parameters": model.num_parameters(), "tied_lm_head": False,
         "gradient_bytes": 4 * VOCAB * HIDDEN, "optimizer_state_bytes": 0,
     }  # fmt: skip
+
+
+# --- memory layout: engine-dtype model, fp32 masters, initial copy of what trains only ------------
+
+
+def _loss(model, seed: int):
+    ids = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(seed))
+    return model(input_ids=ids).logits.float().log_softmax(-1).mean()
+
+
+def _train(model, spec, steps: int = 2):
+    trained = select_trainable(model, spec)
+    opt = make_optimizer(trained, "adamw", 1e-2)
+    for step in range(steps):
+        zero_grad(trained, opt)
+        _loss(model, step).backward()
+        optimizer_step(trained, opt)
+    return trained, opt
+
+
+def test_all_in_fp32_steps_exactly_as_a_plain_optimizer_over_the_parameters():
+    ours, plain = _llama(), _llama()
+    trained, _ = _train(ours, "all")
+    assert all(m is p for m, p in zip(trained.masters, trained.parameters, strict=True))
+    opt = torch.optim.AdamW(plain.parameters(), lr=1e-2, weight_decay=0.0)
+    for step in range(2):
+        opt.zero_grad()
+        _loss(plain, step).backward()
+        opt.step()
+    theirs = dict(plain.named_parameters())
+    for name, p in ours.named_parameters():
+        assert torch.equal(p, theirs[name]), name
+
+
+def test_frozen_parameters_keep_the_engine_dtype_and_trained_ones_step_in_fp32():
+    model = _llama().to(torch.bfloat16)
+    frozen_before = model.model.layers[0].mlp.up_proj.weight.detach().clone()
+    trained, opt = _train(model, "norms")
+    assert all(
+        p.dtype == torch.bfloat16 for p in model.parameters()
+    )  # the model runs as the engine
+    assert all(m.dtype == torch.float32 and m is not p
+               for m, p in zip(trained.masters, trained.parameters, strict=True))  # fmt: skip
+    assert all(torch.equal(p, m.to(torch.bfloat16))
+               for m, p in zip(trained.masters, trained.parameters, strict=True))  # fmt: skip
+    assert torch.equal(model.model.layers[0].mlp.up_proj.weight, frozen_before)
+    assert not any(p.grad is not None for p in trained.parameters)  # moved onto the masters
+    record = trainer_record(trained, "adamw", optimizer_state_bytes(opt))
+    assert record["gradient_bytes"] == 4 * trained.trainable_parameters  # fp32 master gradients
+
+
+@pytest.mark.parametrize(
+    ("spec", "tied"), [({"last_layers": 1}, False), ("lm_head", True), ("all", False)]
+)
+def test_the_initial_copy_holds_the_trained_tensors_only_and_restores_the_checkpoint(spec, tied):
+    model = _llama(tied)
+    checkpoint = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    trained = select_trainable(model, spec)
+    initial = initial_values(trained)
+    assert tuple(initial) == trained.names and len(initial) == len(_trained_names(model))
+    assert sum(t.numel() for t in initial.values()) == trained.trainable_parameters
+    opt = make_optimizer(trained, "adamw", 1e-2)
+    zero_grad(trained, opt)
+    _loss(model, 0).backward()
+    optimizer_step(trained, opt)
+    assert not all(torch.equal(v, checkpoint[k]) for k, v in model.state_dict().items())
+    restored = restored_state_dict(model, trained, initial)
+    assert restored.keys() == checkpoint.keys()
+    assert all(torch.equal(restored[k], v) for k, v in checkpoint.items())

@@ -20,13 +20,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gate import evidence as ev
-from gate.checks import parse_settings, run_checks
-from gate.checks.context import Context
-from gate.verdict import Status
-from gate.worker import weight_sync as ws
+from gate import evidence as ev  # noqa: E402
+from gate.checks import parse_settings, run_checks  # noqa: E402
+from gate.checks.context import Context  # noqa: E402
+from gate.verdict import Status  # noqa: E402
+from gate.worker import weight_sync as ws  # noqa: E402
 
-from ..factory import RUN, make_evidence
+from ..factory import RUN, make_evidence  # noqa: E402
 
 TINY = Path(__file__).resolve().parents[2] / "gate" / "assets" / "models" / "tiny-arith"
 PROMPTS = Path(__file__).resolve().parents[2] / "gate" / "assets" / "prompts"
@@ -289,6 +289,36 @@ def test_tied_weights_are_perturbed_once_and_stay_tied(tmp_path):
     ids = torch.tensor([[1, 40, 41, 42]])
     with torch.no_grad():
         assert torch.equal(trainer(ids).logits, engine_view(ids).logits)
+
+
+def test_host_state_dicts_are_copies_that_keep_ties_and_load_into_the_one_model(tmp_path):
+    trainer = _tied_model(tmp_path)
+    live = trainer.state_dict()
+    old = ws.host_state_dict(live, pin=False)
+    assert old["lm_head.weight"] is old["model.embed_tokens.weight"]
+    assert all(t.device.type == "cpu" for t in old.values())
+    # Copies, not the model's own tensors: loading the new policy must leave the old one intact.
+    assert all(old[k].data_ptr() != v.data_ptr() for k, v in live.items())
+    assert all(torch.equal(old[k], v) for k, v in ws.clone_state_dict(live).items())
+    new = ws.perturbed(old, 0.1, seed=0)
+    trainer.load_state_dict(new)
+    assert torch.equal(trainer.lm_head.weight, new["lm_head.weight"])
+    assert not torch.equal(old["lm_head.weight"], new["lm_head.weight"])
+    trainer.load_state_dict(old)
+    assert torch.equal(trainer.lm_head.weight, old["lm_head.weight"])
+
+
+@pytest.mark.parametrize(
+    ("dtype", "expected"),
+    [("bfloat16", torch.bfloat16), (torch.float16, torch.float16), (None, torch.float32)],
+)
+def test_the_trainer_runs_in_the_engines_dtype(dtype, expected):
+    model_config = SimpleNamespace(dtype=dtype)
+    llm = SimpleNamespace(
+        llm_engine=SimpleNamespace(vllm_config=SimpleNamespace(model_config=model_config))
+    )
+    assert ws.engine_dtype(llm) == expected
+    assert ws.engine_dtype(object()) == torch.float32  # an engine that does not say
 
 
 def test_untied_and_distinct_views_are_perturbed_independently():
