@@ -12,9 +12,9 @@ worker (engine, weight_sync, grpo, reference), the plan's bytes with the measure
 
 Prints one row per engine and phase, the per-phase timings of engine.json, and exits 1 when a
 phase's plan is off the measured peak by more than ``--tolerance`` (0.25: within +-25%).
-Run engines under the shared lock on a shared machine::
+Engine venvs come from ``$GATE_CACHE_DIR`` as for ``gate run``::
 
-    flock /tmp/engine.lock env GATE_CACHE_DIR=/work/gc python scripts/bench_memory_plan.py
+    python scripts/bench_memory_plan.py
 """
 
 from __future__ import annotations
