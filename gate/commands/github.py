@@ -29,6 +29,7 @@ from gate.github.comment import MODES
 from gate.render.budget import COMMENT_BUDGET
 from gate.render.escape import no_workflow_commands
 from gate.report_model import SCHEMA, Report, load_report
+from gate.verdict import FAIL_ON
 
 if TYPE_CHECKING:
     from gate.github.event import PullRequest, WorkflowRun
@@ -75,7 +76,7 @@ def add_publish(sub: Subparsers) -> None:
     publish.add_argument("report", type=Path, metavar="REPORT_OR_RUN_DIR")
     publish.add_argument(
         "--fail-on",
-        choices=("fail", "warn"),
+        choices=FAIL_ON,
         help="for the exit-code output (default: the report's)",
     )
     publish.add_argument("--comment-url", default="", help="put this into the comment-url output")

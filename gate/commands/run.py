@@ -21,6 +21,7 @@ from gate.config import GateConfig, load_config
 from gate.errors import EXIT_OK, ConfigError
 from gate.files import INCOMPLETE_SUFFIX, RUN_FILE
 from gate.runners.base import stderr_log
+from gate.verdict import FAIL_ON
 
 if TYPE_CHECKING:
     from gate.replay import EngineJob
@@ -39,7 +40,7 @@ def add_run(sub: Subparsers) -> None:
     )
     run.add_argument(
         "--fail-on",
-        choices=("fail", "warn"),
+        choices=FAIL_ON,
         help="exit 1 on this verdict or worse (default: config)",
     )
     run.add_argument("--no-reuse", action="store_true",
@@ -65,7 +66,7 @@ def add_check(sub: Subparsers) -> None:
     check.add_argument(
         "-c", "--config", type=Path, help="gate.yaml (default: the one the run used)"
     )
-    check.add_argument("--fail-on", choices=("fail", "warn"))
+    check.add_argument("--fail-on", choices=FAIL_ON)
     check.set_defaults(func=cmd_check)
 
 

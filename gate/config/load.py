@@ -33,6 +33,7 @@ from gate.config.sections import (
 )
 from gate.device import device_class
 from gate.errors import ConfigError
+from gate.verdict import FAIL_ON
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -103,7 +104,7 @@ def parse_config(raw: Any, path: Path) -> GateConfig:
         weight_update=WeightUpdateConfig(_resolve_hook(base, hook, where) if hook else None),
         source=str(path.resolve()),
     )
-    require(cfg.fail_on in ("fail", "warn"), f"{where}:", "fail_on", "must be 'fail' or 'warn'")
+    require(cfg.fail_on in FAIL_ON, f"{where}:", "fail_on", "must be 'fail' or 'warn'")
     require(
         cfg.baseline_mismatch in ("warn", "fail"),
         f"{where}:",
