@@ -7,6 +7,8 @@
     reference.npz   per-token reference arrays of the recorded engine (prompt ids, greedy tokens,
                     teacher-forced logprobs, sample lengths), same keys as evidence.npz
     noise.json      each metric's noise floor from an A/A calibration (old engine against itself)
+    noise_design.json  how the floors were made: engine starts, pairs, every pair's reading, the
+                    bound and the false-alarm rate it is designed for (absent in older baselines)
     summary.json    small, diffable figures: mismatch statistics, lengths, effective settings
     greedy.csv      one row per prompt: id, greedy token count, greedy completion
 
@@ -39,6 +41,7 @@ ARRAYS = "reference.npz"
 NOISE = "noise.json"
 SUMMARY = "summary.json"
 GREEDY_CSV = "greedy.csv"
+NOISE_DESIGN = "noise_design.json"  # the name gate.calibrate writes into its run directory
 BASELINE_SCHEMA = 1
 
 # The arrays a baseline keeps: enough to compare tokens, lengths and teacher-forced logprobs.
@@ -69,6 +72,7 @@ class Baseline:
     manifest: dict[str, Any]
     evidence: ev.Evidence  # the kept arrays, with the same keys as a run's evidence
     noise: dict[str, float]
+    noise_design: dict[str, Any] | None = None  # noise_design.json; None in older baselines
 
 
 def load(path: Path) -> Baseline:
@@ -104,6 +108,32 @@ def load(path: Path) -> Baseline:
         manifest=manifest,
         evidence=evidence,
         noise={k: float(v) for k, v in noise.items()},
+        noise_design=_noise_design(path / NOISE_DESIGN),
+    )
+
+
+def _noise_design(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise BaselineError(f"{path}: unreadable: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("runs"), int):
+        raise BaselineError(f"{path}: runs: expected an integer")
+    return doc
+
+
+def design_statement(d: dict | None) -> str:
+    """One line for the report: what the noise floors are and the false-alarm rate they are designed for."""
+    if not d:
+        return "noise floors from one A/A pair (no spread measured): false-alarm rate not designed"
+    if d.get("false_alarm_rate") is None:
+        return f"noise floors from {d['runs']} engine starts (one pair, no spread): false-alarm rate not designed"
+    return (
+        f"noise floors: {1 - d['false_alarm_rate']:.0%} upper prediction bound from {d['runs']} engine starts "
+        f"({d['pairs']} pairs, df {d['df']}): one more A/A pair exceeds a floor with probability "
+        f"{d['false_alarm_rate']:.0%}, and the checks' bounds (4x / 10x noise) far less"
     )
 
 
@@ -217,6 +247,8 @@ def write(
     tmp.mkdir(parents=True)
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     (tmp / NOISE).write_text(json.dumps(noise, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    if (run_dir / NOISE_DESIGN).is_file():  # a calibration with more than one pair of starts
+        shutil.copyfile(run_dir / NOISE_DESIGN, tmp / NOISE_DESIGN)
     (tmp / SUMMARY).write_text(
         json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8"
     )

@@ -24,7 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gate import __version__, evidence, evidence_cache
-from gate.config import OPTIONAL_ENGINE_ARGS, DockerConfig, EngineConfig, GateConfig
+from gate.config import (
+    OPTIONAL_ENGINE_ARGS,
+    SERVER_REQUEST_FIELDS,
+    DockerConfig,
+    EngineConfig,
+    GateConfig,
+)
 from gate.errors import ConfigError, EngineError, GateError
 from gate.fingerprint import model_fingerprint
 from gate.promptset import PromptSet, load_prompt_set
@@ -33,6 +39,7 @@ from gate.request import (
     PromptItem,
     ReferenceRequest,
     SamplingRequest,
+    ServerRequest,
     WeightSyncRequest,
     WorkerRequest,
 )
@@ -132,7 +139,19 @@ def build_request(
         order_seed=order_seed,
         weight_sync=_weight_sync_request(cfg),
         grpo=_grpo_request(cfg, grpo_seeds),
+        mode=engine.mode,
+        server=_server_request(engine),
     )
+
+
+def _server_request(engine: EngineConfig) -> ServerRequest | None:
+    if engine.mode != "server":
+        return None
+    s = engine.server
+    fields = SERVER_REQUEST_FIELDS if s.request_fields is None else s.request_fields
+    return ServerRequest(request_fields=list(fields), args=list(s.args), startup_timeout_s=s.startup_timeout_s,
+                         request_timeout_s=s.request_timeout_s, max_in_flight=s.max_in_flight,
+                         dev_mode=s.dev_mode)  # fmt: skip
 
 
 def _grpo_request(cfg: GateConfig, seeds: tuple[int, ...] | None) -> GrpoRequest | None:

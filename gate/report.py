@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from gate import __version__
-from gate.config import GateConfig
+from gate.config import BUILTIN_CONFIG, GateConfig
 from gate.files import REPORT_FILE, read_run_manifest, write_json
 from gate.judge import Judgment
 from gate.report_model import SCHEMA
@@ -23,6 +24,10 @@ from gate.verdict import Status
 def build(run_dir: Path, cfg: GateConfig, judgment: Judgment) -> dict[str, Any]:
     run = read_run_manifest(run_dir)
     counts = Counter(c.status.value for c in judgment.checks)
+    root = repository_root(Path(cfg.source).parent if cfg.source else Path.cwd())
+    baseline = judgment.baseline.to_dict()
+    if isinstance(baseline.get("path"), str):
+        baseline["path"] = shown_path(baseline["path"], root)
     return {
         "schema": SCHEMA,
         "gate_version": __version__,
@@ -46,9 +51,9 @@ def build(run_dir: Path, cfg: GateConfig, judgment: Judgment) -> dict[str, Any]:
                 "reference",
             )
         }
-        | {"dir": str(run_dir)},
+        | {"dir": shown_path(str(run_dir), root), "config": shown_path(cfg.source, root)},
         "engines": {name: _engine(run_dir, name, entry) for name, entry in run["engines"].items()},
-        "baseline": judgment.baseline.to_dict(),
+        "baseline": baseline,
         "checks": [c.to_dict() for c in judgment.checks],
         "commands": commands(cfg),
         **_grpo(judgment),
@@ -110,11 +115,38 @@ def _engine(run_dir: Path, name: str, entry: dict) -> dict[str, Any]:
 
 
 def commands(cfg: GateConfig) -> dict[str, str]:
-    config = f"-c {cfg.source}"
+    """The commands that reproduce the run, as typed at the repository's root (the built-in default:
+    no ``-c``); a report never shows the runner's absolute paths."""
+    source = cfg.source
+    builtin = not source or Path(source).resolve() == BUILTIN_CONFIG.resolve()
+    root = repository_root(Path(source).parent if source else Path.cwd())
+    config = "" if builtin else f" -c {shlex.quote(shown_path(source, root))}"
     return {
-        "reproduce": f"gate run {config}",
-        "regenerate_baseline": f"gate baseline update {config}",
+        "reproduce": f"gate run{config}",
+        "regenerate_baseline": f"gate baseline update{config}",
     }
+
+
+def repository_root(start: Path) -> Path:
+    """The checkout holding ``start`` (the nearest folder with ``.git``), else the working directory."""
+    start = start.resolve()
+    for folder in (start, *start.parents):
+        if (folder / ".git").exists():
+            return folder
+    return Path.cwd().resolve()
+
+
+def shown_path(path: str, root: Path) -> str:
+    """``path`` relative to the repository when inside it; elsewhere only its name (a runner's
+    absolute path means nothing to a reader and tells where the runner keeps its files)."""
+    if not path:
+        return path
+    p = Path(path)
+    resolved = (root / p).resolve() if not p.is_absolute() else p.resolve()
+    try:
+        return resolved.relative_to(root).as_posix() or "."
+    except ValueError:
+        return resolved.name
 
 
 def write(run_dir: Path, report: dict[str, Any]) -> Path:

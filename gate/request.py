@@ -92,6 +92,18 @@ class GrpoRequest:
 
 
 @dataclass(frozen=True)
+class ServerRequest:
+    """Server mode: the worker replays through vLLM's OpenAI-compatible server (gate/worker/server.py)."""
+
+    request_fields: list[str]  # the sampling fields each request sets; the server fills the rest
+    args: list[str] = field(default_factory=list)  # extra server flags, appended as given
+    startup_timeout_s: float = 600.0
+    request_timeout_s: float = 300.0
+    max_in_flight: int = 64
+    dev_mode: bool = True  # VLLM_SERVER_DEV_MODE=1 (weight push, prefix-cache reset, settings)
+
+
+@dataclass(frozen=True)
 class WorkerRequest:
     engine_name: str
     model: str
@@ -113,6 +125,9 @@ class WorkerRequest:
     grpo: GrpoRequest | None = None
     schema_version: int = REQUEST_SCHEMA_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
+    # "offline" (vllm.LLM in the worker) or "server" (HTTP to vLLM's OpenAI-compatible server).
+    mode: str = "offline"
+    server: ServerRequest | None = None  # set in server mode
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -135,6 +150,8 @@ class WorkerRequest:
             raw["weight_sync"] = WeightSyncRequest(**raw["weight_sync"])
         if raw.get("grpo") is not None:
             raw["grpo"] = GrpoRequest(**raw["grpo"])
+        if raw.get("server") is not None:
+            raw["server"] = ServerRequest(**raw["server"])
         return cls(**raw)
 
     @classmethod

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -280,9 +282,15 @@ def _json(value: Any) -> Any:
 
 
 def _repo_relative(record: dict[str, Any]) -> dict[str, Any]:
-    """The committed JSON carries no machine paths: paths inside this checkout become repo-relative."""
+    """The committed JSON carries no machine paths: paths inside this checkout become repo-relative,
+    a test's temporary folder (a model variant's, say) is reduced to its last component."""
     prefix = f"{REPO}/"
-    return {k: v.replace(prefix, "") if isinstance(v, str) else v for k, v in record.items()}
+    scratch = re.compile(rf"{re.escape(tempfile.gettempdir())}/[^\s'\"]*/")
+
+    def clean(v: Any) -> Any:
+        return scratch.sub("", v.replace(prefix, "")) if isinstance(v, str) else v
+
+    return {k: clean(v) for k, v in record.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,15 +2,21 @@
 
 Upgrades change defaults silently (vLLM V1 turned on prefix caching and async scheduling, and
 returns raw logprobs unless told otherwise; generation defaults may come from the model's
-generation_config.json). Each changed setting gets the status its policy gives; a setting named in
-the config's ``acknowledge:`` list is accepted as an intended change.
+generation_config.json). Settings are compared by meaning (gate/checks/setting_meaning.py): top-k
+-1 and 0 both mean "off", a V0 engine reports processed logprobs without a ``logprobs_mode``, a
+release without a setting behaves as that release did. Each changed meaning gets the status its
+policy gives; where a meaning cannot be known the setting is "not comparable" and at most WARNs. A
+setting named in the config's ``acknowledge:`` list is accepted as an intended change.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+from gate.checks import server_defaults
 from gate.checks.base import CheckResult, CheckSpec, Measurement
+from gate.checks.setting_meaning import EngineFacts, Meaning, meaning, restore_advice
 from gate.verdict import Status, worst
 
 ID = "config-parity"
@@ -36,27 +42,15 @@ POLICY = {
     "default": "info",
 }
 
-FIXES = {
-    "logprobs_mode": "pass logprobs_mode='processed_logprobs' so logprobs match the sampling distribution",
-    "enable_prefix_caching": "pass enable_prefix_caching=False (V1 enables it by default; stale cache entries survive weight updates)",
-    "async_scheduling": "pass async_scheduling=False to keep the scheduling path of the baseline",
-    "dtype": "pin dtype explicitly in engine_args",
-    "kv_cache_dtype": "pin kv_cache_dtype explicitly",
-    "default_sampling_params": "pass generation_config='vllm' (ignore the model's generation_config.json) or set the sampling "
-    "parameters explicitly in every request",
-    "generation_config": "pin generation_config explicitly ('vllm' ignores the model's generation_config.json)",
-    "engine_generation": "the engine generation changed (V0 -> V1): re-check logprob semantics and weight-update paths",
-    "logits_processors": "custom logits processors change the sampling distribution: the trainer must apply them too",
-}
-
 _STATUS = {"fail": Status.FAIL, "warn": Status.WARN, "info": Status.PASS}
+_DSP = "default_sampling_params"
 
 
 def settings_of(engine_meta: dict[str, Any]) -> dict[str, Any]:
     """Flatten the behaviour-relevant settings an engine reported into one mapping."""
     flat = dict(engine_meta.get("effective", {}))
-    for key, value in (engine_meta.get("default_sampling_params") or {}).items():
-        flat[f"default_sampling_params.{key}"] = value
+    for key, value in (engine_meta.get(_DSP) or {}).items():
+        flat[f"{_DSP}.{key}"] = value
     flat["generation_config_overrides"] = engine_meta.get("generation_config_overrides")
     flat["engine_generation"] = engine_meta.get("identity", {}).get("engine_generation")
     flat["dropped_engine_args"] = engine_meta.get("dropped_engine_args")
@@ -65,6 +59,81 @@ def settings_of(engine_meta: dict[str, Any]) -> dict[str, Any]:
 
 def policy_for(key: str, policy: dict[str, str]) -> str:
     return policy.get(key) or policy.get(key.split(".", 1)[0]) or policy["default"]
+
+
+@dataclass(frozen=True)
+class SettingDiff:
+    """One setting whose recorded value differs between the engines, with both meanings."""
+
+    key: str
+    old_value: Any
+    new_value: Any
+    old: Meaning
+    new: Meaning
+
+    @property
+    def comparable(self) -> bool:
+        return self.old.known and self.new.known
+
+    @property
+    def same_meaning(self) -> bool:
+        return self.comparable and self.old.value == self.new.value
+
+
+def _meaning_of(key: str, flat: dict[str, Any], meta: dict[str, Any]) -> Meaning:
+    if key.startswith(_DSP + ".") and meta.get(_DSP) is None:
+        # A release without LLM.get_default_sampling_params records none: its defaults are unknown.
+        return Meaning(None, known=False, how="engine records no default sampling params")
+    return meaning(key, flat.get(key), EngineFacts.of(meta, flat))
+
+
+def compare(old_meta: dict[str, Any], new_meta: dict[str, Any]) -> list[SettingDiff]:
+    """Every setting whose recorded value differs, sorted by key, with what each value means."""
+    old, new = settings_of(old_meta), settings_of(new_meta)
+    keys = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    return [
+        SettingDiff(
+            k, old.get(k), new.get(k), _meaning_of(k, old, old_meta), _meaning_of(k, new, new_meta)
+        )
+        for k in keys
+    ]
+
+
+def _judge(d: SettingDiff, level: str, acknowledged: bool, label: str) -> tuple[Status, str, str]:
+    """(status, note, problem) for one differing setting; problem is empty when nothing is wrong."""
+    raw = f"{d.old_value!r} -> {d.new_value!r}"
+    if d.same_meaning:
+        return Status.PASS, f"{raw}: same meaning ({_how(d)})", ""
+    if not d.comparable:
+        side = label if not d.old.known else "new"
+        note = f"{raw}: not comparable: {side} has no such setting ({(d.old if not d.old.known else d.new).how})"
+        if acknowledged or level == "info":
+            return Status.PASS, note + (" (acknowledged)" if acknowledged else ""), ""
+        problem = (
+            f"{d.key} not comparable ({raw}): {side} has no such setting, so whether its meaning changed "
+            "cannot be known; check by hand that the new engine behaves as the trainer expects, then "
+            "acknowledge it"
+        )
+        return Status.WARN, note, problem
+    note = f"{d.old.describe()} -> {d.new.describe()}" + (
+        f" (recorded {raw})" if _spelled_differently(d) else ""
+    )
+    if acknowledged:
+        return Status.PASS, note + " (acknowledged)", ""
+    status = _STATUS[level]
+    problem = (
+        f"{d.key} changed {d.old.describe()} -> {d.new.describe()}: {restore_advice(d.key, d.old)}"
+    )
+    return status, note + f" (policy: {level})", problem if status != Status.PASS else ""
+
+
+def _how(d: SettingDiff) -> str:
+    parts = [m.how for m in (d.old, d.new) if m.how != "reported"]
+    return "; ".join(parts) or f"both mean {d.new.describe()}"
+
+
+def _spelled_differently(d: SettingDiff) -> bool:
+    return (d.old_value, d.new_value) != (d.old.value, d.new.value)
 
 
 def run(ctx, settings) -> CheckResult:
@@ -76,20 +145,20 @@ def run(ctx, settings) -> CheckResult:
     else:
         return CheckResult(ID, TITLE, Status.SKIP, "no old engine and no baseline to compare with")
     policy = settings.options["policy"]
-    old, new = settings_of(reference), settings_of(ctx.new.engine)
-    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    diffs = compare(reference, ctx.new.engine)
     measurements, problems = [], []
-    for key in changed:
-        level = policy_for(key, policy)
-        acknowledged = key in ctx.acknowledge or key.split(".", 1)[0] in ctx.acknowledge
-        status = Status.PASS if acknowledged else _STATUS[level]
-        note = f"{old.get(key)!r} -> {new.get(key)!r}" + (
-            " (acknowledged)" if acknowledged else f" (policy: {level})"
-        )
-        measurements.append(Measurement(key, None, status, note=note))
-        if status in (Status.WARN, Status.FAIL):
-            fix = FIXES.get(key) or FIXES.get(key.split(".", 1)[0]) or "pin it in engine_args"
-            problems.append(f"{key} changed {old.get(key)!r} -> {new.get(key)!r}: {fix}")
+    for d in diffs:
+        acknowledged = d.key in ctx.acknowledge or d.key.split(".", 1)[0] in ctx.acknowledge
+        status, note, problem = _judge(d, policy_for(d.key, policy), acknowledged, label)
+        measurements.append(Measurement(d.key, None, status, note=note))
+        if problem:
+            problems.append(problem)
+    # Server mode: the sampling defaults each server fills in (gate/checks/server_defaults.py).
+    old_meta = ctx.old.engine if ctx.old is not None else None
+    for found in server_defaults.findings(old_meta, ctx.new.engine, ctx.sampling):
+        measurements.append(found.measurement)
+        if found.problem:
+            problems.append(found.problem)
     # What the user asked for but the engine overrode (e.g. async scheduling the platform refuses).
     requested = ctx.new.engine.get("requested_engine_args", {})
     effective = ctx.new.engine.get("effective", {})
@@ -106,12 +175,14 @@ def run(ctx, settings) -> CheckResult:
             )
         )
     status = worst([m.status for m in measurements] or [Status.PASS])
+    changed = [d for d in diffs if not d.same_meaning]
     unacked = sum(m.status in (Status.WARN, Status.FAIL) for m in measurements)
+    equivalent = len(diffs) - len(changed)
     summary = (
         f"{len(changed)} setting(s) differ from {label}, {unacked} not acknowledged"
         if changed
         else f"effective settings identical to {label}"
-    )
+    ) + (f" ({equivalent} spelled differently, same meaning)" if equivalent else "")
     diagnosis = ""
     if problems:
         diagnosis = (
@@ -124,10 +195,25 @@ def run(ctx, settings) -> CheckResult:
         "overridden_by_engine": {
             k: {"requested": a, "effective": b} for k, (a, b) in overridden.items()
         },
-        "diff": {k: {"old": old.get(k), "new": new.get(k)} for k in changed},
+        "diff": {d.key: {"old": d.old_value, "new": d.new_value} for d in changed},
+        # What each changed value means where that differs from the value or cannot be known.
+        "meaning": {
+            d.key: {"old": _jsonable(d.old), "new": _jsonable(d.new)}
+            for d in changed
+            if _spelled_differently(d) or not d.comparable
+        },
+        "same_meaning": {
+            d.key: {"old": d.old_value, "new": d.new_value, "meaning": _jsonable(d.new)}
+            for d in diffs
+            if d.same_meaning
+        },
         "acknowledged": sorted(ctx.acknowledge),
     }
     return CheckResult(ID, TITLE, status, summary, diagnosis, measurements, details)
+
+
+def _jsonable(m: Meaning) -> Any:
+    return m.value if m.known else None
 
 
 SPEC = CheckSpec(id=ID, title=TITLE, run=run, options={"policy": POLICY})

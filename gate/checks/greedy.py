@@ -13,10 +13,12 @@ import numpy as np
 
 from gate import evidence as ev
 from gate.checks.base import CheckResult, CheckSpec, Limit, Threshold, measure
+from gate.checks.context import sequences
 from gate.metrics import greedy_agreement, length_ratio
 from gate.verdict import Status, worst
 
 ID = "greedy-and-length"
+EXAMPLES = 3  # changed completions kept for the report, side by side (reference, new)
 TITLE = "Greedy agreement and output length"
 
 THRESHOLDS = {
@@ -55,6 +57,10 @@ def run(ctx, settings) -> CheckResult:
             diverged = np.flatnonzero(agree.first_divergence >= 0)
             entry["greedy"] = {**{k: v for k, v in agree.to_dict().items() if k != "first_divergence"},
                                "diverging_prompts": diverged[:20].tolist()}  # fmt: skip
+            if len(diverged):
+                entry["examples"] = _examples(
+                    ctx.new, ref, diverged[:EXAMPLES], agree.first_divergence
+                )
         ratio = length_ratio(ctx.new[f"{s}_{ev.OFFSETS}"], ref[f"{s}_{ev.OFFSETS}"])
         measurements.append(
             measure(
@@ -76,6 +82,27 @@ def run(ctx, settings) -> CheckResult:
             "(generation defaults from generation_config.json, stop tokens, detokenization); otherwise fix the forward drift first."
         )
     return CheckResult(ID, TITLE, status, summary, diagnosis, measurements, details)
+
+
+def _examples(
+    new: ev.Evidence, ref: ev.Evidence, which: np.ndarray, first: np.ndarray
+) -> list[dict[str, Any]]:
+    """The reference's and the new engine's greedy completions of the sequences ``which``, decoded
+    (untrusted text, escaped where it is rendered), with the prompt id and the first differing token."""
+    g = ev.GREEDY
+    new_seqs, ref_seqs = sequences(new, g), sequences(ref, g)
+    prompt_of = new[f"{g}_{ev.PROMPT_INDEX}"]
+    names = new.texts.get("prompt_ids") if isinstance(new.texts, dict) else None
+    out = []
+    for i in which.tolist():
+        p = int(prompt_of[i])
+        out.append({
+            "prompt_id": names[p] if isinstance(names, list) and p < len(names) else p,
+            "first_divergence": int(first[i]),
+            "reference": ref.decode(ref_seqs[i].tolist()),
+            "new": new.decode(new_seqs[i].tolist()),
+        })  # fmt: skip
+    return out
 
 
 SPEC = CheckSpec(id=ID, title=TITLE, run=run, thresholds=THRESHOLDS)

@@ -17,6 +17,12 @@ the reference decides on logits rounded to that dtype, but a GPU kernel keeps ex
 tokens and bisects for the top-p cut, so it may keep or drop such a token either way
 (``tokens_at_transform_boundary``, informational). Semantics are then classified on the remaining
 tokens.
+
+Finally the check infers the transform the engine applied: it fits the temperature the engine's
+reported logprobs behave like (gate/checks/temperature_fit.py: differences of the engine's top-k
+logprobs at one position against the trainer's raw ones) and compares it with the one requested
+(1 when ``expect: raw``). ``temperature_rel_error`` = |T_eff / T - 1| WARNs above 0.5% and FAILs
+above 1%, or above four standard errors of the fit where the fit is coarser than that.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import numpy as np
 from gate import evidence as ev
 from gate.checks.base import CheckResult, CheckSpec, Limit, Measurement, Threshold, measure
 from gate.checks.context import sampled_pairs
+from gate.checks.temperature_fit import TemperatureFit, fit_evidence
 from gate.metrics import logprob_semantics_distances
 from gate.verdict import Status, worst
 
@@ -61,7 +68,15 @@ THRESHOLDS = {
         Limit(1e-3),
         source="fraction of sampled tokens the requested top-k/top-p excludes: 0 for an engine that applies them",
     ),
+    "temperature_rel_error": Threshold(
+        Limit(0.005),
+        Limit(0.01),
+        source="|T_eff / T - 1| of the fitted temperature; bounds never below 4 standard errors of the fit",
+    ),
 }
+
+# A bound is never tighter than this many standard errors of the fit (false alarms on a coarse fit).
+FIT_SIGMAS = 4.0
 
 
 def _distances(e) -> tuple[dict[str, float], int, int]:
@@ -85,9 +100,7 @@ def run(ctx, settings) -> CheckResult:
     opts = settings.options
     expect = opts["expect"]
     if ctx.transform_is_identity:
-        return CheckResult(
-            ID, TITLE, Status.SKIP, "temperature 1 without top-k/top-p: raw and processed coincide"
-        )
+        return _identity_result(ctx, settings)
     found, outside, measurements = {}, {}, []
     for name, e in ctx.engines():
         dist, excluded, total = _distances(e)
@@ -123,6 +136,12 @@ def run(ctx, settings) -> CheckResult:
             m.status, m.note = Status.PASS, m.note + "; old engine: for comparison"
         measurements.append(m)
         outside[name] = (masked, total, m.status)
+        # An engine that reports other semantics than expected is judged by classify() above; its
+        # fit is compared with what those semantics imply (raw: T=1), so one cause is not flagged twice.
+        implied = found[name] if found[name] in ("processed", "raw") else expect
+        measurements.extend(
+            _temperature_measurements(name, e, _expected_temperature(ctx, implied), settings)
+        )
     details = {
         "semantics": found,
         "expect": expect,
@@ -132,6 +151,15 @@ def run(ctx, settings) -> CheckResult:
     new, old = found["new"], found.get("old")
     label = f"new reports {new}" + (f", old reports {old}" if old else "") + f" (expected {expect})"
     status, diagnosis = _semantics_verdict(new, old, expect, details["engine_mode"]["new"])
+    fit_problem = _temperature_problem(measurements, ctx, expect)
+    # Semantics other than the expected ones fail above and explain the fitted temperature already.
+    if fit_problem and new in (expect, "neither", "unknown"):
+        status = worst([status, fit_problem[0]])
+        label += f"; {fit_problem[1]}"
+        diagnosis = " ".join(d for d in (diagnosis, fit_problem[2]) if d)
+    details["effective_temperature"] = {
+        m.engine: m.value for m in measurements if m.name == "effective_temperature"
+    }
     masked, total, outside_status = outside["new"]
     if outside_status in (Status.WARN, Status.FAIL):
         # Listed first: an engine that ignores top-k/top-p also reports logprobs of the wrong
@@ -142,6 +170,88 @@ def run(ctx, settings) -> CheckResult:
         )
         status = worst([status, outside_status])
     return CheckResult(ID, TITLE, status, label, diagnosis, measurements, details)
+
+
+def _expected_temperature(ctx, expect: str) -> float | None:
+    """The temperature the reported logprobs should show; None for greedy (nothing to fit)."""
+    t = float(ctx.sampling["temperature"])
+    if t <= 0:
+        return None
+    return t if expect == "processed" else 1.0
+
+
+def _temperature_measurements(name: str, e, expected: float | None, settings) -> list[Measurement]:
+    fit = fit_evidence(e) if expected is not None else None
+    if fit is None or expected is None:
+        return []
+    where = f"fit over {fit.pairs} logprob differences at {fit.positions} positions"
+    measurements = [
+        Measurement(
+            "effective_temperature",
+            fit.temperature,
+            Status.PASS,
+            engine=name,
+            note=f"{where}; ± {fit.stderr:.2g} (1 s.e.); requested {expected:g}",
+        )
+    ]
+    m = _rel_error(fit, expected, settings.thresholds["temperature_rel_error"], name)
+    if name == "old":
+        m.status, m.note = Status.PASS, m.note + "; old engine: for comparison"
+    measurements.append(m)
+    return measurements
+
+
+def _rel_error(fit: TemperatureFit, expected: float, th: Threshold, name: str) -> Measurement:
+    """|T_eff / T - 1| against bounds widened to FIT_SIGMAS standard errors where the fit is coarse."""
+    value = abs(fit.temperature / expected - 1.0)
+    floor = FIT_SIGMAS * fit.rel_stderr if math.isfinite(fit.rel_stderr) else math.inf
+    bounds = [max(lim.resolve(None), floor) if lim else None for lim in (th.warn, th.fail)]
+    status = Status.PASS
+    if bounds[1] is not None and value > bounds[1]:
+        status = Status.FAIL
+    elif bounds[0] is not None and value > bounds[0]:
+        status = Status.WARN
+    return Measurement(
+        "temperature_rel_error", value, status, bounds[0], bounds[1], engine=name,
+        note=f"T_eff {fit.temperature:.4g} vs {expected:g}",
+    )  # fmt: skip
+
+
+def _temperature_problem(measurements, ctx, expect: str) -> tuple[Status, str, str] | None:
+    """(status, summary part, diagnosis) when the new engine's fitted temperature is off."""
+    err = next(
+        (m for m in measurements if m.name == "temperature_rel_error" and m.engine == "new"), None
+    )
+    fit = next(
+        (m for m in measurements if m.name == "effective_temperature" and m.engine == "new"), None
+    )
+    if err is None or fit is None or err.status == Status.PASS:
+        return None
+    expected = _expected_temperature(ctx, expect)
+    what = f"the engine behaves like T={fit.value:.3f} while {expected:g} was requested"
+    diagnosis = (
+        f"The new engine's {expect} logprobs behave like temperature {fit.value:.4g}, not the {expected:g} "
+        f"requested ({fit.value / expected - 1:+.1%}; tolerance {err.fail:.2%}; {fit.note}): the sampler applies "
+        "another temperature than the trainer computes its logprobs with, so importance ratios are biased on "
+        "every token. Fix: check for a temperature applied twice or scaled (custom logits_processors, an "
+        "engine patch or build that rescales logits, generation_config.json defaults), and pass the same "
+        "temperature to the engine and the trainer."
+    )
+    return err.status, what, diagnosis
+
+
+def _identity_result(ctx, settings) -> CheckResult:
+    """T=1 without top-k/top-p: raw and processed coincide, but the temperature can still be off."""
+    measurements = [
+        m for name, e in ctx.engines() for m in _temperature_measurements(name, e, 1.0, settings)
+    ]
+    problem = _temperature_problem(measurements, ctx, "processed")
+    if problem is None:
+        return CheckResult(
+            ID, TITLE, Status.SKIP, "temperature 1 without top-k/top-p: raw and processed coincide",
+            measurements=measurements,
+        )  # fmt: skip
+    return CheckResult(ID, TITLE, problem[0], problem[1], problem[2], measurements)
 
 
 def _semantics_verdict(new: str, old: str | None, expect: str, mode) -> tuple[Status, str]:

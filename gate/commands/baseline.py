@@ -25,6 +25,7 @@ def add_calibrate(sub: Subparsers) -> None:
     )
     add_config_args(calibrate)
     calibrate.add_argument("--out", type=Path, help="run directory to create")
+    _add_runs(calibrate)
     calibrate.set_defaults(func=cmd_calibrate)
 
 
@@ -41,19 +42,39 @@ def add_baseline(sub: Subparsers) -> None:
             help="a `gate calibrate` run directory to record from (else one is run)",
         )
         p.add_argument("--out", type=Path, help="calibration run directory to create")
+        _add_runs(p)
         p.set_defaults(func=cmd_baseline, overwrite=action == "update")
 
 
+def _runs(raw: str) -> int:
+    value = int(raw)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"--runs: at least 2 engine starts, got {value}")
+    return value
+
+
+def _add_runs(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--runs",
+        type=_runs,
+        default=None,
+        help="engine starts of the old engine, in permuted orders (default: 3 with a GPU, 2 on the "
+        "CPU where every start is bit-identical)",
+    )
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from gate.calibrate import calibrate
+    from gate.calibrate import calibrate, default_runs
 
     cfg = config_from_args(args)
     out = run_path(args.out, cfg)
-    route = ImageRoute(("calibrate", "--out", str(out)), writable=(out.parent,), engine_runs=2)
+    runs = args.runs or default_runs()
+    route = ImageRoute(("calibrate", "--out", str(out), "--runs", str(runs)), writable=(out.parent,),
+                       engine_runs=runs)  # fmt: skip
     code = route_to_gate_image(cfg, route)
     if code is not None:
         return code
-    result, noise = calibrate(cfg, args.out, stderr_log)
+    result, noise = calibrate(cfg, args.out, stderr_log, runs)
     if noise is None:
         stderr_log(f"gate: error: calibration could not run; partial run kept at {result.run_dir}")
         return EXIT_ERROR
@@ -87,7 +108,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
             )
         noise = json.loads(noise_path.read_text())
     else:
-        result, noise = calibrate(cfg, args.out, stderr_log)
+        result, noise = calibrate(cfg, args.out, stderr_log, args.runs)
         if noise is None:
             stderr_log(
                 f"gate: error: calibration could not run; partial run kept at {result.run_dir}"
@@ -115,5 +136,7 @@ def baseline_image_route(args: argparse.Namespace, cfg: GateConfig, out: Path) -
     else:
         run = run_path(args.out, cfg)
         command += ["--out", str(run)]
+        if args.runs:
+            command += ["--runs", str(args.runs)]
         writable.append(run.parent)
-    return ImageRoute(tuple(command), tuple(writable), readable, engine_runs=2)
+    return ImageRoute(tuple(command), tuple(writable), readable, engine_runs=args.runs or 2)

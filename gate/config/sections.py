@@ -21,6 +21,13 @@ INTERNAL = "internal"  # field metadata: set by the loader, not a key of gate.ya
 YAML_TYPE = "yaml_type"  # field metadata: the type gate.yaml accepts, when wider than the field's
 
 RUNNER_KINDS = ("local", "venv", "docker")
+# How the worker drives the engine: vllm.LLM in its own process (offline), or vLLM's
+# OpenAI-compatible server over HTTP, as server-based RL stacks do (docs/server-mode.md).
+ENGINE_MODES = ("offline", "server")
+# The sampling fields a server-mode request may leave to the server, which fills a field left out
+# from the model's generation_config.json. n, the per-prompt seed and the logprob counts are always
+# sent: the evidence needs them.
+SERVER_REQUEST_FIELDS = ("temperature", "top_p", "top_k", "max_tokens")
 INSTALLERS = (
     "auto",
     "uv",
@@ -197,10 +204,44 @@ class GrpoConfig:
 class WeightUpdateConfig:
     # Your stack's update path: fn(llm, state_dict) -> None, called with the running engine and the
     # full new state dict (transformers names, CPU tensors); it must leave the engine sampling from
-    # the new weights (pause, load, reset caches, resume, as your trainer does).
+    # the new weights (pause, load, reset caches, resume, as your trainer does). In server mode it is
+    # fn(base_url, state_dict): the running server's http://127.0.0.1:<port>.
     hook: str | None = (
         None  # "package.module:function" or "path/to/file.py:function" (relative to this file)
     )
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Server mode (``mode: server``): how the worker starts vLLM's OpenAI-compatible server and
+    what its requests carry. Set at the top level for both engines, per engine to override."""
+
+    # The fields your stack's requests set (SERVER_REQUEST_FIELDS); every other field is left to the
+    # server, which fills it from the model's generation_config.json as in production. None: all of
+    # them. The trainer-side reference applies the sampling section regardless: a default the
+    # server applies and the trainer does not is what config-parity and logprob-semantics catch.
+    request_fields: tuple[str, ...] | None = None
+    # Extra command-line flags for the server, appended as given (e.g. ["--chat-template",
+    # "tmpl.jinja"] or ["--generation-config", "vllm"]); engine_args become flags on their own.
+    args: tuple[str, ...] = ()
+    startup_timeout_s: int = 600  # until /health answers 200
+    request_timeout_s: int = 300  # per HTTP request
+    max_in_flight: int = 64  # concurrent requests
+    # VLLM_SERVER_DEV_MODE=1: the development endpoints (/collective_rpc, /reset_prefix_cache,
+    # /server_info) the weight push and the settings read need. Never on a public interface: the
+    # server listens on 127.0.0.1 only.
+    dev_mode: bool = True
+
+    def validate(self, where: str) -> None:
+        for name in self.request_fields or ():
+            require(name in SERVER_REQUEST_FIELDS, where, "request_fields",
+                    f"{name!r} is not one of {SERVER_REQUEST_FIELDS}")  # fmt: skip
+        require(self.startup_timeout_s > 0, where, "startup_timeout_s", "must be > 0")
+        require(self.request_timeout_s > 0, where, "request_timeout_s", "must be > 0")
+        require(self.max_in_flight >= 1, where, "max_in_flight", "must be >= 1")
+        for flag in self.args:
+            require(not flag.startswith(("--host", "--port")), where, "args",
+                    f"{flag!r}: the worker chooses the loopback host and a free port itself")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -219,6 +260,8 @@ class EngineConfig:
     # it and started with ``python``; without an image both engines run in the gate image.
     image: str | None = None
     python: str = "python3"
+    mode: str = "offline"  # ENGINE_MODES; the top-level mode is every engine's default
+    server: ServerConfig = ServerConfig()  # mode: server only; merged over the top-level server
 
 
 GPU_CHOICES = ("all", "none")

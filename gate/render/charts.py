@@ -2,6 +2,10 @@
 
 Series arrive as per-step values with gaps (``None``); here they are float arrays with NaN for a gap.
 Every label that reaches a chart is reduced to characters that cannot end Mermaid's quoted title.
+
+Mermaid's default palette draws the first line in ``#ECECFF``, nearly invisible on white, and an
+xychart has no legend; so every chart sets a fixed palette with an init directive and the caption
+names the colours. The x-axis is numeric (Mermaid picks non-overlapping ticks).
 """
 
 from __future__ import annotations
@@ -20,6 +24,24 @@ SPARK = "▁▂▃▄▅▆▇█"
 SERIES = ("old", "new", "band_low", "band_high")  # the lines of a GRPO metric, in drawing order
 
 FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class Palette:
+    """Line colours by series (readable on GitHub's light and dark backgrounds) and their names."""
+
+    old: str = "#1f77b4"
+    new: str = "#d62728"
+    band: str = "#8c8c8c"
+    old_name: str = "blue"
+    new_name: str = "red"
+    band_name: str = "grey"
+
+    def color(self, key: str) -> str:
+        return self.band if key.startswith("band") else getattr(self, key)
+
+
+PALETTE = Palette()
 
 
 def as_series(values: Iterable[object]) -> FloatArray:
@@ -110,17 +132,28 @@ class Chart:
 
     name: str
     title: Safe
-    x: Safe
+    xmin: Safe
+    xmax: Safe
     ymin: Safe
     ymax: Safe
     lines: tuple[Safe, ...]
     labels: str
+    colors: Safe  # the palette in line order, for the init directive
+    exit: int | None  # the step where the new engine left the band
 
 
 def line_chart(
-    name: str, series: Mapping[str, FloatArray], lo: float, hi: float, points: int
+    name: str,
+    series: Mapping[str, FloatArray],
+    lo: float,
+    hi: float,
+    points: int,
+    exit_step: int | None = None,
 ) -> Chart | None:
-    """The series (``SERIES`` order) sampled at up to ``points`` steps; None for fewer than two steps."""
+    """The series (``SERIES`` order) sampled at up to ``points`` steps; None for fewer than two steps.
+
+    Mermaid spreads a line's points evenly over a numeric axis, so the steps sampled are evenly
+    spaced too (bucket means would shift a spike; the nearest step keeps it where it was)."""
     n = max(len(s) for s in series.values())
     if n < 2:
         return None
@@ -128,20 +161,24 @@ def line_chart(
     idx = sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
     pad = (hi - lo) * 0.05 or abs(hi) * 0.05 or 1.0
     fmt = fixed([lo - pad, hi + pad, hi - lo or pad])
-    lines, labels = [], []
+    lines, labels, colors = [], [], []
     for key in SERIES:
         padded = np.concatenate([series[key], np.full(n - len(series[key]), math.nan)])
         filled = forward_fill(padded)
         if filled is None:
             continue
         labels.append(key.replace("_", " "))
+        colors.append(PALETTE.color(key))
         lines.append(Safe(", ".join(fmt(float(filled[i])) for i in idx)))
     return Chart(
         name=esc.clean(name),
         title=Safe(mermaid_label(name)),
-        x=Safe(", ".join(str(i) for i in idx)),
+        xmin=Safe(str(idx[0])),
+        xmax=Safe(str(idx[-1])),
         ymin=Safe(fmt(lo - pad)),
         ymax=Safe(fmt(hi + pad)),
         lines=tuple(lines),
         labels=", ".join(labels),
+        colors=Safe(", ".join(colors)),
+        exit=exit_step,
     )

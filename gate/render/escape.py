@@ -132,6 +132,14 @@ def visible_token(text: object, limit: int | None = 40) -> Safe:
     return inline(s, limit)
 
 
+def breakable(text: str, every: int = 20) -> str:
+    """Raw ``text`` (escape it afterwards) with a zero-width space after every ``every`` characters
+    without a break opportunity, so a long run (an arithmetic completion, a hash) wraps inside a
+    table cell instead of widening the table past the comment column."""
+    run = re.compile(rf"[^\s\u200b]{{{every}}}(?=[^\s\u200b])")
+    return run.sub(lambda m: m.group(0) + ZWSP, text)
+
+
 def code_block(text: object, lang: str = "", limit: int | None = None, keep: str = "head") -> Safe:
     """A fenced code block nothing inside can close, with HTML comment openers neutralised."""
     s = truncate(clean(text), limit, keep)

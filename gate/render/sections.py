@@ -6,10 +6,14 @@ with :func:`gate.render.escape.inline` unless it is already :class:`~gate.render
 (produced by an escape filter or by this module from trusted parts), so a forgotten filter means
 escaped text, never injected Markdown.
 
-Order: headline, errors, checks table, [omission note], what failed and how to fix it, then
-``<details>``: per-check metrics, config diff, environment, baseline provenance, worst tokens, GRPO
-trajectories, the memory plan; last the reproduce / regenerate-baseline commands. A merged report (``parts``) gets a
-parts table and the same sections once per part, worst verdict first.
+Order: headline, the outcome (root causes and their fix, where the GRPO run left its band, replay
+speed), the config diff when it matters, errors, the checks table worst first (collapsed when all
+pass), [omission note], what failed and how to fix it, then ``<details>``: per-check metrics,
+environment (what differs), baseline provenance, worst tokens and changed greedy completions, GRPO
+trajectories, the memory plan; last the reproduce / regenerate-baseline commands and the footer. A
+merged report (``parts``) opens with a per-model table, then each part's sections worst verdict
+first, and one commands block and footer for all. Every table is laid out to fit GitHub's 780 px
+comment column (tests/browser measures it).
 
 Each section carries a priority (:mod:`gate.render.budget` drops the lowest first to meet a budget).
 """
@@ -26,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import jinja2
 
-from gate.render import charts
+from gate.render import charts, outcome
 from gate.render import escape as esc
 from gate.render.budget import OMITTED, REQUIRED, Limits, Section
 from gate.render.escape import Safe
@@ -69,7 +73,7 @@ KEY_SETTINGS = (
 
 # Section priorities: higher survives longer (budget.REQUIRED is never dropped).
 P_ERRORS, P_PROBLEM_FAIL, P_PROBLEM_WARN, P_BASELINE_BAD, P_COMMANDS = 95, 85, 80, 75, 70
-P_CONFIG_BAD, P_BASELINE, P_CONFIG, P_ENV = 65, 60, 55, 50
+P_CONFIG_BAD, P_BASELINE, P_CONFIG, P_ENV = 90, 60, 55, 50
 P_METRICS_BAD, P_GRPO, P_TOKENS, P_MEMORY, P_METRICS = 45, 40, 30, 25, 20
 P_MEMORY_BAD = (
     62  # a plan that does not fit explains the run's failure: kept nearly as long as config
@@ -133,7 +137,7 @@ def build(report: Report, lim: Limits, pr_run: WorkflowRun | None = None) -> lis
         ordered = sorted(report.parts, key=lambda p: -rank(p.verdict))
         out = [Section("headline", REQUIRED, _headline(report, lim, parts=report.parts))]
         out.append(
-            Section("parts", REQUIRED, _render("parts", rows=[_part_row(p) for p in ordered]))
+            Section("parts", REQUIRED, _render("parts", rows=[_part_row(p, lim) for p in ordered]))
         )
         out.append(Section(OMITTED, REQUIRED, ""))
         for i, part in enumerate(ordered):
@@ -143,41 +147,58 @@ def build(report: Report, lim: Limits, pr_run: WorkflowRun | None = None) -> lis
                 prefix=f"part:{i + 1}-{esc.marker_id(part.gate_id or 'part')}/",
                 level="###",
             )
+        out.append(Section("commands", P_COMMANDS, _commands(report, lim)))
     else:
         out = _report_sections(report, lim, prefix="", level="##", top=True)
+    out.append(Section("footer", REQUIRED, _footer(report)))
     if pr_run is not None:
         out.insert(1, Section("provenance", REQUIRED, _provenance(pr_run)))
-    return out
+    return [s for s in out if s.text or s.key == OMITTED]
+
+
+def _all_pass(r: ReportBody) -> bool:
+    return (
+        r.verdict == "PASS" and not r.errors and all(c.status in ("PASS", "SKIP") for c in r.checks)
+    )
 
 
 def _report_sections(
     r: ReportBody, lim: Limits, prefix: str, level: str, top: bool = False
 ) -> list[Section]:
-    checks = r.checks
+    checks = sorted(r.checks, key=lambda c: -rank(c.status))  # worst first, stable
+    found = outcome.outcome(r)
     out = [Section(prefix + "headline", REQUIRED, _headline(r, lim, level=level))]
+    out.append(Section(prefix + "outcome", REQUIRED, _outcome(r, found, lim)))
+    parity = next((c for c in checks if c.id == "config-parity" and c.status != "SKIP"), None)
+    parity_bad = parity is not None and parity.status in _BAD
+    if parity is not None and parity_bad:  # the change itself, above the fold
+        out.append(Section(prefix + "config-diff", P_CONFIG_BAD, _config_diff(parity, lim, True)))
     out += _errors(r, lim, prefix)
-    out.append(
-        Section(
-            prefix + "checks",
-            REQUIRED,
-            _render("checks_table", rows=[_check_row(c, lim) for c in checks]),
-        )
-    )
+    rows = [_check_row(c, lim) for c in checks]
+    # all passed: a few lines; the checks and everything below them wait behind one summary line
+    wrap = _all_pass(r) and bool(rows)
+    if wrap:
+        summary = f"✅ All {len(rows)} checks passed: the checks, their metrics and the details"
+        out.append(Section(prefix + "open", REQUIRED, f"<details><summary>{summary}</summary>"))
+    out.append(Section(prefix + "checks", REQUIRED, _render("checks_table", rows=rows)))
+    # a merged report's part: the outcome and the table above, what failed and the rest folded
+    fold = not wrap and not top and bool(rows)
+    if fold:
+        summary = f"{icon(r.verdict)} What failed in part {esc.code_inline(r.gate_id or '?', 60)}, and the details"
+        out.append(Section(prefix + "open", REQUIRED, f"<details><summary>{summary}</summary>"))
     if top:
         out.append(Section(OMITTED, REQUIRED, ""))
     sub = level + "#"
     for c in checks:
         if c.status in _BAD:
             p = P_PROBLEM_WARN if c.status == "WARN" else P_PROBLEM_FAIL
-            out.append(Section(f"{prefix}problem:{c.id}", p, _problem(c, lim, sub)))
+            out.append(Section(f"{prefix}problem:{c.id}", p, _problem(c, r, lim, sub)))
     for c in checks:
         if c.measurements:
             p = P_METRICS if c.status in ("PASS", "SKIP") else P_METRICS_BAD
-            out.append(Section(f"{prefix}metrics:{c.id}", p, _metrics(c, lim)))
-    parity = next((c for c in checks if c.id == "config-parity" and c.status != "SKIP"), None)
-    if parity is not None:
-        p = P_CONFIG if parity.status == "PASS" else P_CONFIG_BAD
-        out.append(Section(prefix + "config-diff", p, _config_diff(parity, lim)))
+            out.append(Section(f"{prefix}metrics:{c.id}", p, _metrics(c, r, lim)))
+    if parity is not None and not parity_bad:
+        out.append(Section(prefix + "config-diff", P_CONFIG, _config_diff(parity, lim, False)))
     if r.engines:
         out.append(Section(prefix + "environment", P_ENV, _environment(r, lim)))
     if r.baseline is not None:
@@ -187,12 +208,18 @@ def _report_sections(
     tokens = _worst_tokens(r, lim)
     if tokens:
         out.append(Section(prefix + "worst-tokens", P_TOKENS, tokens))
+    greedy = _greedy_examples(r, lim)
+    if greedy:
+        out.append(Section(prefix + "greedy-examples", P_TOKENS, greedy))
     if r.grpo is not None:
         out.append(Section(prefix + "grpo", P_GRPO, _grpo(r.grpo, lim)))
     if r.memory_plan is not None and r.memory_plan.engines:
         p = P_MEMORY if r.memory_plan.fits is not False else P_MEMORY_BAD
         out.append(Section(prefix + "memory-plan", p, _memory_plan(r.memory_plan)))
-    out.append(Section(prefix + "commands", P_COMMANDS, _commands(r, lim)))
+    if top:
+        out.append(Section(prefix + "commands", P_COMMANDS, _commands(r, lim)))
+    if wrap or fold:
+        out.append(Section(prefix + "close", REQUIRED, "</details>"))
     return [s for s in out if s.text or s.key == OMITTED]
 
 
@@ -324,25 +351,128 @@ def _errors(r: ReportBody, lim: Limits, prefix: str) -> list[Section]:
     return [Section(prefix + "errors", P_ERRORS, _render("errors", errors=errors, engines=logs))]
 
 
+# ---------------------------------------------------------------------------------------- outcome
+def _titles(checks: Iterable[Check], lim: Limits) -> str:
+    return ", ".join(_title(c, lim) for c in checks)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _cause_row(c: outcome.Cause, parity: Check | None, lim: Limits) -> dict[str, Any]:
+    return {
+        "key": esc.truncate(esc.clean(c.key), lim.cell),
+        "old": _value(c.old, lim),
+        "new": _value(c.new, lim),
+        "checks": _titles((*((parity,) if parity else ()), *c.checks), lim),
+        "fix": esc.truncate(esc.clean(c.fix), lim.cell) if c.fix else "",
+    }
+
+
+def _speed_line(sp: outcome.Speed | None) -> dict[str, Any] | None:
+    if sp is None:
+        return None
+    return {
+        "slower": sp.slower,
+        "total_ratio": _ratio_text(sp.total_ratio),
+        "sample_ratio": _ratio_text(sp.sample_ratio),
+        "limit": f"{outcome.SLOWER_RATIO:g}x",
+        "new": _replay_text(sp.new_total_s, sp.new_tokens_per_s),
+        "old": _replay_text(sp.old_total_s, sp.old_tokens_per_s) if sp.old_total_s else None,
+    }
+
+
+def _ratio_text(r: float | None) -> str | None:
+    return None if r is None else f"{r:.1f}x"
+
+
+def _replay_text(total: float | None, tps: float | None) -> str:
+    parts = [f"{esc.num(total)} s" if total else ""]
+    if tps:
+        parts.append(f"{tps:,.0f} tokens/s sampled" if tps >= 10 else f"{tps:.2g} tokens/s sampled")
+    return ", ".join(p for p in parts if p)
+
+
+def _band(b: outcome.BandExit | None) -> dict[str, Any] | None:
+    if b is None:
+        return None
+    metrics = ", ".join(esc.clean(m) for m in b.metrics)
+    return {"step": b.step, "metrics": metrics, "compared_with": esc.clean(b.compared_with)}
+
+
+def _outcome(r: ReportBody, found: outcome.Outcome, lim: Limits) -> str:
+    """The opening: root causes with their fix, other failures with theirs, GRPO exit, replay speed."""
+    # config-parity found every change: named with the first, not repeated
+    causes = [
+        _cause_row(c, found.parity if i == 0 else None, lim) for i, c in enumerate(found.causes)
+    ]
+    cause_checks = found.cause_checks
+    worst = max((c.status for c in cause_checks), key=rank, default="PASS")
+    others = [
+        {"icon": Safe(icon(o.check.status)), "title": _title(o.check, lim),
+         "finding": esc.truncate(o.finding, lim.text), "advice": esc.truncate(o.advice, lim.cell and 3 * lim.cell)}
+        for o in found.others
+    ]  # fmt: skip
+    band = found.band_exit
+    return _render(
+        "outcome",
+        causes=causes,
+        n_changes="One change" if len(causes) == 1 else f"{len(causes)} changes",
+        verb=("fails" if len(causes) == 1 else "fail")
+        if worst in ("FAIL", "ERROR")
+        else ("warns in" if len(causes) == 1 else "warn in"),
+        n_checks=_plural(len(cause_checks), "check"),
+        cause_icon=Safe(icon(worst)),
+        fixes=[c["fix"] for c in causes if c["fix"]],
+        unpinned=[c["key"] for c in causes if not c["fix"]],
+        others=others,
+        band=_band(band),
+        speed=_speed_line(found.speed),
+        reused=(_engine(r, "old") or {}).get("reused"),
+    )
+
+
 # --------------------------------------------------------------------------------- checks table
+INFO_ICON = (
+    "\u2139\ufe0f"  # an informational figure: reported, not judged (no ✅: nothing was checked)
+)
+_INFO = "info"
+
+
+# Checks that judge figures without warn/fail bounds: against the baseline's band, by a setting's
+# policy. Their rows are judged (not informational), and the note says against what.
+_JUDGED_BY = {"grpo-trajectory": "band", "config-parity": "policy"}
+
+
+def _judged(m: Measurement, c: Check | None = None) -> bool:
+    return m.warn is not None or m.fail is not None or (c is not None and c.id in _JUDGED_BY)
+
+
 def _bound(m: Measurement, value: float | None) -> str:
     if value is None:
         return ""
-    direction = "below" if m.higher_is_worse is False else "above"  # not known: higher is worse
+    direction = "<" if m.higher_is_worse is False else ">"  # not known: higher is worse
     return f"{direction} {esc.num(value)}"
 
 
-def _threshold(m: Measurement) -> str:
-    bounds = (("warn", m.warn), ("fail", m.fail))
-    return ", ".join(f"{k} {_bound(m, v)}" for k, v in bounds if v is not None)
+def _threshold(m: Measurement, both: bool = False) -> str:
+    """The bound that matters for the status (``both``: warn and fail), e.g. ``fail > 0.01``."""
+    bounds = [(k, v) for k, v in (("warn", m.warn), ("fail", m.fail)) if v is not None]
+    if not both:
+        want = "warn" if m.status in ("PASS", "WARN", "SKIP") else "fail"
+        bounds = [b for b in bounds if b[0] == want] or bounds[-1:]
+    return ", ".join(f"{k} {_bound(m, v)}" for k, v in bounds)
 
 
 def _key_measurement(c: Check) -> Measurement | None:
-    judged = [m for m in c.measurements if m.warn is not None or m.fail is not None]
-    pool = judged or c.measurements
-    if not pool:
+    """The judged figure that decided the check's status (the new engine's first), if any."""
+    judged = [m for m in c.measurements if _judged(m, c)]
+    if c.status in _BAD:
+        judged = [m for m in judged if m.status == c.status]
+    if not judged:
         return None
-    return max(pool, key=lambda m: (RANK.get(str(m.status), 0), m.engine != "old"))
+    return max(judged, key=lambda m: (RANK.get(str(m.status), 0), m.engine != "old"))
 
 
 def _name(m: Measurement) -> str:
@@ -357,52 +487,68 @@ def _title(c: Check, lim: Limits) -> str:
     return esc.truncate(esc.clean(c.title or c.id or "?"), lim.cell)
 
 
-def _short_diagnosis(c: Check, lim: Limits) -> str:
-    text = esc.clean(c.diagnosis or "") if c.status in _BAD else ""
-    if text:
-        cut = min((i for i in (text.find(". "), text.find(": ")) if i > 0), default=len(text))
-        text = text[: cut + 1].rstrip(".:") if cut < len(text) else text
-    return esc.truncate(text or esc.clean(c.summary or ""), lim.cell)
+def _interval(c: Check, m: Measurement) -> dict[str, float] | None:
+    """A measurement whose value is the lower end of a 95% interval: its estimate and upper end."""
+    if not _name(m).startswith("regression_"):
+        return None
+    details = c.document.get("details")
+    ci = details.get("regression") if isinstance(details, dict) else None
+    if not isinstance(ci, dict):
+        return None
+    point, high = ci.get("point"), ci.get("high")
+    if not isinstance(point, (int, float)) or not isinstance(high, (int, float)):
+        return None
+    return {"point": float(point), "high": float(high)}
+
+
+def _measured(c: Check, m: Measurement, lim: Limits, both: bool = False) -> str:
+    """A value with its threshold in the same cell: ``0.0142 (fail > 0.01)``; a bound says it is one."""
+    if m.value is None or isinstance(m.value, str) or (c.id in _JUDGED_BY and m.note):
+        return esc.truncate(esc.clean(m.note or m.value or "—"), lim.cell)
+    text = esc.num(m.value)
+    ci = _interval(c, m)
+    bound = _threshold(m, both)
+    text = f"{text} ({bound})" if bound else text
+    if (
+        ci is not None
+    ):  # the judged value is the interval's lower end: say so, and show the estimate
+        text = f"estimate {esc.num(ci['point'])}; 95% lower bound {text}"
+    return text
 
 
 def _check_row(c: Check, lim: Limits) -> dict[str, Any]:
     m = _key_measurement(c)
-    measured: Any = ""
     if m is not None:
-        measured = (
-            m.value if m.value is not None else esc.truncate(esc.clean(m.note or ""), lim.cell)
-        )
+        metric, measured = _metric_name(m), _measured(c, m, lim)
+    else:  # nothing with a threshold decided it: the check's own words (e.g. "new reports raw ...")
+        metric, measured = esc.truncate(esc.clean(c.summary or ""), lim.cell), ""
     return {
         "icon": Safe(icon(c.status)),
         "status": c.status,
         "title": _title(c, lim),
-        "metric": _metric_name(m) if m else "",
+        "metric": metric,
         "measured": measured,
-        "threshold": _threshold(m) if m else "",
-        "diagnosis": _short_diagnosis(c, lim),
     }
 
 
-def _measurement_row(m: Measurement, lim: Limits) -> dict[str, Any]:
+def _measurement_row(c: Check, m: Measurement, lim: Limits) -> dict[str, Any]:
     status = str(m.status or "?")
-    value = m.value
+    info = not _judged(m, c) and status == "PASS"
     return {
-        "icon": Safe(icon(status)),
-        "status": status,
+        "icon": Safe(INFO_ICON if info else icon(status)),
+        "status": _INFO if info else status,
         "name": esc.truncate(esc.clean(_name(m)), lim.cell),
         "engine": esc.truncate(esc.clean(m.engine or ""), lim.cell),
-        "value": value
-        if isinstance(value, (int, float)) or value is None
-        else esc.truncate(esc.clean(value), lim.cell),
-        "warn": _bound(m, m.warn),
-        "fail": _bound(m, m.fail),
-        "threshold": _threshold(m),
-        "note": esc.truncate(esc.clean(m.note or ""), lim.cell),
+        "measured": _measured(c, m, lim, both=True),
+        # a row whose note is its measurement (a setting's change, a band exit) shows it once
+        "note": ""
+        if m.value is None or (c.id in _JUDGED_BY and m.note)
+        else esc.truncate(esc.clean(m.note or ""), lim.cell),
     }
 
 
-def _problem(c: Check, lim: Limits, level: str) -> str:
-    bad = [_measurement_row(m, lim) for m in c.measurements if m.status in _BAD]
+def _problem(c: Check, r: ReportBody, lim: Limits, level: str) -> str:
+    bad = [_measurement_row(c, m, lim) for m in c.measurements if m.status in _BAD]
     shown = bad if lim.rows is None else bad[: lim.rows]
     return _render(
         "problem",
@@ -417,13 +563,15 @@ def _problem(c: Check, lim: Limits, level: str) -> str:
     )
 
 
-def _metrics(c: Check, lim: Limits) -> str:
-    rows = [_measurement_row(m, lim) for m in c.measurements]
+def _metrics(c: Check, r: ReportBody, lim: Limits) -> str:
+    rows = [_measurement_row(c, m, lim) for m in c.measurements]
+    rows.sort(key=lambda row: -RANK.get(str(row["status"]), 0))  # worst first; info with PASS
     shown = rows if lim.rows is None else rows[: lim.rows]
     return _render(
         "metrics",
         icon=Safe(icon(c.status)),
         title=_title(c, lim),
+        info=any(row["status"] == _INFO for row in shown),
         rows=shown,
         total=len(rows),
         more=len(rows) - len(shown),
@@ -432,12 +580,12 @@ def _metrics(c: Check, lim: Limits) -> str:
 
 # ------------------------------------------------------------------------------------ config diff
 def _value(v: Any, lim: Limits) -> str:
-    """A setting's value as its JSON spelling (None -> null), capped."""
+    """A setting's value as its JSON spelling (None -> null), capped, and able to wrap in a cell."""
     s = v if isinstance(v, str) else json.dumps(v, sort_keys=True, default=str)
-    return esc.truncate(esc.clean(s), lim.cell)
+    return esc.breakable(esc.truncate(esc.clean(s), lim.cell))
 
 
-def _config_diff(c: Check, lim: Limits) -> str:
+def _config_diff(c: Check, lim: Limits, open_: bool) -> str:
     d = c.details
     by_name = {m.name: m for m in c.measurements}
     rows = []
@@ -454,6 +602,7 @@ def _config_diff(c: Check, lim: Limits) -> str:
     ]  # fmt: skip
     return _render(
         "config_diff",
+        open=open_,
         compared_with=str(d.compared_with or "old"),
         rows=rows,
         overridden=overridden,
@@ -482,10 +631,6 @@ def _device(e: Engine) -> Any:
     return " ".join(parts) or _MISSING
 
 
-def _seconds(v: float | None) -> Any:
-    return f"{esc.num(float(v))} s" if isinstance(v, (int, float)) else _MISSING
-
-
 def _setting(key: str) -> Callable[[Engine], Any]:
     return lambda e: (e.effective or {}).get(key, _MISSING)
 
@@ -505,12 +650,11 @@ _ENVIRONMENT_ROWS: tuple[tuple[str, Callable[[Engine], Any]], ...] = (
     ("platform", _identity_field("platform")),
     *[(k, _setting(k)) for k in KEY_SETTINGS],
     ("dropped engine args", lambda e: e.dropped_engine_args or _MISSING),
-    ("replay time", lambda e: _seconds(e.timings.get("total_s"))),
 )
 
 
 def _environment(r: ReportBody, lim: Limits) -> str:
-    """The old and new engines side by side, and the engine the baseline was recorded with."""
+    """What differs between the old and new engines and the baseline's; the identical rows by name."""
     columns = {
         n: r.engines[n] for n in sorted(r.engines, key=lambda n: {"old": 0, "new": 1}.get(n, 2))
     }
@@ -518,18 +662,17 @@ def _environment(r: ReportBody, lim: Limits) -> str:
     if manifest.engine is not None:
         recorded = manifest.recorded_from or RecordedFrom()
         columns["baseline"] = replace(manifest.engine, spec=recorded.spec)
-    rows = []
+    rows, same = [], []
     for label, get in _ENVIRONMENT_ROWS:
         values = [get(e) for e in columns.values()]
         if all(v is _MISSING for v in values):
             continue
         shown = ["" if v is _MISSING else _value(v, lim) for v in values]
-        compare = [v for n, v in zip(columns, shown, strict=True) if n in ("old", "new")]
-        differs = len(compare) == 2 and compare[0] != compare[1] and label != "replay time"
-        rows.append({"label": label, "values": shown, "differs": differs})
-    return _render(
-        "environment", columns=list(columns), rows=rows, n_diff=sum(r["differs"] for r in rows)
-    )
+        if len({v for v in shown if v}) > 1:
+            rows.append({"label": label, "values": shown})
+        else:
+            same.append(label)
+    return _render("environment", columns=list(columns), rows=rows, same=same)
 
 
 # --------------------------------------------------------------------------------------- baseline
@@ -578,15 +721,62 @@ def _worst_tokens(r: ReportBody, lim: Limits) -> str:
             after = after[: lim.context] + "…"
         e, tr = t.engine_logprob, t.trainer_logprob
         rows.append({"engine": esc.clean(t.engine or ""), "prompt": esc.truncate(esc.clean(t.prompt_id), lim.cell),
-                     "context": before, "token": t.token or "", "context_after": after, "position": t.position,
+                     "context": esc.breakable(before), "token": t.token or "", "context_after": esc.breakable(after), "position": t.position,
                      "engine_lp": e, "trainer_lp": tr,
                      "delta": tr - e if e is not None and tr is not None else None})  # fmt: skip
     return _render("worst_tokens", rows=rows, more=len(entries) - len(shown))
 
 
+# ------------------------------------------------------------------------------ greedy completions
+GREEDY_EXAMPLES = 3  # changed greedy completions shown side by side
+
+
+def _greedy_examples(r: ReportBody, lim: Limits) -> str:
+    """The first prompts whose greedy completion changed: the reference's and the new engine's, escaped."""
+    check = next((c for c in r.checks if c.id == "greedy-and-length"), None)
+    details = check.document.get("details") if check is not None else None
+    if not isinstance(details, dict):
+        return ""
+    found = [
+        (label, entry)
+        for label, entry in details.items()  # the baseline first, as the check compares
+        if isinstance(entry, dict) and isinstance(entry.get("examples"), list) and entry["examples"]
+    ]
+    if not found:
+        return ""
+    label, entry = found[0]
+    examples = entry["examples"]
+    width = lim.cell or 400
+    rows = []
+    for ex in examples[:GREEDY_EXAMPLES]:
+        if not isinstance(ex, dict):
+            continue
+        rows.append({
+            "prompt": esc.breakable(esc.truncate(esc.clean(ex.get("prompt_id", "?")), 40)),
+            "position": ex.get("first_divergence"),
+            "reference": esc.breakable(esc.truncate(esc.clean(ex.get("reference", "")), width)),
+            "new": esc.breakable(esc.truncate(esc.clean(ex.get("new", "")), width)),
+        })  # fmt: skip
+    if not rows:
+        return ""
+    changed = entry.get("greedy", {}).get("diverging_prompts") if isinstance(entry, dict) else None
+    total = len(changed) if isinstance(changed, list) else len(rows)
+    return _render(
+        "greedy_examples",
+        label=esc.clean(label),
+        rows=rows,
+        total=max(total, len(rows)),
+        open=check is not None and check.status in _BAD,
+    )
+
+
 # ------------------------------------------------------------------------------------------ GRPO
+FLAT = 0.01  # old and new within this share of the chart's height: a flat line, no chart
+
+
 def _grpo(g: Grpo, lim: Limits) -> str:
-    chart_list, table = [], []
+    chart_list, table, flat = [], [], []
+    band = outcome.band_exit(g)
     for name, metric in g.metrics.items():
         m = metric or GrpoMetric()
         series = {k: charts.as_series(getattr(m, k)) for k in charts.SERIES}
@@ -594,16 +784,31 @@ def _grpo(g: Grpo, lim: Limits) -> str:
         if span is None:
             continue
         lo, hi = span
-        spark = {k: charts.sparkline(v, lo, hi, lim.spark) for k, v in series.items()}
+        lines = charts.value_range([series["old"], series["new"]]) or span
         exit_step = g.first_exit.get(name)
-        table.append({"name": esc.clean(name), "old": spark["old"], "new": spark["new"], "band": spark["band_low"] and spark["band_high"],
-                      "band_low": spark["band_low"], "band_high": spark["band_high"],
-                      "final_old": charts.last_value(series["old"]), "final_new": charts.last_value(series["new"]),
-                      "exit": exit_step, "left": exit_step is not None})  # fmt: skip
-        chart_list.append(charts.line_chart(name, series, lo, hi, lim.points))
+        # a metric whose engines' lines would be drawn flat (at zero, typically, on CPU) gets no chart
+        is_flat = lines[1] - lines[0] <= FLAT * (hi - lo)
+        row = {"name": esc.clean(name), "final_old": charts.last_value(series["old"]),
+               "final_new": charts.last_value(series["new"]), "exit": exit_step,
+               "spark": "" if is_flat else charts.sparkline(series["new"], lo, hi, lim.spark),
+               "flat_at": esc.num(charts.last_value(series["new"]))}  # fmt: skip
+        table.append(row)
+        if is_flat:
+            flat.append(esc.clean(name))
+            continue
+        chart_list.append(charts.line_chart(name, series, lo, hi, lim.points, exit_step))
     if not table:
         return ""
-    return _render("grpo", steps=g.steps, rows=table, charts=[c for c in chart_list if c])
+    return _render(
+        "grpo",
+        steps=g.steps,
+        rows=table,
+        charts=[c for c in chart_list if c],
+        flat=flat,
+        band=band,
+        compared_with=esc.clean(g.compared_with or "old"),
+        palette=charts.PALETTE,
+    )
 
 
 # --------------------------------------------------------------------------------------- commands
@@ -612,29 +817,37 @@ def _gib(n: int | None) -> str:
 
 
 def _memory_plan(m: MemoryPlan) -> str:
-    """The plan's phase totals per engine group and device, the measured peak beside it when known."""
+    """The plan's phase totals per engine group and device (a column each: phases are rows, so the
+    table stays narrow however many phases there are), the measured peak below when known."""
     phases = list(dict.fromkeys(name for e in m.engines for name in e.phases))
-    rows, peaks = [], []
+    columns, peaks = [], []
     for e in m.engines:
         names = [n for n in e.engines if n]
-        measured = [m.measured_peak_bytes.get(n) for n in names]
+        found = [v for n in names if (v := m.measured_peak_bytes.get(n)) is not None]
         for i, d in enumerate(e.devices):
             name = d.name or "?"
             peak = e.peak_bytes.get(name)
             peaks.append((peak or 0, name, e.peak_phase.get(name) or "?", d))
-            found = [v for v in measured if v is not None]
-            rows.append({
-                "engines": ", ".join(names), "device": name, "free": _gib(d.available_bytes),
+            columns.append({
+                "label": f"{', '.join(names)} on {name}", "free": _gib(d.available_bytes),
                 "phases": [_gib(e.phases[p][name].total_bytes) if name in e.phases.get(p, {}) else ""
                            for p in phases],
                 "peak": _gib(peak),
                 "measured": _gib(max(found)) if found and i == 0 else "",
             })  # fmt: skip
+    rows = [
+        {"label": "free", "values": [c["free"] for c in columns]},
+        *({"label": p, "values": [c["phases"][j] for c in columns]} for j, p in enumerate(phases)),
+        {"label": "peak", "values": [c["peak"] for c in columns]},
+    ]
+    if m.measured_peak_bytes:
+        rows.append({"label": "measured", "values": [c["measured"] for c in columns]})
     top = max(peaks, key=lambda t: t[0], default=None)
     verdict = "fits" if m.fits else "does not fit" if m.fits is False else "fit unknown"
     headline = f"peak {_gib(top[0])} on {top[1]} in {top[2]}, {verdict}" if top else verdict
     return _render(
-        "memory_plan", headline=headline, model=_basename(m.model), rows=rows, phases=phases,
+        "memory_plan", headline=headline, model=_basename(m.model), rows=rows,
+        columns=[c["label"] for c in columns],
         parameters=f"{(m.parameters or 0) / 1e6:,.1f}M", parameters_from=m.parameters_from or "?",
         measured=bool(m.measured_peak_bytes), knobs=[k for k in m.knobs if k],
         problems=[p for e in m.engines for p in e.problems if p],
@@ -644,28 +857,50 @@ def _memory_plan(m: MemoryPlan) -> str:
 def _commands(r: ReportBody, lim: Limits) -> str:
     reproduce = r.commands.reproduce if r.commands else None
     regenerate = r.commands.regenerate_baseline if r.commands else None
-    run = r.run or Run()
     return _render(
         "commands",
         reproduce=esc.code_block(reproduce, "bash", lim.text) if reproduce else None,
         regenerate=esc.code_block(regenerate, "bash", lim.text) if regenerate else None,
+    )
+
+
+def _footer(r: Report) -> str:
+    run = r.run or Run()
+    return _render(
+        "footer",
         gate_version=str(r.gate_version or "?"),
-        schema=str(r.schema if isinstance(r, Report) else "?"),
+        schema=str(r.schema or "?"),
         started=run.started,
         finished=run.finished,
     )
 
 
 # ------------------------------------------------------------------------------------------ parts
-def _part_row(p: ReportBody) -> dict[str, Any]:
+def _part_row(p: ReportBody, lim: Limits) -> dict[str, Any]:
     verdict = str(p.verdict or "ERROR")
     old, new = _engine(p, "old"), _engine(p, "new")
     model = (p.run or Run()).model or ModelRef()
+    found = outcome.outcome(p)
+    if found.causes:
+        first = found.causes[0]
+        cause = (
+            f"{esc.code_inline(first.key, lim.cell)} → {esc.code_inline(_value(first.new, lim))}"
+        )
+    elif found.others:
+        cause = esc.inline(_title(found.others[0].check, lim))
+    else:
+        cause = "—"
     return {
         "icon": Safe(icon(verdict)),
         "verdict": verdict,
         "gate_id": str(p.gate_id or "?"),
         "vllm": " → ".join(e["version"] for e in (old, new) if e) or "?",
         "model": (_basename(model.path) or (model.sha256 or "")[:12]) or "?",
-        "counts": _counts_text(p.counts),
+        "counts": _counts_short(p.counts),
+        "cause": Safe(cause),
     }
+
+
+def _counts_short(counts: Mapping[str, int]) -> str:
+    words = [f"{counts[k]} {w}" for k, w in _COUNT_WORDS if counts.get(k)]
+    return ", ".join(words) or "none ran"

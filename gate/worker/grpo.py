@@ -52,6 +52,33 @@ def reward(text: str, answer: str) -> float:
     return 1.0 if found and found[-1] == answer.strip() else 0.0
 
 
+# One rollout: per prompt, per sample, (token ids, the engine's logprob of each, text).
+Samples = list[list[tuple[list[int], list[float], str]]]
+# (prompts, n, temperature, max_tokens, seed) -> Samples
+Rollout = Callable[[list[list[int]], int, float, int, int], Samples]
+
+
+def offline_rollout(llm) -> Rollout:
+    """Samples from a ``vllm.LLM`` (its reported logprobs are the rollout policy's)."""
+
+    def rollout(
+        prompts: list[list[int]], n: int, temperature: float, max_tokens: int, seed: int
+    ) -> Samples:
+        from gate.worker.replay import _params
+
+        params = _params(n=n, temperature=temperature, max_tokens=max_tokens, seed=seed, logprobs=0)
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        return [
+            [
+                (list(c.token_ids), _sampled_logprobs(c.logprobs, list(c.token_ids)), c.text)
+                for c in out.outputs
+            ]
+            for out in outputs
+        ]
+
+    return rollout
+
+
 def run_grpo(
     llm,
     model_path: str,
@@ -61,8 +88,14 @@ def run_grpo(
     push: Callable,
     progress,
     hf_kwargs: dict | None = None,
+    rollout: Rollout | None = None,
+    dtype: torch.dtype | None = None,
 ) -> GrpoRun:
-    """One GRPO run per seed: ``grpo_<metric>`` arrays of shape [seeds, steps], and the trainer's record."""
+    """One GRPO run per seed: ``grpo_<metric>`` arrays of shape [seeds, steps], and the trainer's record.
+
+    ``llm`` is what ``push`` takes first (a ``vllm.LLM``, or a server's base URL in server mode);
+    ``rollout`` and ``dtype`` default to that LLM's sampling and weight dtype.
+    """
     from transformers import AutoModelForCausalLM
 
     from gate.worker.trainable import (
@@ -81,9 +114,9 @@ def run_grpo(
             "grpo: the prompt sets hold no record with an `answer`; the reward needs one"
         )
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = engine_dtype(
-        llm
-    )  # frozen weights as the engine holds them; trained ones get fp32 masters
+    # Frozen weights as the engine holds them; trained ones get fp32 masters.
+    dtype = dtype if dtype is not None else engine_dtype(llm)
+    rollout = rollout if rollout is not None else offline_rollout(llm)
     results = {m: np.zeros((len(request.seeds), request.steps)) for m in METRICS}
     for s_idx, seed in enumerate(request.seeds):
         torch.manual_seed(seed)
@@ -104,7 +137,7 @@ def run_grpo(
             batch = rng.choice(
                 usable, size=min(request.prompts_per_step, len(usable)), replace=False
             )
-            metrics = _step(llm, model, trained, opt, [prompt_ids[i] for i in batch],
+            metrics = _step(rollout, model, trained, opt, [prompt_ids[i] for i in batch],
                             [answers[i] for i in batch], request, seed * 100_003 + step, device)  # fmt: skip
             pushed = time.perf_counter()
             push(llm, {k: v.detach() for k, v in model.state_dict().items()})
@@ -122,7 +155,7 @@ def run_grpo(
 
 
 def _step(
-    llm,
+    rollout: Rollout,
     model,
     trained: TrainableSet,
     opt,
@@ -132,22 +165,16 @@ def _step(
     seed: int,
     device,
 ) -> dict[str, float]:
-    from gate.worker.replay import _params
     from gate.worker.trainable import optimizer_step, zero_grad
 
-    params = _params(n=request.group_size, temperature=request.temperature, max_tokens=request.max_tokens,
-                     seed=seed, logprobs=0)  # fmt: skip
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    outputs = rollout(prompts, request.group_size, request.temperature, request.max_tokens, seed)
     seqs, starts, rollout_lp, rewards, lengths = [], [], [], [], []
     for p, out, answer in zip(prompts, outputs, answers, strict=True):
-        for comp in out.outputs:
-            tokens = list(comp.token_ids)
+        for tokens, logprobs, text in out:
             seqs.append(p + tokens)
             starts.append(len(p))
-            rollout_lp.append(
-                np.asarray(_sampled_logprobs(comp.logprobs, tokens), dtype=np.float64)
-            )
-            rewards.append(reward(comp.text, answer))
+            rollout_lp.append(np.asarray(logprobs, dtype=np.float64))
+            rewards.append(reward(text, answer))
             lengths.append(len(tokens))
     rewards_arr = np.asarray(rewards).reshape(len(prompts), request.group_size)
     adv = (rewards_arr - rewards_arr.mean(1, keepdims=True)) / (

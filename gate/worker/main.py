@@ -20,6 +20,7 @@ import time
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,7 @@ from gate.worker.replay import Completions
 if TYPE_CHECKING:
     from gate.worker.engine import GateSetting, OutputTail
     from gate.worker.reference import ReferenceModel, ScoredTokens
+    from gate.worker.server_engine import ServedEngine
 
 
 def progress(message: str) -> None:
@@ -72,7 +74,14 @@ class EngineRun:
 
 
 # One engine process serves one engine construction: these request fields must agree.
-SHARED_ENGINE_FIELDS = ("model", "tokenizer", "engine_args", "optional_engine_args")
+SHARED_ENGINE_FIELDS = (
+    "model",
+    "tokenizer",
+    "engine_args",
+    "optional_engine_args",
+    "mode",
+    "server",
+)
 
 
 def validate_batch(requests: Sequence[WorkerRequest]) -> None:
@@ -151,15 +160,19 @@ def run_batch(requests: Sequence[WorkerRequest]) -> None:
             f"setting {setting.name}={setting.value}: {setting.reason} (recorded in engine.json)"
         )
     eng.apply_environment(gate_settings)
-    # Worker processes' own logs pass through this process's stdout/stderr: keep their last lines, so a
-    # failure on one rank can be reported with that rank's words.
-    tail = eng.OutputTail() if eng.runs_workers_in_processes(engine_args) else None
-    try:
-        engine_run = _run_engine(requests, tokenized, requested_args, engine_args, dropped,
-                                 gate_settings, tail, shared, peaks)  # fmt: skip
-    finally:
-        if tail is not None:
-            tail.close()
+    if first.mode == "server":
+        engine_run = _run_server(requests, tokenized, requested_args, engine_args, dropped,
+                                 gate_settings, tokenizer, shared, peaks)  # fmt: skip
+    else:
+        # Worker processes' own logs pass through this process's stdout/stderr: keep their last
+        # lines, so a failure on one rank can be reported with that rank's words.
+        tail = eng.OutputTail() if eng.runs_workers_in_processes(engine_args) else None
+        try:
+            engine_run = _run_engine(requests, tokenized, requested_args, engine_args, dropped,
+                                     gate_settings, tail, shared, peaks)  # fmt: skip
+        finally:
+            if tail is not None:
+                tail.close()
 
     outputs, own = engine_run.outputs, engine_run.timings
     memory = {"engine_running": engine_run.memory_running, "engine_released": eng.memory_in_use()}
@@ -231,6 +244,85 @@ def _run_engine(requests: Sequence[WorkerRequest], tokenized: list[Tokenized], r
         del llm
         eng.release_memory()
     return EngineRun(outputs, own, memory_running)
+
+
+def _run_server(requests: Sequence[WorkerRequest], tokenized: list[Tokenized], requested_args: dict[str, Any],
+                engine_args: dict[str, Any], dropped: list[str], gate_settings: list[GateSetting],
+                tokenizer: Any, shared: Timings, peaks: PeakMemory) -> EngineRun:  # fmt: skip
+    """Server mode: start vLLM's OpenAI-compatible server, run every request's passes over HTTP,
+    stop it (always: on success, on an error, on SIGTERM; gate.worker.server)."""
+    from gate.worker import engine as eng
+    from gate.worker import server as srv
+    from gate.worker import server_engine as se
+
+    first = requests[0]
+    settings = first.server
+    if settings is None:
+        raise ValueError("mode is server but the request has no server section")
+    progress(
+        f"starting server ({len(first.prompts)} prompts"
+        + (f", {len(requests)} requests)" if len(requests) > 1 else ")")
+    )
+    command = partial(srv.server_command, sys.executable, first.model, first.tokenizer, engine_args,
+                      extra_args=settings.args)  # fmt: skip
+    env = srv.server_environment(os.environ, settings.dev_mode)
+    log_path = Path(first.output_dir) / "server.log"
+    own = [Timings() for _ in requests]
+    outputs = []
+    with srv.running_server(lambda port: command(port=port), env, log_path, settings.startup_timeout_s,
+                            progress) as server:  # fmt: skip
+        shared.values["engine_start_s"] = server.started_s
+        served = se.connect(server, settings, getattr(tokenizer, "bos_token_id", None))
+        for i, (req, tok) in enumerate(zip(requests, tokenized, strict=True)):
+            inp = PassInput(served, req, tok, _prefixed(i, len(requests)), eng.hf_load_kwargs(requested_args),
+                            server.lines, memory=peaks)  # fmt: skip
+            outputs.append(_server_passes(inp, served, dropped, gate_settings, own[i]))
+        served.client.close()
+        memory_running = eng.memory_in_use()
+        stopping = time.perf_counter()
+    shared.values["engine_shutdown_s"] = time.perf_counter() - stopping
+    return EngineRun(outputs, own, memory_running)
+
+
+def _server_passes(inp: PassInput, served: ServedEngine, dropped: list[str], gate_settings: list[GateSetting],
+                   timings: Timings) -> EngineOutputs:  # fmt: skip
+    """The server-mode passes over one request (server_engine.SERVER_PASSES), and what the server
+    says about itself; engine.json has the offline keys plus ``mode`` and ``server``."""
+    from gate.worker import engine as eng
+    from gate.worker import server_engine as se
+
+    served.facts = {}
+    request = inp.request
+    about = {
+        "identity": se.identity(served),
+        "effective": se.effective_settings(served, eng._SETTINGS)
+        | {f"env.{g.name}": g.value for g in gate_settings},
+        "numerics": {
+            "runtime_probe_error": "server mode: the engine runs in the server's processes"
+        },
+        "default_sampling_params": se.default_sampling(served),
+        "generation_config_overrides": served.defaults,
+    }
+    results = run_passes(se.SERVER_PASSES, inp, timings)
+    if results.sampled is None:
+        raise RuntimeError("the sample pass did not run")  # the table always enables it
+    meta = {
+        "engine_name": request.engine_name,
+        "order_seed": request.order_seed,
+        "weight_sync": results.weight_sync,
+        "grpo": results.grpo,
+        "requested_engine_args": request.engine_args,
+        "dropped_engine_args": dropped,
+        "gate_settings": [dataclasses.asdict(g) for g in gate_settings],
+        "passes_not_run": results.not_run,
+        "flat_logprobs": False,
+        "mode": "server",
+        "server": se.server_record(served),
+        **about,
+    }
+    return EngineOutputs(
+        results.sampled, results.greedy, results.teacher_forced, meta, results.arrays
+    )
 
 
 def _memory_note(memory: dict[str, dict[str, Any]]) -> str:
@@ -388,7 +480,9 @@ def _reference_arrays(ref: ReferenceModel, request: WorkerRequest, prompt_ids: l
         ):
             if comp is None:
                 continue
-            scored = ref.score(*_continuations(prompt_ids, comp), transform, r.batch_tokens)
+            also = comp.topk_ids if prefix == ev.SAMPLE and comp.topk_ids.shape[1] else None
+            scored = ref.score(*_continuations(prompt_ids, comp), transform, r.batch_tokens,
+                               also_ids=also)  # fmt: skip
             arrays.update(_completion_arrays(prefix, comp, scored))
             n_scored += len(scored.raw)
         tf = out.teacher_forced
@@ -452,7 +546,7 @@ def _completion_arrays(
         f"{prefix}_{ev.TRAINER_PROCESSED}": scored.processed,
         f"{prefix}_{ev.TRAINER_RAW_BF16_HEAD}": scored.raw_bf16_head,
         f"{prefix}_{ev.TRAINER_AT_BOUNDARY}": scored.at_boundary,
-    }
+    } | ({} if scored.also_raw is None else {f"{prefix}_{ev.TRAINER_TOPK_RAW}": scored.also_raw})
 
 
 def _teacher_forced_arrays(

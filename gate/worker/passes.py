@@ -39,8 +39,6 @@ from gate.worker import replay
 from gate.worker.replay import Completions, PromptScores
 
 if TYPE_CHECKING:
-    from vllm import LLM
-
     from gate.worker.memory import PeakMemory
 
 Say = Callable[[str], None]
@@ -77,7 +75,9 @@ def no_log_tail() -> list[str]:
 class PassInput:
     """What every pass may read: the live engine, the request and its tokens."""
 
-    llm: LLM
+    # The live engine: a vllm.LLM offline; in server mode gate.worker.server_engine.ServedEngine
+    # (the running server and its client), which that module's passes take.
+    llm: Any
     request: WorkerRequest
     tokenized: Tokenized
     say: Say  # progress, prefixed with the request's place in a batch

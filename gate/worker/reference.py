@@ -48,6 +48,9 @@ class ScoredTokens:
     processed: np.ndarray
     raw_bf16_head: np.ndarray
     at_boundary: np.ndarray  # bool: the target sits within one ULP of the top-k/top-p boundary
+    # [targets, k] raw logprobs of other tokens at each target's position (``also_ids``; the engine's
+    # top-k), NaN where an id is -1: logprob differences at one position fit the engine's temperature.
+    also_raw: np.ndarray | None = None
 
 
 def processed_logprobs(logits: torch.Tensor, transform: SamplingTransform) -> torch.Tensor:
@@ -241,8 +244,13 @@ class ReferenceModel:
         transform: SamplingTransform,
         batch_tokens: int,
         progress: Callable[[int, int], None] | None = None,
+        also_ids: np.ndarray | None = None,
     ) -> ScoredTokens:
-        """Score tokens ``seq[t]`` for ``t in [score_from[i], len(seq))`` of every sequence."""
+        """Score tokens ``seq[t]`` for ``t in [score_from[i], len(seq))`` of every sequence.
+
+        ``also_ids`` ([targets, k], -1 = none) names more tokens per target position whose raw
+        logprobs come back as ``also_raw``.
+        """
         lengths = np.array([len(s) for s in sequences], dtype=np.int64)
         starts = np.asarray(score_from, dtype=np.int64)
         if np.any(starts < 1) or np.any(starts > lengths):
@@ -254,19 +262,24 @@ class ReferenceModel:
         processed = np.empty(total, dtype=np.float32)
         raw_bf16 = np.empty(total, dtype=np.float32)
         edge = np.empty(total, dtype=bool)
+        also = None if also_ids is None else np.full(also_ids.shape, np.nan, dtype=np.float32)
 
         order = np.argsort(-lengths, kind="stable")  # longest first: batches pad little
         done = 0
         for batch in _pack(order, lengths, batch_tokens):
             dest = token_ranges(out_offsets[batch], counts[batch])
-            r, p, b, e = self._score_batch(
-                [sequences[i] for i in batch], starts[batch], counts[batch], transform
-            )
+            r, p, b, e, a = self._score_batch(
+                [sequences[i] for i in batch], starts[batch], counts[batch], transform,
+                None if also_ids is None else also_ids[dest],
+            )  # fmt: skip
             raw[dest], processed[dest], raw_bf16[dest], edge[dest] = r, p, b, e
+            if also is not None:
+                also[dest] = a
             done += len(batch)
             if progress:
                 progress(done, len(sequences))
-        return ScoredTokens(raw=raw, processed=processed, raw_bf16_head=raw_bf16, at_boundary=edge)
+        return ScoredTokens(raw=raw, processed=processed, raw_bf16_head=raw_bf16, at_boundary=edge,
+                            also_raw=also)  # fmt: skip
 
     def _score_batch(
         self,
@@ -274,7 +287,8 @@ class ReferenceModel:
         starts: np.ndarray,
         counts: np.ndarray,
         transform: SamplingTransform,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        also_ids: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
         max_len = max(len(s) for s in seqs)
         ids = torch.full((len(seqs), max_len), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(seqs), max_len), dtype=torch.long)
@@ -292,7 +306,8 @@ class ReferenceModel:
         targets = ids[rows, cols + 1].unsqueeze(-1).to(self.head_device)
         picked = hidden[rows.to(hidden.device), cols.to(hidden.device)].to(self.head_device)
 
-        outs: tuple[list[torch.Tensor], ...] = ([], [], [], [])
+        outs: tuple[list[torch.Tensor], ...] = ([], [], [], [], [])
+        also = None if also_ids is None else torch.from_numpy(also_ids.astype(np.int64))
         for chunk in range(0, picked.shape[0], _HEAD_CHUNK_ROWS):
             h = picked[chunk : chunk + _HEAD_CHUNK_ROWS]
             t = targets[chunk : chunk + _HEAD_CHUNK_ROWS]
@@ -300,13 +315,19 @@ class ReferenceModel:
             keep, boundary = transform_keep(
                 logits, transform
             )  # one sort of the [rows, vocab] block
-            outs[0].append(torch.log_softmax(logits, dim=-1).gather(-1, t).squeeze(-1))
+            raw_all = torch.log_softmax(logits, dim=-1)
+            outs[0].append(raw_all.gather(-1, t).squeeze(-1))
+            if also is not None:
+                ids = also[chunk : chunk + _HEAD_CHUNK_ROWS].to(raw_all.device)
+                picked_also = raw_all.gather(-1, ids.clamp(min=0))
+                outs[4].append(picked_also.masked_fill(ids < 0, math.nan))
             outs[1].append(_masked_log_softmax(logits, transform, keep).gather(-1, t).squeeze(-1))
             logits_bf16 = self.head(h, torch.bfloat16)
             outs[2].append(torch.log_softmax(logits_bf16, dim=-1).gather(-1, t).squeeze(-1))
             outs[3].append(_near_boundary(logits, transform, t, boundary))
         raw, processed, raw_bf16 = (torch.cat(o).float().cpu().numpy() for o in outs[:3])
-        return raw, processed, raw_bf16, torch.cat(outs[3]).cpu().numpy()
+        also_raw = torch.cat(outs[4]).float().cpu().numpy() if outs[4] else None
+        return raw, processed, raw_bf16, torch.cat(outs[3]).cpu().numpy(), also_raw
 
 
 def _load_on_one_device(

@@ -674,6 +674,36 @@ def _bos_token_id(llm) -> int | None:
     return getattr(llm.get_tokenizer(), "bos_token_id", None)
 
 
+@dataclass(frozen=True)
+class ProbeTarget:
+    """What the probe needs of a running engine, offline (``vllm.LLM``) or served (HTTP)."""
+
+    target: Any  # what the push takes first: the LLM, or the server's base URL
+    adapter: Adapter
+    greedy: Callable[
+        [list[list[int]], int], Any
+    ]  # (prompts, max_tokens) -> replay.Completions, k=1
+    block_size: int
+    bos_token_id: int | None
+    max_model_len: int
+    dtype: torch.dtype
+
+
+def offline_target(llm, adapter: Adapter) -> ProbeTarget:
+    from gate.worker import replay
+
+    config = getattr(llm.llm_engine, "vllm_config", None)
+    return ProbeTarget(
+        target=llm,
+        adapter=adapter,
+        greedy=lambda prompts, max_tokens: replay.greedy(llm, prompts, max_tokens, 1),
+        block_size=engine_block_size(llm),
+        bos_token_id=_bos_token_id(llm),
+        max_model_len=int(getattr(getattr(config, "model_config", None), "max_model_len", 2048)),
+        dtype=engine_dtype(llm),
+    )
+
+
 def run_probe(llm, model_path: str, prompt_ids, reference_ids, request: WeightSyncRequest, progress,
               hf_kwargs: dict | None = None, scratch_dir: Path | None = None) -> tuple[dict, dict]:  # fmt: skip
     """Returns (arrays, meta) for weight_sync.npz / engine.json.
@@ -681,30 +711,32 @@ def run_probe(llm, model_path: str, prompt_ids, reference_ids, request: WeightSy
     An engine without an update path gives no arrays and ``meta["unsupported"]``, the reason. A push
     that raises raises :class:`PushFailed`, naming the path (the hook) that ran.
     """
-    from transformers import AutoModelForCausalLM
-
-    from gate.worker import replay
-
     try:
         adapter = choose_adapter(llm, request.hook, scratch_dir)
     except UnsupportedEngine as exc:
         progress(f"weight-sync probe not run: {exc}")
         return {}, {"adapter": None, "unsupported": str(exc)}
-    block_size = engine_block_size(llm)
-    bos_token_id = _bos_token_id(llm)
-    config = getattr(llm.llm_engine, "vllm_config", None)
-    max_model_len = int(getattr(getattr(config, "model_config", None), "max_model_len", 2048))
-    control, prefixed = probe_prompts(prompt_ids, reference_ids, block_size, max_model_len, request.probes,
-                                      request.max_tokens, bos_token_id)  # fmt: skip
+    return probe(offline_target(llm, adapter), model_path, prompt_ids, reference_ids, request, progress,
+                 hf_kwargs)  # fmt: skip
+
+
+def probe(engine: ProbeTarget, model_path: str, prompt_ids, reference_ids, request: WeightSyncRequest,
+          progress, hf_kwargs: dict | None = None) -> tuple[dict, dict]:  # fmt: skip
+    """The probe on any running engine (:class:`ProbeTarget`): greedy before, push, greedy after."""
+    from transformers import AutoModelForCausalLM
+
+    adapter, block_size, bos_token_id = engine.adapter, engine.block_size, engine.bos_token_id
+    control, prefixed = probe_prompts(prompt_ids, reference_ids, block_size, engine.max_model_len,
+                                      request.probes, request.max_tokens, bos_token_id)  # fmt: skip
     probes = control + prefixed
     progress(f"weight-sync probe: {len(control)} control + {len(prefixed)} shared-prefix prompts "
              f"(KV block {block_size}), push via {adapter.name}")  # fmt: skip
 
-    before = replay.greedy(llm, probes, request.max_tokens, 1)
+    before = engine.greedy(probes, request.max_tokens)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     # One model on the device, in the engine's dtype; both policies wait on the host (pinned for a
     # fast copy in) and are loaded into it in turn: one device copy of the weights, not three.
-    trainer = _load_trainer(AutoModelForCausalLM, model_path, device, hf_kwargs, engine_dtype(llm))
+    trainer = _load_trainer(AutoModelForCausalLM, model_path, device, hf_kwargs, engine.dtype)
     pin = device == "cuda"
     old_sd = host_state_dict(trainer.state_dict(), pin)
     new_sd = perturbed(old_sd, request.perturbation, request.seed)
@@ -712,9 +744,9 @@ def run_probe(llm, model_path: str, prompt_ids, reference_ids, request: WeightSy
         new_sd = host_state_dict(new_sd, pin)
 
     start = time.perf_counter()
-    push_naming_failures(adapter, llm, new_sd)
+    push_naming_failures(adapter, engine.target, new_sd)
     push_s = time.perf_counter() - start
-    after = replay.greedy(llm, probes, request.max_tokens, 1)
+    after = engine.greedy(probes, request.max_tokens)
 
     seq_before, starts_before = _continuations(probes, before)
     seq_after, starts_after = _continuations(probes, after)

@@ -101,6 +101,23 @@ ROWS: tuple[FaultRow, ...] = (
              "vLLM logits processor adding seeded N(0, sigma^2) noise to the logits (`LogitNoise`)",
              "train-inference-mismatch", ("WARN", "FAIL"), "regression_mean_abs_diff",
              "tests/integration/test_faults.py::test_small_logit_noise_is_caught"),
+    FaultRow("S1", "server mode: the server fills top_k 20 from the model's generation_config.json, which the "
+             "trainer does not apply",
+             "model folder variant whose generation_config.json sets top_k 20, read by the server "
+             "(`--generation-config <variant>`); the requests omit top_k (`server.request_fields: [temperature, top_p, "
+             "max_tokens]`); in the same server as S2 and S3",
+             "config-parity", ("FAIL",), "--generation-config vllm",
+             "tests/integration/test_server_mode.py::test_generation_config_defaults_the_trainer_does_not_apply_are_caught"),
+    FaultRow("S2", "server mode: a chat template that makes the server add BOS twice",
+             "the new engine's server started with `--chat-template` = `{{ bos_token }}` + the model's template "
+             "(`server.args`); in the same server as S1 and S3",
+             "tokenization", ("FAIL",), "chat template",
+             "tests/integration/test_server_mode.py::test_a_chat_template_that_adds_bos_twice_is_caught_by_tokenization"),
+    FaultRow("S3", "server mode: the server's default logprobs_mode (raw logprobs), temperature 0.7",
+             "server started without `--logprobs-mode` (engine argument `logprobs_mode: null`); in the same server "
+             "as S1 and S2",
+             "logprob-semantics", ("FAIL",), "logprobs_mode='processed_logprobs'",
+             "tests/integration/test_server_mode.py::test_the_servers_default_logprobs_mode_is_caught_by_semantics"),
 )  # fmt: skip
 
 CONTROLS: tuple[ControlRow, ...] = (

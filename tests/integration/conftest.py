@@ -21,6 +21,8 @@ import yaml
 from gate import evidence as ev
 from gate.config import BUILTIN_CONFIG
 
+REPO = Path(__file__).resolve().parents[2]
+
 
 @dataclass
 class Replay:

@@ -305,3 +305,43 @@ def test_bad_placement_and_training_settings_name_the_file_and_field(
         load_config(path)
     assert str(info.value) == f"{path}: {message}"
     assert info.value.exit_code == EXIT_USAGE
+
+
+def test_server_mode_is_shared_or_per_engine_and_its_section_merges(minimal_config, tmp_path):
+    from gate.replay import build_request
+    from gate.request import WorkerRequest
+
+    cfg = load_config(minimal_config(
+        extra="mode: server\nserver: {request_fields: [temperature, max_tokens], max_in_flight: 8}\n",
+        engines="engines:\n  old: {spec: a, mode: offline}\n  new: {spec: b, server: {args: [--generation-config, vllm]}}\n",
+    ))  # fmt: skip
+    old, new = cfg.engines["old"], cfg.engines["new"]
+    assert old.mode == "offline" and new.mode == "server"
+    assert new.server.request_fields == ("temperature", "max_tokens") and new.server.max_in_flight == 8
+    assert new.server.args == ("--generation-config", "vllm")
+    assert build_request(cfg, old, [], tmp_path).server is None
+    request = WorkerRequest.from_json(build_request(cfg, new, [], tmp_path).to_json())
+    assert request.mode == "server" and request.server is not None
+    assert request.server.request_fields == ["temperature", "max_tokens"]
+    assert request.server.args == ["--generation-config", "vllm"]
+    # Without request_fields, every sampling field the server could fill is sent.
+    default = load_config(minimal_config(extra="mode: server\n"))
+    assert build_request(default, default.engines["new"], [], tmp_path).server.request_fields == [
+        "temperature", "top_p", "top_k", "max_tokens"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("mode: served\n", "engines.old.mode: 'served' is not one of ('offline', 'server')"),
+        ("server: {request_fields: [seed]}\n",
+         "engines.old.server.request_fields: 'seed' is not one of ('temperature', 'top_p', 'top_k', 'max_tokens')"),
+        ("server: {args: [--port, '8000']}\n", "engines.old.server.args: '--port': the worker chooses"),
+        ("server: {max_in_flight: 0}\n", "engines.old.server.max_in_flight: must be >= 1"),
+        ("server: {startup_timeout: 5}\n", "server.startup_timeout: unknown key"),
+    ],
+)  # fmt: skip
+def test_bad_server_settings_name_the_file_and_field(minimal_config, extra, message):
+    with pytest.raises(ConfigError, match=None) as info:
+        load_config(minimal_config(extra=extra))
+    assert message in str(info.value)

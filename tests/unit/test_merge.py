@@ -63,16 +63,17 @@ def test_fail_on_warn_in_any_part_makes_a_warn_exit_1():
 def test_counts_are_summed_and_parts_keep_everything_in_order():
     inputs = [report("PASS", "a"), report("WARN", "b"), report("FAIL", "c")]
     merged = merge(*inputs)
-    assert merged["counts"] == {"PASS": 7 + 5 + 4, "WARN": 2, "FAIL": 3, "ERROR": 0, "SKIP": 0}
+    assert merged["counts"] == {"PASS": 9 + 8 + 5, "WARN": 1, "FAIL": 4, "ERROR": 0, "SKIP": 0}
     assert [p["gate_id"] for p in merged["parts"]] == ["a", "b", "c"]
     for part, original in zip(merged["parts"], inputs, strict=True):
         assert part == {k: v for k, v in original.items() if k != "schema"}
-    assert len(merged["checks"]) == 21 and {c["part"] for c in merged["checks"]} == {"a", "b", "c"}
+    assert len(merged["checks"]) == 27 and {c["part"] for c in merged["checks"]} == {"a", "b", "c"}
     assert merged["gate_id"] == "a+b+c"
     assert merged["run"]["started"] == inputs[0]["run"]["started"]
-    assert (
-        merged["commands"]["reproduce"] == "gate run -c gate/defaults/cpu.yaml"
-    )  # identical commands once
+    assert merged["commands"]["reproduce"] == (  # identical commands once, in the input order
+        "gate run\ngate run -c docs/examples/warn.gate.yaml\n"
+        "gate run -c docs/examples/fail.gate.yaml"
+    )
 
 
 def test_errors_and_baseline_differences_name_their_part():
@@ -118,7 +119,7 @@ def test_merged_report_renders_a_section_per_part():
         "<!-- gate-report:llama-1b+qwen-0.5b+tiny -->\n## ❌ FAIL: vLLM upgrade gate"
     )
     assert (
-        "3 parts (1 failed, 1 warned, 1 passed); 21 checks: 3 failed, 2 warned, 16 passed. Exit code 1."
+        "3 parts (1 failed, 1 warned, 1 passed); 27 checks: 4 failed, 1 warned, 22 passed. Exit code 1."
         in text
     )
     for gid, icon, verdict in (
@@ -126,9 +127,10 @@ def test_merged_report_renders_a_section_per_part():
         ("llama-1b", "⚠️", "WARN"),
         ("tiny", "❌", "FAIL"),
     ):
-        assert (
-            f"| {icon} {verdict} | <code>{gid}</code> | 0.31.0 → 0.32.0 |" in text
-        )  # the parts table
+        assert (  # the per-model table, first
+            f"| {icon} {verdict} | <code>{gid}</code> | <code>tiny-arith</code> | 0.31.0 → 0.32.0 |"
+            in text[: text.index("### ")]
+        )
         assert f"### {icon} {verdict}: part <code>{gid}</code>" in text  # the part's own section
     # worst first, in the parts table and in the sections; the merged JSON keeps the input order
     assert (
@@ -143,6 +145,9 @@ def test_merged_report_renders_a_section_per_part():
     )
     assert [p["gate_id"] for p in merged["parts"]] == ["qwen-0.5b", "llama-1b", "tiny"]
     assert "#### ❌ Logprob semantics: FAIL" in text
+    # one commands block for all parts, one footer with the merged report's schema
+    assert text.count("**Reproduce this run:**") == 1 and text.count("report schema") == 1
+    assert "report schema gate-report/1 ·" in text and "report schema ?" not in text
     assert len(text) < 65_536
     assert render_comment(as_report(merged), gate_id="matrix").text.startswith(
         "<!-- gate-report:matrix -->\n"

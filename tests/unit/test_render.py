@@ -14,9 +14,11 @@ import pytest
 from gate.commands import report as render_cli
 from gate.errors import EXIT_USAGE, ConfigError
 from gate.render import escape as esc
+from gate.render import outcome
 from gate.render.budget import marker
 from gate.render.charts import sparkline
 from gate.render.markdown import Rendered, render_comment, render_full, render_summary
+from gate.render.sections import INFO_ICON
 from gate.report_model import Report, load_report
 from gate.verdict import ICON
 
@@ -93,61 +95,180 @@ def test_pass_comment_starts_with_marker_then_headline_and_checks_table(passing)
         "dc1e540a801e",
         "arith (64)",
         "general (16)",
-        "7 checks: 7 passed",
+        "9 checks: 9 passed",
     ):
         assert part in headline, part
+    # all passed: the replay line, then everything behind one summary line
+    assert lines[5] == (
+        "⏱️ Replay: new 51.4 s, 6,709 tokens/s sampled; old 49.9 s, 5,748 tokens/s sampled."
+    )
+    assert lines[7] == (
+        "<details><summary>✅ All 9 checks passed: the checks, their metrics and the details</summary>"
+    )
+    # the threshold inside the measured cell: the warn bound a PASS is measured against
     assert (
-        "| ✅ PASS | Train-inference mismatch | token\\_mult\\_prob\\_error (new) | 1.00 | warn above 1.05, fail above 1.1 |"
+        "| ✅&nbsp;PASS | Train-inference mismatch | token\\_mult\\_prob\\_error (new) | 1.00 (warn &gt; 1.05) |"
         in out.text
     )
-    assert NOTE not in out.text
-    assert out.text.count("<details>") == out.text.count("</details>")
+    assert NOTE not in out.text and "Fix:" not in out.text
+    assert out.text.count("<details") == out.text.count("</details>")
+    # the outer details closes after the commands, before the footer
+    assert out.text.rstrip().endswith(
+        "</details>\n\n<sub>gate 0.1.0 · report schema gate-report/1 · "
+        "run 2026-11-30T19:07:01Z to 2026-11-30T19:08:43Z</sub>"
+    )
 
 
 def test_sections_come_in_order(failing):
     text = render_comment(as_report(failing)).text
-    anchors = ["## ❌ FAIL", "| | Check |", "### ❌ Logprob semantics: FAIL", "Metrics: Logprob semantics", "Config diff: old vs new",
-               "Environment fingerprint", "Baseline provenance", "Worst tokens in context", "**Reproduce this run:**",
-               "**Regenerate the baseline**"]  # fmt: skip
+    anchors = ["## ❌ FAIL", "**One change fails 4 checks:**", "**Fix:**", "📉 **The GRPO run left", "⏱️ Replay",
+               "Config diff: old vs new", "| | Check |", "### ❌ Logprob semantics: FAIL", "Metrics: Logprob semantics",
+               "Environment fingerprint", "Baseline provenance", "Worst tokens in context", "GRPO trajectories",
+               "**Reproduce this run:**", "**Regenerate the baseline**", "report schema gate-report/1"]  # fmt: skip
     positions = [text.index(a) for a in anchors]
     assert positions == sorted(positions)
 
 
-def test_fail_sections_carry_the_diagnosis_fix_and_out_of_tolerance_rows(failing):
+def test_fail_opening_states_the_root_cause_and_the_fix(failing):
+    """The real FAIL run: one setting (logprobs_mode) explains every failing check."""
     text = render_comment(as_report(failing)).text
-    assert "logprobs\\_mode='processed\\_logprobs'" in text  # the concrete fix, in full
-    assert "| ❌ | k3\\_kl | new | 0.0142 | warn above 0.001, fail above 0.01 |" in text
-    assert "| ⚠️ | token\\_mult\\_prob\\_error | new | 1.09 |" in text
-    # config diff old vs new, with the policy
+    lines = text.splitlines()
+    assert lines[5] == (
+        "❌ **One change fails 4 checks:** <code>logprobs\\_mode</code> <code>processed\\_logprobs</code> → "
+        "<code>raw\\_logprobs</code> (Engine configuration parity, Logprob semantics, Train-inference mismatch, "
+        "Mini GRPO trajectory)."
+    )
+    assert lines[7].startswith(
+        "**Fix:** set <code>logprobs\\_mode='processed\\_logprobs'</code> in the new engine's `engine_args`"
+    )
+    assert lines[9] == (
+        "📉 **The GRPO run left the baseline band at step 0** "
+        "(k3\\_kl, clip\\_frac, mean\\_abs\\_diff, token\\_mult\\_prob\\_error)."
+    )
+    assert "<details open><summary>Config diff: old vs new (1 setting differs)</summary>" in text
+
+
+def test_fail_sections_carry_the_diagnosis_and_out_of_tolerance_rows(failing):
+    text = render_comment(as_report(failing)).text
+    # checks worst first; the threshold in the measured cell; a bound-less verdict in the check's words
+    table = text[text.index("| | Check |") :].split("\n\n", 1)[0].splitlines()[2:]
+    assert [row.split(" | ")[0] for row in table] == ["| ❌&nbsp;FAIL"] * 4 + ["| ✅&nbsp;PASS"] * 5
+    assert table[0] == (
+        "| ❌&nbsp;FAIL | Logprob semantics | new reports raw, old reports processed (expected processed) |  |"
+    )
+    # the judged value is the interval's lower end: labelled as a bound, with the estimate
+    assert table[1] == (
+        "| ❌&nbsp;FAIL | Train-inference mismatch | regression\\_mean\\_abs\\_diff | "
+        "estimate 0.0394; 95% lower bound 0.0343 (fail &gt; 0.01) |"
+    )
+    assert table[3] == (
+        "| ❌&nbsp;FAIL | Mini GRPO trajectory | k3\\_kl (new) | "
+        "leaves the band at step 0 (0.00432 vs \\[-inf, 0.0005\\]) |"
+    )
+    assert "| ⚠️ | k3\\_kl | new | 0.00545 (warn &gt; 0.001, fail &gt; 0.01) |  |" in text
+    # informational figures get a neutral mark, even when they jumped (max |d| 1e-5 -> 1.3)
+    info = re.escape(INFO_ICON)
+    assert re.search(rf"\| {info} \| max\\_abs\\_diff \| new \| [0-9.]+ \|", text)
+    assert not re.search(r"\| ✅ \| max\\_abs\\_diff \|", text)
+    # the fingerprint: only what differs, the rest by name
+    env = text[text.index("Environment fingerprint") :].split("</details>", 1)[0]
     assert (
-        "| ❌ | <code>enable\\_prefix\\_caching</code> | <code>false</code> | <code>true</code> | policy: fail |"
+        "| logprobs\\_mode | processed\\_logprobs | raw\\_logprobs | processed\\_logprobs |" in env
+    )
+    assert (
+        "| torch |" not in env and "Identical in old, new, baseline: runner, torch, python" in env
+    )
+    # commands relative to the repository
+    assert "gate run -c docs/examples/fail.gate.yaml" in text
+    assert "gate baseline update -c docs/examples/fail.gate.yaml" in text
+    assert "9 checks: 4 failed, 5 passed. Exit code 1." in text
+
+
+def test_a_slower_replay_is_flagged_past_the_stated_ratio(passing):
+    r = copy.deepcopy(passing)
+    r["engines"]["new"]["timings"].update(total_s=660.0, sample_s=60.0)  # 13.2x, 66 tokens/s
+    r["engines"]["old"]["timings"].update(total_s=50.0, sample_s=1.0)
+    r["engines"]["new"]["counts"]["sampled_tokens"] = 4000
+    r["engines"]["old"]["counts"]["sampled_tokens"] = 4000
+    text = render_comment(as_report(r)).text
+    assert (
+        "⚠️ **WARN: replay 13.2x slower, sampling 60.0x slower per token** than the old engine "
+        "(flagged above 1.5x; advisory, not in the verdict): new 660 s, 67 tokens/s sampled; "
+        "old 50 s, 4,000 tokens/s sampled." in text
+    )
+    r["engines"]["new"]["timings"].update(total_s=74.0, sample_s=1.4)  # 1.48x and 1.4x: not flagged
+    text = render_comment(as_report(r)).text
+    assert "⏱️ Replay: new 74 s" in text and "slower" not in text
+
+
+def test_checks_no_setting_explains_keep_their_own_finding_and_fix(failing):
+    r = copy.deepcopy(failing)
+    parity = check(r, "config-parity")
+    parity.update(status="PASS", measurements=[])
+    parity["details"]["diff"] = {}
+    text = render_comment(as_report(r)).text
+    assert "change fails" not in text
+    # each failing check leads with its finding; a diagnosis with "Fix:" gives that as the fix
+    assert (
+        "❌ **Logprob semantics:** The new engine reports raw logprobs (engine logprobs\\_mode='raw\\_logprobs') "
+        "but the trainer expects processed: importance ratios and KL are computed against the wrong "
+        "distribution. **Fix:** set the engine argument logprobs\\_mode='processed\\_logprobs'"
         in text
     )
     assert (
-        "**processed\\_logprobs** | **raw\\_logprobs**" in text
-    )  # environment rows that differ are bold
-    assert (
-        "gate run -c gate/defaults/cpu.yaml" in text
-        and "gate baseline update -c gate/defaults/cpu.yaml" in text
-    )
-    assert (
-        "3 checks: 3 failed, 4 passed" not in text
-        and "7 checks: 3 failed, 4 passed. Exit code 1." in text
+        "❌ **Train-inference mismatch:** The new engine's logprobs are further from the trainer's"
+        in text
     )
 
 
 def test_warn_report_headline_and_grpo_section(warning):
     text = render_comment(as_report(warning)).text
     assert text.splitlines()[1].startswith("## ⚠️ WARN")
-    assert "7 checks: 2 warned, 5 passed" in text
-    assert text.count("```mermaid\nxychart-beta") == 4
-    assert 'title "k3_kl"' in text and "⚠️ at step" in text
+    assert "9 checks: 1 warned, 8 passed" in text
+    assert "⚠️ **One change warns in 1 check:** <code>enable\\_chunked\\_prefill</code>" in text
+    # a chart per metric whose lines move: the fixed palette, a numeric x-axis, colours named above
+    assert text.count("```mermaid\n%%{init:") == text.count("```mermaid") == 5
+    assert text.count('"plotColorPalette": "#1f77b4, #d62728') == 5  # old, new (then band edges)
+    assert 'x-axis "step" 0 --> 11' in text and 'title "reward"' in text
+    assert "**reward**: old engine in blue, new engine in red, band edges in grey." in text
+    # flat lines (the mismatch metrics are exactly zero on CPU) get no chart
+    assert (
+        'title "k3_kl"' not in text
+        and "| k3\\_kl | no | 4.22e-14 → 1.27e-13 | flat at 1.27e-13 |" in text
+    )
     assert re.search("[▁▂▃▄▅▆▇█]{10,}", text)
 
 
-def test_optional_sections_are_skipped_when_absent(passing):
-    text = render_full(as_report(passing))
-    assert "GRPO" not in text and "Worst tokens" not in text and "mermaid" not in text
+def test_sections_without_data_are_skipped(passing):
+    r = copy.deepcopy(passing)
+    for key in ("grpo", "memory_plan"):
+        r.pop(key, None)
+    for c in r["checks"]:
+        c["details"].pop("worst_tokens", None)
+    text = render_full(as_report(r))
+    assert "GRPO trajectories" not in text and "Worst tokens" not in text and "mermaid" not in text
+    assert "Memory plan" not in text and "Greedy completions" not in text
+
+
+def test_changed_greedy_completions_side_by_side(warning):
+    r = copy.deepcopy(warning)
+    g = check(r, "greedy-and-length")
+    g["status"] = "WARN"
+    g["details"]["baseline"]["examples"] = [
+        {"prompt_id": "arith-017", "first_divergence": 6, "reference": "68+75=8+5=13;6+7+1=14;#143",
+         "new": "68+75=8+5=13;6+7+1=15;#153 <b>|x|</b>"},
+    ]  # fmt: skip
+    g["details"]["baseline"]["greedy"]["diverging_prompts"] = [17, 40]
+    text = render_comment(as_report(r)).text
+    section = text[text.index("Greedy completions that changed") :].split("</details>", 1)[0]
+    assert section.startswith("Greedy completions that changed (1 of 2)</summary>")
+    assert "| Prompt | baseline | new |" in section
+    # escaped, and a long run without spaces gets a break opportunity (the cell wraps in 780 px)
+    assert (
+        f"| arith-017 (from token 6) | 68+75=8+5=13;6+7+1=1{esc.ZWSP}4;#{esc.ZWJ}143 | "
+        f"68+75=8+5=13;6+7+1=1{esc.ZWSP}5;#{esc.ZWJ}153 &lt;b&gt;\\|x\\|&lt;/b&gt; |" in section
+    )
+    assert "<details open><summary>Greedy completions" in text  # the check warned: shown open
 
 
 def test_grpo_chart_handles_gaps_and_hostile_metric_names(passing):
@@ -194,7 +315,7 @@ def test_reused_old_evidence_is_stated_with_its_date_and_key(passing):
                                            "source_run": "/runner/_work/runs/r0", "worker_s": 40.2}  # fmt: skip
     text = render_comment(as_report(passing)).text
     assert (
-        "0.\n\n♻️ The old engine was not replayed: its evidence was reused from the run of "
+        "sampled. ♻️ The old engine was not replayed: its evidence was reused from the run of "
         "<code>2026-11-29T10:00:00Z</code> (cache key <code>0123456789ab</code>)" in text
     )
     assert "--no-reuse" in text and "/runner/_work" not in text  # no runner path in the comment
@@ -317,8 +438,8 @@ def test_untrusted_text_cannot_break_the_layout_or_forge_the_marker(failing, ren
             assert re.match(r"#{2,4} (✅|⚠️|❌|🛑|➖|❔) ", line), line
     # every table row keeps its column count
     for table_head, columns in (
-        ("| | Check |", 6),
-        ("| | Metric | Engine | Value |", 7),
+        ("| | Check |", 4),
+        ("| | Metric | Engine | Measured (threshold) |", 5),
         ("| Engine | Prompt |", 6),
     ):
         if table_head not in text:
@@ -407,7 +528,7 @@ def test_comment_fits_github_limit_and_keeps_headline_and_table(failing):
     out = render_comment(as_report(huge(failing)))
     assert len(out.text) < 65_536
     assert out.text.startswith("<!-- gate-report:cpu-default -->\n## ❌ FAIL")
-    assert out.text.count("\n| ") >= 8 and "| ❌ FAIL | Train-inference mismatch |" in out.text
+    assert out.text.count("\n| ") >= 8 and "| ❌&nbsp;FAIL | Train-inference mismatch |" in out.text
     assert re.search(r"\d+ sections " + re.escape(NOTE), out.text)
     assert out.dropped and all(isinstance(k, str) for k in out.dropped)
     assert "**Reproduce this run:**" in out.text  # small and important: kept
@@ -426,14 +547,16 @@ def test_least_important_sections_go_first(failing):
     assert full.dropped == ()
     out = render_comment(as_report(failing), budget=len(full.text) - 2_000)
     # PASS checks' metrics first (latest first), then the worst tokens; FAIL checks' metrics and problems stay
-    assert out.dropped[:4] == (
+    assert out.dropped[:5] == (
+        "metrics:weight-sync",
         "metrics:tokenization",
         "metrics:precision",
         "metrics:greedy-and-length",
         "metrics:forward-drift",
     )
     assert not any(
-        k.startswith("problem:") or k in ("metrics:train-inference-mismatch", "commands")
+        k.startswith("problem:")
+        or k in ("metrics:train-inference-mismatch", "commands", "config-diff", "outcome")
         for k in out.dropped
     )
     assert "### ❌ Train-inference mismatch: FAIL" in out.text
@@ -519,7 +642,7 @@ def _example_script():
 
 def test_committed_examples_are_what_the_code_renders():
     script = _example_script()
-    files = script.outputs(example("pass"))
+    files = script.outputs(script.committed_sources())
     assert set(files) == {f"{n}{ext}" for n in script.NAMES for ext in (".md", ".report.json")}
     for name, text in files.items():
         committed = (EXAMPLES / name).read_text(encoding="utf-8")
@@ -577,8 +700,8 @@ def test_rendered_html_structure_with_a_commonmark_parser(failing):
     clean_html = md.render(render_full(as_report(failing)))
     html = md.render(render_full(as_report(hostile(failing))))
     assert (
-        html.count("<details") == html.count("</details>") == clean_html.count("<details") + 2
-    )  # + the engine error, + GRPO
+        html.count("<details") == html.count("</details>") == clean_html.count("<details") + 1
+    )  # + the engine error
     assert "<script" not in html and "<img" not in html and "<h1" not in html and "<!--" not in html
     assert html.count("<h2") == 1
     for table in re.findall(r"<table>.*?</table>", html, re.S):
@@ -666,3 +789,81 @@ def test_a_report_renders_the_same_loaded_from_its_file_or_built_from_its_json(f
     assert render_comment(loaded) == render_comment(built)
     assert render_summary(loaded) == render_summary(built)
     assert render_full(loaded) == render_full(built)
+
+
+# ------------------------------------------------------------------------------------ outcome
+
+
+def test_root_causes_group_the_checks_each_changed_setting_explains(failing):
+    """Two changed settings: each claims the failing checks it moves; a check neither moves stays apart."""
+    r = copy.deepcopy(failing)
+    parity = check(r, "config-parity")
+    parity["details"]["diff"]["enable_prefix_caching"] = {"old": False, "new": True}
+    parity["measurements"].append(
+        {
+            "name": "enable_prefix_caching",
+            "value": None,
+            "status": "FAIL",
+            "note": "False -> True (policy: fail)",
+        }
+    )
+    check(r, "weight-sync").update(
+        status="FAIL", diagnosis="Stale weights after the push. Fix: reset the prefix cache."
+    )
+    check(r, "tokenization").update(
+        status="WARN", diagnosis="2 prompts tokenize differently. Pin the tokenizer."
+    )
+    found = outcome.outcome(as_report(r))
+    assert [(c.key, c.status, [x.id for x in c.checks], c.fix) for c in found.causes] == [
+        ("logprobs_mode", "FAIL", ["logprob-semantics", "train-inference-mismatch", "grpo-trajectory"],
+         "logprobs_mode='processed_logprobs'"),
+        ("enable_prefix_caching", "FAIL", ["weight-sync"], "enable_prefix_caching=False"),
+    ]  # fmt: skip
+    assert [c.id for c in found.cause_checks] == [
+        "config-parity", "logprob-semantics", "train-inference-mismatch", "grpo-trajectory", "weight-sync"
+    ]  # fmt: skip
+    assert [(o.check.id, o.finding, o.advice) for o in found.others] == [
+        ("tokenization", "2 prompts tokenize differently", "Pin the tokenizer.")
+    ]
+    text = render_comment(as_report(r)).text
+    assert "❌ **2 changes fail 5 checks:** <code>logprobs\\_mode</code>" in text
+    assert (
+        "; <code>enable\\_prefix\\_caching</code> <code>false</code> → <code>true</code> (In-place weight update)."
+        in text
+    )
+    assert (
+        "**Fix:** set <code>logprobs\\_mode='processed\\_logprobs'</code> and "
+        "<code>enable\\_prefix\\_caching=False</code> in the new engine's `engine_args`" in text
+    )
+    assert (
+        "⚠️ **Tokenization parity:** 2 prompts tokenize differently. **Fix:** Pin the tokenizer."
+        in text
+    )
+
+
+def test_diagnosis_split_into_finding_and_fix():
+    assert outcome.split_diagnosis("Raw logprobs: wrong. Fix: set x=1 (>= 0.10).") == (
+        "Raw logprobs: wrong",
+        "set x=1 (>= 0.10).",
+    )
+    assert outcome.split_diagnosis("One thing moved. Look at A; then B.") == (
+        "One thing moved",
+        "Look at A; then B.",
+    )
+    assert outcome.split_diagnosis("Only a finding.") == ("Only a finding", "")
+
+
+def test_band_exit_is_the_first_step_any_metric_left():
+    g = as_report(
+        {"schema": "gate-report/1", "grpo": {"steps": 5, "compared_with": "old", "metrics": {},
+                                              "first_exit": {"a": 3, "b": 1, "c": None, "d": 1}}}
+    ).grpo  # fmt: skip
+    assert outcome.band_exit(g) == outcome.BandExit(1, ("b", "d"), "old")
+    assert outcome.band_exit(None) is None
+
+
+def test_breakable_marks_long_runs_only():
+    z = esc.ZWSP
+    assert esc.breakable("a" * 45 + " bb") == "a" * 20 + z + "a" * 20 + z + "aaaaa bb"
+    assert esc.breakable("x" * 20) == "x" * 20  # nothing follows the 20th: no mark
+    assert esc.breakable("short words stay", every=4) == "shor" + z + "t word" + z + "s stay"

@@ -4,6 +4,7 @@ types are one line naming file and field."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -210,3 +211,31 @@ def test_unknown_schema_majors_are_refused(report):
         with pytest.raises(ReportError, match=re.escape(message)):
             Report.from_dict(dict(report, schema=schema), "r.json")
     assert Report.from_dict(dict(report, schema="gate-report/1.7")).schema == "gate-report/1.7"
+
+
+# -- paths in report.json: relative to the repository, never a runner path -------------------------
+
+
+def test_report_paths_are_relative_to_the_repository(tmp_path, monkeypatch):
+    from gate import report
+    from gate.config import BUILTIN_CONFIG, load_config
+
+    repo = tmp_path / "checkout"
+    (repo / ".git").mkdir(parents=True)
+    (repo / "ci").mkdir()
+    config = repo / "ci" / "my gate.yaml"
+    config.write_text(BUILTIN_CONFIG.read_text(encoding="utf-8"), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)  # the runner's working directory is not the checkout
+    assert report.repository_root(config.parent) == repo.resolve()
+    assert report.shown_path(str(repo / "baselines" / "x"), repo.resolve()) == "baselines/x"
+    assert report.shown_path("/opt/runner/_work/runs/r1", repo.resolve()) == "r1"  # only the name
+    cfg = load_config(BUILTIN_CONFIG)
+    assert report.commands(cfg) == {
+        "reproduce": "gate run",
+        "regenerate_baseline": "gate baseline update",
+    }
+    cfg = dataclasses.replace(cfg, source=str(config))
+    assert report.commands(cfg) == {
+        "reproduce": "gate run -c 'ci/my gate.yaml'",
+        "regenerate_baseline": "gate baseline update -c 'ci/my gate.yaml'",
+    }

