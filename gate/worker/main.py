@@ -34,6 +34,7 @@ from gate.worker.memory import PeakMemory, cuda_device_used
 from gate.worker.passes import (
     ENGINE_PASSES,
     PassInput,
+    PassResults,
     Say,
     TeacherForced,
     Timings,
@@ -304,25 +305,8 @@ def _server_passes(inp: PassInput, served: ServedEngine, dropped: list[str], gat
         "generation_config_overrides": served.defaults,
     }
     results = run_passes(se.SERVER_PASSES, inp, timings)
-    if results.sampled is None:
-        raise RuntimeError("the sample pass did not run")  # the table always enables it
-    meta = {
-        "engine_name": request.engine_name,
-        "order_seed": request.order_seed,
-        "weight_sync": results.weight_sync,
-        "grpo": results.grpo,
-        "requested_engine_args": request.engine_args,
-        "dropped_engine_args": dropped,
-        "gate_settings": [dataclasses.asdict(g) for g in gate_settings],
-        "passes_not_run": results.not_run,
-        "flat_logprobs": False,
-        "mode": "server",
-        "server": se.server_record(served),
-        **about,
-    }
-    return EngineOutputs(
-        results.sampled, results.greedy, results.teacher_forced, meta, results.arrays
-    )
+    extra = {"flat_logprobs": False, "mode": "server", "server": se.server_record(served)}
+    return _engine_outputs(request, results, dropped, gate_settings, extra | about)
 
 
 def _memory_note(memory: dict[str, dict[str, Any]]) -> str:
@@ -438,8 +422,16 @@ def _engine_passes(inp: PassInput, dropped: list[str], gate_settings: list[GateS
         "generation_config_overrides": eng.generation_config_overrides(llm),
     }
     results = run_passes(ENGINE_PASSES, inp, timings)
+    extra = {"flat_logprobs": replay.flat_logprobs_supported()}
+    return _engine_outputs(request, results, dropped, gate_settings, extra | about)
+
+
+def _engine_outputs(request: WorkerRequest, results: PassResults, dropped: list[str],
+                    gate_settings: list[GateSetting], about: dict[str, Any]) -> EngineOutputs:  # fmt: skip
+    """The passes' results and engine.json's metadata, the same keys offline and in server mode
+    (``about``: what the engine says about itself, plus what only one mode records)."""
     if results.sampled is None:
-        raise RuntimeError("the sample pass did not run")  # the table always enables it
+        raise RuntimeError("the sample pass did not run")  # both pass tables always enable it
     meta = {
         "engine_name": request.engine_name,
         "order_seed": request.order_seed,
@@ -450,7 +442,6 @@ def _engine_passes(inp: PassInput, dropped: list[str], gate_settings: list[GateS
         # Environment the gate set for the engine, with why (the values are in "effective" too).
         "gate_settings": [dataclasses.asdict(g) for g in gate_settings],
         "passes_not_run": results.not_run,
-        "flat_logprobs": replay.flat_logprobs_supported(),
         **about,
     }
     return EngineOutputs(

@@ -104,6 +104,14 @@ class PassInput:
             return []
         return [i for i, ref in enumerate(self.tokenized.reference_ids) if ref]
 
+    def teacher_forced_sequences(self) -> tuple[list[int], list[list[int]], np.ndarray | None]:
+        """(rows, prompt + reference ids, submission order): the teacher-forced pass's input, the
+        same whichever way the engine is driven (offline or over HTTP)."""
+        rows = self.teacher_forced_rows
+        prompts, references = self.tokenized.prompt_ids, self.tokenized.reference_ids
+        seqs = [prompts[i] + (references[i] or []) for i in rows]
+        return rows, seqs, replay.submission_order(len(seqs), self.request.order_seed)
+
 
 @dataclass(frozen=True)
 class TeacherForced:
@@ -276,11 +284,8 @@ def _greedy(inp: PassInput, out: PassResults) -> None:
 
 
 def _teacher_forced(inp: PassInput, out: PassResults) -> None:
-    rows = inp.teacher_forced_rows
-    prompts, references = inp.tokenized.prompt_ids, inp.tokenized.reference_ids
-    seqs = [prompts[i] + (references[i] or []) for i in rows]
+    rows, seqs, order = inp.teacher_forced_sequences()
     inp.say(f"teacher-forced pass over {len(seqs)} fixed sequences")
-    order = replay.submission_order(len(seqs), inp.request.order_seed)
     out.teacher_forced = TeacherForced(rows, seqs, replay.score_sequences(inp.llm, seqs, order))
 
 

@@ -279,13 +279,9 @@ def _greedy(inp: PassInput, out: PassResults) -> None:
 
 def _teacher_forced(inp: PassInput, out: PassResults) -> None:
     from gate.worker.passes import TeacherForced
-    from gate.worker.replay import submission_order
 
-    rows = inp.teacher_forced_rows
-    prompts, references = inp.tokenized.prompt_ids, inp.tokenized.reference_ids
-    seqs = [prompts[i] + (references[i] or []) for i in rows]
+    rows, seqs, order = inp.teacher_forced_sequences()
     inp.say(f"teacher-forced pass over {len(seqs)} fixed sequences (prompt_logprobs over HTTP)")
-    order = submission_order(len(seqs), inp.request.order_seed)
     out.teacher_forced = TeacherForced(
         rows, seqs, http.score_sequences(_served(inp).client, seqs, order)
     )
