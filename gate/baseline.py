@@ -128,6 +128,12 @@ def design_statement(d: dict | None) -> str:
     """One line for the report: what the noise floors are and the false-alarm rate they are designed for."""
     if not d:
         return "noise floors from one A/A pair (no spread measured): false-alarm rate not designed"
+    floors = [m.get("floor") for m in d.get("metrics", {}).values()]
+    if floors and all(f == 0 for f in floors):
+        return (
+            f"noise floors 0: {d['runs']} engine starts were bit-identical, so the thresholds' "
+            "absolute floors apply"
+        )
     if d.get("false_alarm_rate") is None:
         return f"noise floors from {d['runs']} engine starts (one pair, no spread): false-alarm rate not designed"
     return (
@@ -182,6 +188,28 @@ def comparable(baseline: Baseline, run: dict[str, Any]) -> bool:
         and {p["name"]: p["sha256"] for p in m["prompt_sets"]}
         == {p["name"]: p["sha256"] for p in run["prompt_sets"]}
         and all(m.get(k) == run.get(k) for k in ("sampling", "greedy", "reference"))
+    )
+
+
+def noise_applies(baseline: Baseline, run: dict[str, Any], new: ev.Evidence) -> bool:
+    """Whether the baseline's calibrated noise floors describe this run's noise.
+
+    The floors are a property of the engine, device class, model and inputs, not of which draw the
+    sampler made: a run with another sampling seed (``gate repeat``) has the same noise, although
+    its samples are not token-comparable with the baseline's (:func:`comparable`).
+    """
+    m = baseline.manifest
+    sampling = {k: v for k, v in (run.get("sampling") or {}).items() if k != "seed"}
+    base_sampling = {k: v for k, v in (m.get("sampling") or {}).items() if k != "seed"}
+    device = new.engine.get("identity", {}).get("device_kind")
+    base_device = m.get("engine", {}).get("identity", {}).get("device_kind")
+    return (
+        m["model"].get("sha256") == run["model"].get("sha256")
+        and {p["name"]: p["sha256"] for p in m["prompt_sets"]}
+        == {p["name"]: p["sha256"] for p in run["prompt_sets"]}
+        and all(m.get(k) == run.get(k) for k in ("greedy", "reference"))
+        and sampling == base_sampling
+        and device == base_device
     )
 
 

@@ -33,7 +33,12 @@ from gate.checks.forward_drift import aligned_teacher_forced
 from gate.config import GateConfig
 from gate.device import device_class
 from gate.files import atomic_write_text
-from gate.metrics import bootstrap_mean_diff_ci, mismatch
+from gate.metrics import (
+    bootstrap_mean_diff_ci,
+    greedy_agreement,
+    length_ratio,
+    mismatch,
+)
 from gate.replay import EngineJob, RunResult, run_gate
 
 NOISE_FILE = "noise.json"
@@ -83,6 +88,10 @@ def noise_floors(a: ev.Evidence, b: ev.Evidence) -> dict[str, float]:
     low, high, point = bootstrap_mean_diff_ci(
         per_prompt(a, g, abs_d["a"]), per_prompt(b, g, abs_d["b"])
     )
+    ids, off = f"{ev.GREEDY}_{ev.TOKEN_IDS}", f"{ev.GREEDY}_{ev.OFFSETS}"
+    has_greedy = off in a.arrays and off in b.arrays
+    greedy = greedy_agreement(a[ids], a[off], b[ids], b[off]) if has_greedy else None
+    ratio = length_ratio(a[f"{g}_{ev.OFFSETS}"], b[f"{g}_{ev.OFFSETS}"])
     stats = [
         mismatch(
             e[f"{g}_{ev.TRAINER_PROCESSED}"], e[f"{g}_{ev.ENGINE_LOGPROB}"], e[f"{g}_{ev.OFFSETS}"]
@@ -100,6 +109,9 @@ def noise_floors(a: ev.Evidence, b: ev.Evidence) -> dict[str, float]:
         "token_mult_prob_error": abs(
             stats[0].token_mult_prob_error - stats[1].token_mult_prob_error
         ),
+        # greedy-and-length: near-tie flips between two runs, and the sampled lengths' spread
+        **({"greedy_mismatch_rate": 1.0 - greedy.exact_match_rate} if greedy is not None else {}),
+        "length_ratio_deviation": abs(ratio - 1.0) if np.isfinite(ratio) else 0.0,
     }
 
 
@@ -142,6 +154,18 @@ def design(readings: list[dict[str, float]], runs: int) -> dict:
     }
 
 
+def write_design(run_dir: Path, runs: int) -> tuple[dict, dict[str, float]]:
+    """Read every pair of a calibration run's starts, write noise.json and noise_design.json beside
+    them; returns (design, floors). Re-running it on a finished calibration re-reads its evidence."""
+    evidence = [ev.load(run_dir / "engines" / n) for n in replica_names(runs)]
+    readings = [noise_floors(a, b) for a, b in itertools.combinations(evidence, 2)]
+    d = design(readings, runs)
+    noise = {name: m["floor"] for name, m in d["metrics"].items()}
+    atomic_write_text(run_dir / NOISE_FILE, json.dumps(noise, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(run_dir / DESIGN_FILE, json.dumps(d, indent=2, sort_keys=True) + "\n")
+    return d, noise
+
+
 def calibrate(
     cfg: GateConfig, out: Path | None, log: Callable[[str], None], runs: int | None = None
 ) -> tuple[RunResult, dict[str, float] | None]:
@@ -151,13 +175,6 @@ def calibrate(
     result = run_gate(cfg, out, log, calibration_jobs(cfg, runs))
     if result.status != "ok":
         return result, None
-    evidence = [ev.load(result.run_dir / "engines" / n) for n in names]
-    readings = [noise_floors(a, b) for a, b in itertools.combinations(evidence, 2)]
-    d = design(readings, runs)
-    noise = {name: m["floor"] for name, m in d["metrics"].items()}
-    atomic_write_text(
-        result.run_dir / NOISE_FILE, json.dumps(noise, indent=2, sort_keys=True) + "\n"
-    )
-    atomic_write_text(result.run_dir / DESIGN_FILE, json.dumps(d, indent=2, sort_keys=True) + "\n")
+    d, noise = write_design(result.run_dir, runs)
     log(design_statement(d))
     return result, noise

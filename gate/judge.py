@@ -7,6 +7,7 @@ evidence, or the baseline is unreadable.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,10 +29,13 @@ class BaselineStatus:
     message: str
     differences: list[str]
     manifest: dict[str, Any] | None
+    # what noise the thresholds scaled with, and the false-alarm rate they are designed for
+    noise_floors: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "status": self.status.value, "message": self.message,
-                "differences": self.differences, "manifest": self.manifest}  # fmt: skip
+                "differences": self.differences, "manifest": self.manifest,
+                "noise_floors": self.noise_floors}  # fmt: skip
 
 
 @dataclass
@@ -69,11 +73,24 @@ def judge(run_dir: Path, cfg: GateConfig) -> Judgment:
         run=run,
         baseline=base,
         baseline_comparable=base is not None and bl.comparable(base, run),
+        noise_applicable=base is not None and bl.noise_applies(base, run, engines["new"]),
         acknowledge=frozenset(cfg.acknowledge),
     )
+    if base is not None:
+        base_status = dataclasses.replace(
+            base_status, noise_floors=_noise_floors(base, ctx.noise_applicable)
+        )
     checks = run_checks(ctx, cfg.check_settings)
     verdict = worst([c.status for c in checks] + [base_status.status])
     return Judgment(verdict, checks, base_status, [])
+
+
+def _noise_floors(base: bl.Baseline, applies: bool) -> str:
+    if not applies:
+        return "not applied: the baseline was calibrated for another model, prompt set, settings or device class"
+    if base.noise and not any(base.noise.values()):
+        return "noise floors 0 (the calibration's starts were bit-identical): the thresholds' absolute floors apply"
+    return bl.design_statement(base.noise_design)
 
 
 def _baseline(

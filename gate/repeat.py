@@ -64,7 +64,7 @@ from gate.replay import (
     run_engine,
     run_manifest,
 )
-from gate.request import PromptItem
+from gate.request import PromptItem, WorkerRequest
 from gate.rundir import RunDirectory
 from gate.verdict import Status, worst
 
@@ -372,7 +372,7 @@ def _check_reusable(
             raise ConfigError(
                 f"{stored_path}: missing: {source} holds no old-engine evidence for '{v.label}'"
             )
-        stored = json.loads(stored_path.read_text(encoding="utf-8"))
+        stored = _as_current_request(stored_path)
         wanted = json.loads(
             build_request(v.cfg, dataclasses.replace(old, name="old"), prompts, folder).to_json()
         )
@@ -385,6 +385,15 @@ def _check_reusable(
             raise ConfigError(
                 f"{stored_path}: the stored request differs from this config's in {diff}; replay the old engine"
             )
+
+
+def _as_current_request(path: Path) -> dict[str, Any]:
+    """A stored request as this gate version writes it: a field added since, absent there, reads as
+    its default (which is what the worker then did)."""
+    try:
+        return json.loads(WorkerRequest.from_json(path.read_text(encoding="utf-8")).to_json())
+    except (OSError, ValueError, TypeError) as exc:
+        raise ConfigError(f"{path}: not a request this gate can reuse: {exc}") from None
 
 
 def _reuse_old(
@@ -520,6 +529,7 @@ def rejudge_subset(
         run=run,
         baseline=baseline,
         baseline_comparable=False,
+        noise_applicable=baseline is not None,
         acknowledge=frozenset(cfg.acknowledge),
     )
     return {c.id: c.status.value for c in run_checks(ctx, cfg.check_settings)}

@@ -128,6 +128,7 @@ def build_request(
         ),
         greedy_max_tokens=cfg.greedy.max_tokens if cfg.greedy.enabled else 0,
         teacher_forced=cfg.teacher_forced.enabled,
+        batch_invariance=cfg.teacher_forced.enabled and cfg.teacher_forced.batch_invariance,
         reference=ReferenceRequest(
             dtype=r.dtype,
             lm_head_fp32=r.lm_head_fp32,

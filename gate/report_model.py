@@ -231,6 +231,7 @@ class Baseline:
     message: str | None = None
     differences: tuple[str | None, ...] = ()
     manifest: BaselineManifest | None = None
+    noise_floors: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

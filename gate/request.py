@@ -121,6 +121,8 @@ class WorkerRequest:
     # Submit prompts to the engine in a permuted order (A/A calibration): per-prompt seeds keep the
     # samples comparable while batch composition changes. None keeps the prompt-set order.
     order_seed: int | None = None
+    # Score the teacher-forced sequences again, reversed and one at a time (determinism-parity).
+    batch_invariance: bool = False
     weight_sync: WeightSyncRequest | None = None
     grpo: GrpoRequest | None = None
     schema_version: int = REQUEST_SCHEMA_VERSION

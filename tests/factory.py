@@ -34,10 +34,12 @@ def make_evidence(
     weight_sync: str | None = "ok",
     grpo: str | None = "ok",
     token_text: dict[int, str] | None = None,
+    batch_variance: float | None = 0.0,
 ) -> ev.Evidence:
     """One engine's evidence; the engine's sampled logprob equals the trainer's `engine_equals` one
     (processed / raw / bf16) plus ``engine_offset`` and Gaussian ``engine_noise``. ``token_text``
-    goes into texts.json as the worker records it (None: left out, as older evidence has it)."""
+    goes into texts.json as the worker records it (None: left out, as older evidence has it).
+    ``batch_variance``: the largest |Δ| of the batch-invariance pass (None: the pass did not run)."""
     rng = np.random.default_rng(seed)
     s = n_prompts * n
     offsets = np.arange(s + 1, dtype=np.int64) * length
@@ -119,6 +121,14 @@ def make_evidence(
             "push_s": 0.05,
         },
     }
+    if batch_variance is not None:
+        meta["batch_invariance"] = {
+            "mode": False,
+            "sequences": n_prompts,
+            "tokens": t,
+            "bitwise": batch_variance == 0,
+            "max_abs_diff": {"reversed": batch_variance / 2, "one at a time": batch_variance},
+        }
     (folder / "engine.json").write_text(json.dumps(meta))
     texts = {"prompt_ids": [f"p{i}" for i in range(n_prompts)], "greedy_text": ["t"] * n_prompts}
     if token_text is not None:

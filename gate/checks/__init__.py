@@ -34,6 +34,7 @@ MODES = ("fail", "warn", "off")
 def registry() -> list[CheckSpec]:
     from gate.checks import (
         config_parity,
+        determinism,
         forward_drift,
         greedy,
         grpo,
@@ -52,6 +53,7 @@ def registry() -> list[CheckSpec]:
         config_parity,
         precision,
         tokenization,
+        determinism,
         weight_sync,
         grpo,
     )

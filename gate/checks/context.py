@@ -23,6 +23,8 @@ class Context:
     baseline_comparable: bool = (
         False  # same model, prompts and settings: token-level comparison allowed
     )
+    # the baseline's calibrated noise describes this run (same engine inputs; any sampling seed)
+    noise_applicable: bool = False
     acknowledge: frozenset[str] = frozenset()
 
     @property
@@ -30,7 +32,10 @@ class Context:
         return self.run["sampling"]
 
     def noise(self, metric: str) -> float | None:
-        return None if self.baseline is None else self.baseline.noise.get(metric)
+        """The calibrated noise floor of ``metric``, where the baseline's calibration applies."""
+        if self.baseline is None or not self.noise_applicable:
+            return None
+        return self.baseline.noise.get(metric)
 
     def engines(self) -> list[tuple[str, Evidence]]:
         return [(n, e) for n, e in (("old", self.old), ("new", self.new)) if e is not None]

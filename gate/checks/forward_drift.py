@@ -52,8 +52,8 @@ NOISY_AA = {"mean_abs_drift": 3.0e-3, "max_abs_drift": 0.045}
 
 def pair_noise(ctx, metric: str) -> tuple[float | None, str]:
     """The noise of one comparison between two engine starts, and where it comes from."""
-    # A baseline of another model, prompt set or settings calibrated another pair.
-    calibrated = ctx.noise(metric) if ctx.baseline_comparable else None
+    # None where the baseline calibrated another model, prompt set, settings or device class.
+    calibrated = ctx.noise(metric)
     if calibrated is not None:
         return calibrated, "calibrated A/A (baseline)" + _design(ctx, metric)
     device = (ctx.new.engine.get("identity") or {}).get("device_kind")
@@ -125,7 +125,7 @@ def run(ctx, settings) -> CheckResult:
     measurements: list[Measurement] = []
     details: dict[str, Any] = {
         "noise_floors": design_statement(getattr(ctx.baseline, "noise_design", None))
-        if ctx.baseline is not None and ctx.baseline_comparable
+        if ctx.baseline is not None and ctx.noise_applicable
         else "uncalibrated"
     }
     for label, ref in refs:

@@ -3,10 +3,20 @@
 Cheap drift guards peers use: greedy completions should be identical on the same model and
 settings (first divergence reported), and the mean sampled output length should stay within
 +/-10% of the reference (MLPerf's accuracy-run guard).
+
+Where runs are not bit-identical (GPU kernels that are not batch-invariant), near-tie tokens flip
+between two runs of one engine and a greedy completion diverges from there: measured with the CPU
+noise emulation at sigma 0.03, an A/A matched 92.5-94% of greedy completions (scripts/noise_study.py).
+Both bounds therefore scale with the calibrated A/A readings (``gate calibrate``): the match rate
+must stay above ``min(bound, 1 - k x A/A mismatch)`` (k = 2 for warn, 4 for fail: about the 99th
+and far beyond percentile of a binomial count over the prompt set), the length deviation below
+``max(bound, 4x / 10x its A/A reading)``. On an exact A/A (CPU) both readings are 0 and the
+absolute bounds apply.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -29,9 +39,27 @@ THRESHOLDS = {
         source="identical greedy completions expected on the same model and dtype",
     ),
     "length_ratio_deviation": Threshold(
-        Limit(0.05), Limit(0.10), source="MLPerf: output length within +/-10%"
+        Limit(4, relative=True, floor=0.05),
+        Limit(10, relative=True, floor=0.10),
+        source="MLPerf: output length within +/-10%; wider where the calibrated A/A reads more",
     ),
 }
+# The match rate's bounds move down by these multiples of the calibrated A/A mismatch rate.
+MISMATCH_MULTIPLES = {"warn": 2.0, "fail": 4.0}
+
+
+def match_threshold(th: Threshold, noise_mismatch: float | None) -> Threshold:
+    """The match-rate threshold where the calibrated A/A greedy mismatch rate is not 0."""
+    if not noise_mismatch:
+        return th
+
+    def lowered(limit: Limit | None, k: float) -> Limit | None:
+        if limit is None or limit.relative:
+            return limit
+        return Limit(min(limit.value, 1.0 - k * noise_mismatch))
+
+    return dataclasses.replace(th, warn=lowered(th.warn, MISMATCH_MULTIPLES["warn"]),
+                               fail=lowered(th.fail, MISMATCH_MULTIPLES["fail"]))  # fmt: skip
 
 
 def run(ctx, settings) -> CheckResult:
@@ -46,14 +74,12 @@ def run(ctx, settings) -> CheckResult:
         if f"{g}_{ev.OFFSETS}" in ctx.new.arrays and f"{g}_{ev.OFFSETS}" in ref.arrays:
             agree = greedy_agreement(ctx.new[f"{g}_{ev.TOKEN_IDS}"], ctx.new[f"{g}_{ev.OFFSETS}"],
                                      ref[f"{g}_{ev.TOKEN_IDS}"], ref[f"{g}_{ev.OFFSETS}"])  # fmt: skip
-            measurements.append(
-                measure(
-                    "greedy_exact_match_rate",
-                    agree.exact_match_rate,
-                    th["greedy_exact_match_rate"],
-                    engine=f"vs {label}",
-                )
-            )
+            noise = ctx.noise("greedy_mismatch_rate")
+            m = measure("greedy_exact_match_rate", agree.exact_match_rate,
+                        match_threshold(th["greedy_exact_match_rate"], noise), engine=f"vs {label}")  # fmt: skip
+            if noise:
+                m.note = f"A/A greedy mismatch {noise:.2g} (calibrated)"
+            measurements.append(m)
             diverged = np.flatnonzero(agree.first_divergence >= 0)
             entry["greedy"] = {**{k: v for k, v in agree.to_dict().items() if k != "first_divergence"},
                                "diverging_prompts": diverged[:20].tolist()}  # fmt: skip
@@ -67,6 +93,7 @@ def run(ctx, settings) -> CheckResult:
                 "length_ratio_deviation",
                 abs(ratio - 1.0),
                 th["length_ratio_deviation"],
+                ctx.noise("length_ratio_deviation"),
                 engine=f"vs {label}",
             )
         )

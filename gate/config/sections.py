@@ -84,6 +84,10 @@ class GreedyConfig:
 @dataclass(frozen=True)
 class TeacherForcedConfig:
     enabled: bool = True
+    # Score the fixed sequences again in two other batch compositions (reversed, one at a time)
+    # and record whether the logprobs stay bitwise (determinism-parity). Always done where an
+    # engine runs in vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT=1).
+    batch_invariance: bool = False
 
 
 @dataclass(frozen=True)

@@ -676,6 +676,10 @@ def _environment(r: ReportBody, lim: Limits) -> str:
 
 
 # --------------------------------------------------------------------------------------- baseline
+def _capitalised(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
 def _baseline(b: Baseline, r: ReportBody, lim: Limits) -> str:
     manifest = b.manifest or BaselineManifest()
     recorded = manifest.recorded_from or RecordedFrom()
@@ -702,6 +706,7 @@ def _baseline(b: Baseline, r: ReportBody, lim: Limits) -> str:
         model_same=None if not (run_model and base_model) else run_model == base_model,
         base_model=(base_model or "")[:12] or None,
         prompt_sets=_prompt_sets(manifest.prompt_sets),
+        noise_floors=esc.truncate(esc.clean(_capitalised(b.noise_floors or "")), lim.text) or None,
     )
 
 

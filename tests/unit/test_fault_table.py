@@ -34,7 +34,8 @@ def script() -> ModuleType:
 
 @pytest.fixture
 def outputs(script: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    """The script writing into tmp_path: a page with the markers, no JSON yet, no sensitivity sweep."""
+    """The script writing into tmp_path: a page with the markers, no JSON yet, no sensitivity sweep
+    and no noise study."""
     page = tmp_path / "validation.md"
     page.write_text(
         f"# Validation\n\nBefore.\n\n{script.BEGIN}\nold table\n{script.END}\n\nAfter.\n"
@@ -42,6 +43,7 @@ def outputs(script: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(script, "PAGE", page)
     monkeypatch.setattr(script, "MATRIX_JSON", tmp_path / "fault_matrix.json")
     monkeypatch.setattr(script, "SENSITIVITY_JSON", tmp_path / "no-sensitivity.json")
+    monkeypatch.setattr(script, "NOISE_JSON", tmp_path / "no-noise-study.json")
     return script
 
 
@@ -79,8 +81,9 @@ def test_the_committed_json_and_page_are_what_the_script_makes_of_them(script: M
         "docs/fault_matrix.json is stale: run `python scripts/make_fault_table.py`"
     )
     sensitivity = json.loads(script.SENSITIVITY_JSON.read_text(encoding="utf-8"))
+    noise = json.loads(script.NOISE_JSON.read_text(encoding="utf-8"))
     page = script.PAGE.read_text(encoding="utf-8")
-    assert script.render_page(page, script.section(committed, sensitivity)) == page, (
+    assert script.render_page(page, script.section(committed, sensitivity, noise)) == page, (
         f"{script.PAGE.relative_to(REPO)} is stale: run `python scripts/make_fault_table.py`"
     )
 

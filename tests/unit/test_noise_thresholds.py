@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from gate.baseline import Baseline
+from gate.baseline import Baseline, comparable, noise_applies
+from gate.calibrate import noise_floors
 from gate.checks import parse_settings, run_checks
 from gate.checks.context import Context
 from gate.checks.forward_drift import NOISY_AA
+from gate.checks.greedy import THRESHOLDS, match_threshold
 from gate.verdict import Status
 
 from ..factory import RUN, make_evidence
@@ -35,7 +37,8 @@ def _drift(tmp_path: Path, shift: float, noise: dict | None = None, comparable: 
             path=tmp_path, manifest={"engine": old.engine}, evidence=old, noise=noise
         )
     ctx = Context(
-        new=new, old=old, run=copy.deepcopy(RUN), baseline=baseline, baseline_comparable=comparable
+        new=new, old=old, run=copy.deepcopy(RUN), baseline=baseline, baseline_comparable=comparable,
+        noise_applicable=comparable,
     )
     r = next(r for r in run_checks(ctx, parse_settings({}, "gate.yaml")) if r.id == "forward-drift")
     return {(m.name, m.engine): m for m in r.measurements}, r
@@ -90,3 +93,57 @@ def test_uncalibrated_off_the_cpu_assumes_a_noisy_a_a(tmp_path):
     assert "run gate calibrate" in m.note
     ms, _ = _drift(tmp_path / "b", 0.05, device="cuda")
     assert ms[("mean_abs_drift", "vs old")].status == Status.FAIL  # 0.05 > 10 x 3.0e-3
+
+
+def _manifest(run: dict, device: str = "cpu") -> dict:
+    return {k: copy.deepcopy(run[k]) for k in ("model", "prompt_sets", "sampling", "greedy", "reference") if k in run} | {
+        "engine": {"identity": {"device_kind": device}}
+    }
+
+
+def test_the_calibration_applies_to_another_sampling_seed_but_not_another_setup(tmp_path):
+    # `gate repeat` samples with other seeds: its samples are not the baseline's, its noise is.
+    new = make_evidence(tmp_path / "new", seed=2)
+    run = copy.deepcopy(RUN) | {"model": {"sha256": "m"}, "prompt_sets": [{"name": "p", "sha256": "s"}]}
+    base = Baseline(path=tmp_path, manifest=_manifest(run, new.engine["identity"]["device_kind"]),
+                    evidence=new, noise=NOISY)  # fmt: skip
+    other_seed = run | {"sampling": run["sampling"] | {"seed": run["sampling"]["seed"] + 80}}
+    assert noise_applies(base, other_seed, new) and not comparable(base, other_seed)
+    other_temperature = run | {"sampling": run["sampling"] | {"temperature": 1.0}}
+    assert not noise_applies(base, other_temperature, new)
+    assert not noise_applies(base, run | {"model": {"sha256": "other"}}, new)
+    new.engine["identity"]["device_kind"] = "cuda"  # a CPU calibration says nothing of a GPU's noise
+    assert not noise_applies(base, run, new)
+
+
+def test_greedy_bounds_scale_with_the_calibrated_a_a_mismatch(tmp_path):
+    # 20 prompts, 4 greedy tokens each; the new engine's first 2 completions end differently: 90% match
+    old = make_evidence(tmp_path / "old", seed=1)
+    tokens = old["greedy_token_ids"].copy()
+    tokens[[3, 7]] += 1
+    new = make_evidence(tmp_path / "new", seed=2, greedy_tokens=tokens)
+
+    def greedy(noise):
+        base = Baseline(path=tmp_path, manifest={"engine": old.engine}, evidence=old, noise=noise)
+        ctx = Context(new=new, old=old, run=copy.deepcopy(RUN), baseline=base, noise_applicable=True)
+        r = next(r for r in run_checks(ctx, parse_settings({}, "gate.yaml")) if r.id == "greedy-and-length")
+        return next(m for m in r.measurements if m.name == "greedy_exact_match_rate")
+
+    exact = greedy({})  # an exact A/A (CPU): the absolute bounds
+    assert (exact.value, exact.status, exact.warn, exact.fail) == (0.9, Status.WARN, 0.95, 0.8)
+    # A/A mismatch 7% (sigma 0.03 emulation: 6-7.5%): warn below 1 - 2 x 0.07, fail below 1 - 4 x 0.07
+    noisy = greedy({"greedy_mismatch_rate": 0.07})
+    assert noisy.status == Status.PASS
+    assert (noisy.warn, noisy.fail) == (pytest.approx(0.86), pytest.approx(0.72))
+    assert "A/A greedy mismatch 0.07" in noisy.note
+    assert match_threshold(THRESHOLDS["greedy_exact_match_rate"], 0.01).warn.value == 0.95  # never looser than set
+
+
+def test_calibration_reads_greedy_flips_and_length_spread(tmp_path):
+    a = make_evidence(tmp_path / "a", seed=1)
+    tokens = a["greedy_token_ids"].copy()
+    tokens[[3]] += 1
+    b = make_evidence(tmp_path / "b", seed=1, greedy_tokens=tokens)
+    floors = noise_floors(a, b)
+    assert floors["greedy_mismatch_rate"] == pytest.approx(1 / 20)
+    assert floors["length_ratio_deviation"] == 0.0  # the same sampled lengths

@@ -91,6 +91,23 @@ def test_old_evidence_is_reused_only_from_the_same_engine_and_requests(tmp_path,
         _check_reusable(src, cfg.engines["old"], [Variant("seed-13", seed_config(cfg, 13, True))], prompts)
 
 
+def test_a_request_stored_before_a_field_existed_reads_as_its_default(tmp_path, cfg):
+    src, prompts = _old_repeat_folder(tmp_path, cfg, [11])
+    stored = src / seed_dir_name(11) / "engines" / "old" / "request.json"
+    doc = json.loads(stored.read_text())
+    del doc["batch_invariance"]  # as a gate version before the field wrote it (the default: off)
+    stored.write_text(json.dumps(doc))
+    variants = [Variant(seed_dir_name(11), seed_config(cfg, 11, last=True))]
+    _check_reusable(src, cfg.engines["old"], variants, prompts)
+    doc["batch_invariance"] = True  # an explicit other value is a different request
+    stored.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match=r"differs from this config's in \['batch_invariance'\]"):
+        _check_reusable(src, cfg.engines["old"], variants, prompts)
+    stored.write_text("{}")
+    with pytest.raises(ConfigError, match="not a request this gate can reuse"):
+        _check_reusable(src, cfg.engines["old"], variants, prompts)
+
+
 def _seed_run(folder, new_offset=0.0):
     make_evidence(folder / "engines" / "old", seed=1)
     make_evidence(folder / "engines" / "new", seed=2, engine_offset=new_offset)

@@ -148,6 +148,7 @@ def test_the_table_runs_the_passes_in_this_order():
         "sample",
         "greedy",
         "teacher_forced",
+        "batch_invariance",
         "weight_sync",
         "grpo",
     ]
@@ -164,11 +165,38 @@ def test_the_table_runs_the_passes_in_this_order():
             ["sample", "greedy", "teacher_forced", "weight_sync", "grpo"],
         ),
         ({"grpo": GRPO}, ["sample", "greedy", "teacher_forced", "grpo"]),
+        ({"batch_invariance": True}, ["sample", "greedy", "teacher_forced", "batch_invariance"]),
+        ({"mode": True}, ["sample", "greedy", "teacher_forced", "batch_invariance"]),
+        ({"batch_invariance": True, "teacher_forced": False}, ["sample", "greedy"]),
     ],
 )
 def test_which_passes_a_request_enables(changes, enabled):
-    inp = _input([], **changes)
+    # "mode": the engine runs in vLLM's batch-invariant mode, which turns the measurement on by itself
+    mode = changes.pop("mode", None)
+    inp = dataclasses.replace(_input([], **changes), batch_invariant_mode=mode)
     assert [p.name for p in ENGINE_PASSES if p.enabled(inp)] == enabled
+
+
+@pytest.mark.parametrize("varies", [False, True])
+def test_the_batch_invariance_pass_scores_again_reversed_and_one_at_a_time(engine, monkeypatch, varies):
+    calls = []
+
+    def score(llm, seqs, order):
+        # logprobs that depend only on the tokens, plus (varies) on how many sequences share the call
+        calls.append((len(seqs), None if order is None else order.tolist()))
+        parts = [np.asarray(s[1:], dtype=np.float32) * -0.1 - (len(seqs) > 1) * varies * 1e-6 for s in seqs]
+        logprob = np.concatenate(parts).astype(np.float32)
+        return replay.PromptScores(np.concatenate([[0], np.cumsum([len(p) for p in parts])]), logprob)
+
+    monkeypatch.setattr(replay, "score_sequences", score)
+    said: list[str] = []
+    out = run_passes(ENGINE_PASSES, _input(said, batch_invariance=True), Timings())
+    assert calls == [(2, None), (2, [1, 0]), (1, None), (1, None)]  # as given, reversed, one at a time
+    record = out.batch_invariance
+    assert record["bitwise"] is (not varies) and record["sequences"] == 2 and record["tokens"] == 5
+    assert record["max_abs_diff"]["reversed"] == 0.0
+    assert record["max_abs_diff"]["one at a time"] == pytest.approx(1e-6 if varies else 0.0, abs=1e-7)
+    assert said[-1] == "batch-invariance pass: 2 fixed sequences again, reversed and one at a time"
 
 
 def test_no_reference_continuation_means_no_teacher_forced_pass():

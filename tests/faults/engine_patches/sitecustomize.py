@@ -5,7 +5,7 @@ after every logits processor, inside its sampler. This folder goes on the engine
 PYTHONPATH; Python imports ``sitecustomize`` at start-up, and with ``GATE_FAULT`` set this module
 installs an import hook that patches the named vLLM module right after it is first imported
 (nothing is imported eagerly, so start-up and unrelated processes such as pip are untouched).
-Without ``GATE_FAULT`` it does nothing. An unknown fault name, or a vLLM release that lacks the
+Without ``GATE_FAULT`` it does nothing; a comma-separated list applies several. An unknown fault name, or a vLLM release that lacks the
 patched function, fails the process loudly: a fault that silently did not apply would make its
 test pass for the wrong reason.
 
@@ -100,8 +100,8 @@ FAULTS: dict[str, tuple[str, Callable]] = {
 class _PatchingLoader(importlib.abc.Loader):
     """Runs the real loader, then the patch, before anyone else sees the module."""
 
-    def __init__(self, inner: importlib.abc.Loader, patch: Callable) -> None:
-        self.inner, self.patch = inner, patch
+    def __init__(self, inner: importlib.abc.Loader, name: str, patch: Callable) -> None:
+        self.inner, self.name, self.patch = inner, name, patch
 
     def create_module(self, spec):
         return self.inner.create_module(spec)
@@ -109,29 +109,33 @@ class _PatchingLoader(importlib.abc.Loader):
     def exec_module(self, module) -> None:
         self.inner.exec_module(module)
         self.patch(module)
-        print(f"[gate-fault] {os.environ['GATE_FAULT']}: patched {module.__name__}", file=sys.stderr, flush=True)
+        print(f"[gate-fault] {self.name}: patched {module.__name__}", file=sys.stderr, flush=True)
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):
-    def __init__(self, target: str, patch: Callable) -> None:
-        self.target, self.patch = target, patch
+    def __init__(self, name: str, target: str, patch: Callable) -> None:
+        self.name, self.target, self.patch = name, target, patch
 
     def find_spec(self, fullname, path, target=None):
         if fullname != self.target:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is not None and spec.loader is not None:
-            spec.loader = _PatchingLoader(spec.loader, self.patch)
+            spec.loader = _PatchingLoader(spec.loader, self.name, self.patch)
         return spec
 
 
 def _install() -> None:
-    fault = os.environ.get("GATE_FAULT")
-    if not fault:
-        return
-    if fault not in FAULTS:
-        raise SystemExit(f"GATE_FAULT={fault!r}: unknown fault (known: {', '.join(FAULTS)})")
-    sys.meta_path.insert(0, _PatchOnImport(*FAULTS[fault]))
+    # A comma-separated list combines faults, e.g. the noise emulation under a real fault (issue 18).
+    names = [n.strip() for n in os.environ.get("GATE_FAULT", "").split(",") if n.strip()]
+    unknown = [n for n in names if n not in FAULTS]
+    if unknown:
+        raise SystemExit(f"GATE_FAULT={unknown[0]!r}: unknown fault (known: {', '.join(FAULTS)})")
+    targets = [FAULTS[n][0] for n in names]
+    if len(set(targets)) != len(targets):
+        raise SystemExit(f"GATE_FAULT={os.environ['GATE_FAULT']!r}: two faults patch the same module")
+    for name in names:
+        sys.meta_path.insert(0, _PatchOnImport(name, *FAULTS[name]))
 
 
 _install()
