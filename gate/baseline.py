@@ -124,16 +124,19 @@ def _noise_design(path: Path) -> dict[str, Any] | None:
     return doc
 
 
-def design_statement(d: dict | None) -> str:
-    """One line for the report: what the noise floors are and the false-alarm rate they are designed for."""
+def design_statement(d: dict | None, floors: dict[str, float] | None = None) -> str:
+    """One line for the report: what the noise floors are and the false-alarm rate they are designed
+    for. ``floors``: a baseline's noise.json, for baselines recorded before noise_design.json."""
+    values = list((floors or {}).values()) or [
+        m.get("floor") for m in (d or {}).get("metrics", {}).values()
+    ]
+    if values and not any(values):
+        starts = f"{d['runs']} engine starts" if d else "the calibration's starts"
+        return (
+            f"noise floors 0: {starts} were bit-identical, so the thresholds' absolute floors apply"
+        )
     if not d:
         return "noise floors from one A/A pair (no spread measured): false-alarm rate not designed"
-    floors = [m.get("floor") for m in d.get("metrics", {}).values()]
-    if floors and all(f == 0 for f in floors):
-        return (
-            f"noise floors 0: {d['runs']} engine starts were bit-identical, so the thresholds' "
-            "absolute floors apply"
-        )
     if d.get("false_alarm_rate") is None:
         return f"noise floors from {d['runs']} engine starts (one pair, no spread): false-alarm rate not designed"
     return (

@@ -88,9 +88,7 @@ def judge(run_dir: Path, cfg: GateConfig) -> Judgment:
 def _noise_floors(base: bl.Baseline, applies: bool) -> str:
     if not applies:
         return "not applied: the baseline was calibrated for another model, prompt set, settings or device class"
-    if base.noise and not any(base.noise.values()):
-        return "noise floors 0 (the calibration's starts were bit-identical): the thresholds' absolute floors apply"
-    return bl.design_statement(base.noise_design)
+    return bl.design_statement(base.noise_design, base.noise)
 
 
 def _baseline(

@@ -124,7 +124,7 @@ def run(ctx, settings) -> CheckResult:
         return CheckResult(ID, TITLE, Status.SKIP, "no baseline and no old engine to compare with")
     measurements: list[Measurement] = []
     details: dict[str, Any] = {
-        "noise_floors": design_statement(getattr(ctx.baseline, "noise_design", None))
+        "noise_floors": design_statement(ctx.baseline.noise_design, ctx.baseline.noise)
         if ctx.baseline is not None and ctx.noise_applicable
         else "uncalibrated"
     }
