@@ -14,10 +14,12 @@ import platform
 import sys
 import threading
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+from gate.worker.layout import GateSetting
 
 # Dotted attribute paths into the live engine, tried in order (V1 first, then V0 layouts).
 _SETTINGS: dict[str, tuple[str, ...]] = {
@@ -91,92 +93,6 @@ def prepare_process() -> None:
         init_amx()
 
 
-# -- the process layout: how many ranks, and the environment the gate sets for them -----------------
-
-MULTIPROCESS_BACKENDS = ("mp", "ray")
-THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"
-
-
-def parallel_ranks(engine_args: Mapping[str, Any]) -> int:
-    """Tensor x pipeline parallel ranks the engine arguments ask for (each one process on one device)."""
-    tp = int(engine_args.get("tensor_parallel_size") or 1)
-    pp = int(engine_args.get("pipeline_parallel_size") or 1)
-    return tp * pp
-
-
-def runs_workers_in_processes(engine_args: Mapping[str, Any]) -> bool:
-    """Whether the engine's workers will be other processes (more than one rank, or an mp/ray executor)."""
-    backend = engine_args.get("distributed_executor_backend")
-    return parallel_ranks(engine_args) > 1 or backend in MULTIPROCESS_BACKENDS
-
-
-@dataclasses.dataclass(frozen=True)
-class GateSetting:
-    """An engine environment variable the gate set because the user did not, and why."""
-
-    name: str
-    value: str
-    reason: str
-
-
-def cpu_thread_binding(ranks: int, cpus: Sequence[int]) -> str:
-    """``VLLM_CPU_OMP_THREADS_BIND`` for ``ranks`` CPU workers: ``cpus`` split into contiguous groups.
-
-    ``0|1`` for 2 CPUs and 2 ranks, ``0-3|4-7`` for 8; a remainder goes to the first groups. Raises
-    ValueError when there are fewer CPUs than ranks (each rank binds its OpenMP threads to its own).
-    """
-    ordered = sorted(set(cpus))
-    if ranks < 1 or len(ordered) < ranks:
-        raise ValueError(
-            f"{ranks} CPU engine rank(s) need at least one CPU each, and this process may use "
-            f"{len(ordered)} ({_cpu_list(ordered) or 'none'}); lower tensor_parallel_size x "
-            f"pipeline_parallel_size or set {THREADS_BIND} yourself"
-        )
-    size, extra = divmod(len(ordered), ranks)
-    groups, start = [], 0
-    for rank in range(ranks):
-        end = start + size + (1 if rank < extra else 0)
-        groups.append(_cpu_list(ordered[start:end]))
-        start = end
-    return "|".join(groups)
-
-
-def _cpu_list(ids: Sequence[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``0-2,5``: the id-list syntax vLLM parses per rank."""
-    runs: list[list[int]] = []
-    for cpu in ids:
-        if runs and cpu == runs[-1][1] + 1:
-            runs[-1][1] = cpu
-        else:
-            runs.append([cpu, cpu])
-    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
-
-
-def engine_environment(engine_args: Mapping[str, Any], on_cpu: bool, environ: Mapping[str, str],
-                       cpus: Sequence[int]) -> list[GateSetting]:  # fmt: skip
-    """The environment variables the gate sets for this engine, where the user set none.
-
-    On CPU with more than one rank, vLLM binds each rank's OpenMP threads to a list of CPUs; its
-    ``auto`` binding wants one NUMA node per rank and refuses otherwise ("Not enough allowed NUMA
-    nodes"), which one-socket CI runners never have. The gate splits the CPUs this process may use
-    (``os.sched_getaffinity``) instead.
-    """
-    ranks = parallel_ranks(engine_args)
-    if not on_cpu or ranks < 2 or THREADS_BIND in environ:
-        return []
-    reason = (
-        f"{ranks} CPU ranks on {len(set(cpus))} allowed CPU(s): vLLM's auto binding needs one NUMA "
-        "node per rank, so the gate splits the allowed CPUs into contiguous groups"
-    )
-    return [GateSetting(THREADS_BIND, cpu_thread_binding(ranks, cpus), reason)]
-
-
-def apply_environment(settings: Sequence[GateSetting]) -> None:
-    # Before the engine starts: its worker processes are spawned with this environment.
-    for setting in settings:
-        os.environ[setting.name] = setting.value
-
-
 def on_cpu_platform() -> bool:
     """vLLM's own answer (the CPU wheel's platform), after ``import vllm``."""
     from vllm.platforms import current_platform
@@ -237,66 +153,17 @@ class OutputTail:
             pump.join(timeout=wait_s)
 
 
-# Engine arguments that choose what transformers must load too, so the trainer-side reference,
-# the tokenizer and the weight-sync trainer read the very model (code and revision) vLLM reads.
-HF_SHARED_ARGS = ("trust_remote_code", "revision", "code_revision", "tokenizer_revision")
-
-
-def hf_load_kwargs(engine_args: dict[str, Any], for_tokenizer: bool = False) -> dict[str, Any]:
-    """``from_pretrained`` keyword arguments matching the engine's: remote code and pinned revisions."""
-    kwargs: dict[str, Any] = {}
-    if engine_args.get("trust_remote_code"):
-        kwargs["trust_remote_code"] = True
-    revision = engine_args.get("tokenizer_revision" if for_tokenizer else "revision") or (
-        engine_args.get("revision") if for_tokenizer else None)  # fmt: skip
-    if revision:
-        kwargs["revision"] = revision
-    if engine_args.get("code_revision") and not for_tokenizer:
-        kwargs["code_revision"] = engine_args["code_revision"]
-    return kwargs
-
-
-def resolve_model_revision(model: str, engine_args: dict[str, Any], say=print) -> str | None:
-    """The commit a hub model id resolves to now (or its pinned ``revision``), resolved once per worker.
-
-    vLLM, the tokenizer and the reference then all load that very commit, and engine.json records
-    it: a hub model that moves between two runs is otherwise the same name with other weights.
-    Offline (``HF_HUB_OFFLINE=1``) the local cache says which commit it holds. A local folder has
-    no revision (its content fingerprint identifies it); an id that cannot be resolved at all keeps
-    the requested revision, with a warning.
-    """
-    if os.path.isdir(model):
-        return None
-    requested = engine_args.get("revision")
-    from huggingface_hub import HfApi, snapshot_download
-
-    # Each huggingface_hub release raises its own errors for "offline", "unreachable" (httpx or
-    # requests, by version), "gated" and "no such id": any of them only means "ask the cache".
-    try:
-        return HfApi().model_info(model, revision=requested).sha
-    except Exception:
-        pass
-    try:
-        return os.path.basename(snapshot_download(model, revision=requested, local_files_only=True))
-    except Exception as exc:
-        say(
-            f"warning: the hub revision of {model} could not be resolved ({type(exc).__name__}); "
-            f"loading {'revision ' + requested if requested else 'its default branch'} as vLLM finds it"
-        )
-        return requested
-
-
 def supported_engine_args() -> set[str]:
     from vllm.engine.arg_utils import EngineArgs
 
     return {f.name for f in dataclasses.fields(EngineArgs)}
 
 
-def split_engine_args(
-    requested: dict[str, Any], optional: list[str]
-) -> tuple[dict[str, Any], list[str]]:
-    """Drop optional arguments this release does not know; unknown required ones raise."""
-    known = supported_engine_args()
+def split_engine_args(requested: dict[str, Any], optional: Sequence[str],
+                      known: set[str] | None = None) -> tuple[dict[str, Any], list[str]]:  # fmt: skip
+    """Drop optional arguments this release does not know (``known``: EngineArgs' fields, read from
+    vLLM when not given); unknown required ones raise ValueError."""
+    known = supported_engine_args() if known is None else known
     dropped = [k for k in requested if k not in known and k in optional]
     unknown = [k for k in requested if k not in known and k not in optional]
     if unknown:

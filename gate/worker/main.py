@@ -18,12 +18,12 @@ import importlib
 import json
 import os
 import sys
+import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +32,7 @@ import numpy as np
 from gate import evidence as ev
 from gate.files import atomic_write_bytes
 from gate.request import ENGINE_FILE, EVIDENCE_FILE, PROGRESS_PREFIX, TEXTS_FILE, WorkerRequest
-from gate.worker import replay
+from gate.worker import hub, layout, replay, vllm_cache
 from gate.worker.memory import PeakMemory, cuda_device_used
 from gate.worker.passes import (
     ENGINE_PASSES,
@@ -49,8 +49,10 @@ from gate.worker.passes import (
 from gate.worker.replay import Completions
 
 if TYPE_CHECKING:
-    from gate.worker.engine import GateSetting, OutputTail
+    from gate.worker.engine import OutputTail
+    from gate.worker.layout import GateSetting
     from gate.worker.reference import ReferenceModel, ScoredTokens
+    from gate.worker.server import Server
     from gate.worker.server_engine import ServedEngine
 
 
@@ -126,66 +128,57 @@ def run_batch(requests: Sequence[WorkerRequest]) -> None:
 
     Timings shared by the batch (imports, engine start and shutdown, reference load) are reported
     in every request's engine.json; ``total_s`` is the worker's wall time until that request's
-    outputs were written.
+    outputs were written. In server mode the server starts first, in its own process, and this
+    one imports vLLM and tokenizes while it does (:mod:`gate.worker.serve`).
     """
     validate_batch(requests)
     batch = len(requests)
     shared = Timings()
     started = time.perf_counter()
-    with shared.measure("import_s"):
-        from gate.worker import engine as eng
-
-        eng.prepare_process()  # before torch/vllm start any threads
-        import vllm  # noqa: F401 - imported here so start-up cost is attributed honestly
-        from transformers import AutoTokenizer
-
-    peaks = PeakMemory(device=cuda_device_used())  # engine.json memory_peaks
     first = requests[0]
+    cache_root = vllm_cache.apply(os.environ)  # before vLLM is imported, here or in a server
     # One commit of a hub model for the tokenizer, the engine and the reference (None: a local folder).
-    revision = eng.resolve_model_revision(first.model, first.engine_args, progress)
+    revision = hub.resolve_model_revision(first.model, first.engine_args, progress)
     requested_args = {**first.engine_args, **({"revision": revision} if revision else {})}
-    with shared.measure("tokenize_s"):
-        tokenizer = AutoTokenizer.from_pretrained(first.tokenizer or first.model,
-                                                  **eng.hf_load_kwargs(requested_args, for_tokenizer=True))  # fmt: skip
-        tokenized = [
-            Tokenized(
-                replay.tokenize_prompts(tokenizer, r.prompts),
-                replay.tokenize_references(tokenizer, r.prompts),
-            )
-            for r in requests
-        ]
+    server_start = (
+        _launch_server(first, requested_args)
+        if first.mode == "server"
+        else contextlib.nullcontext()
+    )
+    with server_start as launched:
+        with shared.measure("import_s"):
+            from gate.worker import engine as eng
 
-    engine_args, dropped = eng.split_engine_args(requested_args, first.optional_engine_args)
-    if dropped:
-        progress(f"this release has no {dropped}; running without them (recorded in engine.json)")
-    gate_settings = eng.engine_environment(engine_args, eng.on_cpu_platform(), os.environ,
-                                           sorted(os.sched_getaffinity(0)))  # fmt: skip
-    for setting in gate_settings:
-        progress(
-            f"setting {setting.name}={setting.value}: {setting.reason} (recorded in engine.json)"
-        )
-    eng.apply_environment(gate_settings)
-    if first.mode == "server":
-        engine_run = _run_server(requests, tokenized, requested_args, engine_args, dropped,
-                                 gate_settings, tokenizer, shared, peaks)  # fmt: skip
-    else:
-        # Worker processes' own logs pass through this process's stdout/stderr: keep their last
-        # lines, so a failure on one rank can be reported with that rank's words.
-        tail = eng.OutputTail() if eng.runs_workers_in_processes(engine_args) else None
-        try:
-            engine_run = _run_engine(requests, tokenized, requested_args, engine_args, dropped,
-                                     gate_settings, tail, shared, peaks)  # fmt: skip
-        finally:
-            if tail is not None:
-                tail.close()
+            eng.prepare_process()  # before torch/vllm start any threads
+            import vllm  # noqa: F401 - imported here so start-up cost is attributed honestly
+            from transformers import AutoTokenizer
+
+        peaks = PeakMemory(device=cuda_device_used())  # engine.json memory_peaks
+        with shared.measure("tokenize_s"):
+            tokenizer = AutoTokenizer.from_pretrained(first.tokenizer or first.model,
+                                                      **hub.hf_load_kwargs(requested_args, for_tokenizer=True))  # fmt: skip
+            tokenized = [
+                Tokenized(
+                    replay.tokenize_prompts(tokenizer, r.prompts),
+                    replay.tokenize_references(tokenizer, r.prompts),
+                )
+                for r in requests
+            ]
+        if launched is not None:
+            engine_run = _run_server(
+                launched, requests, tokenized, requested_args, tokenizer, shared, peaks
+            )
+        else:
+            engine_run = _run_offline(requests, tokenized, requested_args, shared, peaks)
 
     outputs, own = engine_run.outputs, engine_run.timings
     memory = {"engine_running": engine_run.memory_running, "engine_released": eng.memory_in_use()}
     progress(f"engine released: {_memory_note(memory)}")
     for out in outputs:
         out.meta["memory"] = memory
+        out.meta["vllm_cache_root"] = None if cache_root is None else dataclasses.asdict(cache_root)
 
-    references = _ReferenceCache(eng.hf_load_kwargs(requested_args))
+    references = _ReferenceCache(hub.hf_load_kwargs(requested_args))
     for i, (req, tok, out) in enumerate(zip(requests, tokenized, outputs, strict=True)):
         out.meta["model_revision"] = revision
         with peaks.phase("reference"):
@@ -205,6 +198,32 @@ def run_batch(requests: Sequence[WorkerRequest]) -> None:
             f"done in {timings['total_s']:.1f}s (engine start {timings['engine_start_s']:.1f}s, "
             f"reference {timings['reference_tokens_per_s']:.0f} tok/s)"
         )
+
+
+def _run_offline(requests: Sequence[WorkerRequest], tokenized: list[Tokenized], requested_args: dict[str, Any],
+                 shared: Timings, peaks: PeakMemory) -> EngineRun:  # fmt: skip
+    """Offline: decide the engine arguments and environment here, then start ``vllm.LLM`` in this process."""
+    from gate.worker import engine as eng
+
+    engine_args, dropped = eng.split_engine_args(requested_args, requests[0].optional_engine_args)
+    if dropped:
+        progress(f"this release has no {dropped}; running without them (recorded in engine.json)")
+    gate_settings = layout.engine_environment(engine_args, eng.on_cpu_platform(), os.environ,
+                                              sorted(os.sched_getaffinity(0)))  # fmt: skip
+    for setting in gate_settings:
+        progress(
+            f"setting {setting.name}={setting.value}: {setting.reason} (recorded in engine.json)"
+        )
+    layout.apply_environment(gate_settings)
+    # Worker processes' own logs pass through this process's stdout/stderr: keep their last
+    # lines, so a failure on one rank can be reported with that rank's words.
+    tail = eng.OutputTail() if layout.runs_workers_in_processes(engine_args) else None
+    try:
+        return _run_engine(requests, tokenized, requested_args, engine_args, dropped, gate_settings,
+                           tail, shared, peaks)  # fmt: skip
+    finally:
+        if tail is not None:
+            tail.close()
 
 
 def _run_engine(requests: Sequence[WorkerRequest], tokenized: list[Tokenized], requested_args: dict[str, Any],
@@ -231,7 +250,7 @@ def _run_engine(requests: Sequence[WorkerRequest], tokenized: list[Tokenized], r
                 req,
                 tok,
                 _prefixed(i, batch),
-                eng.hf_load_kwargs(requested_args),
+                hub.hf_load_kwargs(requested_args),
                 log_tail,
                 memory=peaks,
                 batch_invariant_mode=batch_invariant_mode(),
@@ -252,55 +271,91 @@ def _run_engine(requests: Sequence[WorkerRequest], tokenized: list[Tokenized], r
     return EngineRun(outputs, own, memory_running)
 
 
-def _run_server(requests: Sequence[WorkerRequest], tokenized: list[Tokenized], requested_args: dict[str, Any],
-                engine_args: dict[str, Any], dropped: list[str], gate_settings: list[GateSetting],
-                tokenizer: Any, shared: Timings, peaks: PeakMemory) -> EngineRun:  # fmt: skip
-    """Server mode: start vLLM's OpenAI-compatible server, run every request's passes over HTTP,
-    stop it (always: on success, on an error, on SIGTERM; gate.worker.server)."""
-    from gate.worker import engine as eng
-    from gate.worker import server as srv
-    from gate.worker import server_engine as se
+@dataclass
+class _LaunchedServer:
+    """A server process started at the top of :func:`run_batch`, not yet known to be healthy."""
 
-    first = requests[0]
+    server: Server
+    facts_path: Path
+
+
+@contextlib.contextmanager
+def _launch_server(
+    first: WorkerRequest, requested_args: dict[str, Any]
+) -> Iterator[_LaunchedServer]:
+    """Start the server process now (gate.worker.serve decides its flags inside it); it is always
+    stopped when the ``with`` ends: on success, on an error, on SIGTERM (gate.worker.server)."""
+    from gate.worker import serve
+    from gate.worker import server as srv
+
     settings = first.server
     if settings is None:
         raise ValueError("mode is server but the request has no server section")
-    progress(
-        f"starting server ({len(first.prompts)} prompts"
-        + (f", {len(requests)} requests)" if len(requests) > 1 else ")")
-    )
-    command = partial(srv.server_command, sys.executable, first.model, first.tokenizer, engine_args,
-                      extra_args=settings.args)  # fmt: skip
-    in_core = srv.executor_in_engine_core(eng.parallel_ranks(engine_args), eng.on_cpu_platform())
-    server_settings = [eng.GateSetting(*in_core)] if in_core else []
-    for setting in server_settings:
-        progress(f"server: setting {setting.name}={setting.value}: {setting.reason}")
-    gate_settings = [*gate_settings, *server_settings]
-    env = srv.server_environment(
-        os.environ, settings.dev_mode, {s.name: s.value for s in server_settings}
-    )
-    log_path = Path(first.output_dir) / "server.log"
-    # The server's start keeps one core busy for a minute; meanwhile this process imports what the
-    # weight-sync probe reads later (the vLLM worker class), instead of after the passes begin.
+    progress(f"starting server ({len(first.prompts)} prompts)")
+    with tempfile.TemporaryDirectory(prefix="gate-serve-") as tmp:
+        port = srv.free_port()
+        plan = serve.LaunchPlan(first.model, first.tokenizer, requested_args, list(first.optional_engine_args),
+                                port, list(settings.args), str(Path(tmp) / "facts.json"))  # fmt: skip
+        plan.write(Path(tmp) / "plan.json")
+        command = [sys.executable, "-m", serve.__name__, str(Path(tmp) / "plan.json")]
+        env = srv.server_environment(os.environ, settings.dev_mode)
+        log_path = Path(first.output_dir) / "server.log"
+        with srv.started_server(command, port, env, log_path, progress) as server:
+            yield _LaunchedServer(server, Path(plan.facts))
+
+
+def _run_server(launched: _LaunchedServer, requests: Sequence[WorkerRequest], tokenized: list[Tokenized],
+                requested_args: dict[str, Any], tokenizer: Any, shared: Timings, peaks: PeakMemory) -> EngineRun:  # fmt: skip
+    """Server mode: wait until the server is healthy, run every request's passes over HTTP."""
+    from gate.worker import engine as eng
+    from gate.worker import serve
+    from gate.worker import server as srv
+    from gate.worker import server_engine as se
+
+    first, server = requests[0], launched.server
+    settings = first.server
+    assert settings is not None  # _launch_server refused a request without one
+    # The server's start keeps one core busy; meanwhile this process imports what the weight-sync
+    # probe reads later (the vLLM worker class), instead of after the passes begin.
     worker_module = (
         "vllm.v1.worker.cpu_worker" if eng.on_cpu_platform() else "vllm.v1.worker.gpu_worker"
     )
     threading.Thread(
         target=_import_quietly, args=(worker_module,), name="gate-warm-import", daemon=True
     ).start()
+    try:
+        server.wait_healthy(settings.startup_timeout_s)
+    except srv.ServerError:
+        refused = serve.read_facts(launched.facts_path)
+        if isinstance(refused, str):  # a bad engine argument: the same error as offline
+            raise ValueError(refused) from None
+        raise
+    shared.values["engine_start_s"] = server.started_s
+    progress(f"server healthy at {server.base_url} after {server.started_s:.1f}s")
+    facts = serve.read_facts(launched.facts_path)
+    if not isinstance(facts, serve.LaunchFacts):
+        raise srv.ServerError(
+            "the server is healthy but its launcher recorded no command", server.lines()
+        )
+    if facts.dropped_engine_args:
+        progress(f"this release has no {facts.dropped_engine_args}; running without them "
+                 "(recorded in engine.json)")  # fmt: skip
+    for setting in facts.gate_settings:
+        progress(f"server: setting {setting.name}={setting.value}: {setting.reason}")
+    progress(f"server command: {' '.join(facts.command)}")
+    served = se.connect(server, facts.command, settings, getattr(tokenizer, "bos_token_id", None))
     own = [Timings() for _ in requests]
     outputs = []
-    with srv.running_server(lambda port: command(port=port), env, log_path, settings.startup_timeout_s,
-                            progress) as server:  # fmt: skip
-        shared.values["engine_start_s"] = server.started_s
-        served = se.connect(server, settings, getattr(tokenizer, "bos_token_id", None))
-        for i, (req, tok) in enumerate(zip(requests, tokenized, strict=True)):
-            inp = PassInput(served, req, tok, _prefixed(i, len(requests)), eng.hf_load_kwargs(requested_args),
-                            server.lines, memory=peaks)  # fmt: skip
-            outputs.append(_server_passes(inp, served, dropped, gate_settings, own[i]))
-        served.client.close()
-        memory_running = eng.memory_in_use()
-        stopping = time.perf_counter()
+    for i, (req, tok) in enumerate(zip(requests, tokenized, strict=True)):
+        inp = PassInput(served, req, tok, _prefixed(i, len(requests)), hub.hf_load_kwargs(requested_args),
+                        server.lines, memory=peaks)  # fmt: skip
+        outputs.append(
+            _server_passes(inp, served, facts.dropped_engine_args, facts.gate_settings, own[i])
+        )
+    served.client.close()
+    memory_running = eng.memory_in_use()
+    stopping = time.perf_counter()
+    server.stop()
     shared.values["engine_shutdown_s"] = time.perf_counter() - stopping
     return EngineRun(outputs, own, memory_running)
 

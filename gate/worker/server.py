@@ -158,7 +158,9 @@ class Server:
     log_path: Path
     proc: subprocess.Popen[str] | None = None
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=400))
-    started_s: float = 0.0
+    started_s: float = 0.0  # from the process's start until /health answered
+    _launched_at: float = 0.0
+    _stopped: bool = False
     _pump: threading.Thread | None = None
 
     @property
@@ -170,6 +172,7 @@ class Server:
         log = open(self.log_path, "a", encoding="utf-8")  # noqa: SIM115 - the pump closes it
         log.write(f"$ {' '.join(self.command)}\n")
         log.flush()
+        self._launched_at = time.perf_counter()
         self.proc = subprocess.Popen(
             self.command, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, text=True, errors="replace", preexec_fn=_die_with_parent,
@@ -194,10 +197,9 @@ class Server:
         return list(self.tail)
 
     def wait_healthy(self, timeout_s: float, poll_s: float = 0.5) -> float:
-        """Seconds until ``/health`` answered 200; :class:`ServerError` when the server exits first
-        or ``timeout_s`` passes."""
+        """Seconds from the process's start until ``/health`` answered 200; :class:`ServerError`
+        when the server exits first or ``timeout_s`` (counted from its start) passes."""
         assert self.proc is not None
-        start = time.perf_counter()
         while True:
             code = self.proc.poll()
             if code is not None:
@@ -205,9 +207,9 @@ class Server:
                 raise ServerError(f"the server exited with code {code} before it became healthy "
                                   f"(command: {' '.join(self.command)})", self.lines())  # fmt: skip
             if _health_ok(self.base_url):
-                self.started_s = time.perf_counter() - start
+                self.started_s = time.perf_counter() - self._launched_at
                 return self.started_s
-            if time.perf_counter() - start > timeout_s:
+            if time.perf_counter() - self._launched_at > timeout_s:
                 raise ServerError(
                     f"the server did not answer {self.base_url}/health within {timeout_s:g}s "
                     "(server.startup_timeout_s)",
@@ -222,8 +224,9 @@ class Server:
     def stop(self, grace_s: float = STOP_GRACE_S) -> int | None:
         """End the server's whole process group: SIGTERM, then SIGKILL after ``grace_s``. Idempotent."""
         proc = self.proc
-        if proc is None:
-            return None
+        if proc is None or self._stopped:
+            return None if proc is None else proc.returncode
+        self._stopped = True
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -282,21 +285,19 @@ def stop_on_sigterm() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def running_server(command_for_port, env: Mapping[str, str], log_path: Path, timeout_s: float,
+def started_server(command: Sequence[str], port: int, env: Mapping[str, str], log_path: Path,
                    say=print) -> Iterator[Server]:  # fmt: skip
-    """Start the server on a free loopback port, wait until healthy, yield it, and always stop it.
+    """Start the server process listening on ``port``, yield it (not yet healthy: the caller waits,
+    :meth:`Server.wait_healthy`, when it needs it), and always stop it.
 
-    ``command_for_port(port)`` builds the command. A port taken between choosing and binding shows
-    as a server that exits at start (its log says so), reported like any other start failure.
+    A port taken between choosing and binding shows as a server that exits at start (its log says
+    so), reported like any other start failure.
     """
-    port = free_port()
-    server = Server(command_for_port(port), port, log_path)
+    server = Server(list(command), port, log_path)
     say(f"starting server: {' '.join(server.command)}")
     try:
         with stop_on_sigterm():
             server.start(env)
-            server.wait_healthy(timeout_s)
-            say(f"server healthy at {server.base_url} after {server.started_s:.1f}s")
             yield server
     finally:
         code = server.stop()

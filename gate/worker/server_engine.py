@@ -48,6 +48,7 @@ class ServedEngine:
     """A healthy server and its client: what the server-mode passes take as ``PassInput.llm``."""
 
     server: Server
+    command: list[str]  # the plain vLLM command the server process runs (gate.worker.serve)
     client: http.Client
     settings: ServerRequest
     config: dict[str, Any]  # /server_info's vllm_config (JSON); {} without dev mode
@@ -71,7 +72,8 @@ class ServedEngine:
         return cur
 
 
-def connect(server: Server, settings: ServerRequest, bos_token_id: int | None) -> ServedEngine:
+def connect(server: Server, command: list[str], settings: ServerRequest,
+            bos_token_id: int | None) -> ServedEngine:  # fmt: skip
     client = http.Client(
         server.base_url, settings.request_timeout_s, settings.max_in_flight, server.lines
     )
@@ -80,7 +82,7 @@ def connect(server: Server, settings: ServerRequest, bos_token_id: int | None) -
         info = client.get("/server_info?config_format=json")
         config = info.get("vllm_config") if isinstance(info.get("vllm_config"), dict) else {}
     defaults, source = http.reported_defaults(server.lines())
-    return ServedEngine(server, client, settings, config, defaults, source, bos_token_id)
+    return ServedEngine(server, command, client, settings, config, defaults, source, bos_token_id)
 
 
 def effective_settings(engine: ServedEngine, paths: dict[str, tuple[str, ...]]) -> dict[str, Any]:
@@ -352,7 +354,8 @@ SERVER_PASSES: tuple[EnginePass, ...] = (
 def server_record(engine: ServedEngine) -> dict[str, Any]:
     """engine.json ``server``: the command, where it listened, start-up time and what the passes found."""
     return {
-        "command": engine.server.command,
+        "command": engine.command,
+        "launched_as": engine.server.command,
         "base_url": engine.base_url,
         "startup_s": engine.server.started_s,
         "dev_mode": engine.settings.dev_mode,

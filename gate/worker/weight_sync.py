@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from gate.request import WeightSyncRequest
+from gate.worker.layout import MULTIPROCESS_BACKENDS
 
 UpdateFn = Callable[[Any, dict[str, torch.Tensor]], None]
 
@@ -129,8 +130,6 @@ def call_workers(llm, method: str | Callable[..., Any], phase: str, args: tuple 
 
 
 # -- where the workers live -------------------------------------------------------------------------
-
-MULTIPROCESS_BACKENDS = ("mp", "ray")
 
 
 @dataclass(frozen=True)

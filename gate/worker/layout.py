@@ -1,0 +1,95 @@
+"""The engine's process layout: how many ranks it runs, and the environment the gate sets for them.
+
+Standard library only: the server launcher (:mod:`gate.worker.serve`) and the offline worker both
+decide these before vLLM starts any process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+MULTIPROCESS_BACKENDS = ("mp", "ray")
+THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def parallel_ranks(engine_args: Mapping[str, Any]) -> int:
+    """Tensor x pipeline parallel ranks the engine arguments ask for (each one process on one device)."""
+    tp = int(engine_args.get("tensor_parallel_size") or 1)
+    pp = int(engine_args.get("pipeline_parallel_size") or 1)
+    return tp * pp
+
+
+def runs_workers_in_processes(engine_args: Mapping[str, Any]) -> bool:
+    """Whether the engine's workers will be other processes (more than one rank, or an mp/ray executor)."""
+    backend = engine_args.get("distributed_executor_backend")
+    return parallel_ranks(engine_args) > 1 or backend in MULTIPROCESS_BACKENDS
+
+
+@dataclasses.dataclass(frozen=True)
+class GateSetting:
+    """An engine environment variable the gate set because the user did not, and why."""
+
+    name: str
+    value: str
+    reason: str
+
+
+def cpu_thread_binding(ranks: int, cpus: Sequence[int]) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``ranks`` CPU workers: ``cpus`` split into contiguous groups.
+
+    ``0|1`` for 2 CPUs and 2 ranks, ``0-3|4-7`` for 8; a remainder goes to the first groups. Raises
+    ValueError when there are fewer CPUs than ranks (each rank binds its OpenMP threads to its own).
+    """
+    ordered = sorted(set(cpus))
+    if ranks < 1 or len(ordered) < ranks:
+        raise ValueError(
+            f"{ranks} CPU engine rank(s) need at least one CPU each, and this process may use "
+            f"{len(ordered)} ({_cpu_list(ordered) or 'none'}); lower tensor_parallel_size x "
+            f"pipeline_parallel_size or set {THREADS_BIND} yourself"
+        )
+    size, extra = divmod(len(ordered), ranks)
+    groups, start = [], 0
+    for rank in range(ranks):
+        end = start + size + (1 if rank < extra else 0)
+        groups.append(_cpu_list(ordered[start:end]))
+        start = end
+    return "|".join(groups)
+
+
+def _cpu_list(ids: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``0-2,5``: the id-list syntax vLLM parses per rank."""
+    runs: list[list[int]] = []
+    for cpu in ids:
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def engine_environment(engine_args: Mapping[str, Any], on_cpu: bool, environ: Mapping[str, str],
+                       cpus: Sequence[int]) -> list[GateSetting]:  # fmt: skip
+    """The environment variables the gate sets for this engine, where the user set none.
+
+    On CPU with more than one rank, vLLM binds each rank's OpenMP threads to a list of CPUs; its
+    ``auto`` binding wants one NUMA node per rank and refuses otherwise ("Not enough allowed NUMA
+    nodes"), which one-socket CI runners never have. The gate splits the CPUs this process may use
+    (``os.sched_getaffinity``) instead.
+    """
+    ranks = parallel_ranks(engine_args)
+    if not on_cpu or ranks < 2 or THREADS_BIND in environ:
+        return []
+    reason = (
+        f"{ranks} CPU ranks on {len(set(cpus))} allowed CPU(s): vLLM's auto binding needs one NUMA "
+        "node per rank, so the gate splits the allowed CPUs into contiguous groups"
+    )
+    return [GateSetting(THREADS_BIND, cpu_thread_binding(ranks, cpus), reason)]
+
+
+def apply_environment(settings: Sequence[GateSetting]) -> None:
+    # Before the engine starts: its worker processes are spawned with this environment.
+    for setting in settings:
+        os.environ[setting.name] = setting.value
