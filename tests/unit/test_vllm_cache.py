@@ -39,13 +39,32 @@ def test_an_unknown_release_sets_nothing():
     assert vllm_cache.release_cache_root(env, None) is None
 
 
-def test_apply_sets_the_variable_for_the_installed_release(monkeypatch):
+def test_apply_sets_the_variable_and_shares_the_compile_cache_with_the_base(monkeypatch, tmp_path):
     monkeypatch.setattr(vllm_cache, "vllm_release", lambda: "vllm-9.9.9")
-    env = {"VLLM_CACHE_ROOT": "/c"}
+    env = {"VLLM_CACHE_ROOT": str(tmp_path)}
     root = vllm_cache.apply(env)
-    assert root is not None and env["VLLM_CACHE_ROOT"] == "/c/gate-releases/vllm-9.9.9"
+    assert root is not None and env["VLLM_CACHE_ROOT"] == f"{tmp_path}/gate-releases/vllm-9.9.9"
+    link = tmp_path / "gate-releases" / "vllm-9.9.9" / "torch_compile_cache"
+    assert root.shared == ("torch_compile_cache",)
+    assert link.is_symlink() and link.resolve() == (tmp_path / "torch_compile_cache").resolve()
+    assert str(link.readlink()) == "../../torch_compile_cache"  # the same from inside a container
+    (link / "graph").write_text("compiled")  # what vLLM writes lands in the base's folder
+    assert (tmp_path / "torch_compile_cache" / "graph").read_text() == "compiled"
+    again = vllm_cache.apply(env)  # the server's launcher, with the worker's environment
+    assert again is not None and again.path == root.path and again.shared == root.shared
     monkeypatch.setattr(vllm_cache, "vllm_release", lambda: None)
-    assert vllm_cache.apply(env) is None and env["VLLM_CACHE_ROOT"] == "/c/gate-releases/vllm-9.9.9"
+    assert vllm_cache.apply(env) is None and env["VLLM_CACHE_ROOT"] == root.path
+
+
+def test_a_release_folder_of_its_own_or_an_unwritable_base_shares_nothing(monkeypatch, tmp_path):
+    monkeypatch.setattr(vllm_cache, "vllm_release", lambda: "vllm-9.9.9")
+    own = tmp_path / "a" / "gate-releases" / "vllm-9.9.9" / "torch_compile_cache"
+    own.mkdir(parents=True)  # made by vLLM before the link existed: kept
+    root = vllm_cache.apply({"VLLM_CACHE_ROOT": str(tmp_path / "a")})
+    assert root is not None and root.shared == () and not own.is_symlink()
+    (tmp_path / "b").write_text("not a folder")
+    root = vllm_cache.apply({"VLLM_CACHE_ROOT": str(tmp_path / "b")})
+    assert root is not None and root.shared == ()
 
 
 def test_the_release_is_read_from_the_installed_distributions(monkeypatch):
