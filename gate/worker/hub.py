@@ -8,13 +8,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-# Engine arguments that choose what transformers must load too, so the trainer-side reference,
-# the tokenizer and the weight-sync trainer read the very model (code and revision) vLLM reads.
-HF_SHARED_ARGS = ("trust_remote_code", "revision", "code_revision", "tokenizer_revision")
-
 
 def hf_load_kwargs(engine_args: dict[str, Any], for_tokenizer: bool = False) -> dict[str, Any]:
-    """``from_pretrained`` keyword arguments matching the engine's: remote code and pinned revisions."""
+    """``from_pretrained`` keyword arguments matching the engine's remote code and pinned revisions,
+    so the trainer-side reference, the tokenizer and the weight-sync trainer read the very model
+    (code and revision) vLLM reads."""
     kwargs: dict[str, Any] = {}
     if engine_args.get("trust_remote_code"):
         kwargs["trust_remote_code"] = True

@@ -60,13 +60,11 @@ class LaunchFacts:
     engine_args: dict[str, Any]
     dropped_engine_args: list[str]
     gate_settings: list[GateSetting]
-    on_cpu: bool
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> LaunchFacts:
         settings = [GateSetting(**s) for s in data["gate_settings"]]
-        return cls(data["command"], data["engine_args"], data["dropped_engine_args"], settings,
-                   data["on_cpu"])  # fmt: skip
+        return cls(data["command"], data["engine_args"], data["dropped_engine_args"], settings)
 
 
 def decide(plan: LaunchPlan, python: str, known: set[str], on_cpu: bool,
@@ -81,7 +79,7 @@ def decide(plan: LaunchPlan, python: str, known: set[str], on_cpu: bool,
         settings.append(GateSetting(*in_core))
     command = server_command(python, plan.model, plan.tokenizer, engine_args, plan.port,
                              plan.extra_args)  # fmt: skip
-    return LaunchFacts(command, engine_args, dropped, settings, on_cpu)
+    return LaunchFacts(command, engine_args, dropped, settings)
 
 
 def read_facts(path: Path) -> LaunchFacts | str | None:
