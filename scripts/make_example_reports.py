@@ -3,7 +3,7 @@
 
 ``pass``, ``warn`` and ``fail.report.json`` are real ``gate run`` reports with machine paths replaced
 by placeholders: the CPU default, and the CPU default with one change on the new engine
-(``docs/examples/warn.gate.yaml``: chunked prefill off; ``fail.gate.yaml``: ``logprobs_mode``
+(``docs/examples/warn.gate.yaml``: ``generation_config: vllm``; ``fail.gate.yaml``: ``logprobs_mode``
 left at vLLM V1's raw default). ``--import NAME=RUN_DIR/report.json`` refreshes one from a new run.
 ``merged`` is ``gate merge`` of the three. Every .md is rendered by
 ``gate.render.markdown.render_comment``, so the committed examples are exactly what a PR would show.

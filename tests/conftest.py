@@ -1,6 +1,7 @@
 """Shared fixtures, and the rule for tests whose dependencies a unit-test install lacks.
 
-Engine tests (marker ``engine``) share one replay per session: start-up is slow.
+Engine tests (marker ``engine``) share one replay per session: start-up is slow. None may leave
+a process running, and no test may leave a file in the checkout (tests/isolation.py).
 
 The ``test-unit`` extra installs what the unit tests need; the ``test`` extra adds torch,
 transformers, the Docker SDK and the action's linters and runner. A test that needs one of those
@@ -20,7 +21,12 @@ from pathlib import Path
 
 import pytest
 
+from tests import isolation
+
 REPO = Path(__file__).resolve().parent.parent
+# How long an engine test's processes may take to exit after it (a server's stop grace is 8 s).
+LEFTOVER_WAIT_S = 15.0
+_CHECKOUT = pytest.StashKey[set[str] | None]()
 
 # What the `test` extra adds to `test-unit`, looked up the way the tests that use them look them up.
 FULL_SUITE_MODULES = ("torch", "transformers", "docker", "markdown_it")
@@ -49,6 +55,35 @@ def pytest_configure(config: pytest.Config) -> None:
             "CI or GATE_REQUIRE_DOCKER is set, so every test must run, but the `test` extra is "
             f"incomplete (missing: {', '.join(missing)}): python -m pip install -e '.[test]'"
         )
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_CHECKOUT] = isolation.checkout_changes(REPO)
+    isolation.become_subreaper()  # an orphaned engine process stays ours to see
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A test that writes into the checkout changes what the tests after it see: fail the run."""
+    before = session.config.stash.get(_CHECKOUT, None)
+    after = isolation.checkout_changes(REPO)
+    if before is None or after is None or not (written := sorted(after - before)):
+        return
+    print(f"\ntests left files in the checkout {REPO} (write under tmp_path instead): {written}",
+          file=sys.stderr)  # fmt: skip
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(autouse=True)
+def _engine_test_leaves_no_process(request: pytest.FixtureRequest):
+    """After an engine test, every process it started has exited (session fixtures, set up
+    before this one, are not counted): a left-over engine core holds memory and ports."""
+    if request.node.get_closest_marker("engine") is None:
+        yield
+        return
+    before = set(isolation.live_descendants())
+    yield
+    if left := isolation.leftover_processes(before, LEFTOVER_WAIT_S):
+        pytest.fail(f"processes still running {LEFTOVER_WAIT_S:g}s after the test (killed now): {left}")
 
 
 @pytest.fixture

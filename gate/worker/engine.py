@@ -12,14 +12,12 @@ import enum
 import os
 import platform
 import sys
-import threading
-from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from gate.worker.layout import GateSetting
+from gate.worker.layout import GateSetting, env_settings
 
 # Dotted attribute paths into the live engine, tried in order (V1 first, then V0 layouts).
 _SETTINGS: dict[str, tuple[str, ...]] = {
@@ -98,59 +96,6 @@ def on_cpu_platform() -> bool:
     from vllm.platforms import current_platform
 
     return bool(current_platform.is_cpu())
-
-
-class OutputTail:
-    """The last lines written to this process's stdout and stderr, by it and by the processes it starts.
-
-    Engine worker processes inherit fds 1 and 2, and vLLM logs to stdout, so a rank's own error
-    ("(Worker_TP1 pid=...) ERROR ...") passes through here on its way to the log; a failure that
-    only one rank sees can then be reported with that rank's lines. Everything is written through
-    unchanged, each stream to where it went before.
-    """
-
-    def __init__(self, max_lines: int = 400, fds: tuple[int, ...] = (1, 2)) -> None:
-        self._lines: deque[str] = deque(maxlen=max_lines)
-        self._lock = threading.Lock()
-        self._restore: list[tuple[int, int]] = []  # (fd, its original, duplicated)
-        self._pumps: list[threading.Thread] = []
-        sys.stdout.flush()
-        sys.stderr.flush()
-        for fd in fds:
-            through = os.dup(fd)
-            read_end, write_end = os.pipe()
-            os.dup2(write_end, fd)
-            os.close(write_end)
-            self._restore.append((fd, through))
-            pump = threading.Thread(target=self._run, args=(read_end, through), daemon=True,
-                                    name=f"gate-output-tail-{fd}")  # fmt: skip
-            pump.start()
-            self._pumps.append(pump)
-
-    def _run(self, read_end: int, through: int) -> None:
-        pending = b""
-        while chunk := os.read(read_end, 65536):
-            view = memoryview(chunk)
-            while view:
-                view = view[os.write(through, view) :]
-            *complete, pending = (pending + chunk).split(b"\n")
-            with self._lock:
-                self._lines.extend(line.decode("utf-8", "replace") for line in complete)
-
-    def lines(self) -> list[str]:
-        with self._lock:
-            return list(self._lines)
-
-    def close(self, wait_s: float = 1.0) -> None:
-        """Put the original streams back and let the pumps drain what is left (bounded wait: a
-        helper process such as multiprocessing's resource tracker may hold a pipe open until exit,
-        and the daemon pumps keep passing its lines through meanwhile)."""
-        sys.stdout.flush()
-        sys.stderr.flush()
-        for fd, through in self._restore:
-            os.dup2(through, fd)  # drops this process's write end; workers' ends close as they exit
-        for pump in self._pumps:
-            pump.join(timeout=wait_s)
 
 
 def supported_engine_args() -> set[str]:
@@ -240,7 +185,7 @@ def effective_settings(llm, gate_settings: Sequence[GateSetting] = ()) -> dict[s
     """The live engine's settings (``_SETTINGS``), plus ``env.<NAME>`` for each variable the gate set."""
     engine = llm.llm_engine
     found = {name: _jsonable(_first_attr(engine, paths)) for name, paths in _SETTINGS.items()}
-    found |= {f"env.{s.name}": s.value for s in gate_settings}
+    found |= {f"env.{s.name}": s.value for s in env_settings(gate_settings)}
     return found
 
 

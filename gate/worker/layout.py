@@ -7,12 +7,14 @@ decide these before vLLM starts any process.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 MULTIPROCESS_BACKENDS = ("mp", "ray")
 THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"
+CHUNKED_PREFILL = "enable_chunked_prefill"
 
 
 def parallel_ranks(engine_args: Mapping[str, Any]) -> int:
@@ -30,11 +32,13 @@ def runs_workers_in_processes(engine_args: Mapping[str, Any]) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class GateSetting:
-    """An engine environment variable the gate set because the user did not, and why."""
+    """An engine environment variable (``kind`` "env") or engine argument ("engine_arg", ``value``
+    as JSON) the gate set because the user did not, and why: engine.json ``gate_settings``."""
 
     name: str
     value: str
     reason: str
+    kind: Literal["env", "engine_arg"] = "env"
 
 
 def cpu_thread_binding(ranks: int, cpus: Sequence[int]) -> str:
@@ -89,7 +93,49 @@ def engine_environment(engine_args: Mapping[str, Any], on_cpu: bool, environ: Ma
     return [GateSetting(THREADS_BIND, cpu_thread_binding(ranks, cpus), reason)]
 
 
+def one_step_prefill(engine_args: Mapping[str, Any], on_cpu: bool,
+                     known: set[str]) -> list[GateSetting]:  # fmt: skip
+    """``enable_chunked_prefill: false`` on the CPU platform, where the user left batching to vLLM.
+
+    When a step schedules only part of a prompt (chunked prefill splits it to fit the step's token
+    budget), vLLM's model runner discards the token sampled for it and rewinds a seeded request's
+    random generator: ``gen.set_offset(gen.get_offset() - 4)`` in
+    ``gpu_model_runner._bookkeeping_sync`` (0.31 and 0.32). torch's CPU generator has no offset, so
+    the engine core dies with "CPU Generator does not use offset" as soon as seeded requests
+    outgrow one step's budget: concurrent requests in server mode, long prompts, or a small
+    ``max_num_batched_tokens`` (tests/integration/test_engine_crashes.py). Without chunked prefill
+    the scheduler admits a prompt only whole (vLLM raises the budget to ``max_model_len`` if it was
+    smaller), so no sampled token is discarded. On CPU batching does not change the numbers (its
+    kernels are batch-invariant), so the setting changes no evidence.
+
+    Not set where the user chose either way, or set a budget that a whole prompt may not fit.
+    """
+    if not on_cpu or CHUNKED_PREFILL in engine_args or CHUNKED_PREFILL not in known:
+        return []
+    budget, length = engine_args.get("max_num_batched_tokens"), engine_args.get("max_model_len")
+    if budget is not None and (length is None or int(budget) < int(length)):
+        return []
+    reason = (
+        "CPU platform: a seeded request whose prompt chunked prefill splits across steps kills "
+        'vllm-cpu\'s engine core ("CPU Generator does not use offset"), so every prompt is '
+        "prefilled in one step"
+    )
+    return [GateSetting(CHUNKED_PREFILL, "false", reason, kind="engine_arg")]
+
+
+def with_engine_args(
+    engine_args: Mapping[str, Any], settings: Sequence[GateSetting]
+) -> dict[str, Any]:
+    """``engine_args`` with the gate's engine-argument settings added."""
+    added = {s.name: json.loads(s.value) for s in settings if s.kind == "engine_arg"}
+    return {**engine_args, **added}
+
+
+def env_settings(settings: Sequence[GateSetting]) -> list[GateSetting]:
+    return [s for s in settings if s.kind == "env"]
+
+
 def apply_environment(settings: Sequence[GateSetting]) -> None:
     # Before the engine starts: its worker processes are spawned with this environment.
-    for setting in settings:
+    for setting in env_settings(settings):
         os.environ[setting.name] = setting.value

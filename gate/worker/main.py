@@ -33,6 +33,8 @@ from gate import evidence as ev
 from gate.files import atomic_write_bytes
 from gate.request import ENGINE_FILE, EVIDENCE_FILE, PROGRESS_PREFIX, TEXTS_FILE, WorkerRequest
 from gate.worker import hub, layout, replay, vllm_cache
+from gate.worker.engine_failure import ENGINE_ERROR_LINE, EngineFailed, error_line
+from gate.worker.log_tail import OutputTail
 from gate.worker.memory import PeakMemory, cuda_device_used
 from gate.worker.passes import (
     ENGINE_PASSES,
@@ -49,7 +51,6 @@ from gate.worker.passes import (
 from gate.worker.replay import Completions
 
 if TYPE_CHECKING:
-    from gate.worker.engine import OutputTail
     from gate.worker.layout import GateSetting
     from gate.worker.reference import ReferenceModel, ScoredTokens
     from gate.worker.server import Server
@@ -205,11 +206,17 @@ def _run_offline(requests: Sequence[WorkerRequest], tokenized: list[Tokenized], 
     """Offline: decide the engine arguments and environment here, then start ``vllm.LLM`` in this process."""
     from gate.worker import engine as eng
 
-    engine_args, dropped = eng.split_engine_args(requested_args, requests[0].optional_engine_args)
+    known = eng.supported_engine_args()
+    engine_args, dropped = eng.split_engine_args(
+        requested_args, requests[0].optional_engine_args, known
+    )
     if dropped:
         progress(f"this release has no {dropped}; running without them (recorded in engine.json)")
-    gate_settings = layout.engine_environment(engine_args, eng.on_cpu_platform(), os.environ,
+    on_cpu = eng.on_cpu_platform()
+    gate_settings = layout.engine_environment(engine_args, on_cpu, os.environ,
                                               sorted(os.sched_getaffinity(0)))  # fmt: skip
+    gate_settings += layout.one_step_prefill(engine_args, on_cpu, known)
+    engine_args = layout.with_engine_args(engine_args, gate_settings)
     for setting in gate_settings:
         progress(
             f"setting {setting.name}={setting.value}: {setting.reason} (recorded in engine.json)"
@@ -217,10 +224,19 @@ def _run_offline(requests: Sequence[WorkerRequest], tokenized: list[Tokenized], 
     layout.apply_environment(gate_settings)
     # Worker processes' own logs pass through this process's stdout/stderr: keep their last
     # lines, so a failure on one rank can be reported with that rank's words.
-    tail = eng.OutputTail() if layout.runs_workers_in_processes(engine_args) else None
+    tail = (
+        OutputTail(watch=ENGINE_ERROR_LINE)
+        if layout.runs_workers_in_processes(engine_args)
+        else None
+    )
     try:
         return _run_engine(requests, tokenized, requested_args, engine_args, dropped, gate_settings,
                            tail, shared, peaks)  # fmt: skip
+    except Exception as exc:
+        if tail is None:  # one process: the exception is the engine's own
+            raise
+        # A rank's error comes back as a wrapper or a string; its own words are in the tail.
+        raise EngineFailed(f"{type(exc).__name__}: {exc}", tail.lines()) from exc
     finally:
         if tail is not None:
             tail.close()
@@ -381,7 +397,7 @@ def _server_passes(inp: PassInput, served: ServedEngine, dropped: list[str], gat
     about = {
         "identity": se.identity(served),
         "effective": se.effective_settings(served, eng._SETTINGS)
-        | {f"env.{g.name}": g.value for g in gate_settings},
+        | {f"env.{g.name}": g.value for g in layout.env_settings(gate_settings)},
         "numerics": {
             "runtime_probe_error": "server mode: the engine runs in the server's processes"
         },
@@ -670,6 +686,6 @@ def main(argv: list[str] | None = None) -> int:
         run_batch(requests)
     except Exception as exc:
         traceback.print_exc()
-        progress(f"error: {type(exc).__name__}: {exc}")
+        progress(f"error: {error_line(exc)}")
         return 1
     return 0

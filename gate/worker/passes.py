@@ -82,7 +82,7 @@ class PassInput:
     tokenized: Tokenized
     say: Say  # progress, prefixed with the request's place in a batch
     hf_kwargs: dict[str, Any]  # load trainer-side copies as the engine loaded the model
-    # The last lines the engine's processes wrote (engine.OutputTail.lines), for a failure
+    # The last lines the engine's processes wrote (log_tail.OutputTail.lines), for a failure
     # on one rank; returns nothing where they are not captured.
     log_tail: Callable[[], list[str]] = no_log_tail
     memory: PeakMemory | None = None  # peak memory per pass (engine.json memory_peaks)

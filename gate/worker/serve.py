@@ -25,7 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from gate.files import atomic_write_text
-from gate.worker.layout import GateSetting, engine_environment, parallel_ranks
+from gate.worker.layout import (
+    GateSetting,
+    engine_environment,
+    env_settings,
+    one_step_prefill,
+    parallel_ranks,
+    with_engine_args,
+)
 from gate.worker.server import SERVER_MODULE, executor_in_engine_core, server_command
 
 EXIT_BAD_ARGS = 2
@@ -77,6 +84,8 @@ def decide(plan: LaunchPlan, python: str, known: set[str], on_cpu: bool,
     in_core = executor_in_engine_core(parallel_ranks(engine_args), on_cpu)
     if in_core is not None:
         settings.append(GateSetting(*in_core))
+    settings += one_step_prefill(engine_args, on_cpu, known)
+    engine_args = with_engine_args(engine_args, settings)
     command = server_command(python, plan.model, plan.tokenizer, engine_args, plan.port,
                              plan.extra_args)  # fmt: skip
     return LaunchFacts(command, engine_args, dropped, settings)
@@ -107,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_text(Path(plan.facts), json.dumps({"error": str(exc)}))
         print(f"gate: {exc}", file=sys.stderr, flush=True)
         return EXIT_BAD_ARGS
-    for setting in facts.gate_settings:
+    for setting in env_settings(facts.gate_settings):
         os.environ[setting.name] = setting.value
     atomic_write_text(Path(plan.facts), json.dumps(asdict(facts), indent=2))
     print(f"$ {' '.join(facts.command)}", flush=True)

