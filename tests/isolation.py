@@ -74,9 +74,10 @@ def leftover_processes(before: set[int], wait_s: float) -> dict[int, str]:
 
 
 def checkout_changes(repo: Path) -> set[str] | None:
-    """``git status --porcelain`` lines of ``repo`` (ignored paths aside); None outside a checkout."""
+    """``git status --porcelain`` lines of ``repo`` (ignored paths aside, an untracked folder as one
+    line: a venv beside the code is not listed file by file); None outside a checkout."""
     try:
-        out = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=all"],
+        out = subprocess.run(["git", "-C", str(repo), "status", "--porcelain"],
                              capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return None
