@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
+from gate.models import PROVENANCE_FILE
 from gate.promptset import sha256_file
 
 # Above this, hashing every byte of a checkpoint costs minutes; sample instead and say so.
@@ -24,11 +26,16 @@ def model_fingerprint(model: str) -> dict:
     for p in files:
         digest.update(str(p.relative_to(folder)).encode() + b"\0")
         digest.update(sha256_file(p).encode() if full else _sampled_hash(p).encode())
-    return {
+    found = {
         "sha256": digest.hexdigest(),
         "method": "sha256 of every file" if full else "sha256 of size + first/last MiB per file",
         "bytes": total,
     }
+    # A built-in model's folder says where it came from (gate.models): package, GGUF, converter.
+    provenance = folder / PROVENANCE_FILE
+    if provenance.is_file():
+        found["provenance"] = json.loads(provenance.read_text(encoding="utf-8"))
+    return found
 
 
 def _sampled_hash(path: Path) -> str:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -197,3 +200,25 @@ def _grpo_arrays(mode: str, steps: int = 6) -> dict[str, np.ndarray]:
         "response_length": np.full(steps, 19.0), "step_s": np.full(steps, 1.0), "push_s": np.full(steps, 0.05),
     }  # fmt: skip
     return {f"grpo_{k}": v[None, :] for k, v in out.items()}
+
+
+def make_wheel(folder: Path, name: str, version: str, extra: dict[str, bytes] | None = None) -> Path:
+    """A minimal pure-Python wheel whose module records its own version, with ``extra`` files."""
+    folder.mkdir(parents=True, exist_ok=True)
+    dist = f"{name}-{version}.dist-info"
+    files: dict[str, bytes] = {
+        f"{name}.py": f"VERSION = {version!r}\n".encode(),
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: gate-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        **(extra or {}),
+    }
+    record = []
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(data)}")
+    files[f"{dist}/RECORD"] = ("\n".join([*record, f"{dist}/RECORD,,"]) + "\n").encode()
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        for name_in_zip, data in files.items():
+            zf.writestr(name_in_zip, data)
+    return path

@@ -52,7 +52,31 @@ def config_from_args(args: argparse.Namespace) -> GateConfig:
     cfg = dataclasses.replace(cfg, engines=engines)
     if getattr(args, "fail_on", None):
         cfg = dataclasses.replace(cfg, fail_on=args.fail_on)
+    if cfg.model.builtin is not None:
+        materialize_builtin_model(cfg)
     return cfg
+
+
+def materialize_builtin_model(cfg: GateConfig) -> None:
+    """Convert ``model.builtin`` into its folder (cfg.model.path) unless an intact one is there.
+
+    The conversion needs torch and transformers, which live in the engine environments: it runs
+    in the old engine's venv (built now if needed; the run reuses it), or in this Python for the
+    local runner.
+    """
+    from gate.models import BUILTIN_MODELS, materialize
+    from gate.runners.venv import ensure_venv, gate_package_dir
+
+    engine = cfg.engines["old"]
+    if engine.runner == "local":
+        python, gate_src = sys.executable, gate_package_dir().parent
+    else:
+        venv, gate_src = ensure_venv(
+            engine.name, engine.spec, engine.pip_args, stderr_log, engine.installer
+        )
+        python = str(venv / "bin" / "python")
+    assert cfg.model.builtin is not None
+    materialize(BUILTIN_MODELS[cfg.model.builtin], python, gate_src, stderr_log)
 
 
 def run_path(out: Path | None, cfg: GateConfig) -> Path:

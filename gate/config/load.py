@@ -34,6 +34,7 @@ from gate.config.sections import (
 )
 from gate.device import device_class
 from gate.errors import ConfigError
+from gate.models import builtin_model
 from gate.verdict import FAIL_ON
 
 if TYPE_CHECKING:
@@ -87,12 +88,7 @@ def parse_config(raw: Any, path: Path) -> GateConfig:
     if not decoded.prompts:
         raise ConfigError(f"{where}: prompts: needs at least one prompt-set manifest")
     prompts = tuple(str(_resolve(base, p)) for p in decoded.prompts)
-    model = ModelConfig(
-        path=_resolve_model(base, decoded.model.path, where, "model.path"),
-        tokenizer=_resolve_model(base, decoded.model.tokenizer, where, "model.tokenizer")
-        if decoded.model.tokenizer
-        else None,
-    )
+    model = _model(base, decoded.model, where)
     baseline = str(_resolve(base, decoded.baseline)) if decoded.baseline is not None else None
     hook = decoded.weight_update.hook
     cfg = _as_dataclass(
@@ -291,6 +287,22 @@ def _resolve_hook(base: Path, hook: str, where: str) -> str:
 def _resolve(base: Path, value: str) -> Path:
     p = Path(value).expanduser()
     return p if p.is_absolute() else (base / p).resolve()
+
+
+def _model(base: Path, decoded: Any, where: str) -> ModelConfig:
+    """``model.path`` resolved, or ``model.builtin``'s folder (materialised before engines start:
+    gate.commands.common.config_from_args)."""
+    tokenizer = (
+        _resolve_model(base, decoded.tokenizer, where, "model.tokenizer")
+        if decoded.tokenizer
+        else None
+    )
+    if decoded.builtin is None:
+        require(bool(decoded.path), f"{where}: model", "path", "is required (or model.builtin)")
+        return ModelConfig(_resolve_model(base, decoded.path, where, "model.path"), tokenizer)
+    require(not decoded.path, f"{where}: model", "builtin", "and model.path exclude each other")
+    folder = builtin_model(decoded.builtin, where).folder
+    return ModelConfig(str(folder), tokenizer, decoded.builtin)
 
 
 def _resolve_model(base: Path, value: str, where: str, key: str) -> str:

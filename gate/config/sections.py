@@ -52,8 +52,12 @@ BUILTIN_CONFIG = Path(__file__).parent.parent / "defaults" / "cpu.yaml"
 
 @dataclass(frozen=True)
 class ModelConfig:
-    path: str  # local folder (resolved) or a hub id (kept as given)
+    """The policy model: ``path`` (a local folder or a hub id) or ``builtin`` (a pretrained model
+    the gate materialises from a registry package: gate.models.BUILTIN_MODELS)."""
+
+    path: str = ""  # local folder (resolved) or a hub id (kept as given); for builtin, its folder
     tokenizer: str | None = None
+    builtin: str | None = None
 
 
 @dataclass(frozen=True)

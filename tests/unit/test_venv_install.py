@@ -6,18 +6,16 @@ local wheel folder and a local PEP 503 index, through a pip.conf, and check both
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import os
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
 
 from gate import config as gate_config
 from gate.runners import venv_build as vb
+from tests.factory import make_wheel
 
 
 def test_installer_vocabulary_is_the_configs():
@@ -93,27 +91,6 @@ def test_installer_choice(monkeypatch):
 # -- real installs from a local wheel folder and a local index ----------------------------------
 
 
-def _wheel(folder: Path, name: str, version: str) -> Path:
-    """A minimal pure-Python wheel whose module records its own version."""
-    folder.mkdir(parents=True, exist_ok=True)
-    dist = f"{name}-{version}.dist-info"
-    files = {
-        f"{name}.py": f"VERSION = {version!r}\n",
-        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: gate-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = []
-    for path, text in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
-        record.append(f"{path},sha256={digest},{len(text.encode())}")
-    files[f"{dist}/RECORD"] = "\n".join(record + [f"{dist}/RECORD,,"]) + "\n"
-    path = folder / f"{name}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as zf:
-        for name_in_zip, text in files.items():
-            zf.writestr(name_in_zip, text)
-    return path
-
-
 def _index(root: Path, wheels: list[Path], project: str) -> str:
     """A PEP 503 simple index on disk; returns its file:// URL."""
     page = root / "simple" / project
@@ -127,8 +104,8 @@ def _index(root: Path, wheels: list[Path], project: str) -> str:
 def local_packages(tmp_path):
     """gatepkg 1.0 in a find-links folder, 2.0 on a local index, a constraint file that caps it below 2."""
     links = tmp_path / "wheels"
-    _wheel(links, "gatepkg", "1.0")
-    index_url = _index(tmp_path / "index", [_wheel(tmp_path / "index-wheels", "gatepkg", "2.0")], "gatepkg")
+    make_wheel(links, "gatepkg", "1.0")
+    index_url = _index(tmp_path / "index", [make_wheel(tmp_path / "index-wheels", "gatepkg", "2.0")], "gatepkg")
     constraint = tmp_path / "constraints.txt"
     constraint.write_text("gatepkg<2\n")
     return links, index_url, constraint
