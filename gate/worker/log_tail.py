@@ -113,7 +113,7 @@ class LineTail:
             while chunk := os.read(self._read_fd, 65536):
                 through, seen, held = _split_marks(held + chunk)
                 if through:
-                    self._sink(through)
+                    self._pass_on(through)
                 *complete, partial = (partial + through).split(b"\n")
                 with store.cond:
                     store.add(line.decode("utf-8", "replace") for line in complete)
@@ -121,14 +121,21 @@ class LineTail:
                     store.cond.notify_all()
         finally:
             if held:  # the stream ended inside what looked like a marker: it was the stream's own
-                with contextlib.suppress(OSError):
-                    self._sink(held)
+                self._pass_on(held)
             with store.cond:
                 if rest := (partial + held).decode("utf-8", "replace"):
                     store.add([rest])
                 self._done = True
                 store.cond.notify_all()
             os.close(self._read_fd)
+
+    def _pass_on(self, data: bytes) -> None:
+        """To the sink; a sink that fails (its reader gone) is dropped, and the pipe is still read
+        to its end, or the engine's processes would block on a full pipe."""
+        try:
+            self._sink(data)
+        except (OSError, ValueError):
+            self._sink = _discard
 
     @property
     def done(self) -> bool:
@@ -200,6 +207,10 @@ class OutputTail:
             os.dup2(through, fd)  # drops this process's write end; workers' ends close as they exit
         for tail in self._tails:
             tail.join(wait_s)
+
+
+def _discard(data: bytes) -> None:
+    pass
 
 
 def _writer(fd: int) -> Callable[[bytes], None]:

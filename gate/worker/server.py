@@ -222,9 +222,9 @@ class Server:
         tail = self._tail
         if tail is None:
             return
-        if tail.write_fd is not None:
-            os.close(tail.write_fd)
-            tail.write_fd = None
+        if (fd := tail.write_fd) is not None:
+            tail.write_fd = None  # no barrier is placed into a closed (or reused) fd
+            os.close(fd)
         tail.join(5)
         if tail.done and self._log is not None:  # else the pump still writes to it
             self._log.close()

@@ -122,3 +122,21 @@ def test_watched_lines_outlive_the_tail_that_buries_them():
     finally:
         os.close(write_end)
         tail.join(5)
+
+
+def test_a_failing_sink_does_not_stop_the_pipe_being_read():
+    """The worker's own output gone (its reader died): the engine's processes must not block."""
+    read_end, write_end = os.pipe()
+
+    def broken(data: bytes) -> None:
+        raise BrokenPipeError("reader gone")
+
+    tail = lt.LineTail(read_end, broken, write_fd=write_end)
+    try:
+        os.write(write_end, b"first\n")
+        os.write(write_end, b"x" * 200_000 + b"\n")  # more than a pipe holds: read, or this blocks
+        os.write(write_end, b"last\n")
+        assert tail.lines()[-1] == "last"
+    finally:
+        os.close(write_end)
+        tail.join(5)
