@@ -19,8 +19,8 @@ from tests.integration.conftest import replay, variant_config
 
 pytestmark = pytest.mark.engine
 
-# 32 requests of 8 to 12 prompt tokens in a step, 128 tokens to a step: the step's last prompt is
-# split. (The gate's setting needs a budget that holds a whole prompt: max_model_len.)
+# Up to 32 seeded requests of 7 or more prompt tokens in a step, 128 tokens to a step: the step's
+# last prompt is split. (The gate's setting needs a budget that holds a whole prompt: max_model_len.)
 SMALL_STEPS = {"max_model_len": 128, "max_num_batched_tokens": 128, "max_num_seqs": 32}
 ROOT_CAUSE = "RuntimeError: CPU Generator does not use offset"
 # The RL passes play no part: the crash comes in the sampling pass, before them.
