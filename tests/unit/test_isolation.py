@@ -16,6 +16,8 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 def test_an_orphaned_grandchild_is_still_seen_and_is_killed():
     """The child exits at once and leaves its own child behind, as a dead server leaves its engine
     core: pytest is the subreaper (tests/conftest.py), so the orphan stays a descendant."""
+    if not isolation.become_subreaper():  # idempotent; refused only where prctl is not allowed
+        pytest.skip("this process may not become a child subreaper")
     before = set(isolation.live_descendants())
     code = "import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])"
     subprocess.run([sys.executable, "-c", code], check=True)
