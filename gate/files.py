@@ -7,9 +7,11 @@ half a file), and every report is read through :func:`read_report_json`, so NaN 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -20,6 +22,21 @@ REPORT_FILE = "report.json"
 REPEAT_FILE = "repeat.json"
 ENGINES_DIR = "engines"
 INCOMPLETE_SUFFIX = ".incomplete"
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path) -> Iterator[None]:
+    """An exclusive flock on ``path`` while the ``with`` lasts: one process builds a cached thing
+    (a venv, a converted model) while the others wait for it. A lock file that exists but is not
+    ours to write (an image built by root, run as the user) is only read, since what it guards is
+    never rebuilt there."""
+    try:
+        fh = open(path, "a")  # noqa: SIM115 - closed below, after the lock
+    except PermissionError:
+        fh = open(path)  # noqa: SIM115
+    with fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
 
 
 def atomic_write_bytes(path: Path, write: Callable[[IO[bytes]], object]) -> None:

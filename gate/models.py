@@ -15,9 +15,7 @@ No weights are committed: only the names, versions and digests here.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
@@ -26,11 +24,11 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from gate.errors import ConfigError, EngineError
-from gate.files import atomic_write_text
+from gate.files import atomic_write_text, exclusive_lock
 from gate.promptset import sha256_file
 
 PROVENANCE_FILE = "gate-provenance.json"
@@ -117,7 +115,9 @@ def materialize(model: BuiltinModel, python: str, gate_src: Path, log: Log) -> P
     """
     folder = model.folder
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(folder.with_name(folder.name + ".lock")):  # two runs must not convert at once
+    with exclusive_lock(
+        folder.with_name(folder.name + ".lock")
+    ):  # two runs must not convert at once
         if is_intact(folder):
             return folder
         if folder.exists():
@@ -238,10 +238,3 @@ def _write_sums(folder: Path) -> None:
     lines = [f"{sha256_file(p)}  {p.relative_to(folder)}" for p in sorted(folder.rglob("*"))
              if p.is_file() and p.name != SUMS_FILE]  # fmt: skip
     (folder / SUMS_FILE).write_text("\n".join(lines) + "\n", encoding="utf-8")
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with open(path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        yield

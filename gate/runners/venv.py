@@ -8,7 +8,6 @@ whenever its content hash changes; engine dependencies are untouched.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import re
@@ -19,6 +18,7 @@ from pathlib import Path
 
 from gate.config import EngineConfig
 from gate.errors import EngineError
+from gate.files import exclusive_lock
 from gate.runners.base import Runner, run_logged, stderr_log
 from gate.runners.venv_build import STAMP, VenvBuildError, build, is_built, parse_cli, venv_path
 
@@ -71,32 +71,15 @@ def ensure_venv(
     """Build or reuse the venv for ``spec``; returns (venv, the gate code folder inside it)."""
     path = venv_path(spec, pip_args)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(path.with_name(path.name + ".lock")):  # two gate runs must not build the same venv
+    with exclusive_lock(
+        path.with_name(path.name + ".lock")
+    ):  # two gate runs must not build the same venv
         if not is_built(path):
             try:
                 build(name, spec, pip_args, path, _runner_for(name, log, cancel), log, installer)
             except VenvBuildError as exc:
                 raise EngineError(name, str(exc), exc.log_tail) from None
         return path, _sync_gate_package(path)
-
-
-class _locked:
-    """An exclusive flock; a lock file that exists but is not ours to write (an image built by
-    root, run as the user) is only read, since such an environment is never rebuilt."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __enter__(self):
-        try:
-            self.file = open(self.path, "a")
-        except PermissionError:
-            self.file = open(self.path)
-        fcntl.flock(self.file, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.file.close()
 
 
 def installed_packages(site_packages: Path) -> list[str]:
