@@ -94,16 +94,19 @@ Log = Callable[[str], None]
 
 
 def is_intact(folder: Path) -> bool:
-    """Whether every file ``SHA256SUMS`` lists is there with its digest (and nothing is missing)."""
+    """Whether the folder holds exactly the files ``SHA256SUMS`` lists, each with its digest."""
     sums = folder / SUMS_FILE
     if not sums.is_file() or not (folder / PROVENANCE_FILE).is_file():
         return False
-    listed = [line.split("  ", 1) for line in sums.read_text(encoding="utf-8").splitlines() if line]
-    return bool(listed) and all(
-        len(entry) == 2
-        and (folder / entry[1]).is_file()
-        and sha256_file(folder / entry[1]) == entry[0]
-        for entry in listed
+    listed: dict[str, str] = {}  # file name -> sha256, as `sha256sum` writes them
+    for line in sums.read_text(encoding="utf-8").splitlines():
+        digest, _, name = line.partition("  ")
+        listed[name] = digest
+    present = {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p != sums}
+    return (
+        bool(listed)
+        and present == set(listed)
+        and all(sha256_file(folder / name) == digest for name, digest in listed.items())
     )
 
 
@@ -115,9 +118,8 @@ def materialize(model: BuiltinModel, python: str, gate_src: Path, log: Log) -> P
     """
     folder = model.folder
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with exclusive_lock(
-        folder.with_name(folder.name + ".lock")
-    ):  # two runs must not convert at once
+    # Two runs must not convert at once: the second waits, then finds the folder intact.
+    with exclusive_lock(folder.with_name(folder.name + ".lock")):
         if is_intact(folder):
             return folder
         if folder.exists():

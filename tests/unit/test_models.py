@@ -46,6 +46,10 @@ def test_a_folder_is_intact_only_while_every_listed_file_has_its_digest(tmp_path
     (folder / models.PROVENANCE_FILE).write_text("{}")
     models._write_sums(folder)
     assert models.is_intact(folder)
+    (folder / "stray.bin").write_bytes(b"?")  # a file nobody listed: transformers might load it
+    assert not models.is_intact(folder)
+    (folder / "stray.bin").unlink()
+    assert models.is_intact(folder)
     (folder / "model.safetensors").write_bytes(b"weightz")  # damaged
     assert not models.is_intact(folder)
     (folder / "model.safetensors").unlink()  # gone
