@@ -45,6 +45,9 @@ TRAINER_RAW_BF16_HEAD = "trainer_logprob_raw_bf16_head"
 # The sampled token lies within one ULP of the top-k/top-p boundary (engine dtype): undecidable.
 # Absent in evidence from gate versions before it (read as "none at the boundary").
 TRAINER_AT_BOUNDARY = "trainer_at_boundary"
+# The smallest logit top-k/top-p keeps minus the token's (> 0: outside the transform; NaN: none
+# applies): how far outside the nucleus the reference puts a sampled token. Absent before it was.
+TRAINER_BOUNDARY_GAP = "trainer_boundary_gap"
 # The reference's raw logprobs of the engine's top-k tokens ([tokens, k], NaN where the engine
 # reported fewer): the effective-temperature fit. Absent in evidence from gate versions before it.
 TRAINER_TOPK_RAW = "trainer_topk_raw"

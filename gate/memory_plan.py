@@ -265,6 +265,7 @@ class PlanSettings:
     grpo_sequences: int = 64  # prompts_per_step x group_size
     grpo_prompts_per_step: int = 8
     grpo_sequence_tokens: int = 64
+    grpo_completion_tokens: int = 24  # grpo.max_tokens: the positions the head runs at
 
     @classmethod
     def from_config(cls, cfg: GateConfig, engine: EngineConfig, lengths: PromptLengths,
@@ -305,6 +306,7 @@ class PlanSettings:
             grpo_sequences=g.prompts_per_step * g.group_size,
             grpo_prompts_per_step=g.prompts_per_step,
             grpo_sequence_tokens=min(max_len, prompt_tokens + g.max_tokens),
+            grpo_completion_tokens=g.max_tokens,
         )
 
 
@@ -511,14 +513,16 @@ def _grpo_copies(shape: ModelShape, s: PlanSettings) -> TrainerCopies:
     tokens = s.grpo_sequences * s.grpo_sequence_tokens
     # Backward runs down to the first trainable layer only: frozen layers below keep nothing.
     layers = _layers_with_grad(shape, s.grpo_trainable)
-    activations = tokens * (_training_width(shape) * 4 * layers + shape.vocab * 4 * 4)
+    # The head runs at the completion positions only (gate.worker.grpo._trainer_logprobs).
+    completions = s.grpo_sequences * s.grpo_completion_tokens
+    activations = tokens * _training_width(shape) * 4 * layers + completions * shape.vocab * 4 * 4
     return TrainerCopies((
         Component("trainer weights", shape.parameters * dtype_bytes,
                   f"{shape.parameters:,} params x {dtype_bytes} B ({s.engine_dtype})"),
         Component("masters + gradients + optimizer + initial copy", trainable * per_trained,
                   f"{trainable:,} trainable x ({master} + 4 + {state} + {dtype_bytes}) B ({s.grpo_optimizer})"),
         Component(TRAINER_ACTIVATIONS, activations,
-                  f"estimate: {tokens} tokens x saved tensors of {layers} layer(s) + logits"),
+                  f"estimate: {tokens} tokens x saved tensors of {layers} layer(s) + logits of {completions}"),
     ))  # fmt: skip
 
 
@@ -774,7 +778,7 @@ def knob_trials(s: PlanSettings, devices: Sequence[Device]) -> list[KnobTrial]:
         trials.append(("reference.dtype: bfloat16", lambda x: r(x, reference_dtype="bfloat16")))
     if (
         s.grpo and s.grpo_sequences > 1
-    ):  # the trainer's logits grow with the batch: [rows, len, vocab]
+    ):  # the trainer's logits grow with the batch: [rows x completion tokens, vocab]
         half = max(1, s.grpo_prompts_per_step // 2)
         trials.append((f"grpo.prompts_per_step: {half}",
                        lambda x: r(x, grpo_sequences=x.grpo_sequences * half // max(1, x.grpo_prompts_per_step),

@@ -199,6 +199,10 @@ def _grpo_arrays(mode: str, steps: int = 6) -> dict[str, np.ndarray]:
         "mean_abs_diff": np.sqrt(2 * k3), "token_mult_prob_error": 1 + np.sqrt(2 * k3),
         "response_length": np.full(steps, 19.0), "step_s": np.full(steps, 1.0), "push_s": np.full(steps, 0.05),
     }  # fmt: skip
+    # standard errors as the worker records them: a tenth of the mean for mismatch metrics
+    se = {"reward": np.full(steps, 0.05), "entropy": np.full(steps, 0.02), "response_length": np.full(steps, 0.5)}
+    se |= {m: 0.1 * np.abs(out[m] - (m == "token_mult_prob_error")) for m in ("k3_kl", "clip_frac", "mean_abs_diff", "token_mult_prob_error")}
+    out |= {f"{m}_se": v for m, v in se.items()}
     return {f"grpo_{k}": v[None, :] for k, v in out.items()}
 
 

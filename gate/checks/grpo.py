@@ -1,11 +1,18 @@
 """grpo-trajectory: the new engine's mini GRPO run against the baseline's band and the old engine.
 
 The baseline stores the reference engine's trajectories over several seeds; the band per metric
-per step is their min..max widened by a per-metric margin (the run-to-run noise of a tiny model on
-CPU is zero for the mismatch metrics, so the margin is what keeps the band from being a line).
+per step is their min..max widened by a margin the runs themselves measure: ``Z`` standard errors
+of the difference between the new run's step mean and the reference's (the worker records each
+step's standard error, ``grpo_<metric>_se``: sequences as the units for token means, prompts for
+reward and length). A reference without recorded errors (evidence from before they were) borrows
+the new run's: same task, same batch, the same estimator. Mismatch metrics also have a resolution
+floor, a tenth of the level train-inference-mismatch starts to WARN at: an engine and trainer that
+agree bitwise (an fp32 model on CPU) have a standard error of zero, and a band that is a line
+would turn any rounding into a FAIL.
+
 Mismatch metrics (k3 KL, clip fraction, mean |d|, token_mult_prob_error) only have an upper edge
 and FAIL when crossed: the engine's logprobs moved away from the trainer's during RL. Reward,
-entropy and response length have both edges and WARN: they are noisier and move for benign reasons.
+entropy and response length have both edges and WARN: they move for benign reasons too.
 The first step where each metric leaves its band is reported.
 """
 
@@ -20,28 +27,44 @@ from gate.verdict import Status, worst
 ID = "grpo-trajectory"
 TITLE = "Mini GRPO trajectory"
 
-# metric: (absolute margin, relative margin of the reference mean, edges, status when outside)
+# Standard errors of the difference a band allows. Per run the check makes 7 metrics x steps x
+# edges one-sided comparisons (~100 for 8 steps); at 3.5 sigma each is a false alarm 2.3e-4 of the
+# time, about 2% for the whole band if the step means were normal and independent.
+Z = 3.5
+
+# metric: (resolution floor of the margin, edges, status when outside). The floors are a tenth of
+# train-inference-mismatch's WARN limits (k3 1e-3, clip 0.02, token_mult_prob_error 1.05; mean |d|
+# is token_mult_prob_error - 1 to first order).
 BANDS = {
-    "k3_kl": (5e-4, 0.0, "upper", Status.FAIL),
-    "clip_frac": (0.01, 0.0, "upper", Status.FAIL),
-    "mean_abs_diff": (2e-3, 0.0, "upper", Status.FAIL),
-    "token_mult_prob_error": (2e-3, 0.0, "upper", Status.FAIL),
-    "reward": (0.15, 0.0, "both", Status.WARN),
-    "entropy": (0.0, 0.15, "both", Status.WARN),
-    "response_length": (0.0, 0.15, "both", Status.WARN),
+    "k3_kl": (1e-4, "upper", Status.FAIL),
+    "clip_frac": (2e-3, "upper", Status.FAIL),
+    "mean_abs_diff": (5e-3, "upper", Status.FAIL),
+    "token_mult_prob_error": (5e-3, "upper", Status.FAIL),
+    "reward": (0.0, "both", Status.WARN),
+    "entropy": (0.0, "both", Status.WARN),
+    "response_length": (0.0, "both", Status.WARN),
 }
 INFO = ("step_s", "push_s")
 
 
-def band(
-    reference: np.ndarray, abs_margin: float, rel_margin: float, edges: str
-) -> tuple[np.ndarray, np.ndarray]:
-    """[steps] low/high from [seeds, steps] reference trajectories."""
-    margin = np.maximum(abs_margin, rel_margin * np.abs(reference.mean(axis=0)))
+def margin(reference_se: np.ndarray | None, new_se: np.ndarray, floor: float) -> np.ndarray:
+    """[steps] allowed excess: Z standard errors of (new - reference), never under ``floor``.
+
+    ``reference_se`` is [seeds, steps] (its largest per step counts) or None, when the reference
+    recorded none and the new run's errors stand in for it. A NaN error (a step with one unit)
+    gives no margin beyond the floor.
+    """
+    ref = new_se if reference_se is None else np.nanmax(reference_se, axis=0)
+    combined = Z * np.sqrt(ref**2 + new_se**2)
+    return np.maximum(floor, np.nan_to_num(combined, nan=0.0))
+
+
+def band(reference: np.ndarray, allowed: np.ndarray, edges: str) -> tuple[np.ndarray, np.ndarray]:
+    """[steps] low/high from [seeds, steps] reference trajectories and a [steps] margin."""
     low = (
-        reference.min(axis=0) - margin if edges == "both" else np.full(reference.shape[1], -np.inf)
+        reference.min(axis=0) - allowed if edges == "both" else np.full(reference.shape[1], -np.inf)
     )
-    return low, reference.max(axis=0) + margin
+    return low, reference.max(axis=0) + allowed
 
 
 def first_exit(values: np.ndarray, low: np.ndarray, high: np.ndarray) -> int | None:
@@ -54,7 +77,7 @@ def _trajectories(e) -> dict[str, np.ndarray] | None:
         return None
     return {
         m: np.atleast_2d(e[f"grpo_{m}"]).astype(np.float64)
-        for m in (*BANDS, *INFO)
+        for m in (*BANDS, *(f"{b}_se" for b in BANDS), *INFO)
         if f"grpo_{m}" in e.arrays
     }
 
@@ -102,9 +125,15 @@ def run(ctx, settings) -> CheckResult:
     reference, label = found
 
     measurements, metrics, exits = [], {}, {}
-    for metric, (abs_m, rel_m, edges, outside_status) in BANDS.items():
+    borrowed = []
+    for metric, (floor, edges, outside_status) in BANDS.items():
         values = new[metric][0]
-        low, high = band(reference[metric], abs_m, rel_m, edges)
+        new_se = new.get(f"{metric}_se", np.full((1, steps), np.nan))[0]
+        ref_se = reference.get(f"{metric}_se")
+        if ref_se is None:
+            borrowed.append(metric)
+        allowed = margin(ref_se, new_se, floor)
+        low, high = band(reference[metric], allowed, edges)
         step = first_exit(values, low, high)
         exits[metric] = step
         status = Status.PASS if step is None else outside_status
@@ -119,6 +148,8 @@ def run(ctx, settings) -> CheckResult:
             "old": None if old is None else old[metric][0].tolist(),
             "band_low": [None if not np.isfinite(x) else float(x) for x in low],
             "band_high": high.tolist(),
+            "margin": allowed.tolist(),
+            "new_se": [None if not np.isfinite(x) else float(x) for x in new_se],
         }
     for metric in INFO:
         if metric in new:
@@ -136,7 +167,7 @@ def run(ctx, settings) -> CheckResult:
     )  # fmt: skip
     diagnosis = ""
     if status in (Status.WARN, Status.FAIL):
-        early = [m for m, s in exits.items() if s == 0 and BANDS[m][3] == Status.FAIL]
+        early = [m for m, s in exits.items() if s == 0 and BANDS[m][2] == Status.FAIL]
         diagnosis = (
             "The RL trajectory through the new engine leaves the reference band. "
             + ("Mismatch metrics are out from step 0: the engine's reported logprobs are not those of the distribution it "
@@ -149,6 +180,9 @@ def run(ctx, settings) -> CheckResult:
         "metrics": metrics,
         "first_exit": exits,
         "reward_rise": rise,
+        "margin_z": Z,
+        # metrics whose reference recorded no standard errors: the new run's stood in for them
+        "reference_se_borrowed": borrowed,
     }
     return CheckResult(ID, TITLE, status, summary, diagnosis, measurements, details)
 

@@ -39,6 +39,27 @@ def fit_temperature(engine_topk: np.ndarray, trainer_topk: np.ndarray) -> Temper
     Entries that are not finite on either side (fewer than k reported, tokens top-k/top-p
     excluded: -inf) are left out; each position's differences are taken to its first usable token.
     """
+    found = _pairs(engine_topk, trainer_topk)
+    if found is None:
+        return None
+    x, y, row_of, rows_total = found
+    sxx = float(np.dot(x, x))
+    beta = float(np.dot(x, y)) / sxx  # 1 / T_eff
+    # Cluster-robust variance of beta: residual scores summed per position first.
+    score = np.bincount(row_of, weights=x * (y - beta * x), minlength=rows_total)
+    var_beta = float(np.dot(score, score)) / sxx**2
+    positions = int(np.count_nonzero(np.bincount(row_of, minlength=rows_total)))
+    if beta <= 0:
+        return TemperatureFit(float("inf"), float("inf"), len(x), positions)
+    temperature = 1.0 / beta
+    return TemperatureFit(temperature, np.sqrt(var_beta) / beta**2, len(x), positions)
+
+
+def _pairs(
+    engine_topk: np.ndarray, trainer_topk: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int] | None:
+    """(trainer differences, engine differences, their position, positions): each position's
+    usable entries against its first usable one. None if fewer than 2 pairs or no trainer spread."""
     e = np.asarray(engine_topk, dtype=np.float64)
     r = np.asarray(trainer_topk, dtype=np.float64)
     if e.ndim != 2 or e.shape != r.shape or e.shape[1] < 2:
@@ -54,25 +75,28 @@ def fit_temperature(engine_topk: np.ndarray, trainer_topk: np.ndarray) -> Temper
     x, y = d_r[use], d_e[use]
     if len(x) < 2 or not np.any(x != 0):
         return None
-    sxx = float(np.dot(x, x))
-    beta = float(np.dot(x, y)) / sxx  # 1 / T_eff
-    # Cluster-robust variance of beta: residual scores summed per position first.
-    row_of = np.broadcast_to(rows[:, None], use.shape)[use]
-    score = np.bincount(row_of, weights=x * (y - beta * x), minlength=len(e))
-    var_beta = float(np.dot(score, score)) / sxx**2
-    positions = int(np.count_nonzero(use.any(axis=1)))
-    if beta <= 0:
-        return TemperatureFit(float("inf"), float("inf"), len(x), positions)
-    temperature = 1.0 / beta
-    return TemperatureFit(temperature, np.sqrt(var_beta) / beta**2, len(x), positions)
+    return x, y, np.broadcast_to(rows[:, None], use.shape)[use], len(e)
 
 
-def fit_evidence(e: ev.Evidence) -> TemperatureFit | None:
-    """The fit over one engine's sampled positions: its top-k plus the sampled token itself.
+def logit_noise(
+    engine_topk: np.ndarray, trainer_topk: np.ndarray, quantile: float = 0.99
+) -> float | None:
+    """How far the engine's logit differences at one position stray from the trainer's, in logits.
 
-    None when the evidence has no trainer scores of the top-k tokens (evidence from gate versions
-    before them, or ``sampling.logprobs: 0``).
+    The ``quantile`` of |T_eff * (engine difference) - (trainer difference)| over the fit's pairs:
+    the difference of two logits as each side computes them, with the fitted temperature taken
+    out (so a wrong temperature is the fit's finding, not noise). A bf16 engine and trainer differ
+    here by their kernels' rounding; an fp32 pair by almost nothing. None where the fit is.
     """
+    fit = fit_temperature(engine_topk, trainer_topk)
+    found = _pairs(engine_topk, trainer_topk)
+    if fit is None or found is None or not np.isfinite(fit.temperature):
+        return None
+    x, y, _, _ = found
+    return float(np.quantile(np.abs(fit.temperature * y - x), quantile))
+
+
+def _fit_inputs(e: ev.Evidence) -> tuple[np.ndarray, np.ndarray] | None:
     g = ev.SAMPLE
     trainer = e.arrays.get(f"{g}_{ev.TRAINER_TOPK_RAW}")
     engine = e.arrays.get(f"{g}_{ev.TOPK_LOGPROBS}")
@@ -83,4 +107,20 @@ def fit_evidence(e: ev.Evidence) -> TemperatureFit | None:
     sampled_r = e[f"{g}_{ev.TRAINER_RAW}"][:, None]
     in_topk = (e[f"{g}_{ev.TOPK_IDS}"] == e[f"{g}_{ev.TOKEN_IDS}"][:, None]).any(axis=1)
     sampled_r = np.where(in_topk[:, None], np.nan, sampled_r)
-    return fit_temperature(np.hstack([engine, sampled_e]), np.hstack([trainer, sampled_r]))
+    return np.hstack([engine, sampled_e]), np.hstack([trainer, sampled_r])
+
+
+def evidence_logit_noise(e: ev.Evidence) -> float | None:
+    """``logit_noise`` over one engine's sampled positions (as ``fit_evidence`` pairs them)."""
+    inputs = _fit_inputs(e)
+    return None if inputs is None else logit_noise(*inputs)
+
+
+def fit_evidence(e: ev.Evidence) -> TemperatureFit | None:
+    """The fit over one engine's sampled positions: its top-k plus the sampled token itself.
+
+    None when the evidence has no trainer scores of the top-k tokens (evidence from gate versions
+    before them, or ``sampling.logprobs: 0``).
+    """
+    inputs = _fit_inputs(e)
+    return None if inputs is None else fit_temperature(*inputs)

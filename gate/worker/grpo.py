@@ -35,6 +35,9 @@ METRICS = (
     "reward", "k3_kl", "clip_frac", "entropy", "mean_abs_diff", "token_mult_prob_error", "response_length",
     "step_s", "push_s",
 )  # fmt: skip
+# Metrics whose per-step standard error is recorded too (``grpo_<metric>_se``): the check's band
+# margins come from them rather than from fixed numbers.
+WITH_SE = METRICS[:7]
 _LAST_INT = re.compile(r"-?\d+")
 
 
@@ -117,7 +120,8 @@ def run_grpo(
     # Frozen weights as the engine holds them; trained ones get fp32 masters.
     dtype = dtype if dtype is not None else engine_dtype(llm)
     rollout = rollout if rollout is not None else offline_rollout(llm)
-    results = {m: np.zeros((len(request.seeds), request.steps)) for m in METRICS}
+    names = (*METRICS, *(f"{m}_se" for m in WITH_SE))
+    results = {m: np.zeros((len(request.seeds), request.steps)) for m in names}
     for s_idx, seed in enumerate(request.seeds):
         torch.manual_seed(seed)
         model = _load_trainer(AutoModelForCausalLM, model_path, device, hf_kwargs, dtype).train()
@@ -143,7 +147,7 @@ def run_grpo(
             push(llm, {k: v.detach() for k, v in model.state_dict().items()})
             metrics["push_s"] = time.perf_counter() - pushed
             metrics["step_s"] = time.perf_counter() - start
-            for m in METRICS:
+            for m in names:
                 results[m][s_idx, step] = metrics[m]
             progress(
                 f"grpo seed {seed} step {step + 1}/{request.steps}: reward {metrics['reward']:.2f}, "
@@ -195,15 +199,52 @@ def _step(
     optimizer_step(trained, opt)
 
     dd = d.detach().double().cpu().numpy()
-    return {
-        "reward": float(rewards_arr.mean()),
-        "k3_kl": float(np.mean(np.expm1(dd) - dd)),
-        "clip_frac": float(np.mean((np.exp(dd) < 1 - eps) | (np.exp(dd) > 1 + eps))),
-        "entropy": entropy,
-        "mean_abs_diff": float(np.mean(np.abs(dd))),
-        "token_mult_prob_error": float(np.mean(np.exp(np.abs(dd)))),
-        "response_length": float(np.mean(lengths)),
+    per_token = {
+        "k3_kl": np.expm1(dd) - dd,
+        "clip_frac": ((np.exp(dd) < 1 - eps) | (np.exp(dd) > 1 + eps)).astype(np.float64),
+        "entropy": entropy.double().cpu().numpy(),
+        "mean_abs_diff": np.abs(dd),
+        "token_mult_prob_error": np.exp(np.abs(dd)),
     }
+    lengths_arr = np.asarray(lengths)
+    metrics = {}
+    for name, values in per_token.items():
+        metrics[name] = float(values.mean()) if len(values) else math.nan
+        metrics[f"{name}_se"] = token_mean_se(values, lengths_arr)
+    per_prompt = {"reward": rewards_arr, "response_length": lengths_arr.reshape(rewards_arr.shape)}
+    for name, values in per_prompt.items():
+        metrics[name] = float(values.mean())
+        metrics[f"{name}_se"] = group_mean_se(values)
+    return metrics
+
+
+def token_mean_se(values: np.ndarray, lengths: np.ndarray) -> float:
+    """Standard error of a mean over all tokens, the sequences as independent units.
+
+    Tokens of one sequence are not independent (one bad position shifts the next), so the mean is
+    treated as the ratio sum(S_i) / sum(L_i) of per-sequence sums S_i and lengths L_i, and its
+    variance estimated from the sequences' residuals S_i - mean * L_i.
+    """
+    total, n = lengths.sum(), np.count_nonzero(lengths)
+    if total == 0 or n < 2:
+        return math.nan
+    sums = _segment_sums(values, lengths)
+    residual = sums - values.mean() * lengths[lengths > 0]
+    return float(math.sqrt(n / (n - 1) * np.sum(residual**2)) / total)
+
+
+def group_mean_se(values: np.ndarray) -> float:
+    """Standard error of the mean of [prompts, samples]: the samples of one prompt share it, so the
+    prompts' means are the independent units."""
+    means = values.mean(axis=1)
+    return float(means.std(ddof=1) / math.sqrt(len(means))) if len(means) > 1 else math.nan
+
+
+def _segment_sums(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Per-sequence sums of a flat per-token array, the sequences of zero length left out."""
+    nonzero = lengths[lengths > 0]
+    starts = np.concatenate([[0], np.cumsum(nonzero)[:-1]])
+    return np.add.reduceat(values.astype(np.float64), starts)
 
 
 def _sampled_logprobs(logprobs, tokens: list[int]) -> list[float]:
@@ -214,8 +255,9 @@ def _sampled_logprobs(logprobs, tokens: list[int]) -> list[float]:
 
 def _trainer_logprobs(
     model, seqs, starts, temperature: float, device
-) -> tuple[torch.Tensor, float]:
-    """Teacher-forced logprobs (with grad) of the completion tokens under temperature T, and entropy."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Teacher-forced logprobs (with grad) of the completion tokens under temperature T, and the
+    entropy of the trainer's distribution at each of them (no grad)."""
     lengths = [len(s) for s in seqs]
     max_len = max(lengths)
     ids = torch.zeros((len(seqs), max_len), dtype=torch.long)
@@ -224,13 +266,20 @@ def _trainer_logprobs(
         ids[row, : len(seq)] = torch.tensor(seq)
         mask[row, : len(seq)] = 1
     ids, mask = ids.to(device), mask.to(device)
-    logits = model(input_ids=ids, attention_mask=mask).logits.float() / max(temperature, 1e-6)
     counts = np.asarray(lengths) - np.asarray(starts)
     rows = torch.from_numpy(np.repeat(np.arange(len(seqs)), counts)).to(device)
     cols = torch.from_numpy(
         np.concatenate([np.arange(s - 1, n - 1) for s, n in zip(starts, lengths, strict=True)])
     ).to(device)
-    logp = torch.log_softmax(logits[rows, cols], dim=-1)
+    # The head only where a completion token is predicted: over a 49k-150k vocabulary the
+    # [batch, length, vocab] logits of every prompt position are most of the step's memory.
+    hidden = model.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+    logits = model.get_output_embeddings()(hidden[rows, cols]).float()
+    softcap = getattr(model.config, "final_logit_softcapping", None)
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
+    logp = torch.log_softmax(logits / max(temperature, 1e-6), dim=-1)
     lp = logp.gather(-1, ids[rows, cols + 1].unsqueeze(-1)).squeeze(-1)
-    entropy = float(-(logp.exp() * logp).sum(-1).mean().item()) if len(rows) else math.nan
+    with torch.no_grad():
+        entropy = -(logp.exp() * logp).sum(-1)
     return lp, entropy

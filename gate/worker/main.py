@@ -624,7 +624,7 @@ def _continuations(
 def _completion_arrays(
     prefix: str, comp: Completions, scored: ScoredTokens
 ) -> dict[str, np.ndarray]:
-    return {
+    arrays = {
         f"{prefix}_{ev.PROMPT_INDEX}": comp.prompt_index,
         f"{prefix}_{ev.SAMPLE_INDEX}": comp.sample_index,
         f"{prefix}_{ev.OFFSETS}": comp.offsets,
@@ -638,7 +638,12 @@ def _completion_arrays(
         f"{prefix}_{ev.TRAINER_PROCESSED}": scored.processed,
         f"{prefix}_{ev.TRAINER_RAW_BF16_HEAD}": scored.raw_bf16_head,
         f"{prefix}_{ev.TRAINER_AT_BOUNDARY}": scored.at_boundary,
-    } | ({} if scored.also_raw is None else {f"{prefix}_{ev.TRAINER_TOPK_RAW}": scored.also_raw})
+    }
+    if scored.also_raw is not None:
+        arrays[f"{prefix}_{ev.TRAINER_TOPK_RAW}"] = scored.also_raw
+    if scored.boundary_gap is not None:
+        arrays[f"{prefix}_{ev.TRAINER_BOUNDARY_GAP}"] = scored.boundary_gap
+    return arrays
 
 
 def _teacher_forced_arrays(

@@ -48,6 +48,9 @@ class ScoredTokens:
     processed: np.ndarray
     raw_bf16_head: np.ndarray
     at_boundary: np.ndarray  # bool: the target sits within one ULP of the top-k/top-p boundary
+    # The row's smallest kept logit minus the target's (logits as the mask sees them, before
+    # temperature): > 0 outside the transform, <= 0 inside, NaN where no top-k/top-p applies.
+    boundary_gap: np.ndarray | None = None
     # [targets, k] raw logprobs of other tokens at each target's position (``also_ids``; the engine's
     # top-k), NaN where an id is -1: logprob differences at one position fit the engine's temperature.
     also_raw: np.ndarray | None = None
@@ -66,10 +69,19 @@ def processed_logprobs(logits: torch.Tensor, transform: SamplingTransform) -> to
 def _masked_log_softmax(
     logits: torch.Tensor, transform: SamplingTransform, keep: torch.Tensor | None
 ) -> torch.Tensor:
+    return torch.log_softmax(_masked(logits, transform, keep), dim=-1)
+
+
+def _masked(
+    logits: torch.Tensor, transform: SamplingTransform, keep: torch.Tensor | None
+) -> torch.Tensor:
     values = _scaled(logits.float(), transform)
-    if keep is not None:
-        values = values.masked_fill(~keep, -math.inf)
-    return torch.log_softmax(values, dim=-1)
+    return values if keep is None else values.masked_fill(~keep, -math.inf)
+
+
+def _picked_log_softmax(values: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """log_softmax(values)[row, ids[row]] for [rows, 1] ids."""
+    return (values.gather(-1, ids) - torch.logsumexp(values, dim=-1, keepdim=True)).squeeze(-1)
 
 
 def transform_keep(
@@ -86,17 +98,50 @@ def transform_keep(
     if not (use_k or use_p):
         return None, None
     keys = _rounded(logits, transform.mask_dtype)
-    sorted_keys, order = _scaled(keys, transform).sort(dim=-1, descending=False)
-    drop = torch.zeros_like(sorted_keys, dtype=torch.bool)
-    if use_k:
-        drop |= sorted_keys < sorted_keys[:, vocab - transform.top_k].unsqueeze(-1)
+    scaled = _scaled(keys, transform)
+    keep = torch.ones_like(scaled, dtype=torch.bool)
+    if use_k:  # every token tied with the k-th largest stays
+        keep = scaled >= scaled.topk(transform.top_k, dim=-1).values[:, -1:]
     if use_p:
-        cum = sorted_keys.masked_fill(drop, -math.inf).softmax(dim=-1).cumsum(dim=-1)
-        cut = cum <= 1.0 - transform.top_p
-        cut[:, -1] = False
-        drop |= cut
-    keep = torch.empty_like(drop).scatter_(-1, order, ~drop)
+        keep &= top_p_keep(scaled.masked_fill(~keep, -math.inf), transform.top_p)
     return keep, keys.masked_fill(~keep, math.inf).min(dim=-1).values
+
+
+# Candidates top_p_keep sorts per row: the nucleus of almost every position of an RL policy lies
+# within them; a row whose nucleus does not falls back to sorting its whole vocabulary.
+_TOP_P_CANDIDATES = 512
+
+
+def top_p_keep(scaled: torch.Tensor, top_p: float) -> torch.Tensor:
+    """vLLM's top-p rule on [rows, vocab] scaled logits: sort ascending, drop the tokens whose
+    cumulative probability stays <= 1 - p, always keep the most likely one.
+
+    Sorting a 49k-150k vocabulary per position is most of a reference's scoring time; only the
+    largest ``_TOP_P_CANDIDATES`` are sorted here. Every token below them has a cumulative
+    probability of at most the mass they leave (the tail), so where the tail is <= 1 - p all of
+    them are dropped and the rule only needs the candidates' order; the other rows sort whole.
+    """
+    vocab = scaled.shape[-1]
+    probs = scaled.softmax(dim=-1)
+    if vocab <= _TOP_P_CANDIDATES:
+        return _top_p_keep_sorted(probs, top_p)
+    top, order = probs.topk(_TOP_P_CANDIDATES, dim=-1)  # descending
+    tail = (probs.sum(dim=-1, keepdim=True) - top.sum(dim=-1, keepdim=True)).clamp(min=0.0)
+    ascending = tail + top.flip(-1).cumsum(dim=-1)
+    cut = ascending <= 1.0 - top_p
+    cut[:, -1] = False
+    keep = torch.zeros_like(probs, dtype=torch.bool).scatter_(-1, order, ~cut.flip(-1))
+    wide = (tail > 1.0 - top_p).squeeze(-1)
+    if wide.any():
+        keep[wide] = _top_p_keep_sorted(probs[wide], top_p)
+    return keep
+
+
+def _top_p_keep_sorted(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    sorted_probs, order = probs.sort(dim=-1, descending=False)
+    cut = sorted_probs.cumsum(dim=-1) <= 1.0 - top_p
+    cut[:, -1] = False
+    return torch.empty_like(cut).scatter_(-1, order, ~cut)
 
 
 def at_boundary(
@@ -121,6 +166,13 @@ def _near_boundary(logits: torch.Tensor, transform: SamplingTransform, targets: 
         torch.ones_like(boundary), exponent - 1 - _MANTISSA_BITS[transform.mask_dtype or "float32"]
     )
     return (key - boundary).abs() <= ulp
+
+
+def _boundary_gap(logits: torch.Tensor, transform: SamplingTransform, targets: torch.Tensor,
+                  boundary: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+    if boundary is None:
+        return torch.full((targets.shape[0],), math.nan, device=logits.device)
+    return boundary - _rounded(logits, transform.mask_dtype).gather(-1, targets).squeeze(-1)
 
 
 def _rounded(logits: torch.Tensor, dtype: str | None) -> torch.Tensor:
@@ -262,24 +314,25 @@ class ReferenceModel:
         processed = np.empty(total, dtype=np.float32)
         raw_bf16 = np.empty(total, dtype=np.float32)
         edge = np.empty(total, dtype=bool)
+        gap = np.empty(total, dtype=np.float32)
         also = None if also_ids is None else np.full(also_ids.shape, np.nan, dtype=np.float32)
 
         order = np.argsort(-lengths, kind="stable")  # longest first: batches pad little
         done = 0
         for batch in _pack(order, lengths, batch_tokens):
             dest = token_ranges(out_offsets[batch], counts[batch])
-            r, p, b, e, a = self._score_batch(
+            r, p, b, e, a, g = self._score_batch(
                 [sequences[i] for i in batch], starts[batch], counts[batch], transform,
                 None if also_ids is None else also_ids[dest],
             )  # fmt: skip
-            raw[dest], processed[dest], raw_bf16[dest], edge[dest] = r, p, b, e
+            raw[dest], processed[dest], raw_bf16[dest], edge[dest], gap[dest] = r, p, b, e, g
             if also is not None:
                 also[dest] = a
             done += len(batch)
             if progress:
                 progress(done, len(sequences))
         return ScoredTokens(raw=raw, processed=processed, raw_bf16_head=raw_bf16, at_boundary=edge,
-                            also_raw=also)  # fmt: skip
+                            boundary_gap=gap, also_raw=also)  # fmt: skip
 
     def _score_batch(
         self,
@@ -288,7 +341,7 @@ class ReferenceModel:
         counts: np.ndarray,
         transform: SamplingTransform,
         also_ids: np.ndarray | None = None,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
         max_len = max(len(s) for s in seqs)
         ids = torch.full((len(seqs), max_len), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(seqs), max_len), dtype=torch.long)
@@ -306,7 +359,7 @@ class ReferenceModel:
         targets = ids[rows, cols + 1].unsqueeze(-1).to(self.head_device)
         picked = hidden[rows.to(hidden.device), cols.to(hidden.device)].to(self.head_device)
 
-        outs: tuple[list[torch.Tensor], ...] = ([], [], [], [], [])
+        outs: tuple[list[torch.Tensor], ...] = ([], [], [], [], [], [])
         also = None if also_ids is None else torch.from_numpy(also_ids.astype(np.int64))
         for chunk in range(0, picked.shape[0], _HEAD_CHUNK_ROWS):
             h = picked[chunk : chunk + _HEAD_CHUNK_ROWS]
@@ -314,20 +367,23 @@ class ReferenceModel:
             logits = self.head(h, self.head_dtype)
             keep, boundary = transform_keep(
                 logits, transform
-            )  # one sort of the [rows, vocab] block
-            raw_all = torch.log_softmax(logits, dim=-1)
-            outs[0].append(raw_all.gather(-1, t).squeeze(-1))
+            )  # one pass over the [rows, vocab] block
+            # log_softmax picked at a few ids: the entries minus the row's logsumexp, without
+            # writing out a [rows, vocab] log_softmax per kind of logprob.
+            raw_lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+            outs[0].append((logits.gather(-1, t) - raw_lse).squeeze(-1))
             if also is not None:
-                ids = also[chunk : chunk + _HEAD_CHUNK_ROWS].to(raw_all.device)
-                picked_also = raw_all.gather(-1, ids.clamp(min=0))
+                ids = also[chunk : chunk + _HEAD_CHUNK_ROWS].to(logits.device)
+                picked_also = logits.gather(-1, ids.clamp(min=0)) - raw_lse
                 outs[4].append(picked_also.masked_fill(ids < 0, math.nan))
-            outs[1].append(_masked_log_softmax(logits, transform, keep).gather(-1, t).squeeze(-1))
-            logits_bf16 = self.head(h, torch.bfloat16)
-            outs[2].append(torch.log_softmax(logits_bf16, dim=-1).gather(-1, t).squeeze(-1))
+            outs[1].append(_picked_log_softmax(_masked(logits, transform, keep), t))
+            outs[2].append(_picked_log_softmax(self.head(h, torch.bfloat16), t))
             outs[3].append(_near_boundary(logits, transform, t, boundary))
+            outs[5].append(_boundary_gap(logits, transform, t, boundary))
         raw, processed, raw_bf16 = (torch.cat(o).float().cpu().numpy() for o in outs[:3])
         also_raw = torch.cat(outs[4]).float().cpu().numpy() if outs[4] else None
-        return raw, processed, raw_bf16, torch.cat(outs[3]).cpu().numpy(), also_raw
+        gaps = torch.cat(outs[5]).float().cpu().numpy()
+        return raw, processed, raw_bf16, torch.cat(outs[3]).cpu().numpy(), also_raw, gaps
 
 
 def _load_on_one_device(

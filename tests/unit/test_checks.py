@@ -348,7 +348,9 @@ def test_grpo_band_and_first_exit(tmp_path, clean):
     assert "from step 0" in r.diagnosis
     clean.new = make_evidence(tmp_path / "drift", seed=2, grpo="drift")
     r = _results(clean)["grpo-trajectory"]
-    assert r.status == Status.FAIL and r.details["first_exit"]["k3_kl"] == 2  # 2e-4 * 4 = 8e-4 > 5e-4
+    # step 1: 2e-4 over a clean 1e-13 by more than the floor 1e-4 (3.5 x its error 2e-5 is less)
+    assert r.status == Status.FAIL and r.details["first_exit"]["k3_kl"] == 1
+    assert r.details["reference_se_borrowed"] == []
 
 
 def test_a_grpo_run_without_a_weight_push_is_an_error_with_the_reason(clean):
@@ -366,13 +368,43 @@ def test_grpo_band_edges():
     from gate.checks.grpo import band, first_exit
 
     ref = np.array([[0.2, 0.3], [0.4, 0.5]])
-    low, high = band(ref, 0.1, 0.0, "both")
+    low, high = band(ref, np.array([0.1, 0.1]), "both")
     np.testing.assert_allclose(low, [0.1, 0.2])
     np.testing.assert_allclose(high, [0.5, 0.6])
-    low, high = band(ref, 0.0, 0.5, "upper")  # relative margin: half the mean
+    low, high = band(ref, np.array([0.1, 0.2]), "upper")
     assert np.all(np.isneginf(low))
-    np.testing.assert_allclose(high, [0.55, 0.7])
-    assert first_exit(np.array([0.3, 0.9]), *band(ref, 0.1, 0.0, "both")) == 1
+    np.testing.assert_allclose(high, [0.5, 0.7])
+    assert first_exit(np.array([0.3, 0.9]), *band(ref, np.array([0.1, 0.1]), "both")) == 1
+
+
+def test_grpo_margin_is_z_standard_errors_of_the_difference_never_under_the_floor():
+    from gate.checks.grpo import Z, margin
+
+    new_se = np.array([0.03, 0.0, np.nan])
+    ref_se = np.array([[0.04, 0.0, 0.01], [0.02, 0.0, 0.01]])  # the larger seed's error per step counts
+    np.testing.assert_allclose(margin(ref_se, new_se, 1e-4), [Z * 0.05, 1e-4, 1e-4])
+    np.testing.assert_allclose(margin(None, np.array([0.03]), 0.0), [Z * 0.03 * np.sqrt(2)])  # borrowed
+
+
+def test_grpo_band_on_a_noisy_model_holds_noise_and_catches_a_shift(tmp_path, clean):
+    """A bf16 model's k3 moves step to step by its sampling error: a new run inside Z errors of the
+    old one passes, one shifted by more FAILs, whatever the absolute size of k3."""
+    from gate.checks.grpo import Z
+
+    steps = clean.new["grpo_k3_kl"].shape[1]
+    old_k3, se = np.full(steps, 3.3e-3), np.full(steps, 3e-4)
+    for e in (clean.old, clean.new):
+        e.arrays["grpo_k3_kl"], e.arrays["grpo_k3_kl_se"] = old_k3[None].copy(), se[None].copy()
+    within = old_k3 + 0.9 * Z * np.sqrt(2) * se  # a 0.9-of-the-margin difference, ~1.3e-3
+    clean.new.arrays["grpo_k3_kl"] = within[None]
+    r = _results(clean)["grpo-trajectory"]
+    assert r.details["first_exit"]["k3_kl"] is None and r.status == Status.PASS
+    shifted = within.copy()
+    shifted[3] = old_k3[3] + 1.1 * Z * np.sqrt(2) * se[3]
+    clean.new.arrays["grpo_k3_kl"] = shifted[None]
+    r = _results(clean)["grpo-trajectory"]
+    assert r.status == Status.FAIL and r.details["first_exit"]["k3_kl"] == 3
+    np.testing.assert_allclose(r.details["metrics"]["k3_kl"]["margin"][3], Z * np.sqrt(2) * 3e-4)
 
 
 def test_a_yaml_number_without_a_dot_is_a_number():

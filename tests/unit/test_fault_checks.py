@@ -123,6 +123,29 @@ def test_subset_evidence_keeps_chosen_prompts_and_cuts_completions(tmp_path):
     assert np.array_equal(longer["sample_finish"], e["sample_finish"])
 
 
+def test_tokens_nearer_the_nucleus_edge_than_the_logit_noise_are_undecidable(ctx):
+    """A bf16 engine and trainer disagree on logits by their rounding: a sampled token the
+    reference puts 0.01 logits outside the nucleus is that noise, one 1.0 outside is a finding."""
+    rng = np.random.default_rng(5)
+    t = ctx.new["sample_engine_logprob"].shape[0]
+    temperature = ctx.run["sampling"]["temperature"]
+    engine_topk = ctx.new["sample_topk_logprobs"].astype(np.float64)
+    noise = rng.uniform(-0.05, 0.05, engine_topk.shape)  # the trainer's logits, 0.05 off at most
+    ctx.new.arrays[f"{ev.SAMPLE}_{ev.TRAINER_TOPK_RAW}"] = (engine_topk * temperature + noise).astype(np.float32)
+    masked = list(range(0, 320, 40))  # 8 outside the reference's nucleus
+    ctx.new = _mask(ctx.new, masked)
+    gap = np.full(t, -1.0, dtype=np.float32)  # kept tokens: inside, a negative gap
+    gap[masked[:5]] = 0.01  # nearly tied with the smallest kept logit
+    gap[masked[5:]] = 1.0
+    ctx.new.arrays[f"{ev.SAMPLE}_{ev.TRAINER_BOUNDARY_GAP}"] = gap
+    r = _results(ctx)["logprob-semantics"]
+    assert r.details["tokens_outside_transform"]["new"] == 3
+    edge = next(m for m in r.measurements if m.name == "tokens_at_transform_boundary" and m.engine == "new")
+    assert edge.value == pytest.approx(5 / 320) and "measured logit noise (0.0" in edge.note
+    ctx.new.arrays[f"{ev.SAMPLE}_{ev.TRAINER_BOUNDARY_GAP}"] = np.where(gap > 0, 1.0, gap).astype(np.float32)
+    assert _results(ctx)["logprob-semantics"].details["tokens_outside_transform"]["new"] == 8
+
+
 def test_tokens_on_the_transform_boundary_are_undecidable_not_outside(ctx):
     # A GPU kernel keeps exactly k of tied tokens: a token one ULP from the cut may go either way.
     masked = list(range(0, 320, 40))

@@ -235,3 +235,40 @@ def test_the_initial_copy_holds_the_trained_tensors_only_and_restores_the_checkp
     restored = restored_state_dict(model, trained, initial)
     assert restored.keys() == checkpoint.keys()
     assert all(torch.equal(restored[k], v) for k, v in checkpoint.items())
+
+
+def test_step_standard_errors_count_sequences_and_prompts_as_the_units():
+    """Hand-computed: a token mean's error from per-sequence residuals (a zero-length sequence is no
+    unit), a reward's from the spread of the prompts' group means."""
+    import math
+
+    import numpy as np
+
+    from gate.worker.grpo import group_mean_se, token_mean_se
+
+    values, lengths = np.array([1.0, 2, 3, 4, 5, 6]), np.array([3, 0, 2, 1])
+    mean = 3.5  # sums 6, 9, 6 over lengths 3, 2, 1: residuals -4.5, 2, 2.5
+    expected = math.sqrt(3 / 2 * (4.5**2 + 2**2 + 2.5**2)) / 6
+    assert token_mean_se(values, lengths) == pytest.approx(expected) and values.mean() == mean
+    assert math.isnan(token_mean_se(np.array([1.0, 2.0]), np.array([2])))  # one unit: no error
+    rewards = np.array([[1.0, 0.0], [1.0, 1.0], [0.0, 0.0]])  # group means 0.5, 1, 0
+    assert group_mean_se(rewards) == pytest.approx(0.5 / math.sqrt(3))
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_trainer_logprobs_apply_the_head_only_where_completions_are_predicted(tied):
+    """Same values, and gradients, as the full forward's logits at the completion positions."""
+    from gate.worker.grpo import _trainer_logprobs
+
+    model = _llama(tied)
+    seqs, starts, temperature = [[1, 5, 7, 9, 2], [3, 4, 8]], [2, 1], 0.7
+    lp, entropy = _trainer_logprobs(model, seqs, starts, temperature, "cpu")
+    expected, expected_entropy = [], []
+    for seq, start in zip(seqs, starts):
+        logits = model(input_ids=torch.tensor([seq])).logits[0].float() / temperature
+        logp = torch.log_softmax(logits[start - 1 : len(seq) - 1], dim=-1)
+        expected.append(logp.gather(-1, torch.tensor(seq[start:]).unsqueeze(-1)).squeeze(-1))
+        expected_entropy.append(-(logp.exp() * logp).sum(-1))
+    torch.testing.assert_close(lp, torch.cat(expected), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(entropy, torch.cat(expected_entropy).detach(), atol=1e-5, rtol=1e-5)
+    assert lp.requires_grad and not entropy.requires_grad

@@ -16,6 +16,7 @@ from gate.worker.reference import (  # noqa: E402
     at_boundary,
     full_fp32_matmul,
     processed_logprobs,
+    top_p_keep,
 )
 
 
@@ -174,6 +175,34 @@ def test_top_p_boundary_ties_are_undecidable():
         True,
         False,
     ]  # tied: undecidable; far: outside
+
+
+def _top_p_by_full_sort(scaled: torch.Tensor, top_p: float) -> torch.Tensor:
+    """vLLM's rule written out: ascending sort of the whole row, cumsum, cut <= 1 - p, keep the top."""
+    sorted_keys, order = scaled.sort(dim=-1, descending=False)
+    cut = sorted_keys.softmax(dim=-1).cumsum(dim=-1) <= 1.0 - top_p
+    cut[:, -1] = False
+    return torch.empty_like(cut).scatter_(-1, order, ~cut)
+
+
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 0.99])
+def test_top_p_over_the_largest_candidates_keeps_what_the_whole_sort_keeps(top_p):
+    """A 49k vocabulary, rows from peaked to flat: the rows whose nucleus fits the candidates and
+    the rows that fall back to a whole sort both keep exactly the tokens the whole sort keeps."""
+    gen = torch.Generator().manual_seed(0)
+    scale = torch.logspace(-1, 1.2, 96).unsqueeze(-1)  # logit spread per row: flat ... peaked
+    scaled = torch.randn(96, 49_152, generator=gen) * scale
+    ours, whole = top_p_keep(scaled, top_p), _top_p_by_full_sort(scaled, top_p)
+    kept = whole.sum(-1)
+    assert kept.min() == 1 and kept.max() > 512  # both paths ran
+    assert torch.equal(ours, whole)
+
+
+def test_top_p_candidates_with_top_k_masked_tokens_and_ties():
+    # top-k leaves -inf behind (probability 0): they are in the tail and never kept
+    scaled = torch.tensor([[3.0, 1.0, 1.0, -math.inf, 0.5] + [-math.inf] * 600])
+    assert top_p_keep(scaled, 0.8)[0, :5].tolist() == _top_p_by_full_sort(scaled, 0.8)[0, :5].tolist()
+    assert top_p_keep(scaled, 0.8)[0, 5:].any().item() is False
 
 
 # A sharded reference (reference.device_map through accelerate). On a CPU-only machine every

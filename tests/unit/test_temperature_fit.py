@@ -169,3 +169,17 @@ def test_at_temperature_one_the_check_skips_unless_the_temperature_is_off(tmp_pa
     assert r.status == Status.SKIP
     r = _semantics(tmp_path / "b", 1.03, t_old=1.0, temperature=1.0)
     assert r.status == Status.FAIL and "T=1.030 while 1 was requested" in r.summary
+
+
+def test_logit_noise_is_the_quantile_of_how_far_logit_differences_stray():
+    from gate.checks.temperature_fit import logit_noise
+
+    # T 0.5: engine differences are the trainer's x 2; the trainer's second logit is 0.1 or 0.3 off
+    trainer = np.array([[0.0, -1.0], [0.0, -2.0], [0.0, -3.0], [0.0, -4.0]])
+    off = np.array([[0.0, 0.1], [0.0, -0.1], [0.0, 0.3], [0.0, 0.1]])
+    engine = (trainer + off) / 0.5
+    fit = fit_temperature(engine, trainer)
+    residual = np.abs(fit.temperature * (engine[:, 1] - engine[:, 0]) - (trainer[:, 1] - trainer[:, 0]))
+    assert logit_noise(engine, trainer, quantile=1.0) == pytest.approx(residual.max())
+    assert logit_noise(engine, trainer, quantile=0.5) == pytest.approx(np.median(residual))
+    assert logit_noise(engine[:, :1], trainer[:, :1]) is None  # no pair at one position
