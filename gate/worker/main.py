@@ -643,6 +643,8 @@ def _completion_arrays(
         arrays[f"{prefix}_{ev.TRAINER_TOPK_RAW}"] = scored.also_raw
     if scored.boundary_gap is not None:
         arrays[f"{prefix}_{ev.TRAINER_BOUNDARY_GAP}"] = scored.boundary_gap
+    if scored.mass_above is not None:
+        arrays[f"{prefix}_{ev.TRAINER_MASS_ABOVE}"] = scored.mass_above
     return arrays
 
 

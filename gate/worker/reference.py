@@ -51,6 +51,9 @@ class ScoredTokens:
     # The row's smallest kept logit minus the target's (logits as the mask sees them, before
     # temperature): > 0 outside the transform, <= 0 inside, NaN where no top-k/top-p applies.
     boundary_gap: np.ndarray | None = None
+    # Probability (after temperature and top-k) of the tokens more likely than the target: top-p
+    # keeps it while this is < top_p. NaN where top-p is off.
+    mass_above: np.ndarray | None = None
     # [targets, k] raw logprobs of other tokens at each target's position (``also_ids``; the engine's
     # top-k), NaN where an id is -1: logprob differences at one position fit the engine's temperature.
     also_raw: np.ndarray | None = None
@@ -173,6 +176,21 @@ def _boundary_gap(logits: torch.Tensor, transform: SamplingTransform, targets: t
     if boundary is None:
         return torch.full((targets.shape[0],), math.nan, device=logits.device)
     return boundary - _rounded(logits, transform.mask_dtype).gather(-1, targets).squeeze(-1)
+
+
+def _mass_above(
+    logits: torch.Tensor, transform: SamplingTransform, targets: torch.Tensor
+) -> torch.Tensor:
+    """Probability of the tokens strictly more likely than each target, as top-p sees it."""
+    if transform.top_p >= 1.0:
+        return torch.full((targets.shape[0],), math.nan, device=logits.device)
+    scaled = _scaled(_rounded(logits, transform.mask_dtype), transform)
+    if 0 < transform.top_k < scaled.shape[-1]:
+        scaled = scaled.masked_fill(
+            scaled < scaled.topk(transform.top_k, dim=-1).values[:, -1:], -math.inf
+        )
+    probs = scaled.softmax(dim=-1)
+    return (probs * (probs > probs.gather(-1, targets))).sum(dim=-1)
 
 
 def _rounded(logits: torch.Tensor, dtype: str | None) -> torch.Tensor:
@@ -315,24 +333,26 @@ class ReferenceModel:
         raw_bf16 = np.empty(total, dtype=np.float32)
         edge = np.empty(total, dtype=bool)
         gap = np.empty(total, dtype=np.float32)
+        mass = np.empty(total, dtype=np.float32)
         also = None if also_ids is None else np.full(also_ids.shape, np.nan, dtype=np.float32)
 
         order = np.argsort(-lengths, kind="stable")  # longest first: batches pad little
         done = 0
         for batch in _pack(order, lengths, batch_tokens):
             dest = token_ranges(out_offsets[batch], counts[batch])
-            r, p, b, e, a, g = self._score_batch(
+            r, p, b, e, a, g, m = self._score_batch(
                 [sequences[i] for i in batch], starts[batch], counts[batch], transform,
                 None if also_ids is None else also_ids[dest],
             )  # fmt: skip
             raw[dest], processed[dest], raw_bf16[dest], edge[dest], gap[dest] = r, p, b, e, g
+            mass[dest] = m
             if also is not None:
                 also[dest] = a
             done += len(batch)
             if progress:
                 progress(done, len(sequences))
         return ScoredTokens(raw=raw, processed=processed, raw_bf16_head=raw_bf16, at_boundary=edge,
-                            boundary_gap=gap, also_raw=also)  # fmt: skip
+                            boundary_gap=gap, mass_above=mass, also_raw=also)  # fmt: skip
 
     def _score_batch(
         self,
@@ -341,7 +361,9 @@ class ReferenceModel:
         counts: np.ndarray,
         transform: SamplingTransform,
         also_ids: np.ndarray | None = None,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
+    ) -> tuple[
+        np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray
+    ]:
         max_len = max(len(s) for s in seqs)
         ids = torch.full((len(seqs), max_len), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(seqs), max_len), dtype=torch.long)
@@ -359,7 +381,7 @@ class ReferenceModel:
         targets = ids[rows, cols + 1].unsqueeze(-1).to(self.head_device)
         picked = hidden[rows.to(hidden.device), cols.to(hidden.device)].to(self.head_device)
 
-        outs: tuple[list[torch.Tensor], ...] = ([], [], [], [], [], [])
+        outs: tuple[list[torch.Tensor], ...] = ([], [], [], [], [], [], [])
         also = None if also_ids is None else torch.from_numpy(also_ids.astype(np.int64))
         for chunk in range(0, picked.shape[0], _HEAD_CHUNK_ROWS):
             h = picked[chunk : chunk + _HEAD_CHUNK_ROWS]
@@ -380,10 +402,11 @@ class ReferenceModel:
             outs[2].append(_picked_log_softmax(self.head(h, torch.bfloat16), t))
             outs[3].append(_near_boundary(logits, transform, t, boundary))
             outs[5].append(_boundary_gap(logits, transform, t, boundary))
+            outs[6].append(_mass_above(logits, transform, t))
         raw, processed, raw_bf16 = (torch.cat(o).float().cpu().numpy() for o in outs[:3])
         also_raw = torch.cat(outs[4]).float().cpu().numpy() if outs[4] else None
-        gaps = torch.cat(outs[5]).float().cpu().numpy()
-        return raw, processed, raw_bf16, torch.cat(outs[3]).cpu().numpy(), also_raw, gaps
+        gaps, masses = (torch.cat(o).float().cpu().numpy() for o in outs[5:7])
+        return raw, processed, raw_bf16, torch.cat(outs[3]).cpu().numpy(), also_raw, gaps, masses
 
 
 def _load_on_one_device(

@@ -146,6 +146,24 @@ def test_tokens_nearer_the_nucleus_edge_than_the_logit_noise_are_undecidable(ctx
     assert _results(ctx)["logprob-semantics"].details["tokens_outside_transform"]["new"] == 8
 
 
+def test_tokens_just_past_the_top_p_cut_by_probability_are_undecidable(ctx):
+    """The cut can fall between two tokens far apart in logits: what the noise moves is the mass
+    above the token. 0.805 above it at top_p 0.8 is within reach of the noise; 0.95 is not."""
+    rng = np.random.default_rng(6)
+    t = ctx.new["sample_engine_logprob"].shape[0]
+    temperature = ctx.run["sampling"]["temperature"]
+    engine_topk = ctx.new["sample_topk_logprobs"].astype(np.float64)
+    noise = rng.uniform(-0.05, 0.05, engine_topk.shape)
+    ctx.new.arrays[f"{ev.SAMPLE}_{ev.TRAINER_TOPK_RAW}"] = (engine_topk * temperature + noise).astype(np.float32)
+    masked = list(range(0, 320, 40))
+    ctx.new = _mask(ctx.new, masked)
+    ctx.new.arrays[f"{ev.SAMPLE}_{ev.TRAINER_BOUNDARY_GAP}"] = np.where(np.isin(np.arange(t), masked), 1.5, -1.0).astype(np.float32)
+    mass = rng.uniform(0.0, 0.7, t).astype(np.float32)
+    mass[masked[:3]], mass[masked[3:]] = 0.805, 0.95
+    ctx.new.arrays[f"{ev.SAMPLE}_{ev.TRAINER_MASS_ABOVE}"] = mass
+    assert _results(ctx)["logprob-semantics"].details["tokens_outside_transform"]["new"] == 5
+
+
 def test_tokens_on_the_transform_boundary_are_undecidable_not_outside(ctx):
     # A GPU kernel keeps exactly k of tied tokens: a token one ULP from the cut may go either way.
     masked = list(range(0, 320, 40))

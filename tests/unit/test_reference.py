@@ -264,3 +264,17 @@ def test_a_spread_reference_without_accelerate_names_the_fix(tiny_model, monkeyp
         RuntimeError, match=r"reference.device_map needs accelerate.*pip_args: \[accelerate\]"
     ):
         ReferenceModel(str(path), "float32", False, device="cpu", device_map="auto")
+
+
+def test_mass_above_is_the_probability_of_the_more_likely_tokens_after_temperature_and_top_k():
+    from gate.worker.reference import _mass_above
+
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]] * 3)
+    targets = torch.tensor([[0], [2], [3]])
+    p = torch.softmax(logits[0] / 0.5, dim=-1)
+    mass = _mass_above(logits, SamplingTransform(temperature=0.5, top_k=0, top_p=0.9), targets)
+    torch.testing.assert_close(mass, torch.stack([torch.tensor(0.0), p[:2].sum(), p[:3].sum()]))
+    topk = _mass_above(logits, SamplingTransform(temperature=0.5, top_k=2, top_p=0.9), targets)
+    torch.testing.assert_close(topk, torch.tensor([0.0, 1.0, 1.0]))  # cut by top-k: all mass above
+    off = _mass_above(logits, SamplingTransform(temperature=0.5, top_k=0, top_p=1.0), targets)
+    assert torch.isnan(off).all()
