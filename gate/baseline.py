@@ -222,10 +222,12 @@ def write(
     """Write a baseline from ``run_dir``'s evidence of ``engine``; returns what changed (update)."""
     run = read_run_manifest(run_dir)
     e = ev.load(run_dir / "engines" / engine)
-    outside = int((~np.isfinite(e[f"{ev.SAMPLE}_{ev.TRAINER_PROCESSED}"])).sum())
-    if (
-        outside
-    ):  # a reference from an engine that ignores top-k/top-p would make every later run look wrong
+    from gate.checks.nucleus_edge import decidably_outside  # gate.checks imports this module
+
+    # A reference from an engine that ignores top-k/top-p would make every later run look wrong;
+    # tokens on the nucleus edge (bf16 rounding, ties) are no sign of that.
+    outside = decidably_outside(e, run.get("sampling") or {})
+    if outside:
         raise GateError(
             f"{run_dir}: engine '{engine}' sampled {outside} token(s) that the requested top-k/top-p excludes; "
             "refusing to record a baseline from it"
@@ -299,10 +301,11 @@ def write(
 
 
 def _summary(e: ev.Evidence) -> dict[str, Any]:
+    from gate.checks.context import sampled_pairs  # gate.checks imports this module
+
     g = ev.SAMPLE
-    stats = mismatch(
-        e[f"{g}_{ev.TRAINER_PROCESSED}"], e[f"{g}_{ev.ENGINE_LOGPROB}"], e[f"{g}_{ev.OFFSETS}"]
-    )
+    pairs = sampled_pairs(e)  # as the checks read them: tokens on the nucleus edge left out
+    stats = mismatch(pairs.trainer, pairs.engine, pairs.offsets)
     lengths = np.diff(e[f"{g}_{ev.OFFSETS}"])
     greedy_len = np.diff(e[f"{ev.GREEDY}_{ev.OFFSETS}"])
     return {

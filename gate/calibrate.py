@@ -28,7 +28,7 @@ import numpy as np
 
 from gate import evidence as ev
 from gate.baseline import NOISE_DESIGN, design_statement
-from gate.checks.context import per_prompt
+from gate.checks.context import per_prompt, sampled_pairs
 from gate.checks.forward_drift import aligned_teacher_forced
 from gate.config import GateConfig
 from gate.device import device_class
@@ -79,25 +79,18 @@ def noise_floors(a: ev.Evidence, b: ev.Evidence) -> dict[str, float]:
     lp_a, lp_b, _, _ = aligned_teacher_forced(a, b)
     drift = np.abs(lp_a - lp_b)
     g = ev.SAMPLE
-    abs_d = {
-        k: np.abs(
-            e[f"{g}_{ev.TRAINER_PROCESSED}"].astype(np.float64) - e[f"{g}_{ev.ENGINE_LOGPROB}"]
-        )
-        for k, e in (("a", a), ("b", b))
-    }
+    # As the checks read them: tokens the reference's top-k/top-p excludes have no finite d and are
+    # left out (logprob-semantics judges those).
+    pairs = [sampled_pairs(e) for e in (a, b)]
+    abs_d = [np.abs(p.trainer.astype(np.float64) - p.engine) for p in pairs]
     low, high, point = bootstrap_mean_diff_ci(
-        per_prompt(a, g, abs_d["a"]), per_prompt(b, g, abs_d["b"])
+        per_prompt(a, g, abs_d[0], pairs[0].offsets), per_prompt(b, g, abs_d[1], pairs[1].offsets)
     )
     ids, off = f"{ev.GREEDY}_{ev.TOKEN_IDS}", f"{ev.GREEDY}_{ev.OFFSETS}"
     has_greedy = off in a.arrays and off in b.arrays
     greedy = greedy_agreement(a[ids], a[off], b[ids], b[off]) if has_greedy else None
     ratio = length_ratio(a[f"{g}_{ev.OFFSETS}"], b[f"{g}_{ev.OFFSETS}"])
-    stats = [
-        mismatch(
-            e[f"{g}_{ev.TRAINER_PROCESSED}"], e[f"{g}_{ev.ENGINE_LOGPROB}"], e[f"{g}_{ev.OFFSETS}"]
-        )
-        for e in (a, b)
-    ]
+    stats = [mismatch(p.trainer, p.engine, p.offsets) for p in pairs]
     return {
         "mean_abs_drift": float(drift.mean()) if len(drift) else 0.0,
         "max_abs_drift": float(drift.max()) if len(drift) else 0.0,

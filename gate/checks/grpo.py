@@ -50,13 +50,13 @@ INFO = ("step_s", "push_s")
 def margin(reference_se: np.ndarray | None, new_se: np.ndarray, floor: float) -> np.ndarray:
     """[steps] allowed excess: Z standard errors of (new - reference), never under ``floor``.
 
-    ``reference_se`` is [seeds, steps] (its largest per step counts) or None, when the reference
-    recorded none and the new run's errors stand in for it. A NaN error (a step with one unit)
-    gives no margin beyond the floor.
+    The errors are those under "nothing changed": the reference's, for the reference and for a new
+    run like it (``reference_se`` [seeds, steps], its largest per step), so a broken engine's own
+    wider spread does not widen the band it is judged by. A reference that recorded none borrows
+    the new run's. A NaN error (a step with one unit) gives no margin beyond the floor.
     """
     ref = new_se if reference_se is None else np.nanmax(reference_se, axis=0)
-    combined = Z * np.sqrt(ref**2 + new_se**2)
-    return np.maximum(floor, np.nan_to_num(combined, nan=0.0))
+    return np.maximum(floor, np.nan_to_num(Z * np.sqrt(2.0) * ref, nan=0.0))
 
 
 def band(reference: np.ndarray, allowed: np.ndarray, edges: str) -> tuple[np.ndarray, np.ndarray]:

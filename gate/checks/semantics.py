@@ -38,7 +38,8 @@ import numpy as np
 from gate import evidence as ev
 from gate.checks.base import CheckResult, CheckSpec, Limit, Measurement, Threshold, measure
 from gate.checks.context import sampled_pairs
-from gate.checks.temperature_fit import TemperatureFit, evidence_logit_noise, fit_evidence
+from gate.checks.nucleus_edge import undecidable_outside
+from gate.checks.temperature_fit import TemperatureFit, fit_evidence
 from gate.metrics import logprob_semantics_distances
 from gate.verdict import Status, worst
 
@@ -92,40 +93,6 @@ def _distances(e) -> tuple[dict[str, float], int, int]:
     return logprob_semantics_distances(pairs.engine, pairs.trainer, raw), pairs.masked, pairs.total
 
 
-def _undecidable(e, sampling: dict) -> tuple[int, float | None]:
-    """Sampled tokens outside the reference's transform that sit on its edge, and the logit noise
-    that edge was measured with (None where the evidence does not give it).
-
-    On the edge: within one ULP of the boundary logit; or, against the logit noise the engine and
-    the reference show at the same positions (``evidence_logit_noise``), nearer to the top-k cut
-    than that noise, or excluded by top-p by less than that noise moves the nucleus: the log-odds
-    of the probability above the token exceed those of top_p by at most noise / T (a shift of
-    ``delta`` in the logits above against those below moves those log-odds by ``delta / T``). A bf16
-    engine and a bf16 trainer trunk round differently, and where the cut falls is then no finding.
-    """
-    outside = ~np.isfinite(e[f"{ev.SAMPLE}_{ev.TRAINER_PROCESSED}"])
-    edge = e.arrays.get(f"{ev.SAMPLE}_{ev.TRAINER_AT_BOUNDARY}")
-    edge = np.zeros_like(outside) if edge is None else edge.astype(bool)
-    gap = e.arrays.get(f"{ev.SAMPLE}_{ev.TRAINER_BOUNDARY_GAP}")
-    mass = e.arrays.get(f"{ev.SAMPLE}_{ev.TRAINER_MASS_ABOVE}")
-    noise = evidence_logit_noise(e) if gap is not None or mass is not None else None
-    if noise is not None:
-        with np.errstate(invalid="ignore", divide="ignore"):  # NaN: no transform applies there
-            if gap is not None:
-                edge = edge | (gap <= noise)
-            top_p = float(sampling.get("top_p", 1.0))
-            if mass is not None and 0.0 < top_p < 1.0:
-                temperature = float(sampling.get("temperature") or 1.0)
-                over = _log_odds(mass.astype(np.float64)) - _log_odds(np.float64(top_p))
-                edge = edge | (over <= noise / temperature)
-    return int(np.count_nonzero(edge & outside)), noise
-
-
-def _log_odds(p: np.ndarray) -> np.ndarray:
-    p = np.clip(p, 1e-12, 1.0 - 1e-12)
-    return np.log(p) - np.log1p(-p)
-
-
 def run(ctx, settings) -> CheckResult:
     opts = settings.options
     expect = opts["expect"]
@@ -134,7 +101,7 @@ def run(ctx, settings) -> CheckResult:
     found, outside, measurements = {}, {}, []
     for name, e in ctx.engines():
         dist, excluded, total = _distances(e)
-        undecidable, noise = _undecidable(e, ctx.sampling)
+        undecidable, noise = undecidable_outside(e, ctx.sampling)
         masked = excluded - undecidable
         found[name] = classify(
             dist["mean_abs_diff_processed"],

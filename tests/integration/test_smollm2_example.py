@@ -9,11 +9,14 @@ and a reward that has room to move; the weight push passes on a bf16 model.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 
 import pytest
+import yaml
 
-from tests.integration.conftest import REPO, Replay, replay
+from tests.integration.conftest import REPO, Replay, replay, run_cli
 
 pytestmark = pytest.mark.engine
 
@@ -32,6 +35,22 @@ def test_the_clean_upgrade_is_not_a_fail(smol_run):
     assert "FAIL" not in statuses.values() and "ERROR" not in statuses.values(), statuses
     for check in ("weight-sync", "precision", "tokenization", "greedy-and-length", "config-parity"):
         assert statuses[check] == "PASS", smol_run.check(check)["summary"]
+
+
+def test_without_the_committed_baseline_it_is_not_a_fail_either(smol_run, tmp_path):
+    """The same evidence judged against the old engine alone (gate check, no engine started)."""
+    raw = yaml.safe_load(EXAMPLE.read_text())
+    raw["prompts"] = [str((EXAMPLE.parent / p).resolve()) for p in raw["prompts"]]
+    raw.pop("baseline")
+    config = tmp_path / "no-baseline.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    run_dir = tmp_path / "run"  # gate check writes its report into the run directory: a copy
+    shutil.copytree(smol_run.run_dir, run_dir)
+    proc = run_cli("check", str(run_dir), "-c", str(config), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((run_dir / "report.json").read_text())
+    statuses = {c["id"]: c["status"] for c in report["checks"]}
+    assert "FAIL" not in statuses.values() and statuses["grpo-trajectory"] in ("PASS", "WARN"), statuses
 
 
 def test_tokens_at_the_nucleus_edge_are_undecidable_not_outside(smol_run):

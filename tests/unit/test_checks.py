@@ -382,8 +382,10 @@ def test_grpo_margin_is_z_standard_errors_of_the_difference_never_under_the_floo
 
     new_se = np.array([0.03, 0.0, np.nan])
     ref_se = np.array([[0.04, 0.0, 0.01], [0.02, 0.0, 0.01]])  # the larger seed's error per step counts
-    np.testing.assert_allclose(margin(ref_se, new_se, 1e-4), [Z * 0.05, 1e-4, 1e-4])
+    # the errors under "nothing changed" are the reference's: the new run's own do not widen it
+    np.testing.assert_allclose(margin(ref_se, new_se, 1e-4), [Z * np.sqrt(2) * 0.04, 1e-4, Z * np.sqrt(2) * 0.01])
     np.testing.assert_allclose(margin(None, np.array([0.03]), 0.0), [Z * 0.03 * np.sqrt(2)])  # borrowed
+    np.testing.assert_allclose(margin(ref_se, np.array([np.nan, 9.0, 9.0]), 1e-4)[1], 1e-4)
 
 
 def test_grpo_band_on_a_noisy_model_holds_noise_and_catches_a_shift(tmp_path, clean):

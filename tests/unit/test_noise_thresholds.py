@@ -147,3 +147,20 @@ def test_calibration_reads_greedy_flips_and_length_spread(tmp_path):
     floors = noise_floors(a, b)
     assert floors["greedy_mismatch_rate"] == pytest.approx(1 / 20)
     assert floors["length_ratio_deviation"] == 0.0  # the same sampled lengths
+
+
+def test_calibration_leaves_out_tokens_outside_the_transform_as_the_checks_do(tmp_path):
+    """A bf16 reference engine samples a few tokens on the nucleus edge (processed -inf): the
+    A/A floors are read on the other tokens, like train-inference-mismatch reads them."""
+    import numpy as np
+
+    a = make_evidence(tmp_path / "a", seed=1)
+    b = make_evidence(tmp_path / "b", seed=1)
+    clean = noise_floors(a, b)
+    for e in (a, b):
+        processed = e.arrays["sample_trainer_logprob_processed"].copy()
+        processed[[0, 40, 80]] = -np.inf
+        e.arrays["sample_trainer_logprob_processed"] = processed
+    floors = noise_floors(a, b)
+    assert all(np.isfinite(v) for v in floors.values()), floors
+    assert floors["k3_kl"] == pytest.approx(clean["k3_kl"], abs=1e-6)
