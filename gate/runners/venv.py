@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 import sys
@@ -20,7 +21,15 @@ from gate.config import EngineConfig
 from gate.errors import EngineError
 from gate.files import exclusive_lock
 from gate.runners.base import Runner, run_logged, stderr_log
-from gate.runners.venv_build import STAMP, VenvBuildError, build, is_built, parse_cli, venv_path
+from gate.runners.venv_build import (
+    STAMP,
+    VenvBuildError,
+    build,
+    find_uv,
+    is_built,
+    parse_cli,
+    venv_path,
+)
 
 
 def gate_package_dir() -> Path:
@@ -57,7 +66,14 @@ class VenvRunner(Runner):
         return {"kind": "venv", "packages": installed_packages(Path(stamp["site_packages"]))}
 
     def worker_env(self, engine: EngineConfig) -> dict[str, str]:
-        return {"PYTHONPATH": str(self._gate_src[engine.name])}
+        env = {"PYTHONPATH": str(self._gate_src[engine.name])}
+        # A uv-built venv has no pip, and vLLM's /server_info then lists packages with `uv pip list`
+        # (vllm.collect_env): without uv on PATH it answers HTTP 500 and server mode cannot start.
+        uv = find_uv()
+        if uv:
+            path = engine.env.get("PATH") or os.environ.get("PATH", "")
+            env["PATH"] = os.pathsep.join([str(Path(uv).parent), path])
+        return env
 
 
 def ensure_venv(

@@ -64,3 +64,24 @@ def test_old_gate_copies_are_pruned(tmp_path):
     keep = tmp_path / "h5"
     venv_mod._prune_old_copies(tmp_path, keep=keep, max_kept=3)
     assert len(list(tmp_path.iterdir())) == 3 and keep.exists()
+
+
+def test_the_worker_finds_uv_on_its_path_for_vllms_server_info(tmp_path, monkeypatch):
+    """A uv-built venv has no pip: vLLM's /server_info runs `uv pip list` and answers HTTP 500
+    when uv is not on PATH, so the worker's PATH starts with the uv gate builds venvs with."""
+    import os
+    from pathlib import Path
+
+    from gate.config import BUILTIN_CONFIG, load_config
+
+    engine = load_config(BUILTIN_CONFIG).engines["new"]
+    uv = tmp_path / "bin" / "uv"
+    monkeypatch.setattr(venv_mod, "find_uv", lambda: str(uv))
+    monkeypatch.setenv("PATH", "/usr/bin")
+    runner = venv_mod.VenvRunner()
+    runner._gate_src[engine.name] = tmp_path
+    env = runner.worker_env(engine)
+    assert env["PATH"].split(os.pathsep) == [str(uv.parent), "/usr/bin"]
+    monkeypatch.setattr(venv_mod, "find_uv", lambda: None)
+    assert "PATH" not in runner.worker_env(engine)
+    assert Path(env["PYTHONPATH"]) == tmp_path
