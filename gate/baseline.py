@@ -301,10 +301,8 @@ def write(
 
 
 def _summary(e: ev.Evidence) -> dict[str, Any]:
-    from gate.checks.context import sampled_pairs  # gate.checks imports this module
-
     g = ev.SAMPLE
-    pairs = sampled_pairs(e)  # as the checks read them: tokens on the nucleus edge left out
+    pairs = ev.sampled_pairs(e)  # as the checks read them: tokens on the nucleus edge left out
     stats = mismatch(pairs.trainer, pairs.engine, pairs.offsets)
     lengths = np.diff(e[f"{g}_{ev.OFFSETS}"])
     greedy_len = np.diff(e[f"{ev.GREEDY}_{ev.OFFSETS}"])

@@ -209,3 +209,36 @@ def token_ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
         np.asarray(starts, dtype=np.int64) - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts
     )
     return begins + np.arange(total, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class SampledPairs:
+    """Trainer and engine logprobs of the sampled tokens the requested transform allows.
+
+    A token the trainer's processed logprob puts at -inf was sampled although top-k / top-p
+    excludes it; it has no finite d, so it is left out here and counted in ``masked``
+    (logprob-semantics judges that count). ``offsets`` index the kept tokens per sequence.
+    """
+
+    trainer: np.ndarray
+    engine: np.ndarray
+    offsets: np.ndarray
+    masked: int
+    total: int
+
+    @property
+    def masked_fraction(self) -> float:
+        return self.masked / self.total if self.total else 0.0
+
+
+def sampled_pairs(e: Evidence, trainer_key: str = TRAINER_PROCESSED) -> SampledPairs:
+    trainer, engine = e[f"{SAMPLE}_{trainer_key}"], e[f"{SAMPLE}_{ENGINE_LOGPROB}"]
+    offsets = e[f"{SAMPLE}_{OFFSETS}"]
+    keep = np.isfinite(trainer)
+    if keep.all():
+        return SampledPairs(trainer, engine, offsets, 0, len(trainer))
+    # Kept tokens before each sequence start: the new offsets, without a per-sequence loop.
+    kept_before = np.concatenate([[0], np.cumsum(keep, dtype=np.int64)])
+    return SampledPairs(
+        trainer[keep], engine[keep], kept_before[offsets], int((~keep).sum()), len(trainer)
+    )

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gate import evidence as ev
-from gate.evidence import Evidence
+from gate.evidence import Evidence, SampledPairs, sampled_pairs  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from gate.baseline import Baseline
@@ -75,34 +75,5 @@ def per_prompt(
     return per_group_mean(per_token, offsets, e[f"{group}_{ev.PROMPT_INDEX}"], e.n_prompts)
 
 
-@dataclass(frozen=True)
-class SampledPairs:
-    """Trainer and engine logprobs of the sampled tokens the requested transform allows.
-
-    A token the trainer's processed logprob puts at -inf was sampled although top-k / top-p
-    excludes it; it has no finite d, so it is left out here and counted in ``masked``
-    (logprob-semantics judges that count). ``offsets`` index the kept tokens per sequence.
-    """
-
-    trainer: np.ndarray
-    engine: np.ndarray
-    offsets: np.ndarray
-    masked: int
-    total: int
-
-    @property
-    def masked_fraction(self) -> float:
-        return self.masked / self.total if self.total else 0.0
-
-
-def sampled_pairs(e: Evidence, trainer_key: str = ev.TRAINER_PROCESSED) -> SampledPairs:
-    trainer, engine = e[f"{ev.SAMPLE}_{trainer_key}"], e[f"{ev.SAMPLE}_{ev.ENGINE_LOGPROB}"]
-    offsets = e[f"{ev.SAMPLE}_{ev.OFFSETS}"]
-    keep = np.isfinite(trainer)
-    if keep.all():
-        return SampledPairs(trainer, engine, offsets, 0, len(trainer))
-    # Kept tokens before each sequence start: the new offsets, without a per-sequence loop.
-    kept_before = np.concatenate([[0], np.cumsum(keep, dtype=np.int64)])
-    return SampledPairs(
-        trainer[keep], engine[keep], kept_before[offsets], int((~keep).sum()), len(trainer)
-    )
+# SampledPairs and sampled_pairs live in gate.evidence (the baseline writer reads them too); the
+# checks import them from here.
