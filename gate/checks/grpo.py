@@ -27,9 +27,9 @@ from gate.verdict import Status, worst
 ID = "grpo-trajectory"
 TITLE = "Mini GRPO trajectory"
 
-# Standard errors of the difference a band allows. Per run the check makes 7 metrics x steps x
-# edges one-sided comparisons (~100 for 8 steps); at 3.5 sigma each is a false alarm 2.3e-4 of the
-# time, about 2% for the whole band if the step means were normal and independent.
+# Standard errors of the difference a band allows. Per step the check makes 10 one-sided
+# comparisons (4 upper edges, 3 metrics with two), 100 over 10 steps; at 3.5 sigma each is a false
+# alarm 2.3e-4 of the time, about 2% for the whole band if the step means were normal and independent.
 Z = 3.5
 
 # metric: (resolution floor of the margin, edges, status when outside). The floors are a tenth of
