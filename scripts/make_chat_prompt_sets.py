@@ -33,14 +33,16 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import random
+from functools import partial
 from pathlib import Path
+
+from make_prompt_sets import write_set as _write_set  # scripts/ is on sys.path when run
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "gate" / "assets" / "prompts"
 DEFAULT_SEED = 2025
 GENERATOR = "python scripts/make_chat_prompt_sets.py"
+write_set = partial(_write_set, generator=GENERATOR)
 SUMS_RECORDS = 32
 SUMS_INSTRUCTION = "Reply with only the number."
 
@@ -133,20 +135,6 @@ def sums(rng: random.Random) -> list[dict]:
         }
         for i, (a, b) in enumerate(pairs)
     ]
-
-
-def write_set(out: Path, name: str, records: list[dict], description: str) -> None:
-    data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode()
-    (out / f"{name}.jsonl").write_bytes(data)
-    manifest = {
-        "name": name,
-        "file": f"{name}.jsonl",
-        "sha256": hashlib.sha256(data).hexdigest(),
-        "records": len(records),
-        "generator": GENERATOR,
-        "description": description,
-    }
-    (out / f"{name}.manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
 
 
 def main() -> None:

@@ -355,7 +355,9 @@ def general_records(items: list[tuple[str, str, str]]) -> list[dict]:
 # --------------------------------------------------------------------------
 
 
-def write_set(out: Path, name: str, records: list[dict], description: str) -> Path:
+def write_set(
+    out: Path, name: str, records: list[dict], description: str, generator: str = GENERATOR
+) -> Path:
     """Write ``<name>.jsonl`` and its manifest; return the JSONL path."""
     data = "".join(json.dumps(rec, ensure_ascii=False) + "\n" for rec in records).encode("utf-8")
     jsonl = out / f"{name}.jsonl"
@@ -365,7 +367,7 @@ def write_set(out: Path, name: str, records: list[dict], description: str) -> Pa
         "file": jsonl.name,
         "sha256": hashlib.sha256(data).hexdigest(),
         "records": len(records),
-        "generator": GENERATOR,
+        "generator": generator,
         "description": description,
     }
     (out / f"{name}.manifest.json").write_text(
