@@ -55,7 +55,9 @@ def margin(reference_se: np.ndarray | None, new_se: np.ndarray, floor: float) ->
     wider spread does not widen the band it is judged by. A reference that recorded none borrows
     the new run's. A NaN error (a step with one unit) gives no margin beyond the floor.
     """
-    ref = new_se if reference_se is None else np.nanmax(reference_se, axis=0)
+    ref = (
+        new_se if reference_se is None else np.fmax.reduce(reference_se, axis=0)
+    )  # NaN-skipping, no warning
     return np.maximum(floor, np.nan_to_num(Z * np.sqrt(2.0) * ref, nan=0.0))
 
 
