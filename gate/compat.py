@@ -6,7 +6,7 @@ This is the one place that states the worker's vLLM requirements. Three readers 
   ``.py`` files, never imported) and yields a ``{feature key: bool}`` map per release;
 * ``tests/compat`` and ``scripts/make_compat_table.py`` turn those maps into the compatibility
   test and ``docs/compatibility.md``;
-* the worker (``gate/worker/weight_sync.py``) probes the same features on a live engine and
+* the worker (``gate/worker/weight_push.py``) probes the same features on a live engine and
   picks its push by the same rule as :func:`worker_path` (an equivalence test holds them together;
   the worker may not import this module).
 
@@ -122,7 +122,7 @@ def worker_path(
 ) -> tuple[str, tuple[str, ...] | str]:
     """``(SUPPORTED, steps)`` of the weight push the worker takes, or ``(UNSUPPORTED, reason)``.
 
-    The rule the worker follows (no user hook configured; ``gate.worker.weight_sync.pick_adapter``
+    The rule the worker follows (no user hook configured; ``gate.worker.weight_push.pick_adapter``
     applies it to a live engine, and tests/unit/test_compat.py holds the two to the same answers):
 
     1. every push runs on the workers through ``LLM.collective_rpc``;

@@ -6,7 +6,7 @@ Run with an engine environment's Python (torch and transformers), from the check
 
     PYTHONPATH=. ENGINE_PY scripts/bf16_push_sensitivity.py MODEL_DIR [--scales 0 0.05 0.2]
 
-Per perturbation scale (``gate.worker.weight_sync.perturbed``, x each tensor's std): greedy
+Per perturbation scale (``gate.worker.policy_weights.perturbed``, x each tensor's std): greedy
 continuations of 8 chat prompts in bf16, then the mean |logprob difference| of those tokens between
 the bf16 model and fp32 (bf16 head vs fp32 head on the bf16 trunk's states; bf16 trunk vs fp32
 trunk, both with an fp32 head; both together).
@@ -19,7 +19,7 @@ import argparse
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from gate.worker.weight_sync import perturbed
+from gate.worker.policy_weights import perturbed
 
 QUESTIONS = ["What is the capital of France?", "Name a fruit.", "Tell me about the sea.",
              "What do bees make?", "How many legs has a cat?", "Say hi.", "Count to five.", "What is 2+2?"]  # fmt: skip

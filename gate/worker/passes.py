@@ -10,7 +10,7 @@ that fails) is recorded as that pass's ``error`` in engine.json, the passes afte
 as not run (the engine's weights are then unknown), and the replay's evidence, already gathered,
 is written and judged as usual. A failure in any other pass ends the worker, as before.
 
-Bounds: every call into the workers has a timeout (``weight_sync.call_workers``); each pass may
+Bounds: every call into the workers has a timeout (``weight_push.call_workers``); each pass may
 also be bounded by ``GATE_WORKER_PHASE_TIMEOUT_S`` (seconds), which ends it with an error naming it.
 
 Imports only numpy and the standard library at module level; the engine-side modules (vllm,
@@ -347,7 +347,7 @@ def _weight_sync(inp: PassInput, out: PassResults) -> None:
 
 def _grpo(inp: PassInput, out: PassResults) -> None:
     from gate.worker.grpo import run_grpo
-    from gate.worker.weight_sync import UnsupportedEngine, choose_adapter, push_naming_failures
+    from gate.worker.weight_push import UnsupportedEngine, choose_adapter, push_naming_failures
 
     g, ws = inp.request.grpo, inp.request.weight_sync
     assert g is not None  # enabled() says so

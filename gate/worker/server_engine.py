@@ -28,7 +28,7 @@ from gate.request import ServerRequest
 from gate.worker import server_replay as http
 from gate.worker.passes import EnginePass, PassInput, PassResults
 from gate.worker.server import SERVED_MODEL_NAME, Server
-from gate.worker.weight_sync import (
+from gate.worker.weight_push import (
     Adapter,
     UnsupportedEngine,
     load_hook,
@@ -144,7 +144,7 @@ def engine_dtype(engine: ServedEngine) -> torch.dtype:
 def probe_push(engine: ServedEngine) -> dict[str, Any]:
     """What this server offers for a weight push: its development endpoints, and whether its
     workers' ``reload_weights`` takes a folder (read from the worker class /server_info names)."""
-    from gate.worker.weight_sync import _import_class, accepts_keyword
+    from gate.worker.weight_push import _import_class, accepts_keyword
 
     spec: dict[str, Any] = {}
     with contextlib.suppress(http.ServerError):
@@ -321,7 +321,7 @@ def _weight_sync(inp: PassInput, out: PassResults) -> None:
 
 def _grpo(inp: PassInput, out: PassResults) -> None:
     from gate.worker.grpo import run_grpo
-    from gate.worker.weight_sync import push_naming_failures
+    from gate.worker.weight_push import push_naming_failures
 
     engine, g, ws = _served(inp), inp.request.grpo, inp.request.weight_sync
     assert g is not None  # enabled() says so

@@ -90,7 +90,7 @@ def test_workers_in_other_processes_need_weights_path():
 def test_the_worker_picks_the_push_the_table_states(present, multiprocess):
     """pick_adapter (live engine) and worker_path (release table) are one rule: same answer for every
     combination of features (reset_prefix_cache aside: the worker calls it where it exists)."""
-    ws = pytest.importorskip("gate.worker.weight_sync")
+    ws = pytest.importorskip("gate.worker.weight_push")
     features = {k: k in present for k in compat.PUSH_FEATURES}
     status, detail = compat.worker_path({**features, compat.RESET_PREFIX_CACHE: True}, multiprocess)
     paths = (

@@ -24,6 +24,8 @@ from gate import evidence as ev  # noqa: E402
 from gate.checks import parse_settings, run_checks  # noqa: E402
 from gate.checks.context import Context  # noqa: E402
 from gate.verdict import Status  # noqa: E402
+from gate.worker import policy_weights as pw  # noqa: E402
+from gate.worker import weight_push as wp  # noqa: E402
 from gate.worker import weight_sync as ws  # noqa: E402
 
 from ..factory import RUN, make_evidence  # noqa: E402
@@ -131,22 +133,22 @@ class V0Engine:
     ids=["0.15-worker", "0.16-worker-forwards", "runner-names-it", "0.16-behind-wrapper", "0.15-behind-wrapper", "none"],
 )  # fmt: skip
 def test_signature_probe(worker, accepts):
-    assert ws.accepts_weights_iterator(worker) is accepts
+    assert wp.accepts_weights_iterator(worker) is accepts
 
 
 def test_a_kwargs_forward_counts_only_when_the_runner_names_weights_iterator():
     worker = WorkerFrom016()
     worker.model_runner = RunnerBefore016()
-    assert not ws.accepts_weights_iterator(worker)
+    assert not wp.accepts_weights_iterator(worker)
 
 
 def test_before_016_the_runner_load_weights_path_is_taken_and_loads_in_place():
     llm = LLM(WorkerBefore016())
     with pytest.raises(TypeError):  # what the old probe's choice did on 0.11-0.15
-        llm.collective_rpc(ws._reload_on_worker, args=({},))
-    adapter = ws.choose_adapter(llm, None)
-    assert adapter.name == ws.RUNNER_LOAD_WEIGHTS.name
-    assert adapter.probed == ws.PushPaths(reload_weights_iterator=False, runner_load_weights=True)
+        llm.collective_rpc(wp._reload_on_worker, args=({},))
+    adapter = wp.choose_adapter(llm, None)
+    assert adapter.name == wp.RUNNER_LOAD_WEIGHTS.name
+    assert adapter.probed == wp.PushPaths(reload_weights_iterator=False, runner_load_weights=True)
     new = {"proj.weight": torch.arange(4.0).reshape(2, 2)}
     adapter.push(llm, new)
     assert torch.equal(llm.workers[0].model_runner.model.proj.weight, new["proj.weight"])
@@ -155,10 +157,10 @@ def test_before_016_the_runner_load_weights_path_is_taken_and_loads_in_place():
 
 def test_from_016_reload_weights_is_taken():
     llm = LLM(WorkerFrom016())
-    adapter = ws.choose_adapter(llm, None)
+    adapter = wp.choose_adapter(llm, None)
     assert (
         adapter.name
-        == ws.RELOAD_WEIGHTS.name
+        == wp.RELOAD_WEIGHTS.name
         == "collective_rpc reload_weights + reset_prefix_cache"
     )
     adapter.push(llm, {"proj.weight": torch.zeros(2, 2)})
@@ -166,14 +168,14 @@ def test_from_016_reload_weights_is_taken():
 
 
 def test_every_worker_must_offer_the_path():
-    adapter = ws.choose_adapter(LLM(WorkerFrom016(), WorkerBefore016()), None)
-    assert adapter.name == ws.RUNNER_LOAD_WEIGHTS.name
+    adapter = wp.choose_adapter(LLM(WorkerFrom016(), WorkerBefore016()), None)
+    assert adapter.name == wp.RUNNER_LOAD_WEIGHTS.name
 
 
 def test_v0_engine_uses_the_driver_worker():
     llm = V0Engine()
-    assert ws.choose_adapter(llm, None).name == ws.V0_LOAD_WEIGHTS.name
-    ws.choose_adapter(llm, None).push(llm, {"proj.weight": torch.ones(2, 2)})
+    assert wp.choose_adapter(llm, None).name == wp.V0_LOAD_WEIGHTS.name
+    wp.choose_adapter(llm, None).push(llm, {"proj.weight": torch.ones(2, 2)})
     assert torch.equal(
         llm.llm_engine.model_executor.driver_worker.model_runner.model.proj.weight, torch.ones(2, 2)
     )
@@ -183,15 +185,15 @@ def test_no_path_is_unsupported_with_the_reason():
     worker = WorkerBefore016()
     del worker.model_runner.model
     with pytest.raises(
-        ws.UnsupportedEngine, match=r"takes no weights_iterator.*weight_update\.hook"
+        wp.UnsupportedEngine, match=r"takes no weights_iterator.*weight_update\.hook"
     ):
-        ws.choose_adapter(LLM(worker), None)
+        wp.choose_adapter(LLM(worker), None)
 
 
 def test_a_hook_wins_without_probing(tmp_path):
     hook = tmp_path / "hook.py"
     hook.write_text("def push(llm, state_dict):\n    llm.pushed = state_dict\n")
-    adapter = ws.choose_adapter(object(), f"{hook}:push")  # no engine API at all: never probed
+    adapter = wp.choose_adapter(object(), f"{hook}:push")  # no engine API at all: never probed
     assert adapter.name == f"hook {hook}:push" and adapter.probed is None
 
 
@@ -273,9 +275,9 @@ def _tied_model(tmp_path: Path):
 
 def test_tied_weights_are_perturbed_once_and_stay_tied(tmp_path):
     trainer = _tied_model(tmp_path)
-    old = ws.clone_state_dict(trainer.state_dict())
+    old = pw.clone_state_dict(trainer.state_dict())
     assert old["lm_head.weight"] is old["model.embed_tokens.weight"]  # the copy keeps the tie
-    new = ws.perturbed(old, 0.1, seed=0)
+    new = pw.perturbed(old, 0.1, seed=0)
     assert new["lm_head.weight"] is new["model.embed_tokens.weight"]
     assert not torch.equal(new["lm_head.weight"], old["lm_head.weight"])
 
@@ -294,13 +296,13 @@ def test_tied_weights_are_perturbed_once_and_stay_tied(tmp_path):
 def test_host_state_dicts_are_copies_that_keep_ties_and_load_into_the_one_model(tmp_path):
     trainer = _tied_model(tmp_path)
     live = trainer.state_dict()
-    old = ws.host_state_dict(live, pin=False)
+    old = pw.host_state_dict(live, pin=False)
     assert old["lm_head.weight"] is old["model.embed_tokens.weight"]
     assert all(t.device.type == "cpu" for t in old.values())
     # Copies, not the model's own tensors: loading the new policy must leave the old one intact.
     assert all(old[k].data_ptr() != v.data_ptr() for k, v in live.items())
-    assert all(torch.equal(old[k], v) for k, v in ws.clone_state_dict(live).items())
-    new = ws.perturbed(old, 0.1, seed=0)
+    assert all(torch.equal(old[k], v) for k, v in pw.clone_state_dict(live).items())
+    new = pw.perturbed(old, 0.1, seed=0)
     trainer.load_state_dict(new)
     assert torch.equal(trainer.lm_head.weight, new["lm_head.weight"])
     assert not torch.equal(old["lm_head.weight"], new["lm_head.weight"])
@@ -324,12 +326,12 @@ def test_the_trainer_runs_in_the_engines_dtype(dtype, expected):
 def test_untied_and_distinct_views_are_perturbed_independently():
     base = torch.randn(4, 3, generator=torch.Generator().manual_seed(1))
     state = {"a": base[:2], "b": base[2:], "c": torch.randn(4, 3), "step": torch.tensor(7)}
-    new = ws.perturbed(state, 0.5, seed=3)
+    new = pw.perturbed(state, 0.5, seed=3)
     assert all(not torch.equal(new[k], state[k]) for k in "abc")
     assert not torch.allclose(new["a"] - state["a"], new["b"] - state["b"])
     assert torch.equal(new["step"], state["step"])  # integer buffers are copied, not moved
     assert all(
-        torch.equal(new[k], v) for k, v in ws.perturbed(state, 0.5, seed=3).items()
+        torch.equal(new[k], v) for k, v in pw.perturbed(state, 0.5, seed=3).items()
     )  # reproducible
 
 
@@ -439,7 +441,7 @@ class ParallelLLM(LLM):
         from safetensors.torch import load_file
 
         folder = Path(kwargs["weights_path"])
-        self.read.append(load_file(folder / ws.WEIGHTS_FILE))  # what each rank would load
+        self.read.append(load_file(folder / wp.WEIGHTS_FILE))  # what each rank would load
         return [None, None]
 
 
@@ -458,9 +460,9 @@ class ForwardingWorker:
 
 def test_a_worker_class_is_probed_without_an_instance():
     # Worker(*args, **kwargs) forwards to the runner classes its module holds (GPUModelRunner).
-    assert ws.accepts_keyword(ForwardingWorker, "weights_path")
-    assert ws.model_runner_classes(ForwardingWorker) == [RunnerModelRunner]
-    assert not ws.accepts_keyword(WorkerBefore016, "weights_path")
+    assert wp.accepts_keyword(ForwardingWorker, "weights_path")
+    assert wp.model_runner_classes(ForwardingWorker) == [RunnerModelRunner]
+    assert not wp.accepts_keyword(WorkerBefore016, "weights_path")
 
 
 @pytest.mark.parametrize(
@@ -477,15 +479,15 @@ def test_workers_are_in_other_processes_with_parallel_ranks_or_an_mp_ray_executo
     shape, multiprocess
 ):
     llm = ParallelLLM(WORKER_FROM_016, *shape)
-    assert ws.executor_shape(llm).multiprocess is multiprocess
+    assert wp.executor_shape(llm).multiprocess is multiprocess
 
 
 def test_tensor_parallel_takes_the_folder_push_and_sends_only_a_path(tmp_path, monkeypatch):
-    monkeypatch.setenv(ws.RPC_TIMEOUT_ENV, "42")
+    monkeypatch.setenv(wp.RPC_TIMEOUT_ENV, "42")
     llm = ParallelLLM(f"{__name__}.ForwardingWorker")
-    adapter = ws.choose_adapter(llm, None, tmp_path)
-    assert adapter.name == ws.FOLDER_RELOAD.name
-    assert adapter.probed == ws.PushPaths(False, False, True, True, f"{__name__}.ForwardingWorker")
+    adapter = wp.choose_adapter(llm, None, tmp_path)
+    assert adapter.name == wp.FOLDER_RELOAD.name
+    assert adapter.probed == wp.PushPaths(False, False, True, True, f"{__name__}.ForwardingWorker")
     state = {"a": torch.ones(2), "b": torch.zeros(3)}
     adapter.push(llm, state)
     ((method, timeout, kwargs),) = llm.calls
@@ -497,8 +499,8 @@ def test_tensor_parallel_takes_the_folder_push_and_sends_only_a_path(tmp_path, m
 
 def test_tensor_parallel_before_016_is_unsupported_with_the_reason():
     llm = ParallelLLM(WORKER_BEFORE_016)
-    with pytest.raises(ws.UnsupportedEngine, match=r"separate processes.*takes no weights_path"):
-        ws.choose_adapter(llm, None)
+    with pytest.raises(wp.UnsupportedEngine, match=r"separate processes.*takes no weights_path"):
+        wp.choose_adapter(llm, None)
 
 
 def test_tied_tensors_are_written_under_both_names(tmp_path):
@@ -506,9 +508,9 @@ def test_tied_tensors_are_written_under_both_names(tmp_path):
 
     embed = torch.arange(6.0).reshape(3, 2)
     state = {"model.embed_tokens.weight": embed, "lm_head.weight": embed, "norm": torch.ones(2)}
-    with ws.staged_weights(state, [tmp_path]) as folder:
+    with wp.staged_weights(state, [tmp_path]) as folder:
         assert folder.parent == tmp_path
-        loaded = load_file(folder / ws.WEIGHTS_FILE)
+        loaded = load_file(folder / wp.WEIGHTS_FILE)
     assert sorted(loaded) == sorted(state)
     assert torch.equal(loaded["lm_head.weight"], embed) and torch.equal(
         loaded["model.embed_tokens.weight"], embed
@@ -519,7 +521,7 @@ def test_tied_tensors_are_written_under_both_names(tmp_path):
 def test_the_folder_is_removed_when_the_push_fails(tmp_path):
     with (
         pytest.raises(RuntimeError, match="rank 1 broke"),
-        ws.staged_weights({"a": torch.ones(2)}, [tmp_path]),
+        wp.staged_weights({"a": torch.ones(2)}, [tmp_path]),
     ):
         raise RuntimeError("rank 1 broke")
     assert list(tmp_path.iterdir()) == []
@@ -529,25 +531,25 @@ def test_the_first_folder_with_room_is_used(tmp_path, monkeypatch):
     small, large = tmp_path / "shm", tmp_path / "beside"
     small.mkdir(), large.mkdir()
     free = {str(small): 10 * 2**20, str(large): 10 * 2**30}
-    real = ws.shutil.disk_usage
+    real = wp.shutil.disk_usage
     monkeypatch.setattr(
-        ws.shutil,
+        wp.shutil,
         "disk_usage",
         lambda p: SimpleNamespace(free=free[str(p)]) if str(p) in free else real(p),
     )
-    assert ws.staging_parent(100 * 2**20, [small, large]) == large
+    assert wp.staging_parent(100 * 2**20, [small, large]) == large
     with pytest.raises(
         RuntimeError,
         match=r"no folder has room for the 20\.00 GiB.*shm: 0\.01 GiB free.*missing: No such file",
     ):
-        ws.staging_parent(20 * 2**30, [small, large, tmp_path / "missing"])
+        wp.staging_parent(20 * 2**30, [small, large, tmp_path / "missing"])
 
 
 def test_staging_prefers_gate_push_dir_then_shared_memory_then_beside(tmp_path, monkeypatch):
-    monkeypatch.delenv(ws.PUSH_DIR_ENV, raising=False)
-    assert ws.staging_roots(tmp_path) == (ws.SHARED_MEMORY, tmp_path)
-    monkeypatch.setenv(ws.PUSH_DIR_ENV, "/shared/nfs")
-    assert ws.staging_roots(None) == (Path("/shared/nfs"), ws.SHARED_MEMORY)
+    monkeypatch.delenv(wp.PUSH_DIR_ENV, raising=False)
+    assert wp.staging_roots(tmp_path) == (wp.SHARED_MEMORY, tmp_path)
+    monkeypatch.setenv(wp.PUSH_DIR_ENV, "/shared/nfs")
+    assert wp.staging_roots(None) == (Path("/shared/nfs"), wp.SHARED_MEMORY)
 
 
 def test_a_worker_call_that_times_out_names_the_phase():
@@ -556,20 +558,20 @@ def test_a_worker_call_that_times_out_names_the_phase():
             raise TimeoutError(f"RPC call to {method} timed out.")
 
     with pytest.raises(
-        ws.WorkerCallTimeout, match=r"weight push: .*collective_rpc\(reload_weights\) within 600s"
+        wp.WorkerCallTimeout, match=r"weight push: .*collective_rpc\(reload_weights\) within 600s"
     ):
-        ws.call_workers(Hung(), "reload_weights", "weight push")
+        wp.call_workers(Hung(), "reload_weights", "weight push")
 
 
 def test_a_push_that_raises_names_its_path():
-    adapter = ws.Adapter(
+    adapter = wp.Adapter(
         "hook hooks.py:broken",
         lambda llm, sd: (_ for _ in ()).throw(AttributeError("no weight_loader")),
     )
     with pytest.raises(
-        ws.PushFailed, match=r"the push via hook hooks\.py:broken raised AttributeError"
+        wp.PushFailed, match=r"the push via hook hooks\.py:broken raised AttributeError"
     ) as info:
-        ws.push_naming_failures(adapter, LLM(), {})
+        wp.push_naming_failures(adapter, LLM(), {})
     assert info.value.adapter == "hook hooks.py:broken"
 
 

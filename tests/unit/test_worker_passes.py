@@ -138,6 +138,10 @@ def engine(monkeypatch):
 
     grpo.run_grpo = run_grpo
     monkeypatch.setitem(sys.modules, "gate.worker.weight_sync", ws)
+    push_layer = ModuleType("gate.worker.weight_push")
+    push_layer.UnsupportedEngine, push_layer.choose_adapter = UnsupportedEngine, choose_adapter
+    push_layer.push_naming_failures = push_naming_failures
+    monkeypatch.setitem(sys.modules, "gate.worker.weight_push", push_layer)
     monkeypatch.setitem(sys.modules, "gate.worker.grpo", grpo)
     return calls
 
