@@ -36,6 +36,7 @@ from gate.fingerprint import model_fingerprint
 from gate.promptset import PromptSet, load_prompt_set
 from gate.request import (
     GrpoRequest,
+    InflightRequest,
     PromptItem,
     ReferenceRequest,
     SamplingRequest,
@@ -170,8 +171,13 @@ def _weight_sync_request(cfg: GateConfig) -> WeightSyncRequest | None:
     w = cfg.weight_sync
     if not w.enabled:
         return None
+    i = w.inflight
+    inflight = None
+    if i.enabled:
+        inflight = InflightRequest(updates=list(i.updates), requests=i.requests, max_tokens=i.max_tokens,
+                                   switch_after=i.switch_after, timeout_s=i.timeout_s)  # fmt: skip
     return WeightSyncRequest(perturbation=w.perturbation, seed=w.seed, probes=w.probes, max_tokens=w.max_tokens,
-                             hook=cfg.weight_update.hook)  # fmt: skip
+                             hook=cfg.weight_update.hook, inflight=inflight)  # fmt: skip
 
 
 @dataclass(frozen=True)

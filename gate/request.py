@@ -62,6 +62,17 @@ class ReferenceRequest:
 
 
 @dataclass(frozen=True)
+class InflightRequest:
+    """The weight-sync probe's in-flight phase (gate/worker/inflight.py)."""
+
+    updates: list[str]  # built-in update names (inflight.BUILTIN_UPDATES) or hook specs
+    requests: int  # concurrent greedy requests
+    max_tokens: int  # tokens each generates (ignore_eos: every request runs to this length)
+    switch_after: int  # the update starts once every request has this many tokens
+    timeout_s: float  # the whole update, requests included: past it the phase is an error
+
+
+@dataclass(frozen=True)
 class WeightSyncRequest:
     """The in-place weight-update probe (gate/worker/weight_sync.py)."""
 
@@ -70,6 +81,7 @@ class WeightSyncRequest:
     probes: int  # questions, each asked alone and behind a shared multi-block prefix
     max_tokens: int
     hook: str | None = None  # "package.module:function" or "/path/file.py:function"
+    inflight: InflightRequest | None = None  # None: the in-flight phase is off
 
 
 @dataclass(frozen=True)
@@ -149,7 +161,10 @@ class WorkerRequest:
         raw["sampling"] = SamplingRequest(**raw["sampling"])
         raw["reference"] = ReferenceRequest(**raw["reference"])
         if raw.get("weight_sync") is not None:
-            raw["weight_sync"] = WeightSyncRequest(**raw["weight_sync"])
+            ws = dict(raw["weight_sync"])
+            if ws.get("inflight") is not None:
+                ws["inflight"] = InflightRequest(**ws["inflight"])
+            raw["weight_sync"] = WeightSyncRequest(**ws)
         if raw.get("grpo") is not None:
             raw["grpo"] = GrpoRequest(**raw["grpo"])
         if raw.get("server") is not None:

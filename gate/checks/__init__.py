@@ -38,6 +38,7 @@ def registry() -> list[CheckSpec]:
         forward_drift,
         greedy,
         grpo,
+        inflight,
         mismatch,
         precision,
         semantics,
@@ -55,6 +56,7 @@ def registry() -> list[CheckSpec]:
         tokenization,
         determinism,
         weight_sync,
+        inflight,
         grpo,
     )
     return [m.SPEC for m in modules]

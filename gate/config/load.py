@@ -29,6 +29,7 @@ from gate.config.sections import (
     EngineConfig,
     GateConfig,
     ModelConfig,
+    WeightSyncConfig,
     WeightUpdateConfig,
     require,
 )
@@ -113,6 +114,10 @@ def parse_config(raw: Any, path: Path) -> GateConfig:
     cfg.sampling.validate(f"{where}: sampling")
     cfg = dataclasses.replace(cfg, reference=cfg.reference.validate(f"{where}: reference"))
     cfg.grpo.validate(f"{where}: grpo")
+    cfg.weight_sync.inflight.validate(f"{where}: weight_sync.inflight")
+    cfg = dataclasses.replace(
+        cfg, weight_sync=_inflight_hooks_resolved(base, cfg.weight_sync, where)
+    )
     cfg = dataclasses.replace(cfg, docker=cfg.docker.validate(f"{where}: docker"))
     require(cfg.timeout_s > 0, f"{where}:", "timeout_s", "must be > 0")
     require(cfg.greedy.max_tokens >= 1, f"{where}: greedy", "max_tokens", "must be >= 1")
@@ -270,18 +275,27 @@ def _shown(value: Any) -> str:
     return type(value).__name__ if isinstance(value, (dict, list)) else repr(value)
 
 
-def _resolve_hook(base: Path, hook: str, where: str) -> str:
+def _resolve_hook(base: Path, hook: str, where: str, key: str = "weight_update.hook") -> str:
     module, _, func = hook.rpartition(":")
     if not module or not func:
         raise ConfigError(
-            f"{where}: weight_update.hook: expected 'package.module:function' or 'file.py:function', got {hook!r}"
+            f"{where}: {key}: expected 'package.module:function' or 'file.py:function', got {hook!r}"
         )
     if not module.endswith(".py"):
         return hook
     path = _resolve(base, module)
     if not path.is_file():
-        raise ConfigError(f"{where}: weight_update.hook: file '{path}' not found")
+        raise ConfigError(f"{where}: {key}: file '{path}' not found")
     return f"{path}:{func}"
+
+
+def _inflight_hooks_resolved(base: Path, ws: WeightSyncConfig, where: str) -> WeightSyncConfig:
+    """The in-flight updates with every hook's file made absolute (built-in names as they are)."""
+    updates = tuple(
+        _resolve_hook(base, u, where, f"weight_sync.inflight.updates[{i}]") if ":" in u else u
+        for i, u in enumerate(ws.inflight.updates)
+    )
+    return dataclasses.replace(ws, inflight=dataclasses.replace(ws.inflight, updates=updates))
 
 
 def _resolve(base: Path, value: str) -> Path:

@@ -162,6 +162,35 @@ def _is_memory_size(size: str | int) -> bool:
     return bool(_MEMORY_SIZE.match(size.strip()))
 
 
+INFLIGHT_BUILTIN_UPDATES = ("keep", "keep_clear", "abort_resubmit", "no_pause")
+
+
+@dataclass(frozen=True)
+class InflightConfig:
+    """The weight-sync probe's in-flight phase: new weights pushed while requests are generating
+    (gate/worker/inflight.py; docs/checks.md, "In-flight weight updates")."""
+
+    enabled: bool = True
+    # Each runs in turn on the live engine, from the old weights: a built-in path (keep: pause
+    # keeping the KV, push, resume; keep_clear; abort_resubmit; no_pause) or a hook
+    # "module:function" / "file.py:function" (relative to this file) taking (engine, state_dict).
+    updates: tuple[str, ...] = ("keep",)
+    requests: int = 4  # concurrent greedy requests
+    max_tokens: int = 48  # each runs to this length (ignore_eos)
+    switch_after: int = 16  # the update starts once every request has this many tokens
+    timeout_s: float = 120.0  # the update and the requests after it; past it: ERROR, engine stopped
+
+    def validate(self, where: str) -> None:
+        require(bool(self.updates), where, "updates", "needs at least one update")
+        for i, entry in enumerate(self.updates):
+            require(entry in INFLIGHT_BUILTIN_UPDATES or ":" in entry, where, f"updates[{i}]",
+                    f"{entry!r} is neither one of {INFLIGHT_BUILTIN_UPDATES} nor a hook 'module:function'")  # fmt: skip
+        require(self.requests >= 1, where, "requests", "must be >= 1")
+        require(1 <= self.switch_after < self.max_tokens, where, "switch_after",
+                f"must be >= 1 and below max_tokens ({self.max_tokens})")  # fmt: skip
+        require(self.timeout_s > 0, where, "timeout_s", "must be > 0")
+
+
 @dataclass(frozen=True)
 class WeightSyncConfig:
     enabled: bool = True
@@ -171,6 +200,7 @@ class WeightSyncConfig:
     seed: int = 0
     probes: int = 8
     max_tokens: int = 16
+    inflight: InflightConfig = InflightConfig()
 
 
 @dataclass(frozen=True)

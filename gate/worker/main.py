@@ -537,6 +537,7 @@ def _engine_outputs(request: WorkerRequest, results: PassResults, dropped: list[
         "order_seed": request.order_seed,
         "batch_invariance": results.batch_invariance,
         "weight_sync": results.weight_sync,
+        "weight_sync_inflight": results.weight_sync_inflight,
         "grpo": results.grpo,
         "requested_engine_args": request.engine_args,
         "dropped_engine_args": dropped,

@@ -133,6 +133,7 @@ class PassResults:
     teacher_forced: TeacherForced | None = None
     batch_invariance: dict[str, Any] | None = None  # engine.json "batch_invariance"
     weight_sync: dict[str, Any] | None = None  # engine.json "weight_sync"
+    weight_sync_inflight: dict[str, Any] | None = None  # engine.json "weight_sync_inflight"
     grpo: dict[str, Any] | None = None  # engine.json "grpo"
     arrays: dict[str, np.ndarray] = field(default_factory=dict)  # ws_* and grpo_* evidence arrays
     not_run: list[str] = field(default_factory=list)  # enabled passes skipped after a failed one
@@ -147,6 +148,7 @@ class EnginePass:
 
 RL_PASSES = (
     "weight_sync",
+    "weight_sync_inflight",
     "grpo",
 )  # they push weights; a failure there costs only their own checks
 PHASE_TIMEOUT_ENV = "GATE_WORKER_PHASE_TIMEOUT_S"
@@ -345,6 +347,34 @@ def _weight_sync(inp: PassInput, out: PassResults) -> None:
     out.arrays.update(arrays)
 
 
+def inflight_enabled(inp: PassInput) -> bool:
+    ws = inp.request.weight_sync
+    return ws is not None and ws.inflight is not None
+
+
+def _weight_sync_inflight(inp: PassInput, out: PassResults) -> None:
+    from gate.worker import inflight
+    from gate.worker.weight_push import UnsupportedEngine, choose_adapter
+
+    ws = inp.request.weight_sync
+    assert ws is not None and ws.inflight is not None  # enabled() says so
+    try:
+        adapter = choose_adapter(inp.llm, ws.hook, inp.scratch_dir)
+    except UnsupportedEngine as exc:
+        out.weight_sync_inflight = {"adapter": None, "unsupported": str(exc)}
+        return
+    out.weight_sync_inflight = {"adapter": adapter.name}  # kept if the phase fails
+    try:
+        arrays, meta = inflight.run_probe(inp.llm, inp.request.model, inp.tokenized.prompt_ids, ws.inflight,
+                                          ws.perturbation, ws.seed, adapter, inp.say, inp.hf_kwargs)  # fmt: skip
+    except inflight.InflightUnsupported as exc:
+        inp.say(f"in-flight updates not run: {exc}")
+        out.weight_sync_inflight["unsupported"] = str(exc)
+        return
+    out.arrays.update(arrays)
+    out.weight_sync_inflight.update(meta)
+
+
 def _grpo(inp: PassInput, out: PassResults) -> None:
     from gate.worker.grpo import run_grpo
     from gate.worker.weight_push import UnsupportedEngine, choose_adapter, push_naming_failures
@@ -379,5 +409,6 @@ ENGINE_PASSES: tuple[EnginePass, ...] = (
     EnginePass("batch_invariance", _measures_batch_invariance, _batch_invariance),
     # Last: these change the engine's weights.
     EnginePass("weight_sync", lambda inp: inp.request.weight_sync is not None, _weight_sync),
+    EnginePass("weight_sync_inflight", inflight_enabled, _weight_sync_inflight),
     EnginePass("grpo", lambda inp: inp.request.grpo is not None, _grpo),
 )

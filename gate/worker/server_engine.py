@@ -26,7 +26,7 @@ import torch
 
 from gate.request import ServerRequest
 from gate.worker import server_replay as http
-from gate.worker.passes import EnginePass, PassInput, PassResults
+from gate.worker.passes import EnginePass, PassInput, PassResults, inflight_enabled
 from gate.worker.server import SERVED_MODEL_NAME, Server
 from gate.worker.weight_push import (
     Adapter,
@@ -341,12 +341,24 @@ def _grpo(inp: PassInput, out: PassResults) -> None:
     out.grpo["trainer"] = run.trainer
 
 
+SERVER_INFLIGHT_NOT_BUILT = (
+    "the in-flight phase drives offline engines (gate/worker/inflight.py); in server mode "
+    "(streaming requests, /pause and /resume) it is not built yet"
+)
+
+
+def _weight_sync_inflight(inp: PassInput, out: PassResults) -> None:
+    inp.say(f"in-flight updates not run: {SERVER_INFLIGHT_NOT_BUILT}")
+    out.weight_sync_inflight = {"adapter": None, "not_covered": SERVER_INFLIGHT_NOT_BUILT}
+
+
 SERVER_PASSES: tuple[EnginePass, ...] = (
     EnginePass("sample", lambda inp: True, _sample),
     EnginePass("greedy", lambda inp: inp.request.greedy_max_tokens > 0, _greedy),
     EnginePass("teacher_forced", lambda inp: bool(inp.teacher_forced_rows), _teacher_forced),
     # Last: these change the server's weights.
     EnginePass("weight_sync", lambda inp: inp.request.weight_sync is not None, _weight_sync),
+    EnginePass("weight_sync_inflight", inflight_enabled, _weight_sync_inflight),
     EnginePass("grpo", lambda inp: inp.request.grpo is not None, _grpo),
 )
 

@@ -123,6 +123,23 @@ ROWS: tuple[FaultRow, ...] = (
              "as S1 and S2",
              "logprob-semantics", ("FAIL",), "logprobs_mode='processed_logprobs'",
              "tests/integration/test_server_mode.py::test_the_servers_default_logprobs_mode_is_caught_by_semantics"),
+    FaultRow("30a", "in-flight update made of one RPC per decoder layer, no pause (torn weights)",
+             "in-flight hook `per_layer_without_pause` (`tests/hooks/inflight_update.py`): decode steps run between "
+             "its calls; in one engine run with 30b, 30c and the four built-in paths",
+             "inflight-update", ("FAIL",), "Decode steps ran on partly updated weights",
+             "tests/integration/test_inflight.py::test_per_layer_rpcs_without_a_pause_are_torn"),
+    FaultRow("30b", "in-flight update that aborts running requests and never resubmits them (lost)",
+             "in-flight hook `abort_without_resubmit`: pause(abort), push, resume; in the same engine run as 30a",
+             "inflight-update", ("FAIL",), "an abort without resubmission drops them",
+             "tests/integration/test_inflight.py::test_an_abort_without_resubmission_loses_the_requests"),
+    FaultRow("30c", "in-flight update that pauses and resumes but never pushes (old weights after the update)",
+             "in-flight hook `pause_without_push`; in the same engine run as 30a",
+             "inflight-update", ("FAIL",), "still match the old weights",
+             "tests/integration/test_inflight.py::test_an_update_that_never_pushes_leaves_old_weights"),
+    FaultRow("30d", "in-flight update that pauses and never resumes",
+             "in-flight hook `never_resume`, `weight_sync.inflight.timeout_s: 5`",
+             "inflight-update", ("ERROR",), "returned with the engine still paused",
+             "tests/integration/test_inflight.py::test_a_hook_that_never_resumes_is_an_error_bounded_by_the_timeout"),
 )  # fmt: skip
 
 CONTROLS: tuple[ControlRow, ...] = (

@@ -1,0 +1,338 @@
+"""inflight-update: weights pushed while requests are generating; which weights computed each token?
+
+Reads the in-flight phase of the weight-sync probe (gate/worker/inflight.py): per request, the
+engine's greedy tokens and logprobs, how many tokens it had when the update's first and last calls
+ran, and the trainer's logprobs of the same tokens under the old weights (OLD), the new weights
+recomputed from scratch (REC) and the new weights over the old weights' KV before the switch
+(STALE). Each token is labelled with the candidates it matches within a tolerance calibrated on
+the same engine's idle probe (``factor x`` its 99th-percentile engine-vs-trainer gap, at least
+``floor``):
+
+- before the switch a token must be OLD (STALE is OLD there);
+- after it, exactly one of OLD / STALE / REC, or NEITHER (torn: computed on half-updated
+  weights or over KV they wrote), or ambiguous (the candidates lie within the tolerance);
+- after the update's last call, OLD alone means the engine still samples from the old weights.
+
+FAIL (new engine): torn tokens, requests lost (aborted and not resubmitted, cut short, or returned
+without logprobs), or old weights after the update. WARN: a behaviour (STALE or REC after the
+switch) that differs between the engines, or from what a built-in path asks for. SKIP with
+"inconclusive" where the labels do not separate, never a guess. docs/checks.md has the stacks'
+paths and what a correct one shows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gate.checks.base import CheckResult, CheckSpec, Measurement
+from gate.checks.weight_sync import push_failure
+from gate.verdict import Status
+
+ID = "inflight-update"
+TITLE = "In-flight weight update"
+
+FINISH_ABORT = 2  # gate.worker.inflight.FINISH_CODES
+
+# What each built-in update asks the engine for, after the switch.
+EXPECTED = {"keep": "STALE", "keep_clear": "REC", "abort_resubmit": "REC", "no_pause": "STALE"}
+MEANING = {
+    "STALE": "kept the KV the old weights computed (new weights over old keys and values)",
+    "REC": "recomputed every running request on the new weights",
+    "mixed": "some tokens over the old KV, some recomputed",
+}
+FIXES = {
+    "torn": "Decode steps ran on partly updated weights: the update is several calls into the engine with "
+    "generation running between them. Pause first (pause_generation(mode='keep') or /pause?mode=keep), "
+    "push everything, then resume, or push in one collective_rpc.",
+    "lost": "Requests in flight did not come back whole: an abort without resubmission drops them. Resubmit "
+    "prompt + partial output after the update (AReaL), or pause with mode='keep' instead of aborting.",
+    "stale": "Tokens after the update returned still match the old weights: the push did not reach the "
+    "engine (or not all of it) before generation resumed.",
+}
+
+
+@dataclass
+class Attribution:
+    """One update on one engine: each request's labels and what they add up to."""
+
+    name: str
+    labels: list[str]  # per request: one letter per token, O S R x (none) ? (ambiguous)
+    switch_start: list[int]
+    switch_end: list[int]
+    pre_tokens: int = 0
+    pre_not_old: int = 0
+    post_tokens: int = 0
+    counts: dict[str, int] = field(
+        default_factory=dict
+    )  # OLD STALE REC NEITHER ambiguous, after the switch
+    stale_after_update: int = 0  # OLD-only tokens after the update's last call
+    lost: list[str] = field(default_factory=list)  # per lost request, why
+
+    @property
+    def behaviour(self) -> str | None:
+        """STALE or REC when at least 90% of the labelled tokens after the switch agree; None without any."""
+        stale, rec = self.counts.get("STALE", 0), self.counts.get("REC", 0)
+        if stale + rec == 0:
+            return None
+        if stale >= 0.9 * (stale + rec):
+            return "STALE"
+        return "REC" if rec >= 0.9 * (stale + rec) else "mixed"
+
+
+def tolerance(e, factor: float, floor: float) -> float | None:
+    """``factor`` x the idle probe's 99th-percentile |engine - trainer| (before and after its push)."""
+    gaps = []
+    for eng, ref in (("ws_before_engine_logprob", "ws_before_trainer_logprob"),
+                     ("ws_engine_logprob", "ws_trainer_new_logprob")):  # fmt: skip
+        if eng in e.arrays and ref in e.arrays and len(e[eng]):
+            gaps.append(np.abs(e[eng].astype(np.float64) - e[ref]))
+    if not gaps:
+        return None
+    return max(factor * float(np.quantile(np.concatenate(gaps), 0.99)), floor)
+
+
+def attribute(arrays: dict[str, np.ndarray], names: list[str], tol: float,
+              max_tokens: int | None = None) -> list[Attribution]:  # fmt: skip
+    """Label every token of every request, per update (``names``: the updates in run order;
+    ``max_tokens``: what each request was asked for, so a shorter one counts as lost)."""
+    offsets = arrays["wsi_offsets"]
+    eng = arrays["wsi_engine_logprob"].astype(np.float64)
+    fits = {
+        k: np.abs(eng - arrays[f"wsi_{k.lower()}_logprob"]) <= tol for k in ("OLD", "STALE", "REC")
+    }
+    update_of = arrays["wsi_update_index"]
+    lengths = np.diff(offsets)
+    # Each token's place in its request, and the request's switch points, per token.
+    row = np.repeat(np.arange(len(lengths)), lengths)
+    j = np.arange(len(eng)) - offsets[:-1][row]
+    start, end = arrays["wsi_switch_start"][row], arrays["wsi_switch_end"][row]
+    post = j >= start
+    # Before the switch STALE is OLD by construction: only OLD against REC tells anything there.
+    unique = {
+        "OLD": fits["OLD"] & ~fits["REC"] & (~fits["STALE"] | ~post),
+        "STALE": post & fits["STALE"] & ~fits["OLD"] & ~fits["REC"],
+        "REC": fits["REC"] & ~fits["OLD"] & (~fits["STALE"] | ~post),
+    }
+    none = ~(fits["OLD"] | fits["REC"] | (fits["STALE"] & post)) | ~np.isfinite(eng)
+    letters = np.full(len(eng), "?", dtype="<U1")
+    for label, letter in (("OLD", "O"), ("STALE", "S"), ("REC", "R")):
+        letters[unique[label]] = letter
+    letters[none] = "x"
+    out = []
+    for u, name in enumerate(names):
+        rows = np.flatnonzero(update_of == u)
+        mask = np.isin(row, rows)
+        a = Attribution(
+            name=name,
+            labels=["".join(letters[offsets[r] : offsets[r + 1]]) for r in rows],
+            switch_start=arrays["wsi_switch_start"][rows].tolist(),
+            switch_end=arrays["wsi_switch_end"][rows].tolist(),
+            pre_tokens=int(np.count_nonzero(mask & ~post)),
+            pre_not_old=int(np.count_nonzero(mask & ~post & ~fits["OLD"])),
+            post_tokens=int(np.count_nonzero(mask & post)),
+            counts={
+                **{k: int(np.count_nonzero(mask & post & v)) for k, v in unique.items()},
+                "NEITHER": int(np.count_nonzero(mask & post & none)),
+                "ambiguous": int(np.count_nonzero(mask & post & (letters == "?"))),
+            },
+            stale_after_update=int(np.count_nonzero(mask & (j > end) & unique["OLD"])),
+            lost=_lost(arrays, rows, lengths, max_tokens),
+        )
+        out.append(a)
+    return out
+
+
+def _lost(arrays: dict[str, np.ndarray], rows: np.ndarray, lengths: np.ndarray,
+          max_tokens: int | None) -> list[str]:  # fmt: skip
+    """Why each lost request of ``rows`` is lost: aborted, cut short, or without logprobs."""
+    eng, offsets = arrays["wsi_engine_logprob"], arrays["wsi_offsets"]
+    found = []
+    for r in rows.tolist():
+        n = int(lengths[r])
+        if arrays["wsi_finish"][r] == FINISH_ABORT:
+            found.append(f"request {r}: aborted after {n} tokens and not resubmitted")
+        elif max_tokens is not None and n < max_tokens:
+            found.append(f"request {r}: {n} of {max_tokens} tokens")
+        elif n and not np.all(np.isfinite(eng[offsets[r] : offsets[r + 1]])):
+            found.append(f"request {r}: returned without logprobs for some tokens")
+    return found
+
+
+def findings(a: Attribution, torn_share: float) -> list[str]:
+    """The failure kinds of one attribution: torn, lost, stale."""
+    kinds = []
+    neither = a.counts.get("NEITHER", 0)
+    if neither >= 2 and neither > torn_share * max(a.post_tokens, 1):
+        kinds.append("torn")
+    if a.lost:
+        kinds.append("lost")
+    if a.stale_after_update:
+        kinds.append("stale")
+    return kinds
+
+
+def inconclusive(a: Attribution, pre_share: float, ambiguous_share: float) -> str | None:
+    """Why the labels of ``a`` cannot be trusted, or None."""
+    if a.pre_tokens and a.pre_not_old > pre_share * a.pre_tokens:
+        return (f"{a.pre_not_old} of {a.pre_tokens} tokens before the switch do not match the old weights "
+                "within the idle probe's tolerance")  # fmt: skip
+    if a.post_tokens and a.counts.get("ambiguous", 0) > ambiguous_share * a.post_tokens:
+        return (f"{a.counts['ambiguous']} of {a.post_tokens} tokens after the switch fit several of OLD / STALE / "
+                "REC: raise weight_sync.perturbation to separate them")  # fmt: skip
+    return None
+
+
+def _section(e) -> dict[str, Any]:
+    return e.engine.get("weight_sync_inflight") or {}
+
+
+def _attributions(e, opts) -> tuple[list[Attribution] | None, str | None, float | None]:
+    section = _section(e)
+    names = [u["name"] for u in section.get("updates") or []]
+    tol = tolerance(e, opts["factor"], opts["floor"])
+    if tol is None:
+        return (
+            None,
+            "the idle weight-sync probe's tokens, which calibrate the tolerance, are missing",
+            None,
+        )
+    return attribute(e.arrays, names, tol, section.get("max_tokens")), None, tol
+
+
+def _skip_reason(e) -> str | None:
+    section = _section(e)
+    if "wsi_offsets" in e.arrays:
+        return None
+    if section.get("not_covered"):
+        return f"not covered: {section['not_covered']}"
+    if section.get("unsupported"):
+        return f"the in-flight phase could not run on this engine: {section['unsupported']}"
+    return "the in-flight phase did not run (weight_sync.inflight.enabled: false, or an older gate's evidence)"
+
+
+def run(ctx, settings) -> CheckResult:
+    e, opts = ctx.new, settings.options
+    failed = push_failure(_section(e), ID, TITLE, "The in-flight update phase")
+    if failed is not None:
+        return failed
+    reason = _skip_reason(e)
+    if reason is not None:
+        return CheckResult(ID, TITLE, Status.SKIP, reason)
+    errors = [u for u in _section(e).get("updates") or [] if u.get("error")]
+    if errors:
+        first = errors[0]
+        return CheckResult(ID, TITLE, Status.ERROR, f"the in-flight update {first['name']} raised: {first['error']}"[:300],
+                           "The update's own code raised while requests were running; its tokens are not judged.",
+                           details={"errors": {u["name"]: u["error"] for u in errors}})  # fmt: skip
+    new, why, tol = _attributions(e, opts)
+    if new is None:
+        return CheckResult(ID, TITLE, Status.SKIP, f"inconclusive: {why}")
+    old = _old_attributions(ctx, opts)
+    status, lines, diagnosis = Status.PASS, [], []
+    measurements: list[Measurement] = []
+    details: dict[str, Any] = {"tolerance": tol, "updates": {}}
+    for a in new:
+        before = old.get(a.name)
+        details["updates"][a.name] = _detail(a, before)
+        unsure = inconclusive(a, opts["pre_share"], opts["ambiguous_share"])
+        kinds = findings(a, opts["torn_share"])
+        measurements += _measurements(a, opts["torn_share"])
+        if kinds:
+            status = Status.FAIL
+            lines.append(f"{a.name}: {', '.join(_describe(k, a) for k in kinds)}")
+            diagnosis += [f"{a.name}: {FIXES[k]}" for k in kinds]
+            continue
+        if unsure:
+            details["updates"][a.name]["inconclusive"] = unsure
+            lines.append(f"{a.name}: inconclusive")
+            diagnosis.append(f"{a.name}: inconclusive: {unsure}.")
+            status = Status.SKIP if status == Status.PASS else status
+            continue
+        changed = _changed(a, before)
+        if changed:
+            status = Status.WARN if status in (Status.PASS, Status.SKIP) else status
+            diagnosis.append(changed)
+        lines.append(f"{a.name}: {a.behaviour or 'no token after the switch'}")
+    summary = "; ".join(lines) + f" (tolerance {tol:.1e})"
+    if status == Status.SKIP:
+        summary = "inconclusive: " + summary
+    return CheckResult(ID, TITLE, status, summary, "\n".join(diagnosis), measurements, details)
+
+
+def _old_attributions(ctx, opts) -> dict[str, Attribution]:
+    if (
+        ctx.old is None
+        or "wsi_offsets" not in ctx.old.arrays
+        or _section(ctx.old).get("updates") is None
+    ):
+        return {}
+    found, _, _ = _attributions(ctx.old, opts)
+    return {a.name: a for a in found or []}
+
+
+def _changed(a: Attribution, before: Attribution | None) -> str | None:
+    """A WARN's diagnosis: the behaviour moved between the engines, or is not what the path asks for."""
+    now = a.behaviour
+    if before is not None and before.behaviour and now and before.behaviour != now:
+        return (f"{a.name}: the release changed what this update does to running requests: the old engine "
+                f"{MEANING[before.behaviour]}, the new one {MEANING[now]}. Correct either way, but the rollout "
+                "logprobs after an update now come from other weights' KV; check the pause's clear_cache "
+                "setting and the release's pause_generation notes.")  # fmt: skip
+    wanted = EXPECTED.get(a.name)
+    if wanted and now and now != wanted:
+        return (f"{a.name}: asks for requests that {MEANING[wanted]}, but this engine {MEANING[now]} "
+                "(pause_generation's clear_cache is what decides it).")  # fmt: skip
+    return None
+
+
+def _describe(kind: str, a: Attribution) -> str:
+    if kind == "torn":
+        return f"torn ({a.counts['NEITHER']} of {a.post_tokens} tokens after the switch fit no weights)"
+    if kind == "lost":
+        return f"lost ({len(a.lost)} request(s))"
+    return f"old weights after the update ({a.stale_after_update} tokens)"
+
+
+def _measurements(a: Attribution, torn_share: float) -> list[Measurement]:
+    neither = a.counts.get("NEITHER", 0)
+    torn_limit = max(1.0, torn_share * max(a.post_tokens, 1))
+    return [
+        Measurement(f"{a.name}: tokens fitting no weights", neither,
+                    Status.FAIL if neither >= 2 and neither > torn_limit else Status.PASS, fail=torn_limit, engine="new"),
+        Measurement(f"{a.name}: requests lost", len(a.lost), Status.FAIL if a.lost else Status.PASS, fail=0,
+                    engine="new"),
+        Measurement(f"{a.name}: old-weight tokens after the update", a.stale_after_update,
+                    Status.FAIL if a.stale_after_update else Status.PASS, fail=0, engine="new"),
+    ]  # fmt: skip
+
+
+def _detail(a: Attribution, before: Attribution | None) -> dict[str, Any]:
+    return {
+        "behaviour": a.behaviour,
+        "behaviour_old_engine": before.behaviour if before else None,
+        "counts": a.counts,
+        "pre_tokens": a.pre_tokens,
+        "pre_not_old": a.pre_not_old,
+        "stale_after_update": a.stale_after_update,
+        "lost": a.lost,
+        "switch_start": a.switch_start,
+        "switch_end": a.switch_end,
+        "labels": a.labels,
+    }
+
+
+SPEC = CheckSpec(
+    id=ID,
+    title=TITLE,
+    run=run,
+    options={
+        "factor": 4.0,  # x the idle probe's q99 engine-vs-trainer gap
+        "floor": 1e-4,
+        "torn_share": 0.05,  # tokens after the switch fitting no weights, above which it is torn
+        "pre_share": 0.05,  # tokens before the switch not OLD, above which the labels are not trusted
+        "ambiguous_share": 0.5,
+    },
+)
