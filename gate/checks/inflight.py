@@ -23,6 +23,7 @@ paths and what a correct one shows.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -185,6 +186,12 @@ def inconclusive(a: Attribution, pre_share: float, ambiguous_share: float) -> st
     return None
 
 
+def shown(name: str) -> str:
+    """An update as the report names it: a hook's file without its folder."""
+    module, sep, func = name.rpartition(":")
+    return f"{Path(module).name}:{func}" if sep and module.endswith(".py") else name
+
+
 def _section(e) -> dict[str, Any]:
     return e.engine.get("weight_sync_inflight") or {}
 
@@ -224,7 +231,7 @@ def run(ctx, settings) -> CheckResult:
     errors = [u for u in _section(e).get("updates") or [] if u.get("error")]
     if errors:
         first = errors[0]
-        return CheckResult(ID, TITLE, Status.ERROR, f"the in-flight update {first['name']} raised: {first['error']}"[:300],
+        return CheckResult(ID, TITLE, Status.ERROR, f"the in-flight update {shown(first['name'])} raised: {first['error']}"[:300],
                            "The update's own code raised while requests were running; its tokens are not judged.",
                            details={"errors": {u["name"]: u["error"] for u in errors}})  # fmt: skip
     new, why, tol = _attributions(e, opts)
@@ -242,20 +249,20 @@ def run(ctx, settings) -> CheckResult:
         measurements += _measurements(a, opts["torn_share"])
         if kinds:
             status = Status.FAIL
-            lines.append(f"{a.name}: {', '.join(_describe(k, a) for k in kinds)}")
-            diagnosis += [f"{a.name}: {FIXES[k]}" for k in kinds]
+            lines.append(f"{shown(a.name)}: {', '.join(_describe(k, a) for k in kinds)}")
+            diagnosis += [f"{shown(a.name)}: {FIXES[k]}" for k in kinds]
             continue
         if unsure:
             details["updates"][a.name]["inconclusive"] = unsure
-            lines.append(f"{a.name}: inconclusive")
-            diagnosis.append(f"{a.name}: inconclusive: {unsure}.")
+            lines.append(f"{shown(a.name)}: inconclusive")
+            diagnosis.append(f"{shown(a.name)}: inconclusive: {unsure}.")
             status = Status.SKIP if status == Status.PASS else status
             continue
         changed = _changed(a, before)
         if changed:
             status = Status.WARN if status in (Status.PASS, Status.SKIP) else status
             diagnosis.append(changed)
-        lines.append(f"{a.name}: {a.behaviour or 'no token after the switch'}")
+        lines.append(f"{shown(a.name)}: {a.behaviour or 'no token after the switch'}")
     summary = "; ".join(lines) + f" (tolerance {tol:.1e})"
     if status == Status.SKIP:
         summary = "inconclusive: " + summary
@@ -277,13 +284,13 @@ def _changed(a: Attribution, before: Attribution | None) -> str | None:
     """A WARN's diagnosis: the behaviour moved between the engines, or is not what the path asks for."""
     now = a.behaviour
     if before is not None and before.behaviour and now and before.behaviour != now:
-        return (f"{a.name}: the release changed what this update does to running requests: the old engine "
+        return (f"{shown(a.name)}: the release changed what this update does to running requests: the old engine "
                 f"{MEANING[before.behaviour]}, the new one {MEANING[now]}. Correct either way, but the rollout "
                 "logprobs after an update now come from other weights' KV; check the pause's clear_cache "
                 "setting and the release's pause_generation notes.")  # fmt: skip
     wanted = EXPECTED.get(a.name)
     if wanted and now and now != wanted:
-        return (f"{a.name}: asks for requests that {MEANING[wanted]}, but this engine {MEANING[now]} "
+        return (f"{shown(a.name)}: asks for requests that {MEANING[wanted]}, but this engine {MEANING[now]} "
                 "(pause_generation's clear_cache is what decides it).")  # fmt: skip
     return None
 
@@ -300,11 +307,11 @@ def _measurements(a: Attribution, torn_share: float) -> list[Measurement]:
     neither = a.counts.get("NEITHER", 0)
     torn_limit = max(1.0, torn_share * max(a.post_tokens, 1))
     return [
-        Measurement(f"{a.name}: tokens fitting no weights", neither,
+        Measurement(f"{shown(a.name)}: tokens fitting no weights", neither,
                     Status.FAIL if neither >= 2 and neither > torn_limit else Status.PASS, fail=torn_limit, engine="new"),
-        Measurement(f"{a.name}: requests lost", len(a.lost), Status.FAIL if a.lost else Status.PASS, fail=0,
+        Measurement(f"{shown(a.name)}: requests lost", len(a.lost), Status.FAIL if a.lost else Status.PASS, fail=0,
                     engine="new"),
-        Measurement(f"{a.name}: old-weight tokens after the update", a.stale_after_update,
+        Measurement(f"{shown(a.name)}: old-weight tokens after the update", a.stale_after_update,
                     Status.FAIL if a.stale_after_update else Status.PASS, fail=0, engine="new"),
     ]  # fmt: skip
 

@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -369,6 +370,8 @@ def run_update(llm, name: str, update: UpdateFn, adapter: Adapter, prompts: list
 def _timeout_message(name: str, thread: threading.Thread | None, finished: bool,
                      loop: EngineLoop, limit: float) -> str:  # fmt: skip
     paused = loop.core.is_scheduler_paused()
+    module, sep, func = name.rpartition(":")
+    name = f"{Path(module).name}:{func}" if sep else name  # a hook's file without its folder
     if thread is not None and thread.is_alive():
         what = f"the update ({name}) had not returned"
     elif paused:

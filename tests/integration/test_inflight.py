@@ -80,7 +80,7 @@ def test_an_update_that_never_pushes_leaves_old_weights(inflight_replay):
 
 def test_a_hook_that_never_resumes_is_an_error_bounded_by_the_timeout(tmp_path):
     config = _config(tmp_path, [f"{HOOKS}:never_resume"], timeout_s=5)
-    run = replay(tmp_path / "run", "-c", str(config), "--only", "new")
+    run = replay(tmp_path / "run", "-c", str(config), "--only", "new", expect=(3,))  # ERROR's exit code
     check = run.check("inflight-update")
     assert check["status"] == "ERROR", check
     assert "still paused" in check["summary"] and "timeout_s" in check["summary"]

@@ -1,0 +1,160 @@
+"""inflight-update: token labels, the failure kinds and the comparison, on hand-built evidence."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gate.checks import default_settings, inflight
+from gate.checks.context import Context
+from gate.evidence import Evidence
+from gate.verdict import Status
+
+from ..factory import RUN
+
+SPEC = inflight.SPEC
+TOL = 1e-3
+# Two requests of 6 tokens, the switch after 2: OLD, STALE and REC apart by 0.1 after it.
+OLD = np.array([-1.0, -1.1, -1.2, -1.3, -1.4, -1.5] * 2, dtype=np.float32)
+REC = OLD - 0.2
+STALE = np.where(np.tile(np.arange(6), 2) < 2, OLD, OLD - 0.1).astype(np.float32)
+
+
+def arrays(engine: np.ndarray, start=(2, 2), end=(2, 2), finish=(1, 1), updates=1) -> dict[str, np.ndarray]:
+    reps = updates
+    return {
+        "wsi_offsets": np.arange(0, 12 * reps + 1, 6, dtype=np.int64),
+        "wsi_update_index": np.repeat(np.arange(reps), 2).astype(np.int64),
+        "wsi_token_ids": np.zeros(12 * reps, dtype=np.int64),
+        "wsi_engine_logprob": np.tile(engine, reps).astype(np.float32),
+        "wsi_old_logprob": np.tile(OLD, reps),
+        "wsi_rec_logprob": np.tile(REC, reps),
+        "wsi_stale_logprob": np.tile(STALE, reps),
+        "wsi_switch_start": np.tile(start, reps).astype(np.int64),
+        "wsi_switch_end": np.tile(end, reps).astype(np.int64),
+        "wsi_finish": np.tile(finish, reps).astype(np.int64),
+        "wsi_aborted_at": np.full(2 * reps, -1, dtype=np.int64),
+        "wsi_resubmitted_at": np.full(2 * reps, -1, dtype=np.int64),
+    }
+
+
+def test_a_kept_kv_reads_as_stale_after_the_switch_and_old_before():
+    [a] = inflight.attribute(arrays(STALE), ["keep"], TOL, max_tokens=6)
+    assert a.labels == ["OOSSSS", "OOSSSS"]
+    assert a.counts == {"OLD": 0, "STALE": 8, "REC": 0, "NEITHER": 0, "ambiguous": 0}
+    assert (a.pre_tokens, a.pre_not_old, a.post_tokens) == (4, 0, 8)
+    assert a.behaviour == "STALE" and inflight.findings(a, 0.05) == []
+
+
+def test_recomputed_requests_read_as_rec():
+    engine = np.where(np.tile(np.arange(6), 2) < 2, OLD, REC)
+    [a] = inflight.attribute(arrays(engine), ["keep_clear"], TOL, max_tokens=6)
+    assert a.labels == ["OORRRR", "OORRRR"] and a.behaviour == "REC"
+
+
+def test_tokens_that_fit_no_weights_are_torn():
+    engine = STALE.copy()
+    engine[[2, 3, 8]] -= 0.05  # halfway between candidates: none within TOL
+    [a] = inflight.attribute(arrays(engine), ["hook"], TOL, max_tokens=6)
+    assert a.labels == ["OOxxSS", "OOxSSS"] and a.counts["NEITHER"] == 3
+    assert inflight.findings(a, 0.05) == ["torn"]
+    assert inflight.findings(a, 0.5) == []  # 3 of 8 is under a 50% share
+
+
+def test_one_odd_token_is_not_torn():
+    engine = STALE.copy()
+    engine[4] -= 0.05
+    [a] = inflight.attribute(arrays(engine), ["keep"], TOL, max_tokens=6)
+    assert a.counts["NEITHER"] == 1 and inflight.findings(a, 0.05) == []
+
+
+def test_aborted_short_and_nan_requests_are_lost():
+    engine = STALE.copy()
+    engine[7] = np.nan
+    a_abort, = inflight.attribute(arrays(engine, finish=(2, 1)), ["abort"], TOL, max_tokens=6)
+    assert a_abort.lost == ["request 0: aborted after 6 tokens and not resubmitted",
+                            "request 1: returned without logprobs for some tokens"]
+    short, = inflight.attribute(arrays(STALE), ["x"], TOL, max_tokens=8)
+    assert short.lost == ["request 0: 6 of 8 tokens", "request 1: 6 of 8 tokens"]
+    assert inflight.findings(short, 0.05) == ["lost"]
+
+
+def test_old_weights_after_the_update_returned_are_stale():
+    [a] = inflight.attribute(arrays(OLD), ["pause only"], TOL, max_tokens=6)
+    # After the last call (token 2 on) OLD alone fits: the push never happened.
+    assert a.labels == ["OOOOOO", "OOOOOO"] and a.stale_after_update == 6
+    assert inflight.findings(a, 0.05) == ["stale"]
+
+
+def test_candidates_within_the_tolerance_are_inconclusive():
+    [a] = inflight.attribute(arrays(STALE), ["keep"], 0.5, max_tokens=6)
+    assert set("".join(a.labels)) == {"?"}
+    assert "raise weight_sync.perturbation" in inflight.inconclusive(a, 0.05, 0.5)
+    engine = OLD - 0.05  # nothing before the switch is OLD: the tolerance does not hold here
+    [b] = inflight.attribute(arrays(engine), ["keep"], TOL, max_tokens=6)
+    assert "before the switch do not match the old weights" in inflight.inconclusive(b, 0.05, 0.5)
+
+
+def test_the_tolerance_is_the_idle_probes_q99_gap_times_the_factor():
+    gaps = np.linspace(0, 1e-3, 101)
+    e = _evidence({"ws_before_engine_logprob": gaps.astype(np.float32), "ws_before_trainer_logprob": np.zeros(101),
+                   "ws_engine_logprob": np.zeros(1, np.float32), "ws_trainer_new_logprob": np.zeros(1)}, {})  # fmt: skip
+    assert inflight.tolerance(e, 4.0, 1e-5) == pytest.approx(4 * np.quantile(np.append(gaps, 0), 0.99), rel=1e-5)
+    assert inflight.tolerance(e, 4.0, 1.0) == 1.0
+    assert inflight.tolerance(_evidence({}, {}), 4.0, 1e-4) is None
+
+
+def _evidence(a: dict[str, np.ndarray], section: dict | None, idle_gap: float = 1e-5) -> Evidence:
+    idle = {"ws_before_engine_logprob": np.full(10, idle_gap, np.float32), "ws_before_trainer_logprob": np.zeros(10),
+            "ws_engine_logprob": np.zeros(10, np.float32), "ws_trainer_new_logprob": np.zeros(10)}  # fmt: skip
+    engine = {} if section is None else {"weight_sync_inflight": section}
+    return Evidence(Path("."), {**idle, **a} if a else {}, engine, {})
+
+
+def _section(*names: str) -> dict:
+    return {"max_tokens": 6, "updates": [{"name": n, "error": None} for n in names]}
+
+
+def _run(new: Evidence, old: Evidence | None = None):
+    return inflight.run(Context(new=new, old=old, run=RUN), default_settings(SPEC))
+
+
+def test_the_check_passes_a_correct_update_and_names_its_behaviour():
+    result = _run(_evidence(arrays(STALE), _section("keep")), _evidence(arrays(STALE), _section("keep")))
+    assert result.status == Status.PASS, result
+    assert result.summary.startswith("keep: STALE")
+    assert result.details["updates"]["keep"]["behaviour_old_engine"] == "STALE"
+
+
+def test_a_behaviour_the_release_changed_is_a_warning():
+    rec = np.where(np.tile(np.arange(6), 2) < 2, OLD, REC)
+    result = _run(_evidence(arrays(rec), _section("hook.py:f")), _evidence(arrays(STALE), _section("hook.py:f")))
+    assert result.status == Status.WARN
+    assert "the release changed what this update does" in result.diagnosis
+    # A built-in path that does not do what it asks for warns without an old engine.
+    result = _run(_evidence(arrays(STALE), _section("keep_clear")))
+    assert result.status == Status.WARN and "asks for requests that recomputed" in result.diagnosis
+
+
+def test_every_update_of_a_run_is_judged_and_the_worst_wins():
+    torn = STALE.copy()
+    torn[[2, 3, 4]] -= 0.05
+    both = arrays(np.concatenate([STALE, torn]), updates=2)
+    both["wsi_engine_logprob"] = np.concatenate([STALE, torn]).astype(np.float32)
+    result = _run(_evidence(both, _section("keep", "per_layer.py:f")))
+    assert result.status == Status.FAIL
+    assert "per_layer.py:f: torn (3 of 8 tokens" in result.summary and "keep: STALE" in result.summary
+    assert "Pause first" in result.diagnosis
+
+
+def test_not_run_unsupported_and_raising_updates():
+    assert _run(_evidence({}, None)).status == Status.SKIP
+    skipped = _run(_evidence({}, {"not_covered": "server mode"}))
+    assert skipped.status == Status.SKIP and "not covered: server mode" in skipped.summary
+    raised = {"max_tokens": 6, "updates": [{"name": "hook.py:f", "error": "ValueError: boom"}]}
+    assert _run(_evidence(arrays(STALE), raised)).status == Status.ERROR
+    timed_out = {"error": {"message": "InflightTimeout: the update never returned", "adapter": None}}
+    result = _run(_evidence({}, timed_out))
+    assert result.status == Status.ERROR and "InflightTimeout" in result.summary
