@@ -35,6 +35,7 @@ def make_evidence(
     prompt_tokens: list[list[int]] | None = None,
     greedy_tokens: np.ndarray | None = None,
     weight_sync: str | None = "ok",
+    inflight: str | None = "ok",
     grpo: str | None = "ok",
     token_text: dict[int, str] | None = None,
     batch_variance: float | None = 0.0,
@@ -103,6 +104,8 @@ def make_evidence(
     }
     if weight_sync is not None:
         arrays.update(_weight_sync_arrays(weight_sync, rng))
+    if weight_sync is not None and inflight is not None:
+        arrays.update(_inflight_arrays(rng))
     if grpo is not None:
         arrays.update(_grpo_arrays(grpo))
     folder.mkdir(parents=True, exist_ok=True)
@@ -124,6 +127,9 @@ def make_evidence(
             "push_s": 0.05,
         },
     }
+    if weight_sync is not None and inflight is not None:
+        meta["weight_sync_inflight"] = {"adapter": meta["weight_sync"]["adapter"], "max_tokens": 8,
+                                        "updates": [{"name": "keep", "builtin": True, "error": None}]}  # fmt: skip
     if batch_variance is not None:
         meta["batch_invariance"] = {
             "mode": False,
@@ -182,6 +188,27 @@ def _weight_sync_arrays(mode: str, rng: np.random.Generator) -> dict[str, np.nda
         "ws_before_is_prefix": is_prefix,
         "ws_before_engine_logprob": (before + 1e-6).astype(np.float32),
         "ws_before_trainer_logprob": before,
+    }
+
+
+def _inflight_arrays(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """One ``keep`` update over 4 requests of 8 tokens, the switch after 3: OLD, then STALE."""
+    old = -rng.uniform(0.1, 2.0, 32).astype(np.float32)
+    j = np.tile(np.arange(8), 4)
+    stale = np.where(j < 3, old, old - 0.3).astype(np.float32)
+    return {
+        "wsi_offsets": np.arange(5, dtype=np.int64) * 8,
+        "wsi_update_index": np.zeros(4, dtype=np.int64),
+        "wsi_token_ids": rng.integers(3, 100, 32).astype(np.int64),
+        "wsi_engine_logprob": stale.copy(),
+        "wsi_old_logprob": old,
+        "wsi_rec_logprob": (old - 0.6).astype(np.float32),
+        "wsi_stale_logprob": stale,
+        "wsi_switch_start": np.full(4, 3, dtype=np.int64),
+        "wsi_switch_end": np.full(4, 3, dtype=np.int64),
+        "wsi_finish": np.ones(4, dtype=np.int64),
+        "wsi_aborted_at": np.full(4, -1, dtype=np.int64),
+        "wsi_resubmitted_at": np.full(4, -1, dtype=np.int64),
     }
 
 

@@ -413,12 +413,11 @@ def attribution_scores(model, old_sd: dict[str, torch.Tensor], new_sd: dict[str,
     old, caches = [], []
     for (prompt, gen), c in zip(seqs, switch, strict=True):
         ids = torch.tensor([prompt + gen], device=device)
-        out = model(ids, use_cache=True)
-        old.append(_picked(out.logits[0], ids[0], len(prompt)))
-        cache = out.past_key_values
-        keep = len(prompt) + max(int(c), 1) - 1  # the KV the engine held when the weights changed
-        cache.crop(keep)
-        caches.append(cache)
+        old.append(_picked(model(ids).logits[0], ids[0], len(prompt)))
+        # The KV the engine held when the weights changed: a forward of its own over exactly those
+        # positions (Cache.crop's meaning differs between transformers releases).
+        held = len(prompt) + max(int(c), 1) - 1
+        caches.append(model(ids[:, :held], use_cache=True).past_key_values)
     model.load_state_dict(new_sd)
     rec, stale = [], []
     for (prompt, gen), c, cache, old_lp in zip(seqs, switch, caches, old, strict=True):

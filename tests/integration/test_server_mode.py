@@ -55,6 +55,9 @@ def test_server_mode_passes_the_clean_upgrade_with_every_check_judging(server_re
     statuses = {c["id"]: c["status"] for c in report["checks"]}
     # The RL checks ran on the server's own weight push: not skipped.
     assert statuses["weight-sync"] == "PASS" and statuses["grpo-trajectory"] != "SKIP", statuses
+    # The in-flight phase is offline only for now, and says so.
+    inflight = server_replay.check("inflight-update")
+    assert inflight["status"] == "SKIP" and inflight["summary"].startswith("not covered: "), inflight
 
 
 def test_server_mode_writes_the_offline_evidence_and_records_the_server(server_replay):

@@ -73,9 +73,12 @@ def test_the_cpu_default_passes_at_tp2(tp2_replay):
         "collective_rpc reload_weights(weights_path) from a safetensors folder + reset_prefix_cache"
     )
     assert engine["weight_sync"]["adapter"] == engine["grpo"]["adapter"] == folder_push
+    assert engine["weight_sync_inflight"]["adapter"] == folder_push
     assert engine["passes_not_run"] == []
-    for check in ("weight-sync", "grpo-trajectory"):
+    for check in ("weight-sync", "inflight-update", "grpo-trajectory"):
         assert tp2_replay.check(check)["status"] == "PASS", tp2_replay.check(check)
+    # The in-flight push reached both ranks between two steps: the kept KV, as at TP=1.
+    assert tp2_replay.check("inflight-update")["details"]["updates"]["keep"]["behaviour"] == "STALE"
 
 
 @needs_two_cpus

@@ -1,4 +1,5 @@
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -345,3 +346,29 @@ def test_bad_server_settings_name_the_file_and_field(minimal_config, extra, mess
     with pytest.raises(ConfigError, match=None) as info:
         load_config(minimal_config(extra=extra))
     assert message in str(info.value)
+
+
+
+def test_the_inflight_phase_is_on_by_default_and_its_hooks_resolve_beside_the_config(minimal_config, tmp_path):
+    cfg = load_config(BUILTIN_CONFIG)
+    assert cfg.weight_sync.inflight.enabled and cfg.weight_sync.inflight.updates == ("keep",)
+    hook = tmp_path / "hooks.py"
+    hook.write_text("def update(engine, state_dict):\n    engine.push(state_dict)\n")
+    path = minimal_config(extra="weight_sync: {inflight: {updates: [keep_clear, 'hooks.py:update']}}\n")
+    assert load_config(path).weight_sync.inflight.updates == ("keep_clear", f"{hook.resolve()}:update")
+
+
+@pytest.mark.parametrize(
+    "inflight, message",
+    [
+        ("{updates: [pause_forever]}", "weight_sync.inflight.updates[0]: 'pause_forever' is neither one of"),
+        ("{updates: []}", "weight_sync.inflight.updates: needs at least one update"),
+        ("{updates: ['gone.py:update']}", "weight_sync.inflight.updates[0]: file"),
+        ("{switch_after: 48}", "weight_sync.inflight.switch_after: must be >= 1 and below max_tokens (48)"),
+        ("{requests: 0}", "weight_sync.inflight.requests: must be >= 1"),
+        ("{timeout_s: 0}", "weight_sync.inflight.timeout_s: must be > 0"),
+    ],
+)
+def test_bad_inflight_settings_are_one_line_errors(minimal_config, inflight, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(minimal_config(extra=f"weight_sync: {{inflight: {inflight}}}\n"))

@@ -17,6 +17,7 @@ import pytest
 
 from gate.request import (
     GrpoRequest,
+    InflightRequest,
     PromptItem,
     ReferenceRequest,
     SamplingRequest,
@@ -38,6 +39,9 @@ from gate.worker.passes import (
 )
 
 WS = WeightSyncRequest(perturbation=0.2, seed=0, probes=8, max_tokens=16)
+WS_INFLIGHT = dataclasses.replace(
+    WS, inflight=InflightRequest(updates=["keep"], requests=4, max_tokens=48, switch_after=16, timeout_s=60)
+)
 GRPO = GrpoRequest(
     steps=2,
     prompts_per_step=2,
@@ -154,6 +158,7 @@ def test_the_table_runs_the_passes_in_this_order():
         "teacher_forced",
         "batch_invariance",
         "weight_sync",
+        "weight_sync_inflight",
         "grpo",
     ]
 
@@ -167,6 +172,10 @@ def test_the_table_runs_the_passes_in_this_order():
         (
             {"weight_sync": WS, "grpo": GRPO},
             ["sample", "greedy", "teacher_forced", "weight_sync", "grpo"],
+        ),
+        (
+            {"weight_sync": WS_INFLIGHT},
+            ["sample", "greedy", "teacher_forced", "weight_sync", "weight_sync_inflight"],
         ),
         ({"grpo": GRPO}, ["sample", "greedy", "teacher_forced", "grpo"]),
         ({"batch_invariance": True}, ["sample", "greedy", "teacher_forced", "batch_invariance"]),

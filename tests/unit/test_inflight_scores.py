@@ -1,0 +1,81 @@
+"""The trainer's side of in-flight attribution: OLD, REC and STALE logprobs on the tiny model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from gate.worker.inflight import attribution_scores, probe_prompts, switch_points  # noqa: E402
+from gate.worker.policy_weights import clone_state_dict, perturbed  # noqa: E402
+
+TINY = Path(__file__).resolve().parents[2] / "gate" / "assets" / "models" / "tiny-arith"
+PROMPT, GEN = [1, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15, 16]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return transformers.AutoModelForCausalLM.from_pretrained(TINY, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def weights(model):
+    old = clone_state_dict(model.state_dict())
+    return old, perturbed(old, 0.2, 0)
+
+
+def _logprob_of(model, ids, target, past=None):
+    out = model(torch.tensor([ids]), past_key_values=past, use_cache=True)
+    return float(torch.log_softmax(out.logits[0, -1].float(), -1)[target]), out.past_key_values
+
+
+def test_same_weights_give_one_answer(model, weights):
+    old, _ = weights
+    o, r, s = attribution_scores(model, old, old, [(PROMPT, GEN)], [3], "cpu")
+    np.testing.assert_allclose(r, o, atol=1e-5)
+    np.testing.assert_allclose(s, o, atol=1e-5)
+
+
+def test_stale_is_the_new_weights_over_the_old_kv(model, weights):
+    old, new = weights
+    c = 3
+    o, r, s = attribution_scores(model, old, new, [(PROMPT, GEN)], [c], "cpu")
+    assert len(o) == len(r) == len(s) == len(GEN)
+    np.testing.assert_array_equal(s[:c], o[:c])  # before the switch STALE is OLD
+    # By hand: the old model's cache over prompt + GEN[:c-1], then the new weights take GEN[c-1].
+    model.load_state_dict(old)
+    _, cache = _logprob_of(model, PROMPT + GEN[: c - 1], GEN[c - 1])
+    model.load_state_dict(new)
+    first, cache = _logprob_of(model, [GEN[c - 1]], GEN[c], cache)
+    second, _ = _logprob_of(model, [GEN[c]], GEN[c + 1], cache)
+    np.testing.assert_allclose(s[c : c + 2], [first, second], atol=1e-5)
+    # And it is neither of the others: the three candidates are apart after the switch.
+    assert np.abs(s[c:] - r[c:]).min() > 1e-3 and np.abs(s[c:] - o[c:]).min() > 1e-3
+
+
+def test_a_switch_at_the_end_is_old_throughout(model, weights):
+    old, new = weights
+    o, _, s = attribution_scores(model, old, new, [(PROMPT, GEN), (PROMPT[:3], GEN[:4])], [8, 4], "cpu")
+    np.testing.assert_array_equal(s, o)
+
+
+def test_probe_prompts_are_distinct_and_leave_room():
+    prompts = [[1, 2], [1, 2], [], [3] * 220, [4, 5, 6]]
+    assert probe_prompts(prompts, 4, 48, 256) == [[1, 2], [4, 5, 6]]
+    with pytest.raises(ValueError, match="lower weight_sync.inflight.max_tokens"):
+        probe_prompts([[3] * 250], 4, 48, 256)
+
+
+def test_an_update_without_calls_switches_nothing():
+    from gate.worker.inflight import CallRecord, Stream, UpdateRun
+
+    streams = [Stream("a", [1], 4, token_ids=[5, 6, 7, 8]), Stream("b", [1], 4, token_ids=[5, 6])]
+    start, end = switch_points(UpdateRun("noop", streams, [], 4, 0.0, 0.1))
+    assert start.tolist() == end.tolist() == [4, 2]
+    records = [CallRecord("pause", [2, 1], 0.0), CallRecord("push", [2, 1], 0.1), CallRecord("resume", [3, 2], 0.2)]
+    start, end = switch_points(UpdateRun("keep", streams, records, 4, 0.2, 0.3))
+    assert start.tolist() == [2, 1] and end.tolist() == [3, 2]
