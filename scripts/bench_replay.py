@@ -11,6 +11,9 @@ Then the weight pushes, each timed in the worker: the weight-sync probe's one pu
 push after every step (first seed). A push must stay under PUSH_BUDGET_S: an RL trainer pushes after
 every step, and a slow path (a copy through the host, a full re-load) is a regression users pay each
 step. --check exits 1 where a GRPO push of the new engine is over it.
+
+And the weight-sync probe's in-flight phase (weights pushed while requests generate), which must
+stay under INFLIGHT_BUDGET_PCT of an engine's replay; --check exits 1 where it is over.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 PUSH_BUDGET_S = 5.0
+INFLIGHT_BUDGET_PCT = 25.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,6 +89,15 @@ def main(argv: list[str] | None = None) -> int:
         probe = "-" if f["probe_push_s"] is None else f"{f['probe_push_s']:.2f}"
         grpo = f["grpo_push_s"]
         print(f"{name:<6} {probe:>13} {len(grpo):>12} {max(grpo, default=float('nan')):>16.2f}")
+    for name, f in figures["engines"].items():
+        print(f"{name:<6} in-flight phase {f['inflight_s']:.2f} s = {f['inflight_pct']:.1f}% of the replay "
+              f"(budget {INFLIGHT_BUDGET_PCT:.0f}%)")  # fmt: skip
+    heavy = [n for n, f in figures["engines"].items() if f["inflight_pct"] > INFLIGHT_BUDGET_PCT]
+    if heavy:
+        print(
+            f"over budget: the in-flight phase of {heavy} above {INFLIGHT_BUDGET_PCT:.0f}%",
+            file=sys.stderr,
+        )
     slow = [
         s for s in figures["engines"].get("new", {}).get("grpo_push_s", []) if s > PUSH_BUDGET_S
     ]
@@ -95,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
-    return 1 if args.check and slow else 0
+    return 1 if args.check and (slow or heavy) else 0
 
 
 def pushes(meta: dict, grpo_push: list[float] | None) -> dict:
@@ -110,7 +123,8 @@ def breakdown(replay_s: float, meta: dict) -> dict:
         t["import_s"] + t["engine_start_s"] + t.get("engine_shutdown_s", 0.0)
     )  # vLLM's life cycle
     generate = t["sample_s"] + t.get("greedy_s", 0.0) + t.get("teacher_forced_s", 0.0)
-    rl_passes = t.get("weight_sync_s", 0.0) + t.get("grpo_s", 0.0)
+    inflight = t.get("weight_sync_inflight_s", 0.0)
+    rl_passes = t.get("weight_sync_s", 0.0) + inflight + t.get("grpo_s", 0.0)
     overhead = replay_s - startup - generate - rl_passes
     generated = c["sampled_tokens"] + c["greedy_tokens"] + c["teacher_forced_tokens"]
     return {
@@ -120,6 +134,8 @@ def breakdown(replay_s: float, meta: dict) -> dict:
         "generate_s": generate,
         "overhead_s": overhead,
         "rl_passes_s": rl_passes,
+        "inflight_s": inflight,
+        "inflight_pct": 100.0 * inflight / replay_s,
         "overhead_pct": 100.0 * overhead / (replay_s - rl_passes),
         "timings": t,
         "reference_s": t["reference_load_s"] + t["reference_score_s"],

@@ -137,11 +137,12 @@ def test_a_hook_that_raises_costs_only_the_rl_checks(tmp_path_factory):
     assert "Traceback (tail):" in check["diagnosis"]
     grpo = run.check("grpo-trajectory")
     assert grpo["status"] == "ERROR" and "did not run" in grpo["summary"], grpo
-    assert run.evidence("new").engine["passes_not_run"] == ["grpo"]
+    assert run.evidence("new").engine["passes_not_run"] == ["weight_sync_inflight", "grpo"]
+    assert "did not run" in run.check("inflight-update")["summary"]
     judged = {
         c["id"]: c["status"]
         for c in run.report["checks"]
-        if c["id"] not in ("weight-sync", "grpo-trajectory")
+        if c["id"] not in ("weight-sync", "inflight-update", "grpo-trajectory")
     }
     assert judged["logprob-semantics"] == judged["train-inference-mismatch"] == "PASS", judged
     assert all(status != "ERROR" for status in judged.values()), judged

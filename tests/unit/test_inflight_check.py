@@ -91,10 +91,22 @@ def test_old_weights_after_the_update_returned_are_stale():
 def test_candidates_within_the_tolerance_are_inconclusive():
     [a] = inflight.attribute(arrays(STALE), ["keep"], 0.5, max_tokens=6)
     assert set("".join(a.labels)) == {"?"}
-    assert "raise weight_sync.perturbation" in inflight.inconclusive(a, 0.05, 0.5)
+    assert "only 0 of 8 tokens after the switch" in inflight.inconclusive(a, 0.05, 8)
+    [ok] = inflight.attribute(arrays(STALE), ["keep"], TOL, max_tokens=6)
+    assert inflight.inconclusive(ok, 0.05, 8) is None and inflight.inconclusive(ok, 0.05, 9) is not None
     engine = OLD - 0.05  # nothing before the switch is OLD: the tolerance does not hold here
     [b] = inflight.attribute(arrays(engine), ["keep"], TOL, max_tokens=6)
-    assert "before the switch do not match the old weights" in inflight.inconclusive(b, 0.05, 0.5)
+    assert "before the switch do not match the old weights" in inflight.inconclusive(b, 0.05, 8)
+
+
+def test_the_torn_limit_grows_with_the_engines_own_misses_before_the_switch():
+    engine = STALE.copy()
+    engine[[2, 3, 8]] -= 0.05  # 3 of 8 after the switch fit nothing
+    [a] = inflight.attribute(arrays(engine), ["hook"], TOL, max_tokens=6)
+    assert inflight.torn_limit(a, 0.05) == 1.0  # no miss before the switch: 5% of 8, at least 1
+    engine[0] -= 0.05  # one of the 4 tokens before the switch misses too: 3 x 25% of 8 = 6
+    [b] = inflight.attribute(arrays(engine), ["hook"], TOL, max_tokens=6)
+    assert inflight.torn_limit(b, 0.05) == 6.0 and inflight.findings(b, 0.05) == []
 
 
 def test_the_tolerance_is_the_idle_probes_q99_gap_times_the_factor():
