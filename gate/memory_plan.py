@@ -5,7 +5,8 @@ arguments and the RL settings, :func:`plan_run` gives, per engine and per phase 
 (``gate.worker.main``), what each device holds:
 
 - ``engine``: the engine's weights, KV cache and activations (plus, on CPU, the process runtime);
-- ``weight_sync``: the engine plus the probe's trainer model and its two state-dict copies;
+- ``weight_sync``: the engine plus the probe's trainer model and its two state-dict copies (its
+  in-flight phase holds the same, and its requests' KV lies in the engine's reserved cache);
 - ``grpo``: the engine plus the trainer model, its initial copy, gradients and optimizer state;
 - ``reference``: the engine released, the trainer-side reference and its scoring activations.
 

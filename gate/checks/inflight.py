@@ -13,7 +13,8 @@ the same engine's idle probe (``factor`` x its 99th-percentile engine-vs-trainer
   weights or over KV they wrote), or ambiguous (the candidates lie within the tolerance);
 - after the update's last call, OLD alone means the engine still samples from the old weights.
 
-FAIL (new engine): torn tokens, requests lost (aborted and not resubmitted, cut short, or returned
+FAIL (new engine): tokens that fit no weights (torn when engine steps ran inside the update,
+partial when none did: the update reached only part of the model), requests lost (aborted and not resubmitted, cut short, or returned
 without logprobs), or old weights after the update. WARN: a behaviour (STALE or REC after the
 switch) that differs between the engines, or from what a built-in path asks for. SKIP with
 "inconclusive" where the labels do not separate, never a guess. docs/checks.md has the stacks'
@@ -45,6 +46,9 @@ MEANING = {
     "mixed": "some tokens over the old KV, some recomputed",
 }
 FIXES = {
+    "partial": "Tokens after an update that ran between two steps fit no weights: the update reached only part "
+    "of the model (one tensor-parallel rank, some layers, names the loader skipped). Push to every rank "
+    "(collective_rpc to all workers) and every tensor, as the idle weight-sync probe's path does.",
     "torn": "Decode steps ran on partly updated weights: the update is several calls into the engine with "
     "generation running between them. Pause first (pause_generation(mode='keep') or /pause?mode=keep), "
     "push everything, then resume, or push in one collective_rpc.",
@@ -174,7 +178,9 @@ def findings(a: Attribution, torn_share: float) -> list[str]:
     """The failure kinds of one attribution: torn, lost, stale."""
     kinds = []
     if a.counts.get("NEITHER", 0) > torn_limit(a, torn_share):
-        kinds.append("torn")
+        # Steps inside the update: they ran on half-pushed weights. None inside: what arrived was partial.
+        spans = any(e > s for s, e in zip(a.switch_start, a.switch_end, strict=True))
+        kinds.append("torn" if spans else "partial")
     if a.lost:
         kinds.append("lost")
     if a.stale_after_update:
@@ -304,8 +310,8 @@ def _changed(a: Attribution, before: Attribution | None) -> str | None:
 
 
 def _describe(kind: str, a: Attribution) -> str:
-    if kind == "torn":
-        return f"torn ({a.counts['NEITHER']} of {a.post_tokens} tokens after the switch fit no weights)"
+    if kind in ("torn", "partial"):
+        return f"{kind} ({a.counts['NEITHER']} of {a.post_tokens} tokens after the switch fit no weights)"
     if kind == "lost":
         return f"lost ({len(a.lost)} request(s))"
     return f"old weights after the update ({a.stale_after_update} tokens)"

@@ -140,6 +140,12 @@ ROWS: tuple[FaultRow, ...] = (
              "in-flight hook `never_resume`, `weight_sync.inflight.timeout_s: 5`",
              "inflight-update", ("ERROR",), "returned with the engine still paused",
              "tests/integration/test_inflight.py::test_a_hook_that_never_resumes_is_an_error_bounded_by_the_timeout"),
+    FaultRow("30e", "in-flight update at TP=2 that only rank 0 loads (partial)",
+             "in-flight hook `rank0_only`: pause(keep), one `collective_rpc` of a function that reloads on rank 0 only "
+             "(`VLLM_ALLOW_INSECURE_SERIALIZATION=1`), resume; `tensor_parallel_size: 2`, in one engine with `keep` and "
+             "a per-layer push without a pause (torn)",
+             "inflight-update", ("FAIL",), "the update reached only part of the model",
+             "tests/integration/test_tensor_parallel.py::test_tp2_inflight_updates_keep_tear_and_reach_one_rank"),
 )  # fmt: skip
 
 CONTROLS: tuple[ControlRow, ...] = (

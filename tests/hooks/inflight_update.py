@@ -43,3 +43,58 @@ def never_resume(engine, state_dict):
     """Pushes under a pause and forgets to resume: the requests never finish."""
     engine.pause("keep")
     engine.push(state_dict)
+
+
+# -- tensor parallel: the ranks are other processes, reached by method name (or, with
+# VLLM_ALLOW_INSECURE_SERIALIZATION=1 in the engine's env, by a pickled function) --------------------
+
+
+def _folder(items):
+    """A fresh /dev/shm folder holding ``items`` as one safetensors file (tied names copied apart)."""
+    import tempfile
+
+    from safetensors.torch import save_file
+
+    seen, tensors = set(), {}
+    for name, tensor in items:
+        t = tensor.detach()
+        key = t.untyped_storage().data_ptr()
+        tensors[name] = t.clone() if key in seen and t.numel() else t.contiguous()
+        seen.add(key)
+    folder = tempfile.mkdtemp(prefix="inflight-hook-", dir="/dev/shm")
+    save_file(tensors, f"{folder}/model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+def per_layer_folders_without_pause(engine, state_dict):
+    """Torn at TP=2: one folder reload per decoder layer, by name on every rank, no pause."""
+    import shutil
+
+    groups: dict[str, list] = {}
+    for name, tensor in state_dict.items():
+        layer = re.match(r"(.*\.layers\.\d+)\.", name)
+        groups.setdefault(layer.group(1) if layer else "rest", []).append((name, tensor))
+    for items in groups.values():
+        folder = _folder(items)
+        try:
+            engine.collective_rpc("reload_weights", kwargs={"weights_path": folder})
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def rank0_only(engine, state_dict):
+    """Partial at TP=2: paused, one push, but only rank 0 loads it; rank 1 keeps the old shard."""
+    import shutil
+
+    folder = _folder(state_dict.items())
+    try:
+        engine.pause("keep")
+        engine.collective_rpc(_reload_on_rank_0, args=(folder,))
+        engine.resume()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _reload_on_rank_0(worker, folder):
+    if worker.rank == 0:
+        worker.reload_weights(weights_path=folder)

@@ -30,6 +30,7 @@ PLAN_PHASE = {
     "sample": "engine",
     "greedy": "engine",
     "teacher_forced": "engine",
+    "weight_sync_inflight": "weight_sync",  # the same trainer model and two state dicts
 }
 
 

@@ -167,3 +167,35 @@ def test_tp2_on_two_cpus_is_accepted(tmp_path):
         pytest.skip("needs 2 CPUs")
     cfg = load_config(_config_with(tmp_path, TP2))
     assert cfg.engines["new"].engine_args["tensor_parallel_size"] == 2
+
+
+INFLIGHT_HOOKS = Path(__file__).resolve().parent.parent / "hooks" / "inflight_update.py"
+
+
+@pytest.fixture(scope="module")
+def tp2_inflight_replay(tmp_path_factory):
+    """At TP=2, in one engine: keep, a per-layer push without a pause, and a push only rank 0 loads
+    (a pickled function: VLLM_ALLOW_INSECURE_SERIALIZATION=1 in the engine's environment)."""
+    tmp = tmp_path_factory.mktemp("tp2-inflight")
+    updates = ["keep", f"{INFLIGHT_HOOKS}:per_layer_folders_without_pause", f"{INFLIGHT_HOOKS}:rank0_only"]
+    config = variant_config(tmp, TP2, grpo={"enabled": False}, env={"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"},
+                            weight_sync={"inflight": {"updates": updates}})  # fmt: skip
+    return replay(tmp / "run", "-c", str(config), "--only", "new")
+
+
+@needs_two_cpus
+@pytest.mark.engine
+def test_tp2_inflight_updates_keep_tear_and_reach_one_rank(tp2_inflight_replay):
+    from ..faults.matrix import verify
+
+    check = tp2_inflight_replay.check("inflight-update")
+    updates = check["details"]["updates"]
+    assert updates["keep"]["behaviour"] == "STALE" and updates["keep"]["counts"]["NEITHER"] == 0
+    torn = updates[f"{INFLIGHT_HOOKS}:per_layer_folders_without_pause"]
+    assert any(e > s for s, e in zip(torn["switch_start"], torn["switch_end"], strict=True)), torn
+    assert str(INFLIGHT_HOOKS.parent) not in check["summary"]  # hooks are shown by file name
+    assert "inflight_update.py:per_layer_folders_without_pause: torn" in check["summary"], check["summary"]
+    partial = updates[f"{INFLIGHT_HOOKS}:rank0_only"]
+    assert partial["switch_start"] == partial["switch_end"]  # paused: no step inside the update
+    assert "inflight_update.py:rank0_only: partial" in check["summary"], check["summary"]
+    verify("30e", tp2_inflight_replay.report)

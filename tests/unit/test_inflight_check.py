@@ -57,9 +57,11 @@ def test_recomputed_requests_read_as_rec():
 def test_tokens_that_fit_no_weights_are_torn():
     engine = STALE.copy()
     engine[[2, 3, 8]] -= 0.05  # halfway between candidates: none within TOL
-    [a] = inflight.attribute(arrays(engine), ["hook"], TOL, max_tokens=6)
+    [a] = inflight.attribute(arrays(engine, end=(3, 3)), ["hook"], TOL, max_tokens=6)
     assert a.labels == ["OOxxSS", "OOxSSS"] and a.counts["NEITHER"] == 3
-    assert inflight.findings(a, 0.05) == ["torn"]
+    assert inflight.findings(a, 0.05) == ["torn"]  # a step ran inside the update
+    [b] = inflight.attribute(arrays(engine), ["hook"], TOL, max_tokens=6)
+    assert inflight.findings(b, 0.05) == ["partial"]  # none did: what arrived was incomplete
     assert inflight.findings(a, 0.5) == []  # 3 of 8 is under a 50% share
 
 
@@ -155,6 +157,7 @@ def test_every_update_of_a_run_is_judged_and_the_worst_wins():
     torn[[2, 3, 4]] -= 0.05
     both = arrays(np.concatenate([STALE, torn]), updates=2)
     both["wsi_engine_logprob"] = np.concatenate([STALE, torn]).astype(np.float32)
+    both["wsi_switch_end"][2:] = 3  # the second update spans a step
     result = _run(_evidence(both, _section("keep", "per_layer.py:f")))
     assert result.status == Status.FAIL
     assert "per_layer.py:f: torn (3 of 8 tokens" in result.summary and "keep: STALE" in result.summary
