@@ -108,6 +108,7 @@ class EngineLoop:
         self.streams = {s.request_id: s for s in streams}  # engine request id -> its stream
         self._params_for = params_for
         self._calls: queue.SimpleQueue[tuple[str, Callable[[], Any], Future]] = queue.SimpleQueue()
+        self._queued = threading.Event()  # set by call(): wakes an idle loop at once
         self.records: list[CallRecord] = []
         self.steps = 0
         self._started = time.perf_counter()
@@ -118,6 +119,7 @@ class EngineLoop:
         """Run ``fn`` in the loop, between two engine steps, and return its result."""
         done: Future = Future()
         self._calls.put((name, fn, done))
+        self._queued.set()
         return done.result(timeout=timeout)
 
     # -- the loop itself (the worker's main thread) ----------------------------------------------
@@ -159,11 +161,9 @@ class EngineLoop:
         return True
 
     def wait_for_call(self) -> None:
-        try:
-            item = self._calls.get(timeout=_IDLE_WAIT_S)
-        except queue.Empty:
-            return
-        self._calls.put(item)  # run by run_calls, in order with the rest
+        """Idle (paused, or nothing left to step): wait briefly for a call; run_calls runs it."""
+        self._queued.wait(_IDLE_WAIT_S)
+        self._queued.clear()  # a call queued meanwhile is still in the queue for run_calls
 
 
 class InflightEngine:
@@ -346,6 +346,7 @@ def run_update(llm, name: str, update: UpdateFn, adapter: Adapter, prompts: list
 
     while True:
         loop.run_calls()
+        # The switch point, or every request ended before it (a request that stopped early).
         if thread is None and all(
             len(s.token_ids) >= request.switch_after or s.done for s in streams
         ):
@@ -356,19 +357,18 @@ def run_update(llm, name: str, update: UpdateFn, adapter: Adapter, prompts: list
             loop.run_calls()
             break
         if time.monotonic() > deadline:
-            raise InflightTimeout(_timeout_message(name, thread, finished, loop, request.timeout_s))
-        if not loop.step():
-            if thread is None and finished:  # every request ended before the switch point
-                thread = threading.Thread(target=updating, daemon=True)
-                thread.start()
+            raise InflightTimeout(
+                _timeout_message(name, thread, loop, request.timeout_s, outcome.get("error"))
+            )
+        if not loop.step():  # paused, or every request done while the update runs
             loop.wait_for_call()
     return UpdateRun(name=name, streams=streams, records=loop.records, steps=loop.steps,
                      update_s=float(outcome.get("update_s", 0.0)), total_s=time.monotonic() - start,
                      error=outcome.get("error"))  # fmt: skip
 
 
-def _timeout_message(name: str, thread: threading.Thread | None, finished: bool,
-                     loop: EngineLoop, limit: float) -> str:  # fmt: skip
+def _timeout_message(name: str, thread: threading.Thread | None, loop: EngineLoop, limit: float,
+                     raised: str | None) -> str:  # fmt: skip
     paused = loop.core.is_scheduler_paused()
     module, sep, func = name.rpartition(":")
     name = f"{Path(module).name}:{func}" if sep else name  # a hook's file without its folder
@@ -378,6 +378,8 @@ def _timeout_message(name: str, thread: threading.Thread | None, finished: bool,
         what = f"the update ({name}) returned with the engine still paused (no resume)"
     else:
         what = f"requests were still unfinished after the update ({name}) returned"
+    if raised:
+        what += f", having raised {raised}"
     calls = ", ".join(r.name for r in loop.records[-5:]) or "none"
     return f"in-flight update: {what} after {limit:g}s (weight_sync.inflight.timeout_s); last calls: {calls}"
 
