@@ -8,7 +8,7 @@ An entry is keyed by everything that shapes what the old engine's worker writes:
 - ``engine_args`` and ``env`` (with the Python files on the engine's own PYTHONPATH);
 - ``request``: the worker request without its output folder: prompts, sampling, greedy,
   teacher-forced, reference, weight-sync and GRPO settings, the weight-update hook;
-- ``hook``: the hook file's sha256; ``prompts``: each prompt set's sha256; ``model``: its fingerprint;
+- ``hook``: the hook file's sha256; ``inflight_hooks``: each in-flight hook file's; ``prompts``: each prompt set's sha256; ``model``: its fingerprint;
 - ``worker``: the hash of the worker's code (gate.worker and what it imports, nothing else);
 - ``device``: the device class (:mod:`gate.device`).
 
@@ -102,10 +102,16 @@ def config_groups(
         if request.get(field) and Path(request[field]).is_dir():
             request[field] = "<local folder>"
     if request.get("weight_sync") and request["weight_sync"].get("hook"):
-        module, _, func = request["weight_sync"]["hook"].rpartition(":")
         request["weight_sync"] = {
             **request["weight_sync"],
-            "hook": f"{Path(module).name if module.endswith('.py') else module}:{func}",
+            "hook": _hook_name(request["weight_sync"]["hook"]),
+        }
+    inflight = (request.get("weight_sync") or {}).get("inflight")
+    if inflight:  # built-in names as they are; hooks by name here and by content below
+        updates = [_hook_name(u) if ":" in u else u for u in inflight["updates"]]
+        request["weight_sync"] = {
+            **request["weight_sync"],
+            "inflight": {**inflight, "updates": updates},
         }
     return {
         "engine": {
@@ -119,6 +125,7 @@ def config_groups(
         "env": {"values": engine.env, "pythonpath_code": _pythonpath_code(engine.env)},
         "request": request,
         "hook": _hook_hash(cfg.weight_update.hook),
+        "inflight_hooks": [_hook_hash(u) for u in cfg.weight_sync.inflight.updates if ":" in u],
         "prompts": sorted(p.sha256 for p in prompt_sets),
         "model": {
             "weights": _local_or_id(cfg.model.path, fingerprint),
@@ -261,6 +268,12 @@ def _local_or_id(model: str, fingerprint: dict) -> dict:
     if fingerprint.get("sha256"):
         return {k: fingerprint.get(k) for k in ("sha256", "method")}
     return {"hub_id": model}
+
+
+def _hook_name(hook: str) -> str:
+    """A hook as the key names it: a file's name without its folder, a module as it is."""
+    module, _, func = hook.rpartition(":")
+    return f"{Path(module).name if module.endswith('.py') else module}:{func}"
 
 
 def _hook_hash(hook: str | None) -> str | None:

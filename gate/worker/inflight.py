@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from gate.request import InflightRequest
-from gate.worker.weight_push import Adapter, call_workers, load_hook
+from gate.worker.weight_push import Adapter, call_workers, load_hook, push_naming_failures
 
 UpdateFn = Callable[["InflightEngine", dict[str, torch.Tensor]], None]
 
@@ -502,11 +502,13 @@ def run_probe(llm, model_path: str, prompt_ids: list[list[int]], request: Inflig
     for entry, update in updates:
         progress(f"in-flight update {entry}: {len(prompts)} requests x {request.max_tokens} tokens, "
                  f"the update once each has {request.switch_after}")  # fmt: skip
-        adapter.push(llm, old_sd)  # idle: every update starts from the old weights
+        push_naming_failures(adapter, llm, old_sd)  # idle: every update starts from the old weights
         runs.append(
             run_update(llm, entry, update, adapter, prompts, request, new_sd, sampling_params)
         )
-    adapter.push(llm, new_sd)  # the engine ends on the new weights, as after the idle probe
+    push_naming_failures(
+        adapter, llm, new_sd
+    )  # the engine ends on the new weights, as after the idle probe
     return _evidence(trainer, old_sd, new_sd, runs, request, device)
 
 

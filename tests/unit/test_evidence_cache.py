@@ -135,6 +135,25 @@ def test_hook_file_content_changes_the_key(cfg, tmp_path):
     assert _key(hooked).differences(base.groups) == ["hook"]
 
 
+def _with_inflight_hook(cfg, hook: Path):
+    inflight = dataclasses.replace(cfg.weight_sync.inflight, updates=("keep", f"{hook}:update"))
+    return dataclasses.replace(cfg, weight_sync=dataclasses.replace(cfg.weight_sync, inflight=inflight))
+
+
+def test_an_inflight_hook_counts_by_content_not_by_where_it_is(cfg, tmp_path):
+    keys = []
+    for where in ("a", "b"):
+        (tmp_path / where).mkdir()
+        hook = tmp_path / where / "inflight.py"
+        hook.write_text("def update(engine, sd):\n    engine.push(sd)\n")
+        keys.append(_key(_with_inflight_hook(cfg, hook)))
+    assert keys[0].digest == keys[1].digest
+    (tmp_path / "a" / "inflight.py").write_text("def update(engine, sd):\n    pass\n")
+    assert _key(_with_inflight_hook(cfg, tmp_path / "a" / "inflight.py")).differences(keys[0].groups) == [
+        "inflight_hooks"
+    ]
+
+
 def test_code_on_the_engines_pythonpath_changes_the_key(cfg, tmp_path):
     (tmp_path / "procs").mkdir()
     module = tmp_path / "procs" / "noise.py"
