@@ -178,7 +178,9 @@ class InflightConfig:
     requests: int = 4  # concurrent greedy requests
     max_tokens: int = 48  # each runs to this length (ignore_eos)
     switch_after: int = 16  # the update starts once every request has this many tokens
-    timeout_s: float = 120.0  # the update and the requests after it; past it: ERROR, engine stopped
+    # The update and the requests after it; past it: ERROR, engine stopped. As long as one call into
+    # the workers may take (GATE_WORKER_RPC_TIMEOUT_S's default): pushing a 70B model takes minutes.
+    timeout_s: float = 600.0
 
     def validate(self, where: str) -> None:
         require(bool(self.updates), where, "updates", "needs at least one update")
