@@ -101,7 +101,7 @@ class EngineLoop:
         if core is None or not callable(getattr(core, "pause_scheduler", None)):
             raise InflightUnsupported(
                 "the engine core is not in this process or has no pause_scheduler "
-                f"({type(client).__name__}); the in-flight phase needs vLLM >= 0.14 in process"
+                f"({type(client).__name__}); the in-flight phase drives vLLM's in-process EngineCore"
             )
         self.llm, self.engine, self.core = llm, llm.llm_engine, core
         self.order = list(streams)  # one per request, as submitted
