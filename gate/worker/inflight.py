@@ -176,7 +176,6 @@ class InflightEngine:
 
     def __init__(self, loop: EngineLoop, adapter: Adapter, deadline: float) -> None:
         self._loop, self._adapter, self._deadline = loop, adapter, deadline
-        self.push_path = adapter.name  # what push() runs
 
     def _run(self, name: str, fn: Callable[[], Any]) -> Any:
         left = self._deadline - time.monotonic()
@@ -452,7 +451,7 @@ FINISH_CODES = {"stop": 0, "length": 1, "abort": 2}
 FINISH_OTHER = 3
 
 
-def probe_prompts(prompt_ids: list[list[int]], count: int, max_tokens: int,
+def inflight_prompts(prompt_ids: list[list[int]], count: int, max_tokens: int,
                   max_model_len: int) -> list[list[int]]:  # fmt: skip
     """The first ``count`` distinct prompts that leave room for ``max_tokens`` generated tokens."""
     fits = [p for p in prompt_ids if len(p) > 0 and len(p) + max_tokens <= max_model_len]
@@ -490,7 +489,7 @@ def run_probe(llm, model_path: str, prompt_ids: list[list[int]], request: Inflig
 
     config = getattr(llm.llm_engine, "vllm_config", None)
     max_model_len = int(getattr(getattr(config, "model_config", None), "max_model_len", 2048))
-    prompts = probe_prompts(prompt_ids, request.requests, request.max_tokens, max_model_len)
+    prompts = inflight_prompts(prompt_ids, request.requests, request.max_tokens, max_model_len)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     trainer = _load_trainer(AutoModelForCausalLM, model_path, device, hf_kwargs, engine_dtype(llm))
     old_sd = host_state_dict(trainer.state_dict(), device == "cuda")

@@ -10,15 +10,20 @@ from __future__ import annotations
 import re
 
 
+def by_layer(state_dict) -> list[dict]:
+    """The state dict split into one part per decoder layer, and one for everything else."""
+    groups: dict[str, dict] = {}
+    for name, tensor in state_dict.items():
+        layer = re.match(r"(.*\.layers\.\d+)\.", name)
+        groups.setdefault(layer.group(1) if layer else "rest", {})[name] = tensor
+    return list(groups.values())
+
+
 def per_layer_without_pause(engine, state_dict):
     """One RPC per decoder layer and none around them (open-instruct PR #1535's per-parameter RPCs):
     decode steps run between the calls, on partly updated weights."""
-    groups: dict[str, list] = {}
-    for name, tensor in state_dict.items():
-        layer = re.match(r"(.*\.layers\.\d+)\.", name)
-        groups.setdefault(layer.group(1) if layer else "rest", []).append((name, tensor))
-    for items in groups.values():
-        engine.collective_rpc(_reload_some, args=(items,))
+    for part in by_layer(state_dict):
+        engine.collective_rpc(_reload_some, args=(list(part.items()),))
 
 
 def _reload_some(worker, items):
@@ -46,53 +51,29 @@ def never_resume(engine, state_dict):
 
 
 # -- tensor parallel: the ranks are other processes, reached by method name (or, with
-# VLLM_ALLOW_INSECURE_SERIALIZATION=1 in the engine's env, by a pickled function) --------------------
+# VLLM_ALLOW_INSECURE_SERIALIZATION=1 in the engine's environment, by a pickled function). The
+# weights travel as a safetensors folder, written by the gate's own staging (its multi-process push).
 
 
-def _folder(items):
-    """A fresh /dev/shm folder holding ``items`` as one safetensors file (tied names copied apart)."""
-    import tempfile
+def _staged(state_dict):
+    from gate.worker.weight_push import SHARED_MEMORY, staged_weights
 
-    from safetensors.torch import save_file
-
-    seen, tensors = set(), {}
-    for name, tensor in items:
-        t = tensor.detach()
-        key = t.untyped_storage().data_ptr()
-        tensors[name] = t.clone() if key in seen and t.numel() else t.contiguous()
-        seen.add(key)
-    folder = tempfile.mkdtemp(prefix="inflight-hook-", dir="/dev/shm")
-    save_file(tensors, f"{folder}/model.safetensors", metadata={"format": "pt"})
-    return folder
+    return staged_weights(state_dict, (SHARED_MEMORY,))
 
 
 def per_layer_folders_without_pause(engine, state_dict):
     """Torn at TP=2: one folder reload per decoder layer, by name on every rank, no pause."""
-    import shutil
-
-    groups: dict[str, list] = {}
-    for name, tensor in state_dict.items():
-        layer = re.match(r"(.*\.layers\.\d+)\.", name)
-        groups.setdefault(layer.group(1) if layer else "rest", []).append((name, tensor))
-    for items in groups.values():
-        folder = _folder(items)
-        try:
-            engine.collective_rpc("reload_weights", kwargs={"weights_path": folder})
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
+    for part in by_layer(state_dict):
+        with _staged(part) as folder:
+            engine.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
 
 
 def rank0_only(engine, state_dict):
     """Partial at TP=2: paused, one push, but only rank 0 loads it; rank 1 keeps the old shard."""
-    import shutil
-
-    folder = _folder(state_dict.items())
-    try:
+    with _staged(state_dict) as folder:
         engine.pause("keep")
-        engine.collective_rpc(_reload_on_rank_0, args=(folder,))
+        engine.collective_rpc(_reload_on_rank_0, args=(str(folder),))
         engine.resume()
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _reload_on_rank_0(worker, folder):

@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from gate.worker.inflight import attribution_scores, probe_prompts, switch_points  # noqa: E402
+from gate.worker.inflight import attribution_scores, inflight_prompts, switch_points  # noqa: E402
 from gate.worker.policy_weights import clone_state_dict, perturbed  # noqa: E402
 
 TINY = Path(__file__).resolve().parents[2] / "gate" / "assets" / "models" / "tiny-arith"
@@ -65,9 +65,9 @@ def test_a_switch_at_the_end_is_old_throughout(model, weights):
 
 def test_probe_prompts_are_distinct_and_leave_room():
     prompts = [[1, 2], [1, 2], [], [3] * 220, [4, 5, 6]]
-    assert probe_prompts(prompts, 4, 48, 256) == [[1, 2], [4, 5, 6]]
+    assert inflight_prompts(prompts, 4, 48, 256) == [[1, 2], [4, 5, 6]]
     with pytest.raises(ValueError, match="lower weight_sync.inflight.max_tokens"):
-        probe_prompts([[3] * 250], 4, 48, 256)
+        inflight_prompts([[3] * 250], 4, 48, 256)
 
 
 def test_an_update_without_calls_switches_nothing():
