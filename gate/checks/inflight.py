@@ -75,6 +75,21 @@ class Attribution:
     )  # OLD STALE REC NEITHER ambiguous, after the switch
     stale_after_update: int = 0  # OLD-only tokens after the update's last call
     lost: list[str] = field(default_factory=list)  # per lost request, why
+    # Bounds on where the first call ran (server mode: known within the tokens that arrived while
+    # it was under way; offline both equal switch_start), and the engine's own weight-version
+    # label's first new token per request (-1: none returned).
+    switch_lower: list[int] = field(default_factory=list)
+    switch_upper: list[int] = field(default_factory=list)
+    version_switch: list[int] = field(default_factory=list)
+    steps_inside: int | None = None  # engine steps between the first and last call, where recorded
+
+    @property
+    def versions_agree(self) -> bool | None:
+        """Whether the engine's version labels change where the update ran; None without labels."""
+        pairs = [
+            (v, s) for v, s in zip(self.version_switch, self.switch_start, strict=True) if v >= 0
+        ]
+        return None if not pairs else all(v == s for v, s in pairs)
 
     @property
     def behaviour(self) -> str | None:
@@ -100,9 +115,10 @@ def tolerance(e, factor: float, floor: float) -> float | None:
 
 
 def attribute(arrays: dict[str, np.ndarray], names: list[str], tol: float,
-              max_tokens: int | None = None) -> list[Attribution]:  # fmt: skip
+              max_tokens: int | None = None, steps_inside: list[int | None] | None = None) -> list[Attribution]:  # fmt: skip
     """Label every token of every request, per update (``names``: the updates in run order;
-    ``max_tokens``: what each request was asked for, so a shorter one counts as lost)."""
+    ``max_tokens``: what each request was asked for, so a shorter one counts as lost;
+    ``steps_inside``: per update, engine steps between its first and last call, where recorded)."""
     offsets = arrays["wsi_offsets"]
     eng = arrays["wsi_engine_logprob"].astype(np.float64)
     fits = {
@@ -145,9 +161,22 @@ def attribute(arrays: dict[str, np.ndarray], names: list[str], tol: float,
             },
             stale_after_update=int(np.count_nonzero(mask & (j > end) & unique["OLD"])),
             lost=_lost(arrays, rows, lengths, max_tokens),
+            switch_lower=_per_row(arrays, "wsi_switch_lower", rows, "wsi_switch_start"),
+            switch_upper=_per_row(arrays, "wsi_switch_upper", rows, "wsi_switch_start"),
+            version_switch=_per_row(arrays, "wsi_version_switch", rows, None),
+            steps_inside=steps_inside[u] if steps_inside and u < len(steps_inside) else None,
         )
         out.append(a)
     return out
+
+
+def _per_row(
+    arrays: dict[str, np.ndarray], key: str, rows: np.ndarray, fallback: str | None
+) -> list[int]:
+    """``arrays[key]`` at ``rows``; evidence from before the key existed reads ``fallback``'s (or -1)."""
+    if key in arrays:
+        return arrays[key][rows].tolist()
+    return arrays[fallback][rows].tolist() if fallback else [-1] * len(rows)
 
 
 def _lost(arrays: dict[str, np.ndarray], rows: np.ndarray, lengths: np.ndarray,
@@ -175,15 +204,18 @@ def torn_limit(a: Attribution, torn_share: float) -> float:
 
 
 def findings(a: Attribution, torn_share: float) -> list[str]:
-    """The failure kinds of one attribution: torn, lost, stale."""
+    """The failure kinds of one attribution: torn or partial, lost, stale."""
     kinds = []
-    if a.counts.get("NEITHER", 0) > torn_limit(a, torn_share):
+    torn = a.counts.get("NEITHER", 0) > torn_limit(a, torn_share)
+    if torn:
         # Steps inside the update: they ran on half-pushed weights. None inside: what arrived was partial.
-        spans = any(e > s for s, e in zip(a.switch_start, a.switch_end, strict=True))
+        spans = (a.steps_inside > 0 if a.steps_inside is not None
+                 else any(e > s for s, e in zip(a.switch_start, a.switch_end, strict=True)))  # fmt: skip
         kinds.append("torn" if spans else "partial")
     if a.lost:
         kinds.append("lost")
-    if a.stale_after_update:
+    # Not over KV that torn or partial weights wrote: there a token may fit the old weights by chance.
+    if a.stale_after_update and not torn:
         kinds.append("stale")
     return kinds
 
@@ -193,6 +225,9 @@ def inconclusive(a: Attribution, pre_share: float, min_decisive: int) -> str | N
     if a.pre_tokens and a.pre_not_old > pre_share * a.pre_tokens:
         return (f"{a.pre_not_old} of {a.pre_tokens} tokens before the switch do not match the old weights "
                 "within the idle probe's tolerance")  # fmt: skip
+    if not a.post_tokens and not a.lost:
+        return ("no request generated a token after the update's first call (it ran after every request had "
+                "finished, or made no call into the engine): raise weight_sync.inflight.max_tokens")  # fmt: skip
     decisive = sum(a.counts.get(k, 0) for k in ("OLD", "STALE", "REC"))
     if a.post_tokens and decisive < min_decisive:
         return (f"only {decisive} of {a.post_tokens} tokens after the switch fit exactly one of OLD / STALE / REC "
@@ -212,7 +247,8 @@ def _section(e) -> dict[str, Any]:
 
 def _attributions(e, opts) -> tuple[list[Attribution] | None, str | None, float | None]:
     section = _section(e)
-    names = [u["name"] for u in section.get("updates") or []]
+    updates = section.get("updates") or []
+    names = [u["name"] for u in updates]
     tol = tolerance(e, opts["factor"], opts["floor"])
     if tol is None:
         return (
@@ -220,7 +256,8 @@ def _attributions(e, opts) -> tuple[list[Attribution] | None, str | None, float 
             "the idle weight-sync probe's tokens, which calibrate the tolerance, are missing",
             None,
         )
-    return attribute(e.arrays, names, tol, section.get("max_tokens")), None, tol
+    inside = [u.get("steps_inside") for u in updates]
+    return attribute(e.arrays, names, tol, section.get("max_tokens"), inside), None, tol
 
 
 def _skip_reason(e) -> str | None:
@@ -272,10 +309,10 @@ def run(ctx, settings) -> CheckResult:
             diagnosis.append(f"{shown(a.name)}: inconclusive: {unsure}.")
             status = Status.SKIP if status == Status.PASS else status
             continue
-        changed = _changed(a, before)
-        if changed:
-            status = Status.WARN if status in (Status.PASS, Status.SKIP) else status
-            diagnosis.append(changed)
+        for note in (_changed(a, before), _versions_off(a)):
+            if note:
+                status = Status.WARN if status in (Status.PASS, Status.SKIP) else status
+                diagnosis.append(note)
         lines.append(f"{shown(a.name)}: {a.behaviour or 'no token after the switch'}")
     summary = "; ".join(lines) + f" (tolerance {tol:.1e})"
     if status == Status.SKIP:
@@ -309,6 +346,22 @@ def _changed(a: Attribution, before: Attribution | None) -> str | None:
     return None
 
 
+def _versions_off(a: Attribution) -> str | None:
+    """A WARN's diagnosis: the engine's own weight-version labels change elsewhere than the update ran."""
+    if a.versions_agree is not False:
+        return None
+    off = [
+        (i, v, s)
+        for i, (v, s) in enumerate(zip(a.version_switch, a.switch_start, strict=True))
+        if v >= 0 and v != s
+    ]
+    i, v, s = off[0]
+    return (f"{shown(a.name)}: the engine's weight-version spans label tokens from {v} on as the new version "
+            f"(request {i}), but the weights changed at token {s}; a stack that reads the spans to tell which "
+            "policy sampled a token (prime-rl's per-sample span, AReaL's per-token version) attributes "
+            f"{abs(v - s)} token(s) to the wrong policy.")  # fmt: skip
+
+
 def _describe(kind: str, a: Attribution) -> str:
     if kind in ("torn", "partial"):
         return f"{kind} ({a.counts['NEITHER']} of {a.post_tokens} tokens after the switch fit no weights)"
@@ -340,6 +393,11 @@ def _detail(a: Attribution, before: Attribution | None) -> dict[str, Any]:
         "lost": a.lost,
         "switch_start": a.switch_start,
         "switch_end": a.switch_end,
+        "switch_lower": a.switch_lower,
+        "switch_upper": a.switch_upper,
+        "steps_inside": a.steps_inside,
+        "version_switch": a.version_switch,
+        "versions_agree": a.versions_agree,
         "labels": a.labels,
     }
 

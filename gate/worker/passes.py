@@ -353,20 +353,36 @@ def inflight_enabled(inp: PassInput) -> bool:
 
 
 def _weight_sync_inflight(inp: PassInput, out: PassResults) -> None:
-    from gate.worker import inflight
+    from gate.worker.inflight_offline import OfflineDriver
     from gate.worker.weight_push import UnsupportedEngine, choose_adapter
 
     ws = inp.request.weight_sync
-    assert ws is not None and ws.inflight is not None  # enabled() says so
+    assert ws is not None  # enabled() says so
     try:
         adapter = choose_adapter(inp.llm, ws.hook, inp.scratch_dir)
     except UnsupportedEngine as exc:
         out.weight_sync_inflight = {"adapter": None, "unsupported": str(exc)}
         return
-    out.weight_sync_inflight = {"adapter": adapter.name}  # kept if the phase fails
+    run_inflight(inp, out, lambda: OfflineDriver(inp.llm, adapter), adapter.name)
+
+
+def run_inflight(
+    inp: PassInput, out: PassResults, make_driver: Callable[[], Any], adapter: str
+) -> None:
+    """The in-flight phase through the driver ``make_driver`` builds (offline or served); an engine
+    it cannot drive records why (``unsupported``), and the check SKIPs with it."""
+    from gate.worker import inflight
+
+    ws = inp.request.weight_sync
+    assert ws is not None and ws.inflight is not None  # enabled() says so
+    out.weight_sync_inflight = {"adapter": adapter}  # kept if the phase fails
     try:
-        arrays, meta = inflight.run_probe(inp.llm, inp.request.model, inp.tokenized.prompt_ids, ws.inflight,
-                                          ws.perturbation, ws.seed, adapter, inp.say, inp.hf_kwargs)  # fmt: skip
+        driver = make_driver()
+        try:
+            arrays, meta = inflight.run_probe(driver, inp.request.model, inp.tokenized.prompt_ids, ws.inflight,
+                                              ws.perturbation, ws.seed, inp.say, inp.hf_kwargs)  # fmt: skip
+        finally:
+            getattr(driver, "close", lambda: None)()
     except inflight.InflightUnsupported as exc:
         inp.say(f"in-flight updates not run: {exc}")
         out.weight_sync_inflight["unsupported"] = str(exc)

@@ -341,15 +341,25 @@ def _grpo(inp: PassInput, out: PassResults) -> None:
     out.grpo["trainer"] = run.trainer
 
 
-SERVER_INFLIGHT_NOT_BUILT = (
-    "the in-flight phase drives offline engines (gate/worker/inflight.py); in server mode "
-    "(streaming requests, /pause and /resume) it is not built yet"
-)
-
-
 def _weight_sync_inflight(inp: PassInput, out: PassResults) -> None:
-    inp.say(f"in-flight updates not run: {SERVER_INFLIGHT_NOT_BUILT}")
-    out.weight_sync_inflight = {"adapter": None, "not_covered": SERVER_INFLIGHT_NOT_BUILT}
+    from gate.worker.inflight_server import ServerDriver
+    from gate.worker.passes import run_inflight
+
+    engine, ws = _served(inp), inp.request.weight_sync
+    assert ws is not None and ws.inflight is not None  # enabled() says so
+    requests = ws.inflight.requests
+    try:
+        adapter = choose_server_adapter(engine, ws.hook, inp.scratch_dir)
+    except UnsupportedEngine as exc:
+        inp.say(f"in-flight updates not run: {exc}")
+        out.weight_sync_inflight = {"adapter": None, "unsupported": str(exc)}
+        return
+    run_inflight(
+        inp,
+        out,
+        lambda: ServerDriver(engine, adapter, requests, engine_dtype(engine)),
+        adapter.name,
+    )
 
 
 SERVER_PASSES: tuple[EnginePass, ...] = (

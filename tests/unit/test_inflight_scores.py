@@ -33,9 +33,14 @@ def _logprob_of(model, ids, target, past=None):
     return float(torch.log_softmax(out.logits[0, -1].float(), -1)[target]), out.past_key_values
 
 
+def _scores(*args, **kwargs):
+    found = attribution_scores(*args, **kwargs)
+    return found.old, found.rec, found.stale
+
+
 def test_same_weights_give_one_answer(model, weights):
     old, _ = weights
-    o, r, s = attribution_scores(model, old, old, [(PROMPT, GEN)], [3], "cpu")
+    o, r, s = _scores(model, old, old, [(PROMPT, GEN)], [3], "cpu")
     np.testing.assert_allclose(r, o, atol=1e-5)
     np.testing.assert_allclose(s, o, atol=1e-5)
 
@@ -43,7 +48,7 @@ def test_same_weights_give_one_answer(model, weights):
 def test_stale_is_the_new_weights_over_the_old_kv(model, weights):
     old, new = weights
     c = 3
-    o, r, s = attribution_scores(model, old, new, [(PROMPT, GEN)], [c], "cpu")
+    o, r, s = _scores(model, old, new, [(PROMPT, GEN)], [c], "cpu")
     assert len(o) == len(r) == len(s) == len(GEN)
     np.testing.assert_array_equal(s[:c], o[:c])  # before the switch STALE is OLD
     # By hand: the old model's cache over prompt + GEN[:c-1], then the new weights take GEN[c-1].
@@ -59,8 +64,25 @@ def test_stale_is_the_new_weights_over_the_old_kv(model, weights):
 
 def test_a_switch_at_the_end_is_old_throughout(model, weights):
     old, new = weights
-    o, _, s = attribution_scores(model, old, new, [(PROMPT, GEN), (PROMPT[:3], GEN[:4])], [8, 4], "cpu")
+    o, _, s = _scores(model, old, new, [(PROMPT, GEN), (PROMPT[:3], GEN[:4])], [8, 4], "cpu")
     np.testing.assert_array_equal(s, o)
+
+
+def test_a_switch_known_within_bounds_is_fitted_to_the_engine(model, weights):
+    """Server mode knows a call's position within the tokens that arrived while it ran: STALE is
+    computed at each switch the bounds allow and the one the engine's logprobs match is kept."""
+    old, new = weights
+    seqs = [(PROMPT, GEN)]
+    for true_switch in (2, 4, 6):
+        exact = attribution_scores(model, old, new, seqs, [true_switch], "cpu")
+        fitted = attribution_scores(model, old, new, seqs, [1], "cpu", upper=[7], engine=[exact.stale])
+        assert fitted.switch.tolist() == [true_switch]
+        np.testing.assert_array_equal(fitted.stale, exact.stale)
+    # Never outside the bounds: an engine that switched at 6 seen within [2, 4] is fitted at 4.
+    at_six = attribution_scores(model, old, new, seqs, [6], "cpu").stale
+    assert attribution_scores(model, old, new, seqs, [2], "cpu", upper=[4], engine=[at_six]).switch.tolist() == [4]
+    # Without the engine's logprobs the lower bound stands.
+    assert attribution_scores(model, old, new, seqs, [2], "cpu", upper=[4]).switch.tolist() == [2]
 
 
 def test_probe_prompts_are_distinct_and_leave_room():
@@ -74,8 +96,16 @@ def test_an_update_without_calls_switches_nothing():
     from gate.worker.inflight import CallRecord, Stream, UpdateRun
 
     streams = [Stream("a", [1], 4, token_ids=[5, 6, 7, 8]), Stream("b", [1], 4, token_ids=[5, 6])]
-    start, end = switch_points(UpdateRun("noop", streams, [], 4, 0.0, 0.1))
-    assert start.tolist() == end.tolist() == [4, 2]
-    records = [CallRecord("pause", [2, 1], 0.0), CallRecord("push", [2, 1], 0.1), CallRecord("resume", [3, 2], 0.2)]
-    start, end = switch_points(UpdateRun("keep", streams, records, 4, 0.2, 0.3))
-    assert start.tolist() == [2, 1] and end.tolist() == [3, 2]
+    points = switch_points(UpdateRun("noop", streams, [], 4, 0.0, 0.1))
+    assert points.lower.tolist() == points.upper.tolist() == points.end.tolist() == [4, 2]
+    records = [CallRecord("pause", [2, 1], 0.0), CallRecord("push", [2, 1], 0.1), CallRecord("resume", [2, 1], 0.2)]
+    points = switch_points(UpdateRun("keep", streams, records, 4, 0.2, 0.3))
+    assert points.lower.tolist() == points.upper.tolist() == points.end.tolist() == [2, 1]
+    # A call known only within bounds (server mode, no pause): its bounds.
+    records = [CallRecord("push", [3, 2], 0.0, earliest=[2, 1])]
+    points = switch_points(UpdateRun("no_pause", streams, records, 0, 0.1, 0.2))
+    assert points.lower.tolist() == [2, 1] and points.upper.tolist() == points.end.tolist() == [3, 2]
+    # Several calls with steps between them: anywhere from the first call to the last.
+    records = [CallRecord("label", [2, 1], 0.0), CallRecord("pause", [4, 3], 0.1), CallRecord("resume", [4, 3], 0.2)]
+    points = switch_points(UpdateRun("late", streams, records, 4, 0.2, 0.3))
+    assert points.lower.tolist() == [2, 1] and points.upper.tolist() == points.end.tolist() == [4, 3]

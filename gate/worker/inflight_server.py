@@ -1,0 +1,351 @@
+"""The in-flight phase in server mode: real concurrent streams, the update through the dev endpoints.
+
+Server-based stacks (prime-rl, SkyRL, vime, AReaL, verl's async server) keep requests streaming
+from vLLM's OpenAI server and update it over HTTP: ``/pause?mode=keep&clear_cache=false``,
+``/collective_rpc``, ``/resume``, ``/abort_requests`` (development mode). This driver does the
+same: each request is a streaming ``/v1/completions`` (token-id prompt, greedy, ``ignore_eos``,
+the sampled token's logprob) read by a thread of its own, and the update's calls go to those
+endpoints while the streams run, through the real ``AsyncLLM`` and engine-core process.
+
+**Where each call ran.** The client sees tokens only when they arrive, so a call's position is
+known from what had arrived: exactly while the engine is paused (nothing is generated; the
+streams are drained of what was on its way first), otherwise between the tokens that had arrived
+when the call was sent and those that had arrived when it returned (:class:`CallRecord`'s
+``earliest`` and ``tokens``). A pause's position is where the drained streams stopped; a call sent
+while paused ran where they stand. The trainer's STALE is fitted inside the bounds
+(gate.worker.inflight.attribution_scores); the bounds are in the evidence.
+
+The completions API returns no weight-version spans (0.32 returns them on ``/inference/v1/generate``
+only), so the built-in updates' labels are set (``/update_weight_version`` where served) but not read.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from gate.request import InflightRequest
+from gate.worker import server_replay as http
+from gate.worker.inflight import (
+    CallRecord,
+    InflightTimeout,
+    InflightUnsupported,
+    Stream,
+    UpdateFn,
+    UpdateRun,
+    shown,
+)
+from gate.worker.server import SERVED_MODEL_NAME
+from gate.worker.weight_push import Adapter, push_naming_failures, rpc_timeout_s
+
+DRAIN_QUIET_S = 0.1  # a paused engine's streams are drained once nothing arrived for this long
+DRAIN_LIMIT_S = 5.0  # ... or after this long at most (then the position is what had arrived)
+ENDPOINTS = ("/pause", "/resume", "/is_paused", "/collective_rpc", "/abort_requests")
+VERSIONS_NOTE = "the completions API returns no weight-version spans (vLLM 0.32 returns them on /inference/v1/generate only)"
+
+
+class ServerStreams:
+    """The probe's requests, each a streaming completion read by a thread of its own."""
+
+    def __init__(self, client: http.Client) -> None:
+        self._client = client
+        self._changed = threading.Condition()
+        self._last_arrival = time.monotonic()
+        self.order: list[Stream] = []
+        self.errors: list[str] = []
+
+    def submit(self, stream: Stream, prompt: list[int], max_tokens: int) -> None:
+        """Stream ``prompt`` for ``max_tokens`` more tokens into ``stream`` (a resubmission extends it)."""
+        if stream not in self.order:
+            self.order.append(stream)
+        body = {"model": SERVED_MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                "ignore_eos": True, "logprobs": 0, "return_tokens_as_token_ids": True}  # fmt: skip
+        threading.Thread(target=self._read, args=(stream, body), daemon=True,
+                         name=f"gate-inflight-{stream.request_id}").start()  # fmt: skip
+
+    def _read(self, stream: Stream, body: dict[str, Any]) -> None:
+        finish = None
+        try:
+            for event in self._client.stream_events(http.COMPLETIONS, body):
+                choice = (event.get("choices") or [{}])[0]
+                found = choice.get("logprobs") or {}
+                ids = [http.token_id(t) for t in found.get("tokens") or []]
+                values = [
+                    float("nan") if v is None else v for v in found.get("token_logprobs") or []
+                ]
+                with self._changed:
+                    stream.receive(ids, values)
+                    self._last_arrival = time.monotonic()
+                    finish = choice.get("finish_reason") or finish
+                    self._changed.notify_all()
+        except Exception as exc:  # a stream the server ended (stopped after a timeout) or broke
+            with self._changed:
+                self.errors.append(f"{stream.request_id}: {type(exc).__name__}: {exc}"[:300])
+        with self._changed:
+            stream.finish = finish or "other"
+            if finish == "abort":
+                stream.aborted_at = len(stream.token_ids)
+            self._changed.notify_all()
+
+    def tokens(self) -> list[int]:
+        with self._changed:
+            return [len(s.token_ids) for s in self.order]
+
+    def wait(self, ready: Callable[[], bool], deadline: float) -> bool:
+        """Wait until ``ready()`` (checked under the streams' lock) or the deadline; whether it is."""
+        with self._changed:
+            while not ready():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._changed.wait(min(left, 0.5))
+            return True
+
+    def drain(self) -> None:
+        """Wait for what a paused engine generated before its pause to arrive: until nothing has
+        arrived for :data:`DRAIN_QUIET_S` (at most :data:`DRAIN_LIMIT_S`)."""
+        limit = time.monotonic() + DRAIN_LIMIT_S
+        with self._changed:
+            while (quiet := time.monotonic() - self._last_arrival) < DRAIN_QUIET_S:
+                if time.monotonic() >= limit:
+                    return
+                self._changed.wait(DRAIN_QUIET_S - quiet)
+
+
+class ServerInflightEngine:
+    """What an in-flight update gets in server mode: the server's development endpoints.
+
+    The methods are those of the offline handle (gate.worker.inflight_offline.InflightEngine), so
+    one hook serves both modes where it calls workers by method name; ``collective_rpc`` takes
+    only a name here (HTTP carries no function), ``call(fn)`` runs ``fn(base_url)``, and ``post``
+    reaches any other endpoint (``/update_weights`` of a stack's own server, say).
+    """
+
+    def __init__(self, streams: ServerStreams, client: http.Client, adapter: Adapter, base_url: str,
+                 deadline: float, has_version_route: bool) -> None:  # fmt: skip
+        self._streams, self._client, self._adapter = streams, client, adapter
+        self.base_url = base_url
+        self._deadline = deadline
+        self._has_version_route = has_version_route
+        self._paused = False
+        self._started = time.perf_counter()
+        self.records: list[CallRecord] = []
+
+    def _run(self, name: str, fn: Callable[[], Any], paused_after: bool | None = None,
+             at_send: bool = False) -> Any:  # fmt: skip
+        """One call, recorded with where the streams were: exact while the engine is paused, or
+        ``at_send`` (a call of the client alone, which the engine does not see)."""
+        if time.monotonic() >= self._deadline:
+            raise InflightTimeout(f"in-flight update: no time left for {name}")
+        was_paused = self._paused
+        sent = self._streams.tokens()
+        result = fn()
+        if paused_after is not None:
+            self._paused = paused_after
+        seconds = time.perf_counter() - self._started
+        if (
+            was_paused or at_send
+        ):  # nothing ran while paused: the call ran where the drained streams stood
+            record = CallRecord(name, sent, seconds)
+        elif self._paused:  # this call paused it: where the streams stopped, once drained
+            self._streams.drain()
+            record = CallRecord(name, self._streams.tokens(), seconds)
+        else:
+            record = CallRecord(name, self._streams.tokens(), seconds, earliest=sent)
+        self.records.append(record)
+        return result
+
+    def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        """Any endpoint of the server; ``/pause`` and ``/resume`` are tracked as the methods are."""
+        paused = (
+            True if path.startswith("/pause") else False if path.startswith("/resume") else None
+        )
+        return self._run(f"POST {path}", lambda: self._client.post(path, body or {}), paused)
+
+    def pause(self, mode: str = "keep", clear_cache: bool = False) -> None:
+        query = f"/pause?mode={mode}&clear_cache={str(bool(clear_cache)).lower()}"
+        self._run(
+            f"pause({mode}, clear_cache={clear_cache})", lambda: self._client.post(query, {}), True
+        )
+
+    def resume(self) -> None:
+        self._run("resume", lambda: self._client.post("/resume", {}), False)
+
+    def is_paused(self) -> bool:
+        return bool(self._run("is_paused", lambda: self._client.get("/is_paused").get("is_paused")))
+
+    def collective_rpc(self, method: str | Callable[..., Any], args: tuple = (),
+                       kwargs: dict[str, Any] | None = None) -> list[Any]:  # fmt: skip
+        if not isinstance(method, str):
+            raise TypeError(
+                "in server mode collective_rpc takes a worker method's name: HTTP carries no function"
+            )
+        body = {
+            "method": method,
+            "args": list(args),
+            "kwargs": kwargs or {},
+            "timeout": rpc_timeout_s(),
+        }
+        answer = self._run(
+            f"collective_rpc({method})", lambda: self._client.post("/collective_rpc", body)
+        )
+        return list((answer or {}).get("results") or [])
+
+    def push(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """The whole state dict through the path gate uses for this server, as one call."""
+        self._run(
+            f"push via {self._adapter.name}", lambda: self._adapter.push(self.base_url, state_dict)
+        )
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        path = f"/reset_prefix_cache?reset_running_requests={str(reset_running_requests).lower()}"
+        answer = self._run("reset_prefix_cache", lambda: self._client.post(path, {}))
+        return bool((answer or {}).get("success", True))
+
+    def set_weight_version(self, version: str) -> bool:
+        """``/update_weight_version``; False where the server has no such endpoint."""
+        if not self._has_version_route:
+            return False
+        self._run(f"set_weight_version({version})",
+                  lambda: self._client.post("/update_weight_version", {"new_version": version}))  # fmt: skip
+        return True
+
+    def abort(self) -> int:
+        """``/abort_requests`` with no ids: every request the server is running; returns how many."""
+        answer = self._run("abort", lambda: self._client.post("/abort_requests", {}))
+        return int((answer or {}).get("aborted", 0))
+
+    def resubmit_aborted(self) -> None:
+        """Each aborted request again, as prompt + its partial output, for the tokens it had left
+        (AReaL's client), once the stream has told its abort."""
+        ended = lambda: all(s.done for s in self._streams.order)  # noqa: E731
+        if not self._streams.wait(ended, self._deadline):
+            raise InflightTimeout(
+                "in-flight update: the aborted streams never ended (resubmit_aborted)"
+            )
+        # Where the aborted streams ended: what arrives after it comes from the resubmissions.
+        self._run("resubmit", self._resubmit, at_send=True)
+
+    def _resubmit(self) -> None:
+        for stream in self._streams.order:
+            if stream.finish != "abort" or stream.resubmitted_at is not None:
+                continue
+            left = stream.max_tokens - len(stream.token_ids)
+            stream.finish, stream.resubmitted_at = None, len(stream.token_ids)
+            if left <= 0:
+                stream.finish = "length"
+                continue
+            self._streams.submit(stream, stream.prompt + stream.token_ids, left)
+
+    def call(self, fn: Callable[[str], Any]) -> Any:
+        """``fn(base_url)``: anything else a stack does to the server."""
+        return self._run(getattr(fn, "__name__", "call"), lambda: fn(self.base_url))
+
+
+def run_update(client: http.Client, name: str, update: UpdateFn, adapter: Adapter, base_url: str,
+               prompts: list[list[int]], request: InflightRequest, new_sd: dict[str, torch.Tensor],
+               has_version_route: bool) -> UpdateRun:  # fmt: skip
+    """Stream ``prompts`` greedily for ``request.max_tokens`` each; once every one has
+    ``request.switch_after`` tokens, run ``update`` in its own thread while they keep streaming;
+    return when every request has finished and the update has returned.
+
+    Raises :class:`InflightTimeout` (naming the phase) past ``request.timeout_s``.
+    """
+    start = time.monotonic()
+    deadline = start + request.timeout_s
+    streams = ServerStreams(client)
+    for i, prompt in enumerate(prompts):
+        streams.submit(
+            Stream(f"gate-inflight-{name}-{i}", prompt, request.max_tokens),
+            prompt,
+            request.max_tokens,
+        )
+    handle = ServerInflightEngine(streams, client, adapter, base_url, deadline, has_version_route)
+    reached = lambda: all(len(s.token_ids) >= request.switch_after or s.done for s in streams.order)  # noqa: E731
+    if not streams.wait(reached, deadline):
+        raise InflightTimeout(
+            _timeout_message(
+                name, "the requests never reached the switch", handle, request.timeout_s
+            )
+        )
+    outcome: dict[str, Any] = {}
+
+    def updating() -> None:
+        began = time.perf_counter()
+        try:
+            update(handle, new_sd)
+        except BaseException as exc:
+            outcome["error"] = f"{type(exc).__name__}: {exc}"
+        outcome["update_s"] = time.perf_counter() - began
+
+    thread = threading.Thread(target=updating, name=f"gate-inflight-{name}", daemon=True)
+    thread.start()
+    thread.join(max(deadline - time.monotonic(), 0))
+    if thread.is_alive():
+        raise InflightTimeout(_timeout_message(name, f"the update ({shown(name)}) had not returned", handle,
+                                               request.timeout_s, outcome.get("error")))  # fmt: skip
+    if not streams.wait(lambda: all(s.done for s in streams.order), deadline):
+        what = (f"the update ({shown(name)}) returned with the engine still paused (no resume)" if handle._paused
+                else f"requests were still unfinished after the update ({shown(name)}) returned")  # fmt: skip
+        raise InflightTimeout(
+            _timeout_message(name, what, handle, request.timeout_s, outcome.get("error"))
+        )
+    records = handle.records
+    inside = 0
+    if len(records) > 1:  # tokens that surely arrived between the first call and the last one
+        inside = max(
+            (lo - hi for lo, hi in zip(records[-1].lower, records[0].tokens, strict=True)),
+            default=0,
+        )
+    return UpdateRun(name=name, streams=streams.order, records=records, steps=0,
+                     update_s=float(outcome.get("update_s", 0.0)), total_s=time.monotonic() - start,
+                     error=outcome.get("error") or _stream_error(streams), steps_inside=max(inside, 0))  # fmt: skip
+
+
+def _stream_error(streams: ServerStreams) -> str | None:
+    return f"a stream failed: {streams.errors[0]}" if streams.errors else None
+
+
+def _timeout_message(name: str, what: str, handle: ServerInflightEngine, limit: float,
+                     raised: str | None = None) -> str:  # fmt: skip
+    if raised:
+        what += f", having raised {raised}"
+    calls = ", ".join(r.name for r in handle.records[-5:]) or "none"
+    return f"in-flight update: {what} after {limit:g}s (weight_sync.inflight.timeout_s); last calls: {calls}"
+
+
+class ServerDriver:
+    """The in-flight phase's view of a served engine (gate.worker.inflight.InflightDriver)."""
+
+    versions_note = VERSIONS_NOTE
+
+    def __init__(self, engine, adapter: Adapter, requests: int, dtype: torch.dtype) -> None:
+        routes = engine.client.routes()
+        missing = [p for p in ENDPOINTS if p not in routes]
+        if missing:
+            raise InflightUnsupported(
+                f"the server offers no {missing} (development endpoints: set server.dev_mode, which "
+                "sets VLLM_SERVER_DEV_MODE=1); in-flight updates pause, call and resume the server through them"
+            )
+        self.engine, self.adapter = engine, adapter
+        self.max_model_len = int(engine.setting("model_config.max_model_len") or 2048)
+        self.dtype = dtype
+        self.has_version_route = "/update_weight_version" in routes
+        # Streams and calls at once, apart from the replay's pool.
+        self.client = http.Client(engine.base_url, engine.settings.request_timeout_s, 2 * requests + 4,
+                                  engine.server.lines)  # fmt: skip
+
+    def push_idle(self, state_dict: dict[str, torch.Tensor]) -> None:
+        push_naming_failures(self.adapter, self.engine.base_url, state_dict)
+
+    def run_update(self, name: str, update: UpdateFn, prompts: list[list[int]],
+                   request: InflightRequest, new_sd: dict[str, torch.Tensor]) -> UpdateRun:  # fmt: skip
+        return run_update(self.client, name, update, self.adapter, self.engine.base_url, prompts, request,
+                          new_sd, self.has_version_route)  # fmt: skip
+
+    def close(self) -> None:
+        self.client.close()
