@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 
 from gate import __version__
-from gate.commands import baseline, github, prompts, repeat, report, run
+from gate.commands import baseline, bisect, github, prompts, repeat, report, run
 from gate.commands.common import Command, Subparsers, indent, log_untrusted
 from gate.errors import EXIT_ERROR, EXIT_USAGE, GateError
 
@@ -28,6 +28,7 @@ _SUBCOMMANDS: tuple[Callable[[Subparsers], None], ...] = (
     report.add_report,
     report.add_merge,
     repeat.add_repeat,
+    bisect.add_bisect,
     github.add_comment,
     github.add_publish,
 )

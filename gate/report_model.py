@@ -99,6 +99,7 @@ class Measurement:
     higher_is_worse: bool | None = None
     engine: str | None = None  # old, new, vs baseline, vs old
     note: str | None = None
+    noise: float | None = None  # the calibrated A/A floor of the statistic, where one applied
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -309,6 +310,53 @@ class MemoryPlan:
 
 
 @dataclass(frozen=True, kw_only=True)
+class BisectReading:
+    status: StatusName | None = None
+    value: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class BisectStep:
+    version: str | None = None
+    outcome: Annotated[str, one_of(("held", "changed", "skipped", "ambiguous"))] | None = None
+    reading: BisectReading | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class BisectCheck:
+    status: StatusName | None = None
+    summary: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class BisectBoundary:
+    """The last release that held and the first that changed, judged against each other."""
+
+    settings: Mapping[str, JsonObject] = field(default_factory=dict)  # setting -> {old, new}
+    features: JsonObject = field(default_factory=dict)  # {"changed": [...]} or {"error": ...}
+    checks: Mapping[str, BisectCheck] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bisection:
+    """``gate bisect --attach``: which release between the two pins changed the judgment."""
+
+    status: Annotated[str, one_of(("found", "no-change", "inconclusive", "adjacent"))] | None = None
+    good: str | None = None
+    bad: str | None = None
+    target: str | None = None
+    candidates: tuple[str | None, ...] = ()
+    steps: tuple[BisectStep, ...] = ()
+    first_changed: str | None = None
+    last_held: str | None = None
+    untested_between: tuple[str | None, ...] = ()
+    boundary: BisectBoundary | None = None
+    replays: Count | None = None
+    wall_s: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class ReportBody:
     """Everything a report says about one gate run; a merged report's part is exactly this."""
 
@@ -327,6 +375,7 @@ class ReportBody:
     grpo: Grpo | None = None
     worst_tokens: tuple[WorstToken, ...] = ()
     memory_plan: MemoryPlan | None = None
+    bisect: Bisection | None = None
     document: JsonObject = field(
         default_factory=dict, repr=False, compare=False, metadata=_DOCUMENT
     )

