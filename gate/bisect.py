@@ -236,14 +236,8 @@ class Bisector:
 
     def __init__(self, cfg: GateConfig, pin: Pin, good: str, bad: str, releases: Sequence[Release],
                  target: TargetSpec, out: Path, log: Log, reruns: int = 1) -> None:  # fmt: skip
-        self.cfg, self.pin, self.target, self.out, self.log, self.reruns = (
-            cfg,
-            pin,
-            target,
-            out,
-            log,
-            reruns,
-        )
+        self.cfg, self.pin, self.target = cfg, pin, target
+        self.out, self.log, self.reruns = out, log, reruns
         self.good_version, self.bad_version = good, bad
         self.candidates = [r.text for r in releases]
         self.versions = [good, *self.candidates, bad]  # index 0 held, last changed
@@ -251,9 +245,8 @@ class Bisector:
         self.prepared: dict[str, PreparedEngine] = {}
         self.replays, self.replay_s = 0, 0.0
         self.good_evidence: Path | None = None
-        self.new_evidence: dict[
-            str, Path
-        ] = {}  # version -> its engines/new folder (good: engines/old)
+        # version -> the folder of its evidence (the good release's: engines/old of the first run)
+        self.new_evidence: dict[str, Path] = {}
         self._prompt_sets, self._prompts = load_prompts(cfg)
         self._fingerprint = model_fingerprint(cfg.model.path)
 
@@ -506,8 +499,8 @@ def bisect(cfg: GateConfig, pin: Pin, good: str, bad: str, releases: Sequence[Re
     )
     try:
         first = b._next(0, len(b.versions) - 1)
-        for version in [good, bad, *([b.versions[first]] if first is not None else [])]:
-            b.prepare(version)  # the two ends and the first release between, concurrently
+        if first is not None:  # built while the two ends (prepared by their run) replay
+            b.prepare(b.versions[first])
         good_reading, bad_reading = b.run_ends()
         if not changes_at_all(good_reading, bad_reading):
             result.status = "no-change"

@@ -90,6 +90,22 @@ class Stream:
             )
 
 
+def take_resubmissions(streams: Sequence[Stream]) -> list[tuple[Stream, list[int], int]]:
+    """The aborted streams to submit again (AReaL's client): each as (stream, prompt + its partial
+    output, the tokens it had left). Marks them resubmitted; one with none left ends as ``length``."""
+    found = []
+    for stream in streams:
+        if stream.finish != "abort" or stream.resubmitted_at is not None:
+            continue
+        left = stream.max_tokens - len(stream.token_ids)
+        stream.finish, stream.resubmitted_at = None, len(stream.token_ids)
+        if left <= 0:
+            stream.finish = "length"
+            continue
+        found.append((stream, stream.prompt + stream.token_ids, left))
+    return found
+
+
 @dataclass(frozen=True)
 class CallRecord:
     """One call of the update: what, and where each request (in stream order) was when it ran.

@@ -35,6 +35,7 @@ from gate.worker.inflight import (
     UpdateFn,
     UpdateRun,
     shown,
+    take_resubmissions,
 )
 from gate.worker.weight_push import Adapter, call_workers, push_naming_failures
 
@@ -214,16 +215,9 @@ class InflightEngine:
         return running
 
     def _loop_resubmit(self) -> None:
-        for stream in self._loop.order:
-            if stream.finish != "abort" or stream.resubmitted_at is not None:
-                continue
-            left = stream.max_tokens - len(stream.token_ids)
-            stream.finish, stream.resubmitted_at = None, len(stream.token_ids)
-            if left <= 0:
-                stream.finish = "length"
-                continue
+        for stream, prompt, left in take_resubmissions(self._loop.order):
             # Its outputs extend the same stream.
-            self._loop.add(stream, f"{stream.request_id}.r", stream.prompt + stream.token_ids, left)
+            self._loop.add(stream, f"{stream.request_id}.r", prompt, left)
 
 
 def run_update(llm, name: str, update: UpdateFn, adapter: Adapter, prompts: list[list[int]],

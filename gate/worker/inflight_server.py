@@ -38,6 +38,7 @@ from gate.worker.inflight import (
     UpdateFn,
     UpdateRun,
     shown,
+    take_resubmissions,
 )
 from gate.worker.server import SERVED_MODEL_NAME
 from gate.worker.weight_push import Adapter, push_naming_failures, rpc_timeout_s
@@ -135,29 +136,35 @@ class ServerInflightEngine:
         self._started = time.perf_counter()
         self.records: list[CallRecord] = []
 
+    @property
+    def paused(self) -> bool:
+        """Whether the update left the server paused (its /pause and /resume calls, tracked)."""
+        return self._paused
+
     def _run(self, name: str, fn: Callable[[], Any], paused_after: bool | None = None,
              at_send: bool = False) -> Any:  # fmt: skip
-        """One call, recorded with where the streams were: exact while the engine is paused, or
-        ``at_send`` (a call of the client alone, which the engine does not see)."""
+        """One call, recorded with where the streams were (also when it raised): exact while the
+        engine is paused, or ``at_send`` (a call of the client alone, which the engine does not see)."""
         if time.monotonic() >= self._deadline:
             raise InflightTimeout(f"in-flight update: no time left for {name}")
         was_paused = self._paused
         sent = self._streams.tokens()
-        result = fn()
-        if paused_after is not None:
-            self._paused = paused_after
+        try:
+            result = fn()
+            if paused_after is not None:
+                self._paused = paused_after
+            return result
+        finally:
+            self.records.append(self._record(name, sent, was_paused or at_send))
+
+    def _record(self, name: str, sent: list[int], at_send: bool) -> CallRecord:
         seconds = time.perf_counter() - self._started
-        if (
-            was_paused or at_send
-        ):  # nothing ran while paused: the call ran where the drained streams stood
-            record = CallRecord(name, sent, seconds)
-        elif self._paused:  # this call paused it: where the streams stopped, once drained
+        if at_send:  # nothing ran while paused: the call ran where the drained streams stood
+            return CallRecord(name, sent, seconds)
+        if self._paused:  # this call paused it: where the streams stopped, once drained
             self._streams.drain()
-            record = CallRecord(name, self._streams.tokens(), seconds)
-        else:
-            record = CallRecord(name, self._streams.tokens(), seconds, earliest=sent)
-        self.records.append(record)
-        return result
+            return CallRecord(name, self._streams.tokens(), seconds)
+        return CallRecord(name, self._streams.tokens(), seconds, earliest=sent)
 
     def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
         """Any endpoint of the server; ``/pause`` and ``/resume`` are tracked as the methods are."""
@@ -231,15 +238,8 @@ class ServerInflightEngine:
         self._run("resubmit", self._resubmit, at_send=True)
 
     def _resubmit(self) -> None:
-        for stream in self._streams.order:
-            if stream.finish != "abort" or stream.resubmitted_at is not None:
-                continue
-            left = stream.max_tokens - len(stream.token_ids)
-            stream.finish, stream.resubmitted_at = None, len(stream.token_ids)
-            if left <= 0:
-                stream.finish = "length"
-                continue
-            self._streams.submit(stream, stream.prompt + stream.token_ids, left)
+        for stream, prompt, left in take_resubmissions(self._streams.order):
+            self._streams.submit(stream, prompt, left)
 
     def call(self, fn: Callable[[str], Any]) -> Any:
         """``fn(base_url)``: anything else a stack does to the server."""
@@ -289,7 +289,7 @@ def run_update(client: http.Client, name: str, update: UpdateFn, adapter: Adapte
         raise InflightTimeout(_timeout_message(name, f"the update ({shown(name)}) had not returned", handle,
                                                request.timeout_s, outcome.get("error")))  # fmt: skip
     if not streams.wait(lambda: all(s.done for s in streams.order), deadline):
-        what = (f"the update ({shown(name)}) returned with the engine still paused (no resume)" if handle._paused
+        what = (f"the update ({shown(name)}) returned with the engine still paused (no resume)" if handle.paused
                 else f"requests were still unfinished after the update ({shown(name)}) returned")  # fmt: skip
         raise InflightTimeout(
             _timeout_message(name, what, handle, request.timeout_s, outcome.get("error"))

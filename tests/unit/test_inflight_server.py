@@ -96,7 +96,7 @@ def test_calls_by_name_only_and_the_endpoints_they_reach(monkeypatch):
     handle.pause("abort", clear_cache=True)
     assert handle.is_paused() is True
     handle.post("/resume")  # a raw endpoint is tracked like resume()
-    assert handle._paused is False
+    assert handle.paused is False
     assert server.calls == ["/collective_rpc", "/pause?mode=abort&clear_cache=true", "/resume"]
 
 
