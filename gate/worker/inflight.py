@@ -53,6 +53,10 @@ class InflightTimeout(TimeoutError):
     """An update (or the requests after it) did not finish within the phase limit; names the phase."""
 
 
+class InflightLeftPaused(RuntimeError):
+    """An update returned with the engine paused: nothing would resume it, so nothing after it runs."""
+
+
 class InflightUnsupported(RuntimeError):
     """This engine cannot be driven during an update here; the message says why."""
 
@@ -141,6 +145,7 @@ class UpdateRun:
         None  # steps between the update's first and last call (a lower bound)
     )
     versions_returned: bool = False  # whether the release returned weight-version spans
+    attempts: int = 1  # runs of this update, the late ones included (run_landing)
 
 
 class InflightDriver(Protocol):
@@ -387,13 +392,42 @@ def run_probe(driver: InflightDriver, model_path: str, prompt_ids: list[list[int
     for entry, update in updates:
         progress(f"in-flight update {shown(entry)}: {len(prompts)} requests x {request.max_tokens} "
                  f"tokens, the update once each has {request.switch_after}")  # fmt: skip
-        driver.push_idle(old_sd)  # idle: every update starts from the old weights
-        runs.append(driver.run_update(entry, update, prompts, request, new_sd))
+        runs.append(run_landing(driver, entry, update, prompts, request, old_sd, new_sd, progress))
     driver.push_idle(new_sd)  # the engine ends on the new weights, as after the idle probe
     arrays, meta = evidence(trainer, old_sd, new_sd, runs, request, device)
     if driver.versions_note and not any(r.versions_returned for r in runs):
         meta["weight_versions"] = driver.versions_note
     return arrays, meta
+
+
+LATE_ATTEMPTS = 3  # runs of one update whose first call may land after every request had finished
+
+
+def landed_late(run: UpdateRun) -> bool:
+    """Whether the update's first call was sent once every request had its last token: nothing ran
+    on either side of it, so nothing can be attributed. A server's client starts the update when
+    it has *seen* ``switch_after`` tokens; on a loaded machine the engine can be done by then."""
+    if not run.records or run.error:
+        return False
+    first = run.records[0].lower
+    return all(at >= len(s.token_ids) for at, s in zip(first, run.streams, strict=True))
+
+
+def run_landing(driver: InflightDriver, name: str, update: UpdateFn, prompts: list[list[int]],
+                request: InflightRequest, old_sd: dict[str, torch.Tensor], new_sd: dict[str, torch.Tensor],
+                progress) -> UpdateRun:  # fmt: skip
+    """One update from the old weights (pushed idle first), run again while it
+    :func:`landed_late`, up to :data:`LATE_ATTEMPTS` runs; the run's ``attempts`` counts them."""
+    attempt = 1
+    while True:
+        driver.push_idle(old_sd)  # idle: every run starts from the old weights
+        run = driver.run_update(name, update, prompts, request, new_sd)
+        run.attempts = attempt
+        if attempt == LATE_ATTEMPTS or not landed_late(run):
+            return run
+        attempt += 1
+        progress(f"in-flight update {shown(name)}: its first call came after every request had "
+                 f"finished; running it again ({attempt} of {LATE_ATTEMPTS})")  # fmt: skip
 
 
 def evidence(trainer, old_sd, new_sd, runs: list[UpdateRun], request: InflightRequest,
@@ -450,6 +484,7 @@ def evidence(trainer, old_sd, new_sd, runs: list[UpdateRun], request: InflightRe
                 "steps_inside": run.steps_inside,
                 "switch_exact": exact[u],  # one known point, else STALE fitted inside bounds
                 "versions_returned": run.versions_returned,
+                "attempts": run.attempts,
                 "update_s": run.update_s,
                 "total_s": run.total_s,
                 "error": run.error,

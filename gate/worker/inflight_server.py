@@ -32,6 +32,7 @@ from gate.request import InflightRequest
 from gate.worker import server_replay as http
 from gate.worker.inflight import (
     CallRecord,
+    InflightLeftPaused,
     InflightTimeout,
     InflightUnsupported,
     Stream,
@@ -253,7 +254,8 @@ def run_update(client: http.Client, name: str, update: UpdateFn, adapter: Adapte
     ``request.switch_after`` tokens, run ``update`` in its own thread while they keep streaming;
     return when every request has finished and the update has returned.
 
-    Raises :class:`InflightTimeout` (naming the phase) past ``request.timeout_s``.
+    Raises :class:`InflightLeftPaused` when the update returns with the server paused, and
+    :class:`InflightTimeout` (naming the phase) past ``request.timeout_s``.
     """
     start = time.monotonic()
     deadline = start + request.timeout_s
@@ -288,9 +290,12 @@ def run_update(client: http.Client, name: str, update: UpdateFn, adapter: Adapte
     if thread.is_alive():
         raise InflightTimeout(_timeout_message(name, f"the update ({shown(name)}) had not returned", handle,
                                                request.timeout_s, outcome.get("error")))  # fmt: skip
+    # Asked of the server, not of the calls seen: a hook may pause through an endpoint of its own.
+    # Told at once: were every request done before the pause, no stream would wait for a resume.
+    if client.get("/is_paused").get("is_paused"):
+        raise InflightLeftPaused(_left_paused_message(name, handle, outcome.get("error")))
     if not streams.wait(lambda: all(s.done for s in streams.order), deadline):
-        what = (f"the update ({shown(name)}) returned with the engine still paused (no resume)" if handle.paused
-                else f"requests were still unfinished after the update ({shown(name)}) returned")  # fmt: skip
+        what = f"requests were still unfinished after the update ({shown(name)}) returned"
         raise InflightTimeout(
             _timeout_message(name, what, handle, request.timeout_s, outcome.get("error"))
         )
@@ -308,6 +313,14 @@ def run_update(client: http.Client, name: str, update: UpdateFn, adapter: Adapte
 
 def _stream_error(streams: ServerStreams) -> str | None:
     return f"a stream failed: {streams.errors[0]}" if streams.errors else None
+
+
+def _left_paused_message(name: str, handle: ServerInflightEngine, raised: str | None) -> str:
+    what = f"the update ({shown(name)}) returned with the engine still paused (no resume)"
+    if raised:
+        what += f", having raised {raised}"
+    calls = ", ".join(r.name for r in handle.records[-5:]) or "none"
+    return f"in-flight update: {what}; last calls: {calls}"
 
 
 def _timeout_message(name: str, what: str, handle: ServerInflightEngine, limit: float,

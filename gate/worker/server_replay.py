@@ -35,6 +35,7 @@ from gate.worker.replay import FINISH_CODES, FINISH_OTHER, Completions, PromptSc
 from gate.worker.server import SERVED_MODEL_NAME, ServerError
 
 COMPLETIONS = "/v1/completions"
+KEEPALIVE_EXPIRY_S = 2.0  # under the server's 5 s keep-alive timeout
 CHAT = "/v1/chat/completions"
 # vLLM's own values for a field a request omits and no generation_config sets (SamplingParams).
 NEUTRAL = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
@@ -57,9 +58,11 @@ class Client:
         self.base_url = base_url
         self.max_in_flight = max_in_flight
         self.log_tail = log_tail
-        limits = httpx.Limits(
-            max_connections=max_in_flight, max_keepalive_connections=max_in_flight
-        )
+        # vLLM's server closes a connection idle for 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE); a request
+        # sent on one just as it closes fails with "Connection reset by peer" (seen between two
+        # passes of a TP=2 server). Dropping idle connections after 2 s here keeps clear of that.
+        limits = httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=max_in_flight,
+                              keepalive_expiry=KEEPALIVE_EXPIRY_S)  # fmt: skip
         self._http = httpx.Client(base_url=base_url, timeout=timeout_s, limits=limits)
         self.requests = 0
 

@@ -190,7 +190,7 @@ ROWS: tuple[FaultRow, ...] = (
              "server mode, `tensor_parallel_size: 2`: hook `never_resume` (`/pause?mode=keep`, push), "
              "`weight_sync.inflight.timeout_s: 5`",
              "inflight-update", ("ERROR",), "returned with the engine still paused",
-             "tests/integration/test_server_mode.py::test_a_server_hook_that_never_resumes_at_tp2_is_a_bounded_error"),
+             "tests/integration/test_server_mode.py::test_a_server_hook_that_never_resumes_at_tp2_is_an_error"),
 )  # fmt: skip
 
 CONTROLS: tuple[ControlRow, ...] = (

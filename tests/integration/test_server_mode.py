@@ -167,9 +167,11 @@ SERVER_INFLIGHT_FAULTS = ("per_layer_folders_without_pause", "abort_without_resu
                           "half_the_layers_paused")  # fmt: skip
 SERVER_INFLIGHT_UPDATES = ["keep_clear", "abort_resubmit", "no_pause",
                            *(f"{INFLIGHT_HOOKS}:{h}" for h in SERVER_INFLIGHT_FAULTS)]  # fmt: skip
-# The tiny model streams a token every few milliseconds: 80 tokens after the switch leave an
-# update sent from a thread of the worker time to land while the requests still run, on a busy machine.
-SERVER_INFLIGHT = {"max_tokens": 96, "switch_after": 16}
+# The tiny model streams a token every few milliseconds: 176 tokens after the switch leave an
+# update sent from a thread of the worker time to land while the requests still run, on a busy
+# machine (2 CI cores under a TP=2 server once saw every request end first at 80; the phase then
+# runs the update again, up to 3 times). The arithmetic prompts are 7 tokens: 199 of 256.
+SERVER_INFLIGHT = {"max_tokens": 192, "switch_after": 16}
 
 
 @pytest.fixture(scope="session")
@@ -240,7 +242,7 @@ def test_server_inflight_faults_are_caught_and_paths_told_apart(server_fault_rep
     unpaused = updates["no_pause"]
     assert all(lo <= s <= hi for lo, s, hi in zip(unpaused["switch_lower"], unpaused["switch_start"],
                                                   unpaused["switch_upper"], strict=True))  # fmt: skip
-    assert all(len(labels) == 96 for labels in updates["abort_resubmit"]["labels"])  # resubmitted whole
+    assert all(len(labels) == SERVER_INFLIGHT["max_tokens"] for labels in updates["abort_resubmit"]["labels"])  # resubmitted whole
     torn = updates[f"{INFLIGHT_HOOKS}:per_layer_folders_without_pause"]
     assert torn["steps_inside"] > 0 and "per_layer_folders_without_pause: torn" in check["summary"]
     partial = updates[f"{INFLIGHT_HOOKS}:half_the_layers_paused"]
@@ -257,10 +259,16 @@ TP2_SERVER = {"tensor_parallel_size": 2}
 
 
 @needs_two_cpus
-def test_the_cpu_default_in_server_mode_at_tp2_passes_every_inflight_path(tmp_path):
-    """Server mode at TP=2: both ranks reload under /pause, the four built-in paths each do what
-    they ask for, and the verdict is PASS."""
-    updates = ["keep", "keep_clear", "abort_resubmit", "no_pause"]
+def test_the_cpu_default_in_server_mode_at_tp2_passes_the_paused_inflight_paths(tmp_path):
+    """Server mode at TP=2: both ranks reload under /pause, the three paused built-in paths each do
+    what they ask for, and the verdict is PASS.
+
+    ``no_pause`` is judged at TP=1 (server_fault_replay). Here, on 2 cores, the engine's two ranks,
+    its core and the API server leave the worker's stream readers behind the engine: a push sent
+    when the client had seen 19-68 tokens ran after the engine's last one (STALE fitted at the
+    end), and the check rightly says inconclusive. A pause stops the engine, so the paused paths
+    are placed exactly whatever the lag."""
+    updates = ["keep", "keep_clear", "abort_resubmit"]
     config = variant_config(tmp_path, TP2_SERVER, mode="server", grpo={"enabled": False},
                             weight_sync={"inflight": {"updates": updates, **SERVER_INFLIGHT}})  # fmt: skip
     run = replay(tmp_path / "run", "-c", str(config), "--only", "new", expect=(0,))
@@ -268,12 +276,12 @@ def test_the_cpu_default_in_server_mode_at_tp2_passes_every_inflight_path(tmp_pa
     engine = run.evidence("new").engine
     assert engine["mode"] == "server" and engine["effective"]["tensor_parallel_size"] == 2
     found = run.check("inflight-update")["details"]["updates"]
-    assert {u: found[u]["behaviour"] for u in updates} == {"keep": "STALE", "keep_clear": "REC",
-                                                          "abort_resubmit": "REC", "no_pause": "STALE"}  # fmt: skip
+    assert {u: found[u]["behaviour"] for u in updates} == {"keep": "STALE", "keep_clear": "REC", "abort_resubmit": "REC"}
+    assert all(found[u]["switch_lower"] == found[u]["switch_upper"] for u in updates)  # exact
 
 
 @needs_two_cpus
-def test_a_server_hook_that_never_resumes_at_tp2_is_a_bounded_error(tmp_path):
+def test_a_server_hook_that_never_resumes_at_tp2_is_an_error(tmp_path):
     config = variant_config(tmp_path, TP2_SERVER, mode="server", grpo={"enabled": False},
                             weight_sync={"inflight": {"updates": [f"{INFLIGHT_HOOKS}:never_resume"], "timeout_s": 5,
                                                       **SERVER_INFLIGHT}})  # fmt: skip
@@ -281,7 +289,8 @@ def test_a_server_hook_that_never_resumes_at_tp2_is_a_bounded_error(tmp_path):
     check = run.check("inflight-update")
     assert check["status"] == "ERROR" and "still paused" in check["summary"], check
     assert run.check("weight-sync")["status"] == "PASS"  # the replay's evidence stands
-    assert run.evidence("new").engine["weight_sync_inflight"]["error"]["message"].startswith("InflightTimeout")
+    # Told when it returned, not after timeout_s: the requests need not be waiting for it.
+    assert run.evidence("new").engine["weight_sync_inflight"]["error"]["message"].startswith("InflightLeftPaused")
     assert not any(group_alive(p) for p in _server_pgids(run))  # the stuck server went with the worker
     verify("30n", run.report)
 

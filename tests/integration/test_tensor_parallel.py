@@ -46,12 +46,9 @@ def tp2_replay(tmp_path_factory):
     )
 
 
-def _hook_run(
-    tmp_path_factory, name: str, hook: str, engine_args: dict | None = None, expect=(0, 1)
-):
+def _hook_run(tmp_path_factory, name: str, hook: str, expect=(0, 1)):
     tmp = tmp_path_factory.mktemp(name)
-    config = variant_config(tmp, {**TP2, **(engine_args or {})}, weight_update={"hook": f"{HOOKS}:{hook}"},
-                            grpo={"enabled": False})  # fmt: skip
+    config = variant_config(tmp, TP2, weight_update={"hook": f"{HOOKS}:{hook}"}, grpo={"enabled": False})
     return replay(tmp / "run", "-c", str(config), "--only", "new", expect=expect)
 
 
@@ -102,18 +99,14 @@ def test_tp2_evidence_equals_tp1(tp2_replay, default_replay):
 
 @needs_two_cpus
 @pytest.mark.engine
-@pytest.mark.parametrize(
-    "hook, engine_args, verdict",
-    [
-        ("skip_load", None, "stale-weights"),
-        ("load_first_layer_only", None, "partial-update"),
-        ("load_without_cache_reset", {"enable_prefix_caching": True}, "stale-cache"),
-    ],
-)
-def test_broken_hooks_still_fail_at_tp2(tmp_path_factory, hook, engine_args, verdict):
-    run = _hook_run(tmp_path_factory, hook, hook, engine_args)
+def test_a_broken_hook_still_fails_at_tp2(tmp_path_factory):
+    """A push that reloads the first layer only, on both ranks' shards. The other broken hooks
+    (stale weights, stale cache) fail at TP=1 (test_weight_sync.py): what TP=2 adds is the
+    fan-out to the ranks, which this row, a rank that fails (below) and the in-flight push to
+    rank 0 only (test_tp2_inflight_updates_keep_tear_and_reach_one_rank) exercise."""
+    run = _hook_run(tmp_path_factory, "load_first_layer_only", "load_first_layer_only")
     check = run.check("weight-sync")
-    assert check["status"] == "FAIL" and check["details"]["verdict"] == verdict, check
+    assert check["status"] == "FAIL" and check["details"]["verdict"] == "partial-update", check
     assert run.returncode == 1
 
 

