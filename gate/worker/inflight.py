@@ -32,6 +32,8 @@ transformers continues from the cache the old model computed). The orchestrator'
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -146,6 +148,34 @@ class UpdateRun:
     )
     versions_returned: bool = False  # whether the release returned weight-version spans
     attempts: int = 1  # runs of this update, the late ones included (run_landing)
+
+
+class UpdateThread:
+    """``update(handle, new_sd)`` in a daemon thread of its own: the update runs while the driver
+    keeps the requests going; what it raised (``error``) and its duration are kept, never raised."""
+
+    def __init__(
+        self, name: str, update: UpdateFn, handle: Any, new_sd: dict[str, torch.Tensor]
+    ) -> None:
+        self.error: str | None = None
+        self.seconds = 0.0
+        self._thread = threading.Thread(target=self._run, args=(update, handle, new_sd),
+                                        name=f"gate-inflight-{name}", daemon=True)  # fmt: skip
+        self._thread.start()
+
+    def _run(self, update: UpdateFn, handle: Any, new_sd: dict[str, torch.Tensor]) -> None:
+        began = time.perf_counter()
+        try:
+            update(handle, new_sd)
+        except BaseException as exc:  # a hook's failure is evidence, not the phase's crash
+            self.error = f"{type(exc).__name__}: {exc}"
+        self.seconds = time.perf_counter() - began
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
 
 
 class InflightDriver(Protocol):

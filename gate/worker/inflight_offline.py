@@ -34,6 +34,7 @@ from gate.worker.inflight import (
     Stream,
     UpdateFn,
     UpdateRun,
+    UpdateThread,
     shown,
     take_resubmissions,
 )
@@ -242,45 +243,32 @@ def run_update(llm, name: str, update: UpdateFn, adapter: Adapter, prompts: list
     for s in streams:
         loop.add(s, s.request_id, s.prompt, s.max_tokens)
     handle = InflightEngine(loop, adapter, deadline)
-    outcome: dict[str, Any] = {}
-    thread: threading.Thread | None = None
-
-    def updating() -> None:
-        began = time.perf_counter()
-        try:
-            update(handle, new_sd)
-        except BaseException as exc:
-            outcome["error"] = f"{type(exc).__name__}: {exc}"
-        outcome["update_s"] = time.perf_counter() - began
-
+    thread: UpdateThread | None = None
     while True:
         loop.run_calls()
         # The switch point, or every request ended before it (a request that stopped early).
         if thread is None and all(
             len(s.token_ids) >= request.switch_after or s.done for s in streams
         ):
-            thread = threading.Thread(target=updating, name=f"gate-inflight-{name}", daemon=True)
-            thread.start()
+            thread = UpdateThread(name, update, handle, new_sd)
         finished = all(s.done for s in streams)
         if thread is not None and not thread.is_alive() and finished:
             loop.run_calls()
             break
         if time.monotonic() > deadline:
-            raise InflightTimeout(
-                _timeout_message(name, thread, loop, request.timeout_s, outcome.get("error"))
-            )
+            raise InflightTimeout(_timeout_message(name, thread, loop, request.timeout_s))
         if not loop.step():  # paused, or every request done while the update runs
             loop.wait_for_call()
     records = loop.records
     return UpdateRun(name=name, streams=streams, records=records, steps=loop.steps,
-                     update_s=float(outcome.get("update_s", 0.0)), total_s=time.monotonic() - start,
-                     error=outcome.get("error"),
+                     update_s=thread.seconds if thread else 0.0, total_s=time.monotonic() - start,
+                     error=thread.error if thread else None,
                      steps_inside=records[-1].steps - records[0].steps if records else 0,
                      versions_returned=loop.versions_returned)  # fmt: skip
 
 
-def _timeout_message(name: str, thread: threading.Thread | None, loop: EngineLoop, limit: float,
-                     raised: str | None) -> str:  # fmt: skip
+def _timeout_message(name: str, thread: UpdateThread | None, loop: EngineLoop, limit: float) -> str:
+    raised = thread.error if thread else None
     paused = loop.core.is_scheduler_paused()
     if thread is not None and thread.is_alive():
         what = f"the update ({shown(name)}) had not returned"

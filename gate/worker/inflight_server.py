@@ -38,6 +38,7 @@ from gate.worker.inflight import (
     Stream,
     UpdateFn,
     UpdateRun,
+    UpdateThread,
     shown,
     take_resubmissions,
 )
@@ -274,31 +275,18 @@ def run_update(client: http.Client, name: str, update: UpdateFn, adapter: Adapte
                 name, "the requests never reached the switch", handle, request.timeout_s
             )
         )
-    outcome: dict[str, Any] = {}
-
-    def updating() -> None:
-        began = time.perf_counter()
-        try:
-            update(handle, new_sd)
-        except BaseException as exc:
-            outcome["error"] = f"{type(exc).__name__}: {exc}"
-        outcome["update_s"] = time.perf_counter() - began
-
-    thread = threading.Thread(target=updating, name=f"gate-inflight-{name}", daemon=True)
-    thread.start()
+    thread = UpdateThread(name, update, handle, new_sd)
     thread.join(max(deadline - time.monotonic(), 0))
     if thread.is_alive():
         raise InflightTimeout(_timeout_message(name, f"the update ({shown(name)}) had not returned", handle,
-                                               request.timeout_s, outcome.get("error")))  # fmt: skip
+                                               request.timeout_s, thread.error))  # fmt: skip
     # Asked of the server, not of the calls seen: a hook may pause through an endpoint of its own.
     # Told at once: were every request done before the pause, no stream would wait for a resume.
     if client.get("/is_paused").get("is_paused"):
-        raise InflightLeftPaused(_left_paused_message(name, handle, outcome.get("error")))
+        raise InflightLeftPaused(_left_paused_message(name, handle, thread.error))
     if not streams.wait(lambda: all(s.done for s in streams.order), deadline):
         what = f"requests were still unfinished after the update ({shown(name)}) returned"
-        raise InflightTimeout(
-            _timeout_message(name, what, handle, request.timeout_s, outcome.get("error"))
-        )
+        raise InflightTimeout(_timeout_message(name, what, handle, request.timeout_s, thread.error))
     records = handle.records
     inside = 0
     if len(records) > 1:  # tokens that surely arrived between the first call and the last one
@@ -307,8 +295,8 @@ def run_update(client: http.Client, name: str, update: UpdateFn, adapter: Adapte
             default=0,
         )
     return UpdateRun(name=name, streams=streams.order, records=records, steps=0,
-                     update_s=float(outcome.get("update_s", 0.0)), total_s=time.monotonic() - start,
-                     error=outcome.get("error") or _stream_error(streams), steps_inside=max(inside, 0))  # fmt: skip
+                     update_s=thread.seconds, total_s=time.monotonic() - start,
+                     error=thread.error or _stream_error(streams), steps_inside=max(inside, 0))  # fmt: skip
 
 
 def _stream_error(streams: ServerStreams) -> str | None:
