@@ -252,6 +252,15 @@ def shown(name: str) -> str:
     return f"{Path(module).name}:{func}" if sep else name
 
 
+def left_paused_message(name: str, records: Sequence[CallRecord], raised: str | None) -> str:
+    """InflightLeftPaused's message: the update, what it raised, its last calls."""
+    what = f"the update ({shown(name)}) returned with the engine still paused (no resume)"
+    if raised:
+        what += f", having raised {raised}"
+    calls = ", ".join(r.name for r in records[-5:]) or "none"
+    return f"in-flight update: {what}; last calls: {calls}"
+
+
 # -- where the weights changed, per request ----------------------------------------------------------
 
 

@@ -29,12 +29,14 @@ from gate.request import InflightRequest
 from gate.worker.inflight import (
     OLD_VERSION,
     CallRecord,
+    InflightLeftPaused,
     InflightTimeout,
     InflightUnsupported,
     Stream,
     UpdateFn,
     UpdateRun,
     UpdateThread,
+    left_paused_message,
     shown,
     take_resubmissions,
 )
@@ -229,7 +231,8 @@ def run_update(llm, name: str, update: UpdateFn, adapter: Adapter, prompts: list
     return when every request has finished and the update has returned.
 
     Raises :class:`InflightTimeout` (naming the phase) when that takes longer than
-    ``request.timeout_s``: a hook that never returns, or pauses and never resumes.
+    ``request.timeout_s``: a hook that never returns, or pauses and never resumes while requests
+    wait; :class:`InflightLeftPaused` when it returned paused after every request had ended.
     """
     start = time.monotonic()
     deadline = start + request.timeout_s
@@ -259,6 +262,10 @@ def run_update(llm, name: str, update: UpdateFn, adapter: Adapter, prompts: list
             raise InflightTimeout(_timeout_message(name, thread, loop, request.timeout_s))
         if not loop.step():  # paused, or every request done while the update runs
             loop.wait_for_call()
+    if loop.core.is_scheduler_paused():  # every request ended before its pause: none waited on it
+        raise InflightLeftPaused(
+            left_paused_message(name, loop.records, thread.error if thread else None)
+        )
     records = loop.records
     return UpdateRun(name=name, streams=streams, records=records, steps=loop.steps,
                      update_s=thread.seconds if thread else 0.0, total_s=time.monotonic() - start,

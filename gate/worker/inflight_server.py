@@ -39,6 +39,7 @@ from gate.worker.inflight import (
     UpdateFn,
     UpdateRun,
     UpdateThread,
+    left_paused_message,
     shown,
     take_resubmissions,
 )
@@ -283,7 +284,7 @@ def run_update(client: http.Client, name: str, update: UpdateFn, adapter: Adapte
     # Asked of the server, not of the calls seen: a hook may pause through an endpoint of its own.
     # Told at once: were every request done before the pause, no stream would wait for a resume.
     if client.get("/is_paused").get("is_paused"):
-        raise InflightLeftPaused(_left_paused_message(name, handle, thread.error))
+        raise InflightLeftPaused(left_paused_message(name, handle.records, thread.error))
     if not streams.wait(lambda: all(s.done for s in streams.order), deadline):
         what = f"requests were still unfinished after the update ({shown(name)}) returned"
         raise InflightTimeout(_timeout_message(name, what, handle, request.timeout_s, thread.error))
@@ -301,14 +302,6 @@ def run_update(client: http.Client, name: str, update: UpdateFn, adapter: Adapte
 
 def _stream_error(streams: ServerStreams) -> str | None:
     return f"a stream failed: {streams.errors[0]}" if streams.errors else None
-
-
-def _left_paused_message(name: str, handle: ServerInflightEngine, raised: str | None) -> str:
-    what = f"the update ({shown(name)}) returned with the engine still paused (no resume)"
-    if raised:
-        what += f", having raised {raised}"
-    calls = ", ".join(r.name for r in handle.records[-5:]) or "none"
-    return f"in-flight update: {what}; last calls: {calls}"
 
 
 def _timeout_message(name: str, what: str, handle: ServerInflightEngine, limit: float,
