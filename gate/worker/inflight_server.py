@@ -139,11 +139,6 @@ class ServerInflightEngine:
         self._started = time.perf_counter()
         self.records: list[CallRecord] = []
 
-    @property
-    def paused(self) -> bool:
-        """Whether the update left the server paused (its /pause and /resume calls, tracked)."""
-        return self._paused
-
     def _run(self, name: str, fn: Callable[[], Any], paused_after: bool | None = None,
              at_send: bool = False) -> Any:  # fmt: skip
         """One call, recorded with where the streams were (also when it raised): exact while the

@@ -96,8 +96,9 @@ def test_calls_by_name_only_and_the_endpoints_they_reach(monkeypatch):
     handle.pause("abort", clear_cache=True)
     assert handle.is_paused() is True
     handle.post("/resume")  # a raw endpoint is tracked like resume()
-    assert handle.paused is False
-    assert server.calls == ["/collective_rpc", "/pause?mode=abort&clear_cache=true", "/resume"]
+    handle.push({})  # after the resume: generation went on, so it is placed within bounds
+    assert handle.records[-1].earliest is not None
+    assert server.calls == ["/collective_rpc", "/pause?mode=abort&clear_cache=true", "/resume", "/collective_rpc"]
 
 
 def test_resubmission_extends_the_aborted_stream(monkeypatch):
