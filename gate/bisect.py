@@ -475,7 +475,7 @@ def _link_tree(src: Path, dst: Path) -> None:
 
     shutil.rmtree(dst, ignore_errors=True)
     shutil.copytree(src, dst, copy_function=_link_or_copy)
-    evidence.load(dst)  # a reused folder is validated like a fresh one
+    evidence.load(dst, allow_nonfinite_engine=True)  # a reused folder is validated like a fresh one
 
 
 def _first_line(text: str) -> str:

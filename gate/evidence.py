@@ -61,14 +61,15 @@ FINISH_NAMES = ("stop", "length", "abort", "other")
 # Absent in evidence from gate versions before it: tokens then show by id (:meth:`Evidence.token_label`).
 TOKEN_TEXT = "token_text"
 
-# Per-token arrays that must be finite: an engine that reports NaN/inf for a token it produced
-# (or a reference that does) cannot be judged.
-_MUST_BE_FINITE = (
+# The reference's per-token logprobs must be finite: NaN there is the gate's own failure.
+_REFERENCE_FINITE = (f"{SAMPLE}_{TRAINER_RAW}", f"{TF}_{TRAINER_RAW}")
+# The engine's: NaN/inf there is a finding about the engine (logprob-integrity FAILs it, naming the
+# positions), so only a caller that judges evidence accepts it (``allow_nonfinite_engine``); a
+# baseline or a calibration is never made from it.
+_ENGINE_FINITE = (
     f"{SAMPLE}_{ENGINE_LOGPROB}",
-    f"{SAMPLE}_{TRAINER_RAW}",
     f"{GREEDY}_{ENGINE_LOGPROB}",
     f"{TF}_{ENGINE_LOGPROB}",
-    f"{TF}_{TRAINER_RAW}",
 )
 # The reference's processed logprob is -inf for a sampled token that the requested top-k / top-p
 # excludes: the engine sampled what the transform forbids. That is a finding (logprob-semantics
@@ -116,7 +117,8 @@ class Evidence:
         return "".join(self.token_label(t) for t in token_ids)
 
 
-def load(folder: str | Path) -> Evidence:
+def load(folder: str | Path, allow_nonfinite_engine: bool = False) -> Evidence:
+    """One engine's evidence, validated; ``allow_nonfinite_engine`` for callers that judge it."""
     folder = Path(folder)
     for name in (EVIDENCE_FILE, ENGINE_FILE, TEXTS_FILE):
         if not (folder / name).is_file():
@@ -129,12 +131,14 @@ def load(folder: str | Path) -> Evidence:
     except (OSError, ValueError, zipfile.BadZipFile) as exc:
         raise EvidenceError(f"{folder}: unreadable evidence: {exc}") from None
     evidence = Evidence(path=folder, arrays=arrays, engine=engine, texts=texts)
-    validate(evidence)
+    validate(evidence, allow_nonfinite_engine=allow_nonfinite_engine)
     _ = evidence.token_text  # malformed token text fails here, naming the file, not in a check
     return evidence
 
 
-def validate(evidence: Evidence, filename: str = EVIDENCE_FILE) -> None:
+def validate(
+    evidence: Evidence, filename: str = EVIDENCE_FILE, allow_nonfinite_engine: bool = False
+) -> None:
     """Shape and value checks; raises EvidenceError naming the array."""
     a = evidence.arrays
     where = evidence.path / filename
@@ -156,11 +160,17 @@ def validate(evidence: Evidence, filename: str = EVIDENCE_FILE) -> None:
                 and arr.shape[0] != n_tokens
             ):
                 raise EvidenceError(f"{where}: {key}: {arr.shape[0]} rows, expected {n_tokens}")
-    for key in _MUST_BE_FINITE:
+    for key in _REFERENCE_FINITE:
         if key in a and not np.all(np.isfinite(a[key])):
             bad = int(np.count_nonzero(~np.isfinite(a[key])))
             raise EvidenceError(
-                f"{where}: {key}: {bad} non-finite value(s) (NaN/inf) in engine or reference output"
+                f"{where}: {key}: {bad} non-finite value(s) (NaN/inf) in reference output"
+            )
+    for key in () if allow_nonfinite_engine else _ENGINE_FINITE:
+        if key in a and not np.all(np.isfinite(a[key])):
+            bad = int(np.count_nonzero(~np.isfinite(a[key])))
+            raise EvidenceError(
+                f"{where}: {key}: {bad} non-finite value(s) (NaN/inf) in engine output"
             )
     for key in _FINITE_OR_MINUS_INF:
         if key in a and not np.all(np.isfinite(a[key]) | np.isneginf(a[key])):

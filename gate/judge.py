@@ -60,7 +60,7 @@ def judge(run_dir: Path, cfg: GateConfig) -> Judgment:
             errors.append(entry.get("error") or f"engine '{name}' produced no evidence")
             continue
         try:
-            engines[name] = ev.load(run_dir / "engines" / name)
+            engines[name] = ev.load(run_dir / "engines" / name, allow_nonfinite_engine=True)
         except ev.EvidenceError as exc:
             errors.append(f"engine '{name}': {exc}")
     base_status, base = _baseline(cfg, run, engines.get("new"))

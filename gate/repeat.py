@@ -411,7 +411,7 @@ def _reuse_old(
         result = EngineRun(**{f.name: entry.get(f.name) for f in dataclasses.fields(EngineRun)})
         if result.status == "ok":
             try:
-                evidence.load(dest)
+                evidence.load(dest, allow_nonfinite_engine=True)
             except evidence.EvidenceError as exc:
                 result.status, result.error = "error", f"engine 'old': reused evidence: {exc}"
         results.append(result)
@@ -519,7 +519,9 @@ def rejudge_subset(
 
     run = json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8"))
     old, new = (
-        subset_evidence(evidence.load(run_dir / "engines" / n), prompts, max_tokens)
+        subset_evidence(
+            evidence.load(run_dir / "engines" / n, allow_nonfinite_engine=True), prompts, max_tokens
+        )
         for n in ENGINES
     )
     run = run | {"sampling": run["sampling"] | ({"max_tokens": max_tokens} if max_tokens else {})}

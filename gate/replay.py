@@ -343,7 +343,7 @@ class OldEvidenceCache:
         result = EngineRun(self.job.name, env.engine.spec, env.engine.runner, "ok", str(target.run_dir.relative(out_dir)),
                            prepare_s=env.prepare_s, reused=cached.provenance() | {"worker_s": stored.get("worker_s")})  # fmt: skip
         try:
-            evidence.load(out_dir)
+            evidence.load(out_dir, allow_nonfinite_engine=True)
         except evidence.EvidenceError as exc:
             self.log(
                 f"[{self.job.name}] warning: cached evidence {cached.path} fails validation ({exc}); replaying"
@@ -442,7 +442,9 @@ def run_engine(
     for result, out_dir in zip(results, out_dirs, strict=True):
         result.worker_s = round(outcome.wall_s, 2)
         try:
-            evidence.load(out_dir)  # validates shapes and finiteness before anyone relies on it
+            evidence.load(
+                out_dir, allow_nonfinite_engine=True
+            )  # validates shapes and finiteness before anyone relies on it
         except evidence.EvidenceError as exc:
             result.error = f"engine '{job.name}': {exc}"
             log(f"[{job.name}] ERROR: {result.error}")

@@ -76,13 +76,7 @@ def make_evidence(
         "sample_prompt_index": np.repeat(np.arange(n_prompts), n).astype(np.int32),
         "sample_sample_index": np.tile(np.arange(n), n_prompts).astype(np.int32),
         "sample_offsets": offsets,
-        "sample_token_ids": rng.integers(3, 100, t).astype(np.int32),
-        "sample_engine_logprob": engine,
-        "sample_engine_rank": np.ones(t, dtype=np.int32),
-        "sample_topk_ids": rng.integers(3, 100, (t, 5)).astype(np.int32),
-        "sample_topk_logprobs": np.sort(-rng.uniform(0, 5, (t, 5)), axis=1)[:, ::-1].astype(
-            np.float32
-        ),
+        **_top_lists(rng, engine, t),
         "sample_finish": np.zeros(s, dtype=np.int8),
         "sample_trainer_logprob_raw": raw,
         "sample_trainer_logprob_processed": processed,
@@ -162,6 +156,23 @@ RUN = {
     "teacher_forced": {"enabled": True},
     "reference": {"dtype": "float32", "lm_head_fp32": False, "batch_tokens": 16384},
 }
+
+
+def _top_lists(rng: np.random.Generator, engine: np.ndarray, t: int) -> dict[str, np.ndarray]:
+    """Sampled ids and well-formed top-5 lists: the sampled token first (rank 1, its own logprob),
+    four distinct other ids below it (logprob-integrity reads them)."""
+    token = rng.integers(3, 100, t).astype(np.int32)
+    rng.integers(3, 100, (t, 5))  # kept: later draws (weight sync, in-flight) stay as they were
+    steps = rng.uniform(0, 5, (t, 5))[:, 1:] + 1e-3
+    ids = 3 + (token[:, None] - 3 + np.arange(5)[None, :]) % 97
+    values = engine[:, None] - np.concatenate([np.zeros((t, 1)), np.cumsum(steps, axis=1)], axis=1)
+    return {
+        "sample_token_ids": token,
+        "sample_engine_logprob": engine,
+        "sample_engine_rank": np.ones(t, dtype=np.int32),
+        "sample_topk_ids": ids.astype(np.int32),
+        "sample_topk_logprobs": values.astype(np.float32),
+    }
 
 
 def _weight_sync_arrays(mode: str, rng: np.random.Generator) -> dict[str, np.ndarray]:

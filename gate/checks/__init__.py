@@ -39,6 +39,7 @@ def registry() -> list[CheckSpec]:
         greedy,
         grpo,
         inflight,
+        logprob_integrity,
         mismatch,
         precision,
         semantics,
@@ -49,6 +50,7 @@ def registry() -> list[CheckSpec]:
     modules = (
         semantics,
         mismatch,
+        logprob_integrity,
         forward_drift,
         greedy,
         config_parity,
@@ -193,6 +195,9 @@ def _settings_error(invalid: Invalid, where: str) -> ConfigError:
 
 
 def run_checks(ctx: Context, settings: dict[str, CheckSettings]) -> list[CheckResult]:
+    from gate.checks.logprob_integrity import engines_with_nonfinite
+
+    unusable = engines_with_nonfinite(ctx)
     results = []
     for spec in registry():
         s = settings.get(spec.id) or default_settings(spec)
@@ -200,6 +205,10 @@ def run_checks(ctx: Context, settings: dict[str, CheckSettings]) -> list[CheckRe
             results.append(
                 CheckResult(spec.id, spec.title, Status.SKIP, "turned off in the config")
             )
+            continue
+        if unusable and spec.compares_engine_logprobs:
+            why = f"not judged: the {' and '.join(unusable)} engine's logprobs hold NaN/inf (logprob-integrity)"
+            results.append(CheckResult(spec.id, spec.title, Status.SKIP, why))
             continue
         try:
             result = spec.run(ctx, s)

@@ -195,3 +195,6 @@ class CheckSpec:
     run: Callable[[Any, CheckSettings], CheckResult]  # (Context, settings)
     thresholds: dict[str, Threshold] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
+    # It compares the engine's logprobs with a reference: an engine whose logprobs hold NaN/inf
+    # (logprob-integrity FAILs it) is not judged by it, since its means would be NaN and read as PASS.
+    compares_engine_logprobs: bool = False

@@ -184,4 +184,4 @@ def run(ctx, settings) -> CheckResult:
     return CheckResult(ID, TITLE, status, summary, diagnosis, measurements, details)
 
 
-SPEC = CheckSpec(id=ID, title=TITLE, run=run, thresholds=THRESHOLDS)
+SPEC = CheckSpec(id=ID, title=TITLE, run=run, thresholds=THRESHOLDS, compares_engine_logprobs=True)

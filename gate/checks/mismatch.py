@@ -215,4 +215,5 @@ SPEC = CheckSpec(
         "bootstrap_seed": 0,
         "worst_tokens": WORST_TOKENS,
     },
+    compares_engine_logprobs=True,
 )

@@ -118,5 +118,9 @@ def _behaviour(name: str, verdict: str, grid: dict) -> str:
 
 
 SPEC = CheckSpec(
-    id=ID, title=TITLE, run=run, options={"expect_lm_head": "any", "decisive_ratio": 3.0}
+    id=ID,
+    title=TITLE,
+    run=run,
+    options={"expect_lm_head": "any", "decisive_ratio": 3.0},
+    compares_engine_logprobs=True,
 )

