@@ -7,8 +7,8 @@ id lists of width ``--topk`` and greedy completions that diverge now and then. E
 timed ``--repeat`` times; the table shows the best and the median (the best is the figure to compare
 across machines, the median shows the noise).
 
-The judging budget: the per-token metrics every run computes (``mismatch`` and
-``greedy_agreement``) take under JUDGE_BUDGET_S_PER_MILLION_TOKENS together, best against best.
+The judging budget: the per-token metrics every run computes (``mismatch``, ``greedy_agreement``
+and logprob-integrity's ``top_list_findings``) take under JUDGE_BUDGET_S_PER_MILLION_TOKENS together, best against best.
 --check exits 1 where they do not; run it on a quiet machine (a loaded runner measures the load).
 
 Usage::
@@ -32,9 +32,10 @@ sys.path.insert(
 )  # run from a checkout without installing
 
 from gate import metrics
+from gate.checks.logprob_integrity import top_list_findings
 
 # The two metrics that grow with every generated token; the rest is per sequence or per prompt.
-JUDGE_FUNCTIONS = ("mismatch", "greedy_agreement")
+JUDGE_FUNCTIONS = ("mismatch", "greedy_agreement", "top_list_findings")
 JUDGE_BUDGET_S_PER_MILLION_TOKENS = 1.0
 
 
@@ -89,6 +90,12 @@ def _workload(args: argparse.Namespace) -> dict[str, Callable[[], object]]:
         0, vocab, size=topk_b[::7].shape[0]
     )  # some lists differ in the tail
 
+    # Top lists as the engine returns them: values descending, the sampled token first (rank 1).
+    top_values = -np.sort(rng.exponential(1.0, size=(n_tokens, args.topk)), axis=1).astype(
+        np.float32
+    )
+    sampled, ranks = topk_a[:, 0], np.ones(n_tokens, dtype=np.int64)
+
     greedy_a = rng.integers(0, vocab, n_tokens)
     greedy_b = greedy_a.copy()
     greedy_b[::997] += 1  # scattered divergences
@@ -105,6 +112,9 @@ def _workload(args: argparse.Namespace) -> dict[str, Callable[[], object]]:
         f"topk_overlap (k={args.topk})": lambda: metrics.topk_overlap(topk_a, topk_b),
         "greedy_agreement": lambda: metrics.greedy_agreement(greedy_a, offsets, greedy_b, offsets),
         "length_ratio": lambda: metrics.length_ratio(offsets, offsets),
+        "top_list_findings": lambda: top_list_findings(
+            topk_a, top_values, sampled, top_values[:, 0], ranks, vocab
+        ),
         "logprob_semantics_distances": lambda: metrics.logprob_semantics_distances(
             lp_engine, lp_trainer, lp_raw
         ),
