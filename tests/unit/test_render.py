@@ -867,3 +867,31 @@ def test_breakable_marks_long_runs_only():
     assert esc.breakable("a" * 45 + " bb") == "a" * 20 + z + "a" * 20 + z + "aaaaa bb"
     assert esc.breakable("x" * 20) == "x" * 20  # nothing follows the 20th: no mark
     assert esc.breakable("short words stay", every=4) == "shor" + z + "t word" + z + "s stay"
+
+
+def test_real_bpe_pieces_render_escaped_in_the_worst_tokens_table(failing):
+    """SmolLM2's own pieces, each decoded alone as the worker records them (replay.token_texts): a
+    leading space (7042 " Paris"), the ChatML end token (2), a fence (3725), bold markers (828), a
+    pipe (2504), a blank line (1116) and the three byte-level pieces of one emoji (10813, 242, 218:
+    U+FFFD each)."""
+    r = copy.deepcopy(failing)
+    t = check(r, "train-inference-mismatch")
+    rows = [
+        {"context": "The capital of France is", "token": " Paris", "context_after": "."},
+        {"context": " is Paris.", "token": "<|im_end|>", "context_after": "\n\n```"},
+        {"context": "**" + " |" * 3, "token": "\ufffd", "context_after": "\ufffd\ufffd"},
+    ]
+    t["details"]["worst_tokens"] = [{"engine": "new", "prompt_id": "chat-00", "engine_logprob": -0.5,
+                                     "trainer_logprob": -3.0, "position": i, "rank": 1, **row}
+                                    for i, row in enumerate(rows)]  # fmt: skip
+    text = render_comment(as_report(r), budget=10**9).text
+    lines = [line for line in text.splitlines() if line.startswith("| new | chat-00 |")]
+    assert len(lines) == 3
+    assert all(unescaped_pipes(line) == 7 for line in lines)  # pipes inside pieces never split a cell
+    assert "**␠Paris**" in lines[0]  # the leading space shown, not lost
+    assert "&lt;\\|im\\_end\\|&gt;" in lines[1] and "<|im_end|>" not in text
+    assert "\\`\\`\\`" in lines[1]  # a fence in the text opens none
+    assert "\\*\\*" in lines[2] and "\ufffd" in lines[2]  # bold markers inert; partial bytes kept visible
+    openers: list[str] = []
+    outside_code(text, openers)
+    assert set(openers) <= {"bash", "text", "mermaid"}
