@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gate.checks import server_defaults
+from gate.checks import server_defaults, stop_tokens
 from gate.checks.base import CheckResult, CheckSpec, Measurement
 from gate.checks.setting_meaning import EngineFacts, Meaning, meaning, restore_advice
 from gate.verdict import Status, worst
@@ -159,6 +159,20 @@ def run(ctx, settings) -> CheckResult:
         measurements.append(found.measurement)
         if found.problem:
             problems.append(found.problem)
+    # Stop tokens the old engine honoured and the new one samples and goes on past.
+    stop_ref, stop_label = ctx.old, "old"
+    if stop_ref is None and ctx.baseline is not None and ctx.baseline_comparable:
+        stop_ref, stop_label = ctx.baseline.evidence, "baseline"
+    caps = {
+        "sample": ctx.sampling["max_tokens"],
+        "greedy": ctx.run.get("greedy", {}).get("max_tokens"),
+    }
+    stops, finish = stop_tokens.findings(
+        stop_ref, ctx.new, stop_label, {k: v for k, v in caps.items() if v}
+    )
+    for stop in stops:
+        measurements.append(stop.measurement)
+        problems.append(stop.problem)
     # What the user asked for but the engine overrode (e.g. async scheduling the platform refuses).
     requested = ctx.new.engine.get("requested_engine_args", {})
     effective = ctx.new.engine.get("effective", {})
@@ -183,6 +197,10 @@ def run(ctx, settings) -> CheckResult:
         if changed
         else f"effective settings identical to {label}"
     ) + (f" ({equivalent} spelled differently, same meaning)" if equivalent else "")
+    if stops:
+        summary += (
+            f"; {len(stops)} stop token(s) the {stop_label} engine honoured passed over by new"
+        )
     diagnosis = ""
     if problems:
         diagnosis = (
@@ -208,6 +226,7 @@ def run(ctx, settings) -> CheckResult:
             if d.same_meaning
         },
         "acknowledged": sorted(ctx.acknowledge),
+        "finish": finish,
     }
     return CheckResult(ID, TITLE, status, summary, diagnosis, measurements, details)
 

@@ -195,12 +195,17 @@ ROWS: tuple[FaultRow, ...] = (
              "engine patch `GATE_FAULT=top_logprobs_repeat_sampled`: `Sampler.gather_logprobs` puts the sampled "
              "token and its logprob first in each position's top-k list",
              "logprob-integrity", ("FAIL",), "look the sampled token up by its id",
-             "tests/integration/test_faults.py::test_malformed_top_lists_and_nan_logprobs_are_caught"),
+             "tests/integration/test_faults.py::test_malformed_top_lists_nan_logprobs_and_a_passed_over_stop_are_caught"),
     FaultRow("26b", "NaN processed logprobs under top-p, rows masked to -inf (prime-rl #2497)",
              "engine patch `GATE_FAULT=nan_rows_under_top_p`, in the same engine process as 26a: "
              "`apply_top_k_top_p` masks the last row of every 8th batch to -inf; sampling top_p 0.8",
              "logprob-integrity", ("FAIL",), "returned non-finite (NaN/inf) logprobs",
-             "tests/integration/test_faults.py::test_malformed_top_lists_and_nan_logprobs_are_caught"),
+             "tests/integration/test_faults.py::test_malformed_top_lists_nan_logprobs_and_a_passed_over_stop_are_caught"),
+    FaultRow("26c", "a release that stops honouring the EOS token: rollouts run to their length cap",
+             "engine patch `GATE_FAULT=stop_ignores_eos`, in the same engine process as 26a: the scheduler's "
+             "`check_stop` no longer ends a request on EOS",
+             "config-parity", ("FAIL",), "no longer stops at token",
+             "tests/integration/test_faults.py::test_malformed_top_lists_nan_logprobs_and_a_passed_over_stop_are_caught"),
 )  # fmt: skip
 
 CONTROLS: tuple[ControlRow, ...] = (

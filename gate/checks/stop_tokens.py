@@ -1,0 +1,156 @@
+"""Finish reasons and the stop tokens each engine honours, for config-parity.
+
+A release that stops honouring a stop token turns every rollout into a max-length one, and nothing
+errors: the stop token is sampled, generation goes on past it, the request ends on its length cap.
+Read from the evidence of the sampled and greedy passes, per engine:
+
+- the **finish reasons** (stop / length / abort / other) of each pass: details only, since how many
+  samples end on their length cap moves with sampling;
+- the **stop tokens it honoured**: the last token of sequences that finished with ``stop``, kept
+  where it ended at least 3 and a tenth of them and never appears inside a sequence of that engine
+  (a release that does not return the stop token itself would otherwise make an ordinary last token
+  look like one);
+- **stop tokens passed over**: a token the reference engine stopped at that the new engine sampled
+  inside a sequence, going on past it. No sound engine does that (``min_tokens`` suppresses stop
+  tokens, it does not sample them), so it FAILs with the token and where it was passed over.
+
+Compared with the old engine, or without one with the baseline's evidence (which keeps no finish
+reasons: there a sequence shorter than its pass's length cap counts as stopped).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gate import evidence as ev
+from gate.checks.base import Measurement
+from gate.verdict import Status
+
+KEY = "stop_tokens"  # measurement names: stop_tokens.<token id>
+PASSES = (ev.SAMPLE, ev.GREEDY)
+STOP = ev.FINISH_NAMES.index("stop")
+SHOWN = 5  # positions named per passed-over token
+# A stop token ends at least this many, and this share, of an engine's stopped sequences: an
+# ordinary token that happens to end a few of them (and never to sit inside one) is not taken for one.
+MIN_SEQUENCES, MIN_SHARE = 3, 0.1
+
+
+@dataclass(frozen=True)
+class Finding:
+    measurement: Measurement
+    problem: str  # empty when nothing is wrong
+
+
+def finish_reasons(e: ev.Evidence) -> dict[str, dict[str, int]]:
+    """Per pass: how many sequences ended for each reason."""
+    out = {}
+    for group in PASSES:
+        finish = e.arrays.get(f"{group}_{ev.FINISH}")
+        if finish is None:
+            continue
+        codes = np.clip(np.asarray(finish, dtype=np.int64), 0, len(ev.FINISH_NAMES) - 1)
+        counts = np.bincount(codes, minlength=len(ev.FINISH_NAMES))
+        out[group] = {name: int(n) for name, n in zip(ev.FINISH_NAMES, counts, strict=True) if n}
+    return out
+
+
+def _inside(offsets: np.ndarray, n_tokens: int) -> np.ndarray:
+    """Positions that are not the last of their sequence."""
+    inside = np.ones(n_tokens, dtype=bool)
+    ends = offsets[1:][np.diff(offsets) > 0] - 1
+    inside[ends] = False
+    return inside
+
+
+def honoured(e: ev.Evidence, caps: dict[str, int] | None = None) -> dict[int, int]:
+    """Token id -> sequences it ended with ``stop``, for tokens never seen inside a sequence.
+
+    Evidence without finish reasons (a baseline keeps none) counts a sequence shorter than its
+    pass's length cap (``caps``) as stopped.
+    """
+    ended: dict[int, int] = {}
+    seen_inside: set[int] = set()
+    for group in PASSES:
+        offsets, ids = (
+            e.arrays.get(f"{group}_{ev.OFFSETS}"),
+            e.arrays.get(f"{group}_{ev.TOKEN_IDS}"),
+        )
+        if offsets is None or ids is None:
+            continue
+        seen_inside.update(np.unique(ids[_inside(offsets, len(ids))]).tolist())
+        lengths = np.diff(offsets)
+        finish = e.arrays.get(f"{group}_{ev.FINISH}")
+        if finish is not None:
+            is_stop = np.asarray(finish) == STOP
+        elif caps is not None and group in caps:
+            is_stop = lengths < caps[group]
+        else:
+            continue
+        nonempty = lengths > 0
+        last = ids[offsets[1:][nonempty] - 1]
+        stopped = last[is_stop[nonempty]]
+        for tok, n in zip(*np.unique(stopped, return_counts=True), strict=True):
+            ended[int(tok)] = ended.get(int(tok), 0) + int(n)
+    least = max(MIN_SEQUENCES, MIN_SHARE * sum(ended.values()))
+    return {tok: n for tok, n in ended.items() if tok not in seen_inside and n >= least}
+
+
+def passed_over(e: ev.Evidence, stop_ids: list[int]) -> dict[int, list[str]]:
+    """Stop token id -> where ``e`` sampled it inside a sequence ("<pass> sequence S token T")."""
+    found: dict[int, list[str]] = {}
+    if not stop_ids:
+        return found
+    for group in PASSES:
+        offsets, ids = (
+            e.arrays.get(f"{group}_{ev.OFFSETS}"),
+            e.arrays.get(f"{group}_{ev.TOKEN_IDS}"),
+        )
+        if offsets is None or ids is None:
+            continue
+        hits = np.flatnonzero(np.isin(ids, stop_ids) & _inside(offsets, len(ids)))
+        seq = np.searchsorted(offsets, hits, side="right") - 1
+        for pos, s in zip(hits.tolist(), seq.tolist(), strict=True):
+            where = found.setdefault(int(ids[pos]), [])
+            where.append(f"{group} sequence {s} token {pos - int(offsets[s])}")
+    return found
+
+
+def findings(reference: ev.Evidence | None, new: ev.Evidence, label: str = "old",
+             caps: dict[str, int] | None = None) -> tuple[list[Finding], dict[str, Any]]:  # fmt: skip
+    """config-parity's measurements on stop tokens against ``reference`` (the old engine, or the
+    baseline's evidence: ``label``), and its ``details.finish`` record."""
+    engines = {n: e for n, e in ((label, reference), ("new", new)) if e is not None}
+    honour = {n: honoured(e, caps) for n, e in engines.items()}
+    details: dict[str, Any] = {
+        "reasons": {n: finish_reasons(e) for n, e in engines.items()},
+        "stop_tokens": {
+            n: {
+                str(t): {"text": e.token_label(t), "sequences": c}
+                for t, c in sorted(honour[n].items())
+            }
+            for n, e in engines.items()
+        },
+    }
+    if reference is None:
+        return [], details
+    out = []
+    missed = passed_over(new, sorted(honour[label]))
+    for tok, where in sorted(missed.items()):
+        text = new.token_label(tok)
+        note = (f"{label} stopped at token {tok} ({text!r}) in {honour[label][tok]} sequence(s); new sampled "
+                f"it inside {len(where)} and went on")  # fmt: skip
+        problem = (
+            f"the new engine no longer stops at token {tok} ({text!r}): it sampled it inside {len(where)} "
+            f"sequence(s) ({', '.join(where[:SHOWN])}) and generated on to the length cap, where the {label} "
+            "engine stopped. Every rollout that samples it becomes a max-length one. Check the model's "
+            "eos_token_id / generation_config.json as the new release reads them (config-parity lists "
+            "any setting that changed) and the release's stop handling"
+        )
+        out.append(
+            Finding(Measurement(f"{KEY}.{tok}", float(len(where)), Status.FAIL, note=note), problem)
+        )
+    details["passed_over"] = {str(t): w[:SHOWN] for t, w in missed.items()}
+    return out, details
