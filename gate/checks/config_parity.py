@@ -160,16 +160,8 @@ def run(ctx, settings) -> CheckResult:
         if found.problem:
             problems.append(found.problem)
     # Stop tokens the old engine honoured and the new one samples and goes on past.
-    stop_ref, stop_label = ctx.old, "old"
-    if stop_ref is None and ctx.baseline is not None and ctx.baseline_comparable:
-        stop_ref, stop_label = ctx.baseline.evidence, "baseline"
-    caps = {
-        "sample": ctx.sampling["max_tokens"],
-        "greedy": ctx.run.get("greedy", {}).get("max_tokens"),
-    }
-    stops, finish = stop_tokens.findings(
-        stop_ref, ctx.new, stop_label, {k: v for k, v in caps.items() if v}
-    )
+    stop_ref, stop_label, caps = stop_tokens.reference(ctx)
+    stops, finish = stop_tokens.findings(stop_ref, ctx.new, stop_label, caps)
     for stop in stops:
         measurements.append(stop.measurement)
         problems.append(stop.problem)

@@ -118,6 +118,22 @@ def passed_over(e: ev.Evidence, stop_ids: list[int]) -> dict[int, list[str]]:
     return found
 
 
+def reference(ctx) -> tuple[ev.Evidence | None, str, dict[str, int]]:
+    """What the new engine's stops are compared with: the old engine; without one, the baseline's
+    evidence when it comes from the same model (stop tokens are the model's and the engine's, not
+    the prompts'), with the length caps it was recorded with."""
+    if ctx.old is not None:
+        return ctx.old, "old", {}
+    base = ctx.baseline
+    if base is None or base.manifest.get("model", {}).get("sha256") != ctx.run["model"].get(
+        "sha256"
+    ):
+        return None, "", {}
+    caps = {group: (base.manifest.get(section) or {}).get("max_tokens")
+            for group, section in ((ev.SAMPLE, "sampling"), (ev.GREEDY, "greedy"))}  # fmt: skip
+    return base.evidence, "baseline", {g: int(c) for g, c in caps.items() if isinstance(c, int)}
+
+
 def findings(reference: ev.Evidence | None, new: ev.Evidence, label: str = "old",
              caps: dict[str, int] | None = None) -> tuple[list[Finding], dict[str, Any]]:  # fmt: skip
     """config-parity's measurements on stop tokens against ``reference`` (the old engine, or the

