@@ -99,7 +99,8 @@ def honoured(e: ev.Evidence, caps: dict[str, int] | None = None) -> dict[int, in
 
 
 def passed_over(e: ev.Evidence, stop_ids: list[int]) -> dict[int, list[str]]:
-    """Stop token id -> where ``e`` sampled it inside a sequence ("<pass> sequence S token T")."""
+    """Stop token id -> where ``e`` sampled it inside a sequence ("<pass> sequence S token T"),
+    the first position in each sequence only (an engine past its stop token may sample it again)."""
     found: dict[int, list[str]] = {}
     if not stop_ids:
         return found
@@ -112,6 +113,9 @@ def passed_over(e: ev.Evidence, stop_ids: list[int]) -> dict[int, list[str]]:
             continue
         hits = np.flatnonzero(np.isin(ids, stop_ids) & _inside(offsets, len(ids)))
         seq = np.searchsorted(offsets, hits, side="right") - 1
+        # The first hit of each (token, sequence) pair: hits are in order, so np.unique's first index.
+        _, first = np.unique(np.stack([ids[hits], seq]), axis=1, return_index=True)
+        hits, seq = hits[np.sort(first)], seq[np.sort(first)]
         for pos, s in zip(hits.tolist(), seq.tolist(), strict=True):
             where = found.setdefault(int(ids[pos]), [])
             where.append(f"{group} sequence {s} token {pos - int(offsets[s])}")
