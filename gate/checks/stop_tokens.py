@@ -20,6 +20,7 @@ reasons: there a sequence shorter than its pass's length cap counts as stopped).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +66,17 @@ def _inside(offsets: np.ndarray, n_tokens: int) -> np.ndarray:
     return inside
 
 
+def _passes(e: ev.Evidence) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+    """(pass, offsets, token ids) of the sampled and greedy passes the evidence holds."""
+    for group in PASSES:
+        offsets, ids = (
+            e.arrays.get(f"{group}_{ev.OFFSETS}"),
+            e.arrays.get(f"{group}_{ev.TOKEN_IDS}"),
+        )
+        if offsets is not None and ids is not None:
+            yield group, offsets, ids
+
+
 def honoured(e: ev.Evidence, caps: dict[str, int] | None = None) -> dict[int, int]:
     """Token id -> sequences it ended with ``stop``, for tokens never seen inside a sequence.
 
@@ -73,13 +85,7 @@ def honoured(e: ev.Evidence, caps: dict[str, int] | None = None) -> dict[int, in
     """
     ended: dict[int, int] = {}
     seen_inside: set[int] = set()
-    for group in PASSES:
-        offsets, ids = (
-            e.arrays.get(f"{group}_{ev.OFFSETS}"),
-            e.arrays.get(f"{group}_{ev.TOKEN_IDS}"),
-        )
-        if offsets is None or ids is None:
-            continue
+    for group, offsets, ids in _passes(e):
         seen_inside.update(np.unique(ids[_inside(offsets, len(ids))]).tolist())
         lengths = np.diff(offsets)
         finish = e.arrays.get(f"{group}_{ev.FINISH}")
@@ -104,13 +110,7 @@ def passed_over(e: ev.Evidence, stop_ids: list[int]) -> dict[int, list[str]]:
     found: dict[int, list[str]] = {}
     if not stop_ids:
         return found
-    for group in PASSES:
-        offsets, ids = (
-            e.arrays.get(f"{group}_{ev.OFFSETS}"),
-            e.arrays.get(f"{group}_{ev.TOKEN_IDS}"),
-        )
-        if offsets is None or ids is None:
-            continue
+    for group, offsets, ids in _passes(e):
         hits = np.flatnonzero(np.isin(ids, stop_ids) & _inside(offsets, len(ids)))
         seq = np.searchsorted(offsets, hits, side="right") - 1
         # The first hit of each (token, sequence) pair: hits are in order, so np.unique's first index.
