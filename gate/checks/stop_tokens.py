@@ -138,11 +138,11 @@ def reference(ctx) -> tuple[ev.Evidence | None, str, dict[str, int]]:
     return base.evidence, "baseline", {g: int(c) for g, c in caps.items() if isinstance(c, int)}
 
 
-def findings(reference: ev.Evidence | None, new: ev.Evidence, label: str = "old",
+def findings(against: ev.Evidence | None, new: ev.Evidence, label: str = "old",
              caps: dict[str, int] | None = None) -> tuple[list[Finding], dict[str, Any]]:  # fmt: skip
-    """config-parity's measurements on stop tokens against ``reference`` (the old engine, or the
-    baseline's evidence: ``label``), and its ``details.finish`` record."""
-    engines = {n: e for n, e in ((label, reference), ("new", new)) if e is not None}
+    """config-parity's measurements on stop tokens ``against`` the old engine or the baseline's
+    evidence (``label``), and its ``details.finish`` record."""
+    engines = {n: e for n, e in ((label, against), ("new", new)) if e is not None}
     honour = {n: honoured(e, caps) for n, e in engines.items()}
     details: dict[str, Any] = {
         "reasons": {n: finish_reasons(e) for n, e in engines.items()},
@@ -154,7 +154,7 @@ def findings(reference: ev.Evidence | None, new: ev.Evidence, label: str = "old"
             for n, e in engines.items()
         },
     }
-    if reference is None:
+    if against is None:
         return [], details
     out = []
     missed = passed_over(new, sorted(honour[label]))
