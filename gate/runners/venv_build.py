@@ -32,12 +32,13 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 # Bump when the install recipe changes, so cached venvs built the old way are not reused.
-FIXUP_REVISION = 1
+# 2: bytecode compiled at build (compile_bytecode).
+FIXUP_REVISION = 2
 STAMP = "gate-venv.json"
 # PyPI's torchvision/torchaudio/torchcodec beside a +cpu torch fail at import
 # ("operator torchvision::nms does not exist"); vLLM runs text models without them.
@@ -128,6 +129,10 @@ def build(
             run([py, "-m", "pip", "install", "--progress-bar", "off", spec, *pip_args], env, log_path,
                 f"pip install {spec}", PIP_MILESTONES)  # fmt: skip
         removed = _apply_fixups(py, uv, env, log_path, name, run, log)
+        compiled = time.perf_counter()
+        log(f"[{name}] compiling bytecode (once: every engine process imports it)")
+        compile_bytecode(path, lambda m: log(f"[{name}] {m}"), share_from=_built_siblings(path))
+        bytecode_s = round(time.perf_counter() - compiled, 1)
         versions = _probe_versions(py, env, log_path)
     except BaseException:
         shutil.rmtree(path, ignore_errors=True)
@@ -144,6 +149,7 @@ def build(
         "versions": versions,
         "site_packages": site,
         "install_s": round(time.perf_counter() - start, 1),
+        "bytecode_s": bytecode_s,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     (path / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
@@ -351,24 +357,30 @@ def _probe_versions(py: str, env: dict, log_path: Path) -> dict[str, str]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def compile_bytecode(venvs: list[Path], log: Log) -> None:
-    """Compile every venv's bytecode, once per distinct source file.
+def compile_bytecode(venv: Path, log: Log, share_from: Sequence[Path] = ()) -> None:
+    """Compile the venv's bytecode, sharing the ``.pyc`` of every source file it shares.
 
-    The gate image runs its venvs read-only, so each engine process would otherwise compile torch
-    and vllm at import (about twice the start-up). Venvs that uv built from one cache share their
-    unchanged files as hard links; a ``.pyc`` is valid for a source with the same mtime and size,
-    and Python corrects the file name recorded in it on load. So the first venv is compiled, its
-    ``.pyc`` files are hard-linked into the others wherever the source is the very same file, and
-    compileall then compiles only what differs.
+    uv does not compile at install, and where ``PYTHONDONTWRITEBYTECODE`` is set (the gate image,
+    many CI images) or the venv is read-only, nothing is ever cached: each engine process, its
+    engine core and every TP rank then compile torch, transformers and vllm at import, about 12 s
+    of each process's start on two cores. Venvs that uv built from one cache share their unchanged
+    files as hard links; a ``.pyc`` is valid for a source with the same mtime and size, and Python
+    corrects the file name recorded in it on load. So the ``.pyc`` files of ``share_from`` (built
+    venvs) are hard-linked in wherever the source is the very same file, and compileall then
+    compiles only what differs.
     """
-    first = venvs[0]
-    for i, venv in enumerate(venvs):
-        if i:
-            linked = _link_shared_bytecode(first, venv)
-            log(f"{venv.name}: {linked} .pyc files shared with {first.name}")
-        # compileall exits 1 on a source it cannot compile (test data in some wheels): not an error here.
-        subprocess.run([str(venv / "bin" / "python"), "-m", "compileall", "-q", "-j0", str(venv / "lib")],
-                       stdout=subprocess.DEVNULL, check=False)  # fmt: skip
+    for other in share_from:
+        linked = _link_shared_bytecode(other, venv)
+        if linked:
+            log(f"{linked} .pyc files shared with {other.name}")
+    # compileall exits 1 on a source it cannot compile (test data in some wheels): not an error here.
+    subprocess.run([str(venv / "bin" / "python"), "-m", "compileall", "-q", "-j0", str(venv / "lib")],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)  # fmt: skip
+
+
+def _built_siblings(path: Path) -> list[Path]:
+    """Finished venvs beside ``path`` (their bytecode is complete): the ones it may share files with."""
+    return sorted(p for p in path.parent.iterdir() if p != path and p.is_dir() and is_built(p))
 
 
 def _link_shared_bytecode(src: Path, dst: Path) -> int:
@@ -445,16 +457,8 @@ def parse_cli(argv: list[str] | None, prog: str, description: str | None) -> Bui
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python3 venv_build.py SPEC [--pip-args "ARGS"] [--installer uv]``: build the venv for SPEC unless built; print its path.
-
-    ``python3 venv_build.py --compile-bytecode VENV [VENV ...]``: see :func:`compile_bytecode`.
-    """
+    """``python3 venv_build.py SPEC [--pip-args "ARGS"] [--installer uv]``: build the venv for SPEC unless built; print its path."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--compile-bytecode"]:
-        compile_bytecode(
-            [Path(v) for v in argv[1:]], lambda m: print(m, file=sys.stderr, flush=True)
-        )
-        return 0
     args = parse_cli(argv, "venv_build.py", main.__doc__)
     path = venv_path(args.spec, args.pip_args)
     if not is_built(path):

