@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import configparser
+import fcntl
 import hashlib
 import json
 import os
@@ -32,7 +33,8 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +42,7 @@ from pathlib import Path
 # 2: bytecode compiled at build (compile_bytecode).
 FIXUP_REVISION = 2
 STAMP = "gate-venv.json"
+BYTECODE_MARK = ".gate-bytecode"  # written once a venv's .pyc files are complete
 # PyPI's torchvision/torchaudio/torchcodec beside a +cpu torch fail at import
 # ("operator torchvision::nms does not exist"); vLLM runs text models without them.
 BROKEN_COMPANIONS = ("torchvision", "torchaudio", "torchcodec")
@@ -131,7 +134,11 @@ def build(
         removed = _apply_fixups(py, uv, env, log_path, name, run, log)
         compiled = time.perf_counter()
         log(f"[{name}] compiling bytecode (once: every engine process imports it)")
-        compile_bytecode(path, lambda m: log(f"[{name}] {m}"), share_from=_built_siblings(path))
+        # One venv at a time, so that a venv built beside another (gate prepare builds both engines
+        # at once) shares the other's .pyc files instead of compiling torch a second time.
+        with _bytecode_lock(path.parent):
+            siblings = _compiled_siblings(path)
+            compile_bytecode(path, lambda m: log(f"[{name}] {m}"), share_from=siblings)
         bytecode_s = round(time.perf_counter() - compiled, 1)
         versions = _probe_versions(py, env, log_path)
     except BaseException:
@@ -376,11 +383,24 @@ def compile_bytecode(venv: Path, log: Log, share_from: Sequence[Path] = ()) -> N
     # compileall exits 1 on a source it cannot compile (test data in some wheels): not an error here.
     subprocess.run([str(venv / "bin" / "python"), "-m", "compileall", "-q", "-j0", str(venv / "lib")],
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)  # fmt: skip
+    (venv / BYTECODE_MARK).touch()
 
 
-def _built_siblings(path: Path) -> list[Path]:
-    """Finished venvs beside ``path`` (their bytecode is complete): the ones it may share files with."""
-    return sorted(p for p in path.parent.iterdir() if p != path and p.is_dir() and is_built(p))
+def _compiled_siblings(path: Path) -> list[Path]:
+    """Venvs beside ``path`` whose bytecode is complete: the ones it may share ``.pyc`` files with."""
+    return sorted(p for p in path.parent.iterdir() if p != path and (p / BYTECODE_MARK).is_file())
+
+
+@contextmanager
+def _bytecode_lock(folder: Path) -> Iterator[None]:
+    """Held while a venv in ``folder`` compiles; released by the kernel if the process dies. (This
+    file runs standalone in the Dockerfile, so gate.files' lock is not importable here.)"""
+    with open(folder / ".bytecode.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _link_shared_bytecode(src: Path, dst: Path) -> int:

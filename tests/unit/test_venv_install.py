@@ -167,6 +167,7 @@ def test_bytecode_is_compiled_once_per_shared_source_file(tmp_path):
     (new / "lib" / "pkg" / "own.py").write_text("VALUE = 'new'\n")
     logged: list[str] = []
     vb.compile_bytecode(old, logged.append)
+    assert vb._compiled_siblings(new) == [old]  # old's bytecode is complete: new may share it
     vb.compile_bytecode(new, logged.append, share_from=[old])
     tag = sys.implementation.cache_tag
     pyc = {v: {p.name: p for p in (v / "lib" / "pkg" / "__pycache__").glob("*.pyc")} for v in (old, new)}
