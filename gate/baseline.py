@@ -194,6 +194,32 @@ def comparable(baseline: Baseline, run: dict[str, Any]) -> bool:
     )
 
 
+# The GRPO settings a band depends on (not its seeds): a band recorded under other ones says nothing
+# about this run's trajectory.
+GRPO_DESIGN = (
+    "steps", "prompts_per_step", "group_size", "max_tokens", "temperature", "lr", "loss", "clip_eps",
+    "clip_eps_high", "trainable", "optimizer",
+)  # fmt: skip
+
+
+def grpo_design(run: dict[str, Any]) -> dict[str, Any] | None:
+    grpo = run.get("grpo")
+    return {k: grpo.get(k) for k in GRPO_DESIGN} if grpo and grpo.get("enabled", True) else None
+
+
+def grpo_design_differences(baseline: Baseline, run: dict[str, Any]) -> list[str]:
+    """``key: run vs baseline`` for each GRPO setting the baseline's band was recorded under and
+    this run changes; none for a baseline that predates the record."""
+    recorded, current = baseline.manifest.get("grpo"), grpo_design(run)
+    if recorded is None or current is None:
+        return []
+    return [
+        f"{k}: {current[k]!r} vs {recorded.get(k)!r}"
+        for k in GRPO_DESIGN
+        if current[k] != recorded.get(k)
+    ]
+
+
 def noise_applies(baseline: Baseline, run: dict[str, Any], new: ev.Evidence) -> bool:
     """Whether the baseline's calibrated noise floors describe this run's noise.
 
@@ -274,6 +300,8 @@ def write(
         "greedy": run["greedy"],
         "reference": run["reference"],
     }
+    if (design := grpo_design(run)) is not None and "grpo_reward" in e.arrays:
+        manifest["grpo"] = design
     summary = _summary(e)
     tmp = out.with_name(out.name + ".writing")
     shutil.rmtree(tmp, ignore_errors=True)

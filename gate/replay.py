@@ -160,10 +160,11 @@ def _grpo_request(cfg: GateConfig, seeds: tuple[int, ...] | None) -> GrpoRequest
     g = cfg.grpo
     if not g.enabled:
         return None
+    eps_low, eps_high = g.clip_band()
     return GrpoRequest(
         steps=g.steps, prompts_per_step=g.prompts_per_step, group_size=g.group_size, max_tokens=g.max_tokens,
-        temperature=g.temperature, lr=g.lr, clip_eps=g.clip_eps, seeds=list(seeds if seeds is not None else (g.seed,)),
-        trainable=g.trainable, optimizer=g.optimizer,
+        temperature=g.temperature, lr=g.lr, clip_eps=eps_low, seeds=list(seeds if seeds is not None else (g.seed,)),
+        trainable=g.trainable, optimizer=g.optimizer, loss=g.loss, clip_eps_high=eps_high,
     )  # fmt: skip
 
 

@@ -101,6 +101,10 @@ class GrpoRequest:
     # existed; gate.yaml's own default (grpo.trainable) is a subset that fits beside the engine.
     trainable: str | dict[str, int] = "all"
     optimizer: str = "adamw"
+    # The objective (gate/worker/policy_loss.py) and the clip band's upper edge, 1 + clip_eps_high
+    # (None: symmetric). The defaults are the worker's behaviour before the fields existed.
+    loss: str = "grpo"
+    clip_eps_high: float | None = None
 
 
 @dataclass(frozen=True)

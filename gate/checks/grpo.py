@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from gate import baseline as bl
 from gate.checks.base import CheckResult, CheckSpec, Measurement
 from gate.checks.weight_sync import push_failure
 from gate.verdict import Status, worst
@@ -101,9 +102,13 @@ def run(ctx, settings) -> CheckResult:
                            f"{unsupported[:1].upper()}{unsupported[1:]}.", details={"unsupported": unsupported})  # fmt: skip
     if new is None:
         return CheckResult(ID, TITLE, Status.SKIP, "the GRPO run did not run (grpo.enabled: false)")
+    # a band recorded under other GRPO settings (another loss, lr, ...) is not this run's band
+    redesigned = (
+        bl.grpo_design_differences(ctx.baseline, ctx.run) if ctx.baseline is not None else []
+    )
     base = (
         _trajectories(ctx.baseline.evidence)
-        if ctx.baseline is not None and ctx.baseline_comparable
+        if ctx.baseline is not None and ctx.baseline_comparable and not redesigned
         else None
     )
     old = _trajectories(ctx.old)
@@ -122,7 +127,13 @@ def run(ctx, settings) -> CheckResult:
             ID,
             TITLE,
             Status.SKIP,
-            "no baseline band or old-engine run with the same number of steps",
+            "no baseline band or old-engine run with the same number of steps"
+            + (
+                f" (the baseline's band has other GRPO settings: {'; '.join(redesigned)})"
+                if redesigned
+                else ""
+            ),
+            details={"baseline_grpo_differs": redesigned},
         )
     reference, label = found
 
@@ -185,6 +196,8 @@ def run(ctx, settings) -> CheckResult:
         "margin_z": Z,
         # metrics whose reference recorded no standard errors: the new run's stood in for them
         "reference_se_borrowed": borrowed,
+        # GRPO settings this run changed since the baseline's band was recorded (the band unused)
+        "baseline_grpo_differs": redesigned,
     }
     return CheckResult(ID, TITLE, status, summary, diagnosis, measurements, details)
 

@@ -42,6 +42,14 @@ MAX_MEMORY_HOSTS = ("cpu", "mps")
 _MEMORY_SIZE = re.compile(r"^[0-9]+(\.[0-9]+)?\s*([KMGT]i?B|B)$", re.IGNORECASE)
 GRPO_TRAINABLE = ("all", "lm_head", "norms")  # or {"last_layers": N}
 GRPO_OPTIMIZERS = ("adamw", "sgd")
+# grpo.loss (gate/worker/policy_loss.py) and the clip band (eps_low, eps_high) its paper uses: DAPO's
+# clip-higher, GSPO's sequence-level band of a few 1e-4.
+GRPO_LOSS_CLIP = {
+    "grpo": (0.2, 0.2),
+    "dapo": (0.2, 0.28),
+    "dr_grpo": (0.2, 0.2),
+    "gspo": (3e-4, 4e-4),
+}
 
 # Engine arguments that exist only in some vLLM releases; the worker drops them (and records that)
 # on releases that lack them, so one config can drive an old and a new engine.
@@ -215,7 +223,13 @@ class GrpoConfig:
     max_tokens: int = 24
     temperature: float = 0.7
     lr: float = 3e-5
-    clip_eps: float = 0.2
+    # The objective: grpo (token-level PPO clip), dapo (clip-higher), dr_grpo (no std or length
+    # normalisation) or gspo (sequence-level ratio and clip); docs/configuration.md.
+    loss: str = "grpo"
+    # The clip band [1 - clip_eps, 1 + clip_eps_high]; unset, the loss's own (GRPO_LOSS_CLIP). A
+    # symmetric loss's upper edge follows clip_eps; an asymmetric one's (dapo, gspo) takes both.
+    clip_eps: float | None = None
+    clip_eps_high: float | None = None
     seed: int = 0  # the run's seed; gate calibrate runs band_seeds for the baseline's band
     band_seeds: tuple[int, ...] = (0, 1, 2)
     # Which parameters the trainer updates: "all", "lm_head", "norms" or {"last_layers": N}. The
@@ -238,6 +252,23 @@ class GrpoConfig:
                     "must be >= 1")  # fmt: skip
         require(self.optimizer in GRPO_OPTIMIZERS, where, "optimizer",
                 f"must be one of {GRPO_OPTIMIZERS}")  # fmt: skip
+        require(
+            self.loss in GRPO_LOSS_CLIP, where, "loss", f"must be one of {tuple(GRPO_LOSS_CLIP)}"
+        )
+        for name in ("clip_eps", "clip_eps_high"):
+            eps = getattr(self, name)
+            require(eps is None or 0 < eps < 1, where, name, f"must be in (0, 1) (got {eps})")
+        low, high = GRPO_LOSS_CLIP[self.loss]
+        require(self.clip_eps is None or self.clip_eps_high is not None or low == high, where, "clip_eps_high",
+                f"set it beside clip_eps: {self.loss}'s band is asymmetric ({low:g} / {high:g})")  # fmt: skip
+
+    def clip_band(self) -> tuple[float, float]:
+        """(eps_low, eps_high): what is set, else the loss's own band; a symmetric loss's upper edge
+        follows clip_eps."""
+        low, high = GRPO_LOSS_CLIP[self.loss]
+        if self.clip_eps is not None:
+            low = high = self.clip_eps
+        return low, high if self.clip_eps_high is None else self.clip_eps_high
 
 
 @dataclass(frozen=True)

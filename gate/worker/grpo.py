@@ -2,8 +2,9 @@
 
 Per step: ``prompts_per_step`` prompts with a verifiable answer, ``group_size`` samples each from
 the engine (its reported logprobs are the rollout policy's), reward 1 when the completion's last
-integer equals the answer else 0, group-normalised advantages, the PPO-clipped policy-gradient loss
-with the importance ratio exp(lp_trainer - lp_rollout) (token mean over the batch), one optimizer
+integer equals the answer else 0, the advantages and policy loss grpo.loss selects
+(gate/worker/policy_loss.py; by default group-normalised advantages and the PPO-clipped loss with the
+importance ratio exp(lp_trainer - lp_rollout), a token mean over the batch), one optimizer
 step (grpo.optimizer) on the parameters grpo.trainable selects, and an in-place push of the whole new
 state dict into the running engine. The trainer holds the model in the engine's dtype, fp32 master
 copies of what trains (gate.worker.trainable) and, to put the engine back at the checkpoint when the
@@ -29,6 +30,7 @@ import numpy as np
 import torch
 
 from gate.request import GrpoRequest
+from gate.worker.policy_loss import PolicyLoss, advantages, policy_loss
 from gate.worker.trainable import TrainableSet
 
 METRICS = (
@@ -132,8 +134,10 @@ def run_grpo(
         initial = initial_values(trained)
         opt = make_optimizer(trained, request.optimizer, request.lr)
         if s_idx == 0:
+            objective = policy_loss_of(request)
             progress(f"grpo trains {trained.trainable_parameters:,} of {trained.total_parameters:,} "
-                     f"parameters ({request.trainable}) with {request.optimizer}"
+                     f"parameters ({request.trainable}) with {request.optimizer} on the {objective.name} loss, "
+                     f"clip band [1 - {objective.eps_low:g}, 1 + {objective.eps_high:g}]"
                      + (" (lm_head is tied: the input embeddings train with it)" if trained.tied_lm_head else ""))  # fmt: skip
         rng = np.random.default_rng(seed)
         for step in range(request.steps):
@@ -154,7 +158,11 @@ def run_grpo(
                 f"k3 {metrics['k3_kl']:.1e}, clip {metrics['clip_frac']:.1%}, {metrics['step_s']:.1f}s"
             )
     push(llm, restored_state_dict(model, trained, initial))
-    record = trainer_record(trained, request.optimizer, optimizer_state_bytes(opt))
+    objective = policy_loss_of(request)
+    record = trainer_record(trained, request.optimizer, optimizer_state_bytes(opt)) | {
+        "loss": objective.name,
+        "clip_band": [objective.eps_low, objective.eps_high],
+    }
     return GrpoRun({f"grpo_{m}": v for m, v in results.items()}, record)
 
 
@@ -181,19 +189,14 @@ def _step(
             rewards.append(reward(text, answer))
             lengths.append(len(tokens))
     rewards_arr = np.asarray(rewards).reshape(len(prompts), request.group_size)
-    adv = (rewards_arr - rewards_arr.mean(1, keepdims=True)) / (
-        rewards_arr.std(1, keepdims=True) + 1e-4
-    )
+    objective = policy_loss_of(request)
+    adv = advantages(rewards_arr, objective)
 
     lp_trainer, entropy = _trainer_logprobs(model, seqs, starts, request.temperature, device)
     lp_roll = torch.tensor(np.concatenate(rollout_lp), dtype=torch.float32, device=device)
-    token_adv = torch.tensor(
-        np.repeat(adv.reshape(-1), lengths), dtype=torch.float32, device=device
-    )
+    seq_adv = torch.tensor(adv.reshape(-1), dtype=torch.float32, device=device)
     d = lp_trainer - lp_roll
-    ratio = torch.exp(d)
-    eps = request.clip_eps
-    loss = -torch.minimum(ratio * token_adv, ratio.clamp(1 - eps, 1 + eps) * token_adv).mean()
+    loss, clipped = policy_loss(d, seq_adv, lengths, objective)
     zero_grad(trained, opt)
     loss.backward()
     optimizer_step(trained, opt)
@@ -201,7 +204,7 @@ def _step(
     dd = d.detach().double().cpu().numpy()
     per_token = {
         "k3_kl": np.expm1(dd) - dd,
-        "clip_frac": ((np.exp(dd) < 1 - eps) | (np.exp(dd) > 1 + eps)).astype(np.float64),
+        "clip_frac": clipped.cpu().numpy().astype(np.float64),
         "entropy": entropy.double().cpu().numpy(),
         "mean_abs_diff": np.abs(dd),
         "token_mult_prob_error": np.exp(np.abs(dd)),
@@ -216,6 +219,12 @@ def _step(
         metrics[name] = float(values.mean())
         metrics[f"{name}_se"] = group_mean_se(values)
     return metrics
+
+
+def policy_loss_of(request: GrpoRequest) -> PolicyLoss:
+    """The request's objective; a request without an upper edge clips symmetrically."""
+    high = request.clip_eps if request.clip_eps_high is None else request.clip_eps_high
+    return PolicyLoss(request.loss, request.clip_eps, high, request.max_tokens)
 
 
 def token_mean_se(values: np.ndarray, lengths: np.ndarray) -> float:

@@ -148,3 +148,35 @@ def test_no_baseline_from_an_engine_that_ignores_top_k_top_p(tmp_path):
     with pytest.raises(GateError, match="sampled 3 token"):
         bl.write(tmp_path / "baseline", d, "old", {}, overwrite=False, log=print)
     assert not (tmp_path / "baseline").exists()
+
+
+GRPO = {"enabled": True, "steps": 6, "prompts_per_step": 8, "group_size": 8, "max_tokens": 24, "temperature": 0.7,
+        "lr": 3e-5, "loss": "grpo", "clip_eps": None, "clip_eps_high": None, "seed": 0, "band_seeds": [0, 1, 2],
+        "trainable": "all", "optimizer": "adamw"}  # fmt: skip
+
+
+def test_a_band_recorded_under_other_grpo_settings_is_not_used(tmp_path):
+    """The baseline records the GRPO design its band came from; a run with another loss (or lr, ...)
+    is compared with the old engine instead, and says why. Seeds do not count."""
+    from gate.checks.context import Context
+    from gate.checks.grpo import run as grpo_check
+
+    run = copy.deepcopy(RUN) | {"grpo": GRPO}
+    out = tmp_path / "baseline"
+    bl.write(out, _run_dir(tmp_path, run=run), "old", {}, overwrite=False, log=print)
+    base = bl.load(out)
+    assert base.manifest["grpo"] == {k: GRPO[k] for k in bl.GRPO_DESIGN}
+    old, new = make_evidence(tmp_path / "o", seed=1), make_evidence(tmp_path / "n", seed=2)
+
+    def judged(grpo: dict):
+        ctx = Context(new=new, old=old, run=run | {"grpo": grpo}, baseline=base, baseline_comparable=True)
+        return grpo_check(ctx, None)
+
+    same = judged(GRPO | {"seed": 7, "band_seeds": [4]})
+    assert same.details["compared_with"] == "baseline" and same.details["baseline_grpo_differs"] == []
+    other = judged(GRPO | {"loss": "gspo", "lr": 1e-5})
+    assert other.details["compared_with"] == "old"
+    assert other.details["baseline_grpo_differs"] == ["lr: 1e-05 vs 3e-05", "loss: 'gspo' vs 'grpo'"]
+    # a baseline recorded before the design was kept: its band stands, as it did
+    del base.manifest["grpo"]
+    assert judged(GRPO | {"loss": "gspo"}).details["compared_with"] == "baseline"
