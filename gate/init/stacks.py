@@ -1,0 +1,482 @@
+"""Where each RL stack keeps what gate.yaml needs: one table per stack.
+
+Key names, hard-coded engine arguments and defaults come from the stacks' code: TRL 1.16.0, verl
+0.9.1 and OpenRLHF 0.11.2 as published on the package registry (their defaults are filled in when a
+config leaves a key out, and the written gate.yaml says so); NeMo-RL, prime-rl, PipelineRL, SkyRL,
+vime and AReaL from their repositories' configs (docs/adopt.md lists the snapshots). For those six
+no default is assumed: a key the config does not set is reported, and gate's own default stands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# The gate.yaml fields a stack's config can fill (dotted paths), in the order gate.yaml lists them.
+SAMPLING = (
+    "sampling.n",
+    "sampling.max_tokens",
+    "sampling.temperature",
+    "sampling.top_p",
+    "sampling.top_k",
+)
+ENGINE = (
+    "engine_args.dtype", "engine_args.seed", "engine_args.tensor_parallel_size", "engine_args.max_model_len",
+    "engine_args.gpu_memory_utilization", "engine_args.max_num_seqs", "engine_args.max_num_batched_tokens",
+    "engine_args.enable_chunked_prefill", "engine_args.enable_prefix_caching", "engine_args.logprobs_mode",
+    "engine_args.enforce_eager", "engine_args.enable_sleep_mode", "engine_args.model_impl",
+    "engine_args.async_scheduling", "engine_args.quantization",
+)  # fmt: skip
+
+
+def off_is_zero(value: Any) -> Any:
+    """Stacks write top-k off as -1 (vLLM's convention) or null; gate.yaml as 0."""
+    return 0 if value is None or value == -1 else value
+
+
+def unset_is_raw(value: Any) -> Any:
+    """No logprobs_mode passed: vLLM's default, raw logprobs (what the stack then trains on)."""
+    return "raw_logprobs" if value in (None, "", "None") else value
+
+
+@dataclass(frozen=True)
+class Key:
+    """Where a stack keeps one gate.yaml field: the first of ``keys`` the config sets; else the
+    stack's own ``default`` (read from its code) when it has one known to gate."""
+
+    keys: tuple[str, ...]
+    default: Any = None
+    has_default: bool = False
+    convert: Callable[[Any], Any] | None = None
+
+
+def key(*keys: str, convert: Callable[[Any], Any] | None = None, **default: Any) -> Key:
+    """``key("a.b", "c", default=1)``: a default only where one is given (None is a value)."""
+    return Key(keys, default.get("default"), "default" in default, convert)
+
+
+@dataclass(frozen=True)
+class LossChoice:
+    """The stack's objective as gate.yaml's grpo.loss, the clip band, and the keys that decided."""
+
+    loss: str
+    clip_eps: float | None
+    clip_eps_high: float | None
+    why: str
+    unmapped: tuple[str, ...] = ()
+    band_why: str = ""  # where the clip band came from, when not from ``why``'s keys
+
+
+@dataclass(frozen=True)
+class Stack:
+    name: str
+    title: str
+    fmt: str  # gate.init.sources.FORMATS: how its config is read
+    vllm_spec: str  # what its repository pins, as the old engine's default
+    fields: Mapping[str, Key]
+    # what the stack passes to vLLM whatever its config says: gate path -> (value, why)
+    fixed: Mapping[str, tuple[Any, str]] = field(default_factory=dict)
+    # config prefixes whose keys are engine arguments passed to vLLM as they are
+    passthrough: tuple[str, ...] = ()
+    # keys that say how weights reach vLLM (reported: the recipe depends on them)
+    transport: tuple[str, ...] = ()
+    loss: Callable[[Mapping[str, Any]], LossChoice] | None = None
+    # stack keys gate does not reproduce, with why (reported when the config sets them)
+    ignored: Mapping[str, str] = field(default_factory=dict)
+    recipe: str | None = (
+        None  # gate/init/recipes/<recipe>.py: the stack's update path, tested on CPU
+    )
+    recipe_env: Mapping[str, str] = field(
+        default_factory=dict
+    )  # what the recipe needs in the engine's env
+    # (key, value): the recipe applies when the config sets key to value (or leaves it unset)
+    recipe_when: tuple[str, str] | None = None
+
+
+def _get(config: Mapping[str, Any], *keys: str, default: Any = None) -> tuple[Any, str | None]:
+    for k in keys:
+        if k in config:
+            return config[k], k
+    return default, None
+
+
+def _loss_from_band(
+    low: float, high: float, base: str, why: str, band_why: str, unmapped: tuple[str, ...] = ()
+) -> LossChoice:
+    """A token-level PPO clip with an upper edge above the lower one is DAPO's clip-higher."""
+    if base == "grpo" and high > low:
+        return LossChoice(
+            "dapo", low, high, why + f", clip-higher {low:g} / {high:g}", unmapped, band_why
+        )
+    return LossChoice(base, low, high, why, unmapped, band_why)
+
+
+def trl_loss(config: Mapping[str, Any]) -> LossChoice:
+    level, _ = _get(config, "importance_sampling_level", default="token")
+    loss_type, _ = _get(config, "loss_type", default="dapo")
+    low, _ = _get(config, "epsilon", default=0.2)
+    high, _ = _get(config, "epsilon_high", default=None)
+    high = low if high is None else high
+    band = "from epsilon / epsilon_high (TRL's defaults 0.2 / epsilon where unset)"
+    if level == "sequence":
+        return LossChoice(
+            "gspo", low, high, "from importance_sampling_level: sequence", band_why=band
+        )
+    if loss_type == "dr_grpo":
+        return _loss_from_band(low, high, "dr_grpo", "from loss_type: dr_grpo", band)
+    unmapped: tuple[str, ...] = ()
+    if loss_type not in ("dapo", "bnpo"):  # both are a token mean over the batch, as gate's grpo is
+        unmapped = (f"loss_type: {loss_type} (gate runs a token mean over the batch: TRL's dapo)",)
+    return _loss_from_band(low, high, "grpo", f"from loss_type: {loss_type}", band, unmapped)
+
+
+def verl_loss(config: Mapping[str, Any]) -> LossChoice:
+    a = "actor_rollout_ref.actor."
+    mode, _ = _get(config, a + "policy_loss.loss_mode", default="vanilla")
+    agg, _ = _get(config, a + "loss_agg_mode", default="token-mean")
+    clip, _ = _get(config, a + "clip_ratio", default=0.2)
+    low, _ = _get(config, a + "clip_ratio_low", default=clip)
+    high, _ = _get(config, a + "clip_ratio_high", default=clip)
+    std, _ = _get(config, "algorithm.norm_adv_by_std_in_grpo", default=True)
+    band = f"from {a}clip_ratio_low / clip_ratio_high (verl's default: clip_ratio, 0.2)"
+    if mode == "gspo":
+        return LossChoice("gspo", low, high, f"from {a}policy_loss.loss_mode: gspo", band_why=band)
+    if agg == "seq-mean-token-sum-norm" and std is False:
+        why = f"from {a}loss_agg_mode: {agg}, algorithm.norm_adv_by_std_in_grpo: false"
+        return _loss_from_band(low, high, "dr_grpo", why, band)
+    unmapped = []
+    if mode != "vanilla":
+        unmapped.append(f"{a}policy_loss.loss_mode: {mode} (gate runs PPO clip, gspo or Dr. GRPO)")
+    if agg != "token-mean":
+        unmapped.append(f"{a}loss_agg_mode: {agg} (gate's grpo and dapo take the token mean)")
+    why = f"from {a}policy_loss.loss_mode: {mode}, {a}loss_agg_mode: {agg}"
+    return _loss_from_band(low, high, "grpo", why, band, tuple(unmapped))
+
+
+def openrlhf_loss(config: Mapping[str, Any]) -> LossChoice:
+    kind, _ = _get(config, "actor.policy_loss_type", default="ppo")
+    eps, _ = _get(config, "actor.eps_clip", default=0.2)
+    pair, _ = _get(config, "actor.eps_clip_low_high", default=None)
+    low, high = (pair[0], pair[1]) if isinstance(pair, list) and len(pair) == 2 else (eps, eps)
+    band = (
+        "from actor.eps_clip_low_high" if pair else "from actor.eps_clip (OpenRLHF's default 0.2)"
+    )
+    if kind == "gspo":
+        return LossChoice("gspo", low, high, "from actor.policy_loss_type: gspo", band_why=band)
+    agg, _ = _get(config, "actor.loss_agg_mode", default="token-mean")
+    unmapped = []
+    if agg != "token-mean":
+        unmapped.append(f"actor.loss_agg_mode: {agg} (gate's grpo takes the token mean)")
+    return _loss_from_band(
+        low, high, "grpo", f"from actor.policy_loss_type: {kind}", band, tuple(unmapped)
+    )
+
+
+def pipelinerl_loss(config: Mapping[str, Any]) -> LossChoice:
+    loss, where = _get(
+        config, "finetune.rl.policy_loss", "rl.policy_loss", "policy_loss", default=None
+    )
+    if loss == "gspo":
+        return LossChoice("gspo", None, None, f"from {where}: gspo")
+    why = f"from {where}: {loss}" if where else "policy_loss not set"
+    return LossChoice("grpo", None, None, why)
+
+
+R = "actor_rollout_ref.rollout."
+G, V = "policy.generation.", "policy.generation.vllm_cfg."
+IE, SP = "generator.inference_engine.", "generator.sampling_params."
+
+STACKS: dict[str, Stack] = {
+    s.name: s
+    for s in (
+        Stack(
+            name="trl",
+            title="TRL (GRPOTrainer)",
+            fmt="yaml",
+            vllm_spec="vllm==0.25.1",
+            fields={
+                "model.path": key("model_name_or_path"),
+                "sampling.n": key("num_generations", default=8),
+                "sampling.max_tokens": key("max_completion_length", default=512),
+                "sampling.temperature": key("temperature", default=1.0),
+                "sampling.top_p": key("top_p", default=1.0),
+                "sampling.top_k": key("top_k", default=0, convert=off_is_zero),
+                "engine_args.tensor_parallel_size": key("vllm_tensor_parallel_size", default=1),
+                "engine_args.gpu_memory_utilization": key(
+                    "vllm_gpu_memory_utilization", default=0.3
+                ),
+                "engine_args.max_model_len": key("vllm_max_model_length", default=None),
+                "engine_args.enable_sleep_mode": key("vllm_enable_sleep_mode", default=False),
+                "engine_args.model_impl": key("vllm_model_impl", default="auto"),
+            },
+            fixed={
+                "engine_args.logprobs_mode": (
+                    "processed_logprobs",
+                    "TRL's colocated LLM(...) passes it",
+                ),
+                "engine_args.max_num_batched_tokens": (4096, "TRL's colocated LLM(...) passes it"),
+                "engine_args.seed": (
+                    0,
+                    "TRL seeds each engine with process_index // tp: rank 0's engine",
+                ),
+            },
+            transport=("vllm_mode",),
+            loss=trl_loss,
+            ignored={
+                "min_p": "gate samples without min_p",
+                "repetition_penalty": "gate samples without penalties",
+                "generation_kwargs": "extra SamplingParams are not replayed",
+                "vllm_importance_sampling_correction": "the trainer's IS correction is the trainer's, not the engine's",
+            },
+            recipe="trl_colocate",
+            # the model in this process, as under TRL's external launcher
+            recipe_env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+            recipe_when=("vllm_mode", "colocate"),
+        ),
+        Stack(
+            name="verl",
+            title="verl",
+            fmt="yaml",
+            vllm_spec="vllm==0.24.0",
+            fields={
+                "model.path": key("actor_rollout_ref.model.path"),
+                "sampling.n": key(R + "n", default=1),
+                "sampling.max_tokens": key(
+                    R + "response_length", "data.max_response_length", default=512
+                ),
+                "sampling.temperature": key(R + "temperature", default=1.0),
+                "sampling.top_p": key(R + "top_p", default=1.0),
+                "sampling.top_k": key(R + "top_k", default=-1, convert=off_is_zero),
+                "engine_args.seed": key(R + "seed", default=42),
+                "engine_args.dtype": key(R + "dtype", default="bfloat16"),
+                "engine_args.tensor_parallel_size": key(
+                    R + "tensor_model_parallel_size", default=2
+                ),
+                "engine_args.gpu_memory_utilization": key(
+                    R + "gpu_memory_utilization", default=0.5
+                ),
+                "engine_args.max_model_len": key(R + "max_model_len", default=None),
+                "engine_args.max_num_seqs": key(R + "max_num_seqs", default=256),
+                "engine_args.max_num_batched_tokens": key(
+                    R + "max_num_batched_tokens", default=8192
+                ),
+                "engine_args.enable_chunked_prefill": key(
+                    R + "enable_chunked_prefill", default=True
+                ),
+                "engine_args.enable_prefix_caching": key(R + "enable_prefix_caching", default=True),
+                "engine_args.logprobs_mode": key(R + "logprobs_mode", default="processed_logprobs"),
+                "engine_args.enforce_eager": key(R + "enforce_eager", default=False),
+            },
+            passthrough=(R + "engine_kwargs.vllm.",),
+            transport=(R + "mode", R + "checkpoint_engine.backend"),
+            loss=verl_loss,
+            ignored={
+                R
+                + "multi_turn.enable": "multi-turn tool rollouts are not replayed; single turns are"
+            },
+        ),
+        Stack(
+            name="openrlhf",
+            title="OpenRLHF",
+            fmt="flags",
+            vllm_spec="vllm==0.27.1",
+            fields={
+                "model.path": key("actor.model_name_or_path"),
+                "sampling.n": key("rollout.n_samples_per_prompt", default=1),
+                # unset, OpenRLHF generates up to data.max_len minus each prompt's length
+                "sampling.max_tokens": key("rollout.max_new_tokens"),
+                "sampling.temperature": key("rollout.temperature", default=1.0),
+                "sampling.top_p": key("rollout.top_p", default=1.0),
+                "engine_args.seed": key("train.seed", default=42),
+                "engine_args.tensor_parallel_size": key("vllm.tensor_parallel_size", default=1),
+                "engine_args.gpu_memory_utilization": key(
+                    "vllm.gpu_memory_utilization", default=0.95
+                ),
+                "engine_args.max_model_len": key("data.max_len", default=2048),
+                "engine_args.enable_prefix_caching": key(
+                    "vllm.enable_prefix_caching", default=False
+                ),
+                "engine_args.enforce_eager": key("vllm.enforce_eager", default=False),
+                "engine_args.enable_sleep_mode": key("vllm.enable_sleep", default=False),
+                # processed only when its IS correction is on; otherwise nothing is passed: vLLM's raw
+                "engine_args.logprobs_mode": key(
+                    "algo.advantage.is_correction_level",
+                    default="off",
+                    convert=lambda level: (
+                        "raw_logprobs" if level == "off" else "processed_logprobs"
+                    ),
+                ),
+            },
+            fixed={
+                "engine_args.dtype": (
+                    "bfloat16",
+                    "OpenRLHF's create_vllm_engines hard-codes it; WorkerWrap asserts it",
+                ),
+                "sampling.top_k": (0, "OpenRLHF samples with top_k -1 (off)"),
+            },
+            transport=("vllm.sync_backend", "train.colocate_all", "train.async_enable"),
+            loss=openrlhf_loss,
+        ),
+        Stack(
+            name="nemo-rl",
+            title="NeMo-RL",
+            fmt="yaml",
+            vllm_spec="vllm==0.25.1",
+            fields={
+                "model.path": key("policy.model_name"),
+                "sampling.n": key("grpo.num_generations_per_prompt"),
+                "sampling.max_tokens": key(G + "max_new_tokens"),
+                "sampling.temperature": key(G + "temperature"),
+                "sampling.top_p": key(G + "top_p"),
+                "sampling.top_k": key(G + "top_k", convert=off_is_zero),
+                "engine_args.dtype": key(V + "precision"),
+                "engine_args.tensor_parallel_size": key(V + "tensor_parallel_size"),
+                "engine_args.gpu_memory_utilization": key(V + "gpu_memory_utilization"),
+                "engine_args.max_model_len": key(V + "max_model_len"),
+                "engine_args.enable_prefix_caching": key(V + "enable_prefix_caching"),
+                "engine_args.logprobs_mode": key(V + "logprobs_mode"),
+                "engine_args.async_scheduling": key(V + "async_engine"),
+            },
+            passthrough=(G + "vllm_kwargs.",),
+            transport=(G + "colocated.enabled", "policy.refit_transport"),
+        ),
+        Stack(
+            name="prime-rl",
+            title="prime-rl",
+            fmt="toml",
+            vllm_spec="vllm==0.26.0",
+            fields={
+                "model.path": key("model.name"),
+                "sampling.n": key("orchestrator.group_size"),
+                "sampling.max_tokens": key(
+                    "orchestrator.train.sampling.max_completion_tokens",
+                    "orchestrator.sampling.max_tokens",
+                ),
+                "sampling.temperature": key(
+                    "orchestrator.train.sampling.temperature", "orchestrator.sampling.temperature"
+                ),
+                "engine_args.seed": key("inference.vllm.seed"),
+                "engine_args.dtype": key("inference.vllm.dtype"),
+                "engine_args.tensor_parallel_size": key("inference.vllm.tensor_parallel_size"),
+                "engine_args.gpu_memory_utilization": key("inference.vllm.gpu_memory_utilization"),
+                "engine_args.max_model_len": key("inference.vllm.max_model_len"),
+                "engine_args.enable_prefix_caching": key("inference.vllm.enable_prefix_caching"),
+            },
+            fixed={
+                "sampling.top_p": (1.0, "prime-rl samples with top_p 1"),
+                "engine_args.logprobs_mode": ("processed_logprobs", "prime-rl's server default"),
+            },
+            transport=("inference.weight_broadcast.type",),
+            ignored={
+                "inference.enable_fp32_lm_head": "prime-rl's fp32 head is its own plugin; set hf_overrides.head_dtype where vLLM supports it"
+            },
+        ),
+        Stack(
+            name="pipelinerl",
+            title="PipelineRL",
+            fmt="yaml",
+            vllm_spec="vllm==0.18.1",
+            fields={
+                "model.path": key("model_path"),
+                "sampling.n": key("attempts"),
+                "sampling.max_tokens": key("llm.parameters.max_tokens"),
+                "sampling.temperature": key("llm.parameters.temperature"),
+                "sampling.top_p": key("llm.parameters.top_p"),
+                "sampling.top_k": key("llm.parameters.top_k", convert=off_is_zero),
+                "engine_args.dtype": key("vllm_config.vllm_kwargs.dtype", "vllm_kwargs.dtype"),
+                "engine_args.tensor_parallel_size": key(
+                    "vllm_config.vllm_kwargs.tensor-parallel-size",
+                    "vllm_kwargs.tensor-parallel-size",
+                ),
+                "engine_args.enable_prefix_caching": key(
+                    "vllm_config.vllm_kwargs.enable-prefix-caching",
+                    "vllm_kwargs.enable-prefix-caching",
+                ),
+                "engine_args.logprobs_mode": key(
+                    "vllm_config.vllm_kwargs.logprobs-mode", "vllm_kwargs.logprobs-mode"
+                ),
+                "engine_args.async_scheduling": key(
+                    "vllm_config.vllm_kwargs.async-scheduling", "vllm_kwargs.async-scheduling"
+                ),
+                "engine_args.max_model_len": key(
+                    "vllm_config.vllm_kwargs.max-model-len", "vllm_kwargs.max-model-len"
+                ),
+            },
+            fixed={
+                "engine_args.quantization": (
+                    "bf16_last_layer_fp32",
+                    "PipelineRL always passes it (its own registered quantization)",
+                )
+            },
+            loss=pipelinerl_loss,
+        ),
+        Stack(
+            name="skyrl",
+            title="SkyRL",
+            fmt="yaml",
+            vllm_spec="vllm==0.26.0",
+            fields={
+                "model.path": key("trainer.policy.model.path"),
+                "sampling.n": key("generator.n_samples_per_prompt"),
+                "sampling.max_tokens": key(SP + "max_generate_length"),
+                "sampling.temperature": key(SP + "temperature"),
+                "sampling.top_p": key(SP + "top_p"),
+                "sampling.top_k": key(SP + "top_k", convert=off_is_zero),
+                "engine_args.seed": key("trainer.seed"),
+                "engine_args.dtype": key(IE + "model_dtype"),
+                "engine_args.tensor_parallel_size": key(IE + "tensor_parallel_size"),
+                "engine_args.gpu_memory_utilization": key(IE + "gpu_memory_utilization"),
+                "engine_args.enable_prefix_caching": key(IE + "enable_prefix_caching"),
+            },
+            passthrough=(IE + "engine_init_kwargs.",),
+            transport=(IE + "weight_sync_backend", "trainer.placement.colocate_all"),
+            ignored={SP + "min_p": "gate samples without min_p"},
+        ),
+        Stack(
+            name="vime",
+            title="slime with vime (vLLM)",
+            fmt="flags",
+            vllm_spec="vllm",
+            fields={
+                "model.path": key("hf-checkpoint"),
+                "sampling.n": key("n-samples-per-prompt"),
+                "sampling.max_tokens": key("rollout-max-response-len"),
+                "sampling.temperature": key("rollout-temperature"),
+                "sampling.top_p": key("rollout-top-p"),
+                "sampling.top_k": key("rollout-top-k", convert=off_is_zero),
+                "engine_args.seed": key("rollout-seed"),
+            },
+            fixed={
+                "engine_args.logprobs_mode": (
+                    "processed_logprobs",
+                    "vime forces processed logprobs",
+                )
+            },
+            passthrough=("vllm-",),
+        ),
+        Stack(
+            name="areal",
+            title="AReaL",
+            fmt="yaml",
+            vllm_spec="vllm==0.19.1",
+            fields={
+                "model.path": key("actor.path"),
+                "sampling.n": key("gconfig.n_samples"),
+                "sampling.max_tokens": key("gconfig.max_new_tokens"),
+                "sampling.temperature": key("gconfig.temperature"),
+                "sampling.top_p": key("gconfig.top_p"),
+                "sampling.top_k": key("gconfig.top_k", convert=off_is_zero),
+                "engine_args.seed": key("vllm.seed"),
+                "engine_args.dtype": key("vllm.dtype"),
+                "engine_args.max_model_len": key("vllm.max_model_len"),
+                "engine_args.gpu_memory_utilization": key("vllm.gpu_memory_utilization"),
+                "engine_args.enable_prefix_caching": key(
+                    "vllm.no_enable_prefix_caching", convert=lambda off: not off
+                ),
+                "engine_args.logprobs_mode": key("vllm.logprobs_mode", convert=unset_is_raw),
+            },
+            transport=("rollout.backend",),
+        ),
+    )
+}
