@@ -36,7 +36,10 @@ SUMS_FILE = "SHA256SUMS"
 # A folder of downloaded wheels to use instead of the registry (an offline machine).
 WHEELS_ENV = "GATE_MODEL_WHEELS"
 # Bumped when gate.worker.convert_gguf changes what it writes: a new folder, the old one unused.
-CONVERTER_REVISION = 1
+# 2: gate-provenance.json without the conversion's duration, which made every conversion's model
+# fingerprint differ, so no committed baseline of a built-in model ever matched another machine.
+CONVERTER_REVISION = 2
+_VARIES_PER_CONVERSION = ("seconds",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,8 +135,10 @@ def materialize(model: BuiltinModel, python: str, gate_src: Path, log: Log) -> P
             out = work / "model"
             log(f"model {model.name}: converting the GGUF into a Hugging Face folder (once; ~30 s)")
             _convert(python, gate_src, tools, gguf, out)
-            provenance = _provenance(model, json.loads((out / ".convert.json").read_text()))
+            converted = json.loads((out / ".convert.json").read_text())
             (out / ".convert.json").unlink()
+            log(f"model {model.name}: converted in {converted.get('seconds', 0):.0f}s")
+            provenance = _provenance(model, converted)
             atomic_write_text(
                 out / PROVENANCE_FILE, json.dumps(provenance, indent=2, sort_keys=True) + "\n"
             )
@@ -144,7 +149,9 @@ def materialize(model: BuiltinModel, python: str, gate_src: Path, log: Log) -> P
 
 
 def _provenance(model: BuiltinModel, converted: dict) -> dict:
-    """gate-provenance.json: what the folder was made from and with (part of the fingerprint)."""
+    """gate-provenance.json: what the folder was made from and with (part of the fingerprint, so
+    nothing in it may vary between two conversions of the same GGUF with the same tools)."""
+    stable = {k: v for k, v in converted.items() if k not in _VARIES_PER_CONVERSION}
     return {
         "builtin": model.name,
         "package": model.package,
@@ -154,7 +161,7 @@ def _provenance(model: BuiltinModel, converted: dict) -> dict:
         "converter": {
             "revision": CONVERTER_REVISION,
             "packages": list(model.converter_packages),
-            **converted,
+            **stable,
         },
     }
 

@@ -63,6 +63,13 @@ def cmd_init(args: argparse.Namespace) -> int:
     notes = writer.substitute_cpu(mapped) if args.cpu else []
 
     recipe = stack.recipe if _recipe_applies(stack, config) else None
+    if recipe and args.cpu and stack.recipe_gpu_only:
+        notes.append(f"weight_update.hook: the {recipe} recipe needs a GPU runner ({stack.recipe_gpu_only}); "
+                     "gate's built-in push stands under --cpu")  # fmt: skip
+        recipe = None
+        skipped_recipe = True
+    else:
+        skipped_recipe = False
     targets = (
         [GATE_YAML] + ([HOOK_FILE] if recipe else []) + ([PROMPTS_FILE] if args.dataset else [])
     )
@@ -81,8 +88,8 @@ def cmd_init(args: argparse.Namespace) -> int:
             f"{HOOK_FILE}:update",
             f"{stack.title}'s update path (gate/init/recipes/{recipe}.py)",
         )
-    else:
-        notes.append(f"weight_update.hook: no tested recipe for {stack.title}"
+    elif not skipped_recipe:
+        notes.append(f"weight_update.hook: no recipe for {stack.title}"
                      + (f" with {_transport(mapped.transport)}" if mapped.transport else "")
                      + "; gate's built-in push stands (docs/adopt.md)")  # fmt: skip
     gate_id = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{stack.name}-{args.stack_config.stem}")[:64]

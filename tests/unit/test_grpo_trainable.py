@@ -165,6 +165,7 @@ def test_a_grpo_run_trains_the_subset_and_pushes_the_whole_state_dict(tmp_path, 
         "trainable": "lm_head", "optimizer": "sgd", "trainable_parameters": VOCAB * HIDDEN,
         "parameters": model.num_parameters(), "tied_lm_head": False,
         "gradient_bytes": 4 * VOCAB * HIDDEN, "optimizer_state_bytes": 0,
+        "loss": "grpo", "clip_band": [0.2, 0.2],  # a request without clip_eps_high clips symmetrically
     }  # fmt: skip
 
 

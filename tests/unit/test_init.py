@@ -278,21 +278,30 @@ def test_init_writes_a_gate_yaml_that_loads_with_every_value_annotated(tmp_path)
     assert "weight transport: actor_rollout_ref.rollout.checkpoint_engine.backend: naive" in proc.stderr
 
 
-def test_init_for_trl_writes_its_colocate_recipe(tmp_path):
-    proc = _init("--stack", "trl", "--config", str(STACK_CONFIGS / "trl.yaml"), "--cpu", cwd=tmp_path)
+def test_init_for_trl_writes_its_colocate_recipe_for_gpu_runners(tmp_path):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"prompt": "What is 2+3?", "answer": "5"}\n')
+    proc = _init("--stack", "trl", "--config", str(STACK_CONFIGS / "trl.yaml"), "--dataset", str(data), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     cfg = load_config(tmp_path / "gate.yaml")
     assert cfg.weight_update.hook == f"{tmp_path / 'gate_hook.py'}:update"
     assert cfg.engines["new"].env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert "model.load_weights([(" in (tmp_path / "gate_hook.py").read_text()
+    assert (cfg.engines["old"].spec, cfg.engines["new"].spec) == ("vllm==0.25.1", "vllm==0.25.1")  # TRL's pin
+    # on vLLM's CPU platform TRL's direct load_weights cannot run: --cpu keeps gate's push and says why
+    cpu = tmp_path / "cpu"
+    cpu.mkdir()
+    proc = _init("--stack", "trl", "--config", str(STACK_CONFIGS / "trl.yaml"), "--cpu", cwd=cpu)
+    assert proc.returncode == 0 and not (cpu / "gate_hook.py").exists()
+    assert "note: weight_update.hook: the trl_colocate recipe needs a GPU runner (vLLM's CPU platform" in proc.stderr
     # server mode is another transport: no colocate recipe for it
     server = tmp_path / "server"
     server.mkdir()
     cfg_text = (STACK_CONFIGS / "trl.yaml").read_text().replace("vllm_mode: colocate", "vllm_mode: server")
     (server / "trl.yaml").write_text(cfg_text)
-    proc = _init("--stack", "trl", "--config", "trl.yaml", "--cpu", cwd=server)
+    proc = _init("--stack", "trl", "--config", "trl.yaml", "--dataset", str(data), cwd=server)
     assert proc.returncode == 0 and not (server / "gate_hook.py").exists()
-    assert "no tested recipe for TRL (GRPOTrainer) with vllm_mode: server" in proc.stderr
+    assert "no recipe for TRL (GRPOTrainer) with vllm_mode: server" in proc.stderr
 
 
 def test_init_refuses_bad_input_with_one_line_and_exit_2(tmp_path):

@@ -96,3 +96,12 @@ def test_config_names_a_builtin_model_instead_of_a_path(minimal_config, tmp_path
     path.write_text(path.read_text().replace("model: {builtin: smollm2-135m-instruct, path: ./model}", "model: {}"))
     with pytest.raises(ConfigError, match=r"model.path: is required \(or model.builtin\)"):
         load_config(path)
+
+
+def test_two_conversions_of_one_gguf_have_one_provenance():
+    """gate-provenance.json is part of the model's fingerprint: a conversion's duration in it made
+    every machine's SmolLM2 differ from the committed baseline's (seen: 18.5 s vs 35.0 s)."""
+    about = {"torch": "2.13.0+cpu", "transformers": "5.17.0", "parameters": 134515008}
+    first = models._provenance(SMOL, about | {"seconds": 18.5})
+    assert first == models._provenance(SMOL, about | {"seconds": 35.0})
+    assert "seconds" not in first["converter"] and first["converter"]["revision"] == models.CONVERTER_REVISION
