@@ -98,6 +98,17 @@ def _read_manifest(path: Path) -> dict:
     return manifest
 
 
+def json_record(line: str, where: str) -> dict:
+    """One JSONL line as a JSON object; a ConfigError naming ``where`` otherwise."""
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{where}: not valid JSON: {exc.msg}") from None
+    if not isinstance(rec, dict):
+        raise ConfigError(f"{where}: record must be a JSON object")
+    return rec
+
+
 def _read_records(path: Path) -> tuple[list[PromptItem], list[str | None]]:
     items: list[PromptItem] = []
     answers: list[str | None] = []
@@ -106,12 +117,7 @@ def _read_records(path: Path) -> tuple[list[PromptItem], list[str | None]]:
         if not line.strip():
             continue
         where = f"{path}:{lineno}"
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{where}: not valid JSON: {exc.msg}") from None
-        if not isinstance(rec, dict):
-            raise ConfigError(f"{where}: record must be a JSON object")
+        rec = json_record(line, where)
         unknown = set(rec) - _RECORD_KEYS
         if unknown:
             raise ConfigError(

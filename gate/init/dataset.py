@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gate.errors import ConfigError
-from gate.promptset import freeze_prompt_set
+from gate.promptset import freeze_prompt_set, json_record
 
 PROMPT_KEYS = ("prompt", "messages", "question", "problem", "query", "input")
 ANSWER_KEYS = ("answer", "ground_truth", "solution", "reward_model.ground_truth")
@@ -37,12 +37,7 @@ def convert(source: Path, out: Path, limit: int, prompt_key: str | None = None) 
         total += 1
         if len(records) >= limit:
             continue
-        try:
-            raw = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{source}: line {number}: not valid JSON: {exc.msg}") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{source}: line {number}: a record must be a JSON object")
+        raw = json_record(line, f"{source}:{number}")
         records.append(_record(raw, source, number, len(records), prompt_key, ids))
     if not records:
         raise ConfigError(f"{source}: the dataset holds no record")
@@ -59,7 +54,7 @@ def convert(source: Path, out: Path, limit: int, prompt_key: str | None = None) 
 def _record(
     raw: dict, source: Path, number: int, index: int, prompt_key: str | None, ids: set
 ) -> dict:
-    where = f"{source}: line {number}"
+    where = f"{source}:{number}"
     keys = (prompt_key,) if prompt_key else PROMPT_KEYS
     found = next((k for k in keys if raw.get(k) not in (None, "", [])), None)
     if found is None:

@@ -356,4 +356,4 @@ def test_a_dataset_record_without_a_prompt_names_the_line(tmp_path):
     data.write_text('{"prompt": "a"}\n{"text": "b"}\n')
     proc = _init("--stack", "areal", "--config", str(STACK_CONFIGS / "areal.yaml"), "--dataset", str(data), cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
-    assert "d.jsonl: line 2: no prompt: none of prompt, messages, question, problem, query, input is set" in proc.stderr
+    assert "d.jsonl:2: no prompt: none of prompt, messages, question, problem, query, input is set" in proc.stderr
