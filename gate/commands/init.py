@@ -67,9 +67,10 @@ def cmd_init(args: argparse.Namespace) -> int:
         notes.append(f"weight_update.hook: the {recipe} recipe needs a GPU runner ({stack.recipe_gpu_only}); "
                      "gate's built-in push stands under --cpu")  # fmt: skip
         recipe = None
-        skipped_recipe = True
-    else:
-        skipped_recipe = False
+    elif recipe is None:
+        notes.append(f"weight_update.hook: no recipe for {stack.title}"
+                     + (f" with {_transport(mapped.transport)}" if mapped.transport else "")
+                     + "; gate's built-in push stands (docs/adopt.md)")  # fmt: skip
     targets = (
         [GATE_YAML] + ([HOOK_FILE] if recipe else []) + ([PROMPTS_FILE] if args.dataset else [])
     )
@@ -88,10 +89,6 @@ def cmd_init(args: argparse.Namespace) -> int:
             f"{HOOK_FILE}:update",
             f"{stack.title}'s update path (gate/init/recipes/{recipe}.py)",
         )
-    elif not skipped_recipe:
-        notes.append(f"weight_update.hook: no recipe for {stack.title}"
-                     + (f" with {_transport(mapped.transport)}" if mapped.transport else "")
-                     + "; gate's built-in push stands (docs/adopt.md)")  # fmt: skip
     gate_id = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{stack.name}-{args.stack_config.stem}")[:64]
     text = writer.render(mapped, gate_id=gate_id, source=args.stack_config.name, prompts=prompts,
                          engines=engines, env=env, hook=hook)  # fmt: skip

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gate.init.stacks import Stack
+from gate.init.stacks import Stack, first_set
 
 # Engine arguments gate.yaml takes from a stack's pass-through block, keyed as vLLM's EngineArgs.
 _ENGINE_ARG_NAME = str.maketrans({"-": "_"})
@@ -35,7 +35,7 @@ class Mapped:
 def map_config(stack: Stack, config: Mapping[str, Any]) -> Mapped:
     out = Mapped(stack)
     for path, where in stack.fields.items():
-        value, found = _first(config, where.keys)
+        value, found = first_set(config, *where.keys)
         if found is not None:
             source = f"from {found}"
         elif where.has_default:
@@ -88,10 +88,3 @@ def _is_noop(value: Any) -> bool:
     if value is None or value is False or value in ({}, [], ""):
         return True
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value in (0, 1)
-
-
-def _first(config: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[Any, str | None]:
-    for k in keys:
-        if k in config:
-            return config[k], k
-    return None, None

@@ -93,7 +93,8 @@ class Stack:
     recipe_when: tuple[str, str] | None = None
 
 
-def _get(config: Mapping[str, Any], *keys: str, default: Any = None) -> tuple[Any, str | None]:
+def first_set(config: Mapping[str, Any], *keys: str, default: Any = None) -> tuple[Any, str | None]:
+    """(value, key) of the first of ``keys`` the config sets; (default, None) when none is."""
     for k in keys:
         if k in config:
             return config[k], k
@@ -112,10 +113,10 @@ def _loss_from_band(
 
 
 def trl_loss(config: Mapping[str, Any]) -> LossChoice:
-    level, _ = _get(config, "importance_sampling_level", default="token")
-    loss_type, _ = _get(config, "loss_type", default="dapo")
-    low, _ = _get(config, "epsilon", default=0.2)
-    high, _ = _get(config, "epsilon_high", default=None)
+    level, _ = first_set(config, "importance_sampling_level", default="token")
+    loss_type, _ = first_set(config, "loss_type", default="dapo")
+    low, _ = first_set(config, "epsilon", default=0.2)
+    high, _ = first_set(config, "epsilon_high", default=None)
     high = low if high is None else high
     band = "from epsilon / epsilon_high (TRL's defaults 0.2 / epsilon where unset)"
     if level == "sequence":
@@ -132,12 +133,12 @@ def trl_loss(config: Mapping[str, Any]) -> LossChoice:
 
 def verl_loss(config: Mapping[str, Any]) -> LossChoice:
     a = "actor_rollout_ref.actor."
-    mode, _ = _get(config, a + "policy_loss.loss_mode", default="vanilla")
-    agg, _ = _get(config, a + "loss_agg_mode", default="token-mean")
-    clip, _ = _get(config, a + "clip_ratio", default=0.2)
-    low, _ = _get(config, a + "clip_ratio_low", default=clip)
-    high, _ = _get(config, a + "clip_ratio_high", default=clip)
-    std, _ = _get(config, "algorithm.norm_adv_by_std_in_grpo", default=True)
+    mode, _ = first_set(config, a + "policy_loss.loss_mode", default="vanilla")
+    agg, _ = first_set(config, a + "loss_agg_mode", default="token-mean")
+    clip, _ = first_set(config, a + "clip_ratio", default=0.2)
+    low, _ = first_set(config, a + "clip_ratio_low", default=clip)
+    high, _ = first_set(config, a + "clip_ratio_high", default=clip)
+    std, _ = first_set(config, "algorithm.norm_adv_by_std_in_grpo", default=True)
     band = f"from {a}clip_ratio_low / clip_ratio_high (verl's default: clip_ratio, 0.2)"
     if mode == "gspo":
         return LossChoice("gspo", low, high, f"from {a}policy_loss.loss_mode: gspo", band_why=band)
@@ -154,16 +155,16 @@ def verl_loss(config: Mapping[str, Any]) -> LossChoice:
 
 
 def openrlhf_loss(config: Mapping[str, Any]) -> LossChoice:
-    kind, _ = _get(config, "actor.policy_loss_type", default="ppo")
-    eps, _ = _get(config, "actor.eps_clip", default=0.2)
-    pair, _ = _get(config, "actor.eps_clip_low_high", default=None)
+    kind, _ = first_set(config, "actor.policy_loss_type", default="ppo")
+    eps, _ = first_set(config, "actor.eps_clip", default=0.2)
+    pair, _ = first_set(config, "actor.eps_clip_low_high", default=None)
     low, high = (pair[0], pair[1]) if isinstance(pair, list) and len(pair) == 2 else (eps, eps)
     band = (
         "from actor.eps_clip_low_high" if pair else "from actor.eps_clip (OpenRLHF's default 0.2)"
     )
     if kind == "gspo":
         return LossChoice("gspo", low, high, "from actor.policy_loss_type: gspo", band_why=band)
-    agg, _ = _get(config, "actor.loss_agg_mode", default="token-mean")
+    agg, _ = first_set(config, "actor.loss_agg_mode", default="token-mean")
     unmapped = []
     if agg != "token-mean":
         unmapped.append(f"actor.loss_agg_mode: {agg} (gate's grpo takes the token mean)")
@@ -173,7 +174,7 @@ def openrlhf_loss(config: Mapping[str, Any]) -> LossChoice:
 
 
 def pipelinerl_loss(config: Mapping[str, Any]) -> LossChoice:
-    loss, where = _get(
+    loss, where = first_set(
         config, "finetune.rl.policy_loss", "rl.policy_loss", "policy_loss", default=None
     )
     if loss == "gspo":

@@ -16,6 +16,7 @@ from gate import __version__
 from gate.config.load import load_config
 from gate.errors import ConfigError
 from gate.init.mapping import Filled, Mapped
+from gate.init.stacks import ENGINE, SAMPLING
 
 # What --cpu puts in place of the stack's model, prompts and engines: the built-in CPU default's
 # (gate/defaults/cpu.yaml), so `gate run` passes on a laptop or CPU-only CI with the stack's
@@ -140,8 +141,6 @@ def _comment(text: str) -> str:
 
 
 def _order(section: str, name: str) -> int:
-    from gate.init.stacks import ENGINE, SAMPLING
-
     order = {"sampling": SAMPLING, "engine_args": ENGINE}.get(section, ())
     full = f"{section}.{name}"
     return order.index(full) if full in order else len(order)
