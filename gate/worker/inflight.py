@@ -445,11 +445,15 @@ LATE_ATTEMPTS = 3  # runs of one update whose first call may land after every re
 def landed_late(run: UpdateRun) -> bool:
     """Whether the update's first call was sent once every request had its last token: nothing ran
     on either side of it, so nothing can be attributed. A server's client starts the update when
-    it has *seen* ``switch_after`` tokens; on a loaded machine the engine can be done by then."""
+    it has *seen* ``switch_after`` tokens; on a loaded machine the engine can be done by then.
+    A request the update aborted ended where the update ran: on time, resubmitted or not."""
     if not run.records or run.error:
         return False
     first = run.records[0].lower
-    return all(at >= len(s.token_ids) for at, s in zip(first, run.streams, strict=True))
+    return all(
+        at >= len(s.token_ids) and s.aborted_at is None
+        for at, s in zip(first, run.streams, strict=True)
+    )
 
 
 def run_landing(driver: InflightDriver, name: str, update: UpdateFn, prompts: list[list[int]],

@@ -3,8 +3,8 @@
 Server-based stacks (prime-rl, SkyRL, vime, AReaL, verl's async server) keep requests streaming
 from vLLM's OpenAI server and update it over HTTP: ``/pause?mode=keep&clear_cache=false``,
 ``/collective_rpc``, ``/resume``, ``/abort_requests`` (development mode). This driver does the
-same: each request is a streaming ``/v1/completions`` (token-id prompt, greedy, ``ignore_eos``,
-the sampled token's logprob) read by a thread of its own, and the update's calls go to those
+same: the requests are one streaming ``/v1/completions`` with a token-id prompt each (greedy,
+``ignore_eos``, the sampled token's logprob), read by a thread of its own, and the update's calls go to those
 endpoints while the streams run, through the real ``AsyncLLM`` and engine-core process.
 
 **Where each call ran.** The client sees tokens only when they arrive, so a call's position is
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -53,7 +53,15 @@ VERSIONS_NOTE = "the completions API returns no weight-version spans (vLLM 0.32 
 
 
 class ServerStreams:
-    """The probe's requests, each a streaming completion read by a thread of its own."""
+    """The probe's requests, streamed as completions: one HTTP request carries a batch of prompts
+    (one choice each), read by a thread of its own.
+
+    One request per batch, not one per prompt: the server adds a batch's prompts to the engine
+    together, so the streams start on the same step. Separate connections started them apart on a
+    busy machine (two streams had finished their 192 tokens before the other two had 18 at TP=2 on
+    2 cores), and an update sent once *every* stream had ``switch_after`` tokens found the first
+    ones done.
+    """
 
     def __init__(self, client: http.Client) -> None:
         self._client = client
@@ -62,37 +70,52 @@ class ServerStreams:
         self.order: list[Stream] = []
         self.errors: list[str] = []
 
-    def submit(self, stream: Stream, prompt: list[int], max_tokens: int) -> None:
-        """Stream ``prompt`` for ``max_tokens`` more tokens into ``stream`` (a resubmission extends it)."""
-        if stream not in self.order:
-            self.order.append(stream)
-        body = {"model": SERVED_MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-                "ignore_eos": True, "logprobs": 0, "return_tokens_as_token_ids": True}  # fmt: skip
-        threading.Thread(target=self._read, args=(stream, body), daemon=True,
-                         name=f"gate-inflight-{stream.request_id}").start()  # fmt: skip
+    def submit(self, batch: Sequence[tuple[Stream, list[int]]], max_tokens: int) -> None:
+        """Stream each (stream, prompt) of ``batch`` for ``max_tokens`` more tokens, in one request
+        (a resubmission extends its stream)."""
+        if not batch:
+            return
+        for stream, _ in batch:
+            if stream not in self.order:
+                self.order.append(stream)
+        body = {"model": SERVED_MODEL_NAME, "prompt": [prompt for _, prompt in batch], "max_tokens": max_tokens,
+                "temperature": 0.0, "ignore_eos": True, "logprobs": 0, "return_tokens_as_token_ids": True}  # fmt: skip
+        streams = [stream for stream, _ in batch]
+        threading.Thread(target=self._read, args=(streams, body), daemon=True,
+                         name=f"gate-inflight-{streams[0].request_id}").start()  # fmt: skip
 
-    def _read(self, stream: Stream, body: dict[str, Any]) -> None:
-        finish = None
+    def _read(self, streams: list[Stream], body: dict[str, Any]) -> None:
         try:
             for event in self._client.stream_events(http.COMPLETIONS, body):
-                choice = (event.get("choices") or [{}])[0]
-                found = choice.get("logprobs") or {}
-                ids = [http.token_id(t) for t in found.get("tokens") or []]
-                values = [
-                    float("nan") if v is None else v for v in found.get("token_logprobs") or []
-                ]
-                with self._changed:
-                    stream.receive(ids, values)
-                    self._last_arrival = time.monotonic()
-                    finish = choice.get("finish_reason") or finish
-                    self._changed.notify_all()
+                for choice in event.get("choices") or []:
+                    self._receive(streams, choice)
         except Exception as exc:  # a stream the server ended (stopped after a timeout) or broke
             with self._changed:
-                self.errors.append(f"{stream.request_id}: {type(exc).__name__}: {exc}"[:300])
+                names = ", ".join(s.request_id for s in streams if not s.done)
+                self.errors.append(f"{names}: {type(exc).__name__}: {exc}"[:300])
         with self._changed:
-            stream.finish = finish or "other"
-            if finish == "abort":
-                stream.aborted_at = len(stream.token_ids)
+            for stream in streams:
+                if not stream.done:
+                    stream.finish = "other"
+            self._changed.notify_all()
+
+    def _receive(self, streams: list[Stream], choice: dict[str, Any]) -> None:
+        index = choice.get("index", 0)
+        if not isinstance(index, int) or not 0 <= index < len(streams):
+            raise ValueError(
+                f"a streamed choice has index {index!r}, not one of the {len(streams)} prompts sent"
+            )
+        found = choice.get("logprobs") or {}
+        ids = [http.token_id(t) for t in found.get("tokens") or []]
+        values = [float("nan") if v is None else v for v in found.get("token_logprobs") or []]
+        stream = streams[index]
+        with self._changed:
+            stream.receive(ids, values)
+            self._last_arrival = time.monotonic()
+            if finish := choice.get("finish_reason"):
+                stream.finish = finish
+                if finish == "abort":
+                    stream.aborted_at = len(stream.token_ids)
             self._changed.notify_all()
 
     def tokens(self) -> list[int]:
@@ -236,8 +259,12 @@ class ServerInflightEngine:
         self._run("resubmit", self._resubmit, at_send=True)
 
     def _resubmit(self) -> None:
+        """One request per number of tokens left (a batch shares ``max_tokens``)."""
+        by_left: dict[int, list[tuple[Stream, list[int]]]] = {}
         for stream, prompt, left in take_resubmissions(self._streams.order):
-            self._streams.submit(stream, prompt, left)
+            by_left.setdefault(left, []).append((stream, prompt))
+        for left, batch in by_left.items():
+            self._streams.submit(batch, left)
 
     def call(self, fn: Callable[[str], Any]) -> Any:
         """``fn(base_url)``: anything else a stack does to the server."""
@@ -257,12 +284,11 @@ def run_update(client: http.Client, name: str, update: UpdateFn, adapter: Adapte
     start = time.monotonic()
     deadline = start + request.timeout_s
     streams = ServerStreams(client)
-    for i, prompt in enumerate(prompts):
-        streams.submit(
-            Stream(f"gate-inflight-{name}-{i}", prompt, request.max_tokens),
-            prompt,
-            request.max_tokens,
-        )
+    batch = [
+        (Stream(f"gate-inflight-{name}-{i}", p, request.max_tokens), p)
+        for i, p in enumerate(prompts)
+    ]
+    streams.submit(batch, request.max_tokens)
     handle = ServerInflightEngine(streams, client, adapter, base_url, deadline, has_version_route)
     reached = lambda: all(len(s.token_ids) >= request.switch_after or s.done for s in streams.order)  # noqa: E731
     if not streams.wait(reached, deadline):

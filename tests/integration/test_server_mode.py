@@ -259,25 +259,28 @@ TP2_SERVER = {"tensor_parallel_size": 2}
 
 
 @needs_two_cpus
-def test_the_cpu_default_in_server_mode_at_tp2_passes_the_paused_inflight_paths(tmp_path):
-    """Server mode at TP=2: both ranks reload under /pause, the three paused built-in paths each do
-    what they ask for, and the verdict is PASS.
+def test_the_cpu_default_in_server_mode_at_tp2_passes_the_inflight_paths(tmp_path):
+    """Server mode at TP=2: both ranks reload under /pause, the four built-in paths each do what
+    they ask for, and the verdict is PASS.
 
-    ``no_pause`` is judged at TP=1 (server_fault_replay). Here, on 2 cores, the engine's two ranks,
-    its core and the API server leave the worker's stream readers behind the engine: a push sent
-    when the client had seen 19-68 tokens ran after the engine's last one (STALE fitted at the
-    end), and the check rightly says inconclusive. A pause stops the engine, so the paused paths
-    are placed exactly whatever the lag."""
-    updates = ["keep", "keep_clear", "abort_resubmit"]
+    Both ranks share CPU 0, leaving CPU 1 to the API server, the engine core and the worker's
+    client, as vLLM's own binding reserves CPUs for them (VLLM_CPU_NUM_OF_RESERVED_CPU). With the
+    gate's "0|1" the ranks, spinning between steps, starved the API server on 2 cores: a pause
+    sent at 16 tokens took effect after the 192nd (all three runs of keep_clear, once), and the
+    worker's main thread saw 16 tokens when 186 had come."""
+    updates = ["keep", "keep_clear", "abort_resubmit", "no_pause"]
     config = variant_config(tmp_path, TP2_SERVER, mode="server", grpo={"enabled": False},
+                            env={"VLLM_CPU_OMP_THREADS_BIND": "0|0"},
                             weight_sync={"inflight": {"updates": updates, **SERVER_INFLIGHT}})  # fmt: skip
     run = replay(tmp_path / "run", "-c", str(config), "--only", "new", expect=(0,))
     assert run.report["verdict"] == "PASS", {c["id"]: c["status"] for c in run.report["checks"]}
     engine = run.evidence("new").engine
     assert engine["mode"] == "server" and engine["effective"]["tensor_parallel_size"] == 2
+    assert [s["name"] for s in engine["gate_settings"]] == ["enable_chunked_prefill"]  # the binding is the test's
     found = run.check("inflight-update")["details"]["updates"]
-    assert {u: found[u]["behaviour"] for u in updates} == {"keep": "STALE", "keep_clear": "REC", "abort_resubmit": "REC"}
-    assert all(found[u]["switch_lower"] == found[u]["switch_upper"] for u in updates)  # exact
+    assert {u: found[u]["behaviour"] for u in updates} == {"keep": "STALE", "keep_clear": "REC",
+                                                          "abort_resubmit": "REC", "no_pause": "STALE"}  # fmt: skip
+    assert all(found[u]["switch_lower"] == found[u]["switch_upper"] for u in updates[:3])  # paused: exact
 
 
 @needs_two_cpus

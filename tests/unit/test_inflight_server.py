@@ -101,16 +101,19 @@ def test_calls_by_name_only_and_the_endpoints_they_reach(monkeypatch):
     assert server.calls == ["/collective_rpc", "/pause?mode=abort&clear_cache=true", "/resume", "/collective_rpc"]
 
 
-def test_resubmission_extends_the_aborted_stream(monkeypatch):
-    handle, _ = _handle(during=0, tokens=[20, 64])
+def test_resubmission_extends_the_aborted_streams_one_request_per_tokens_left(monkeypatch):
+    handle, _ = _handle(during=0, tokens=[20, 30, 20, 64])
     submitted = []
-    monkeypatch.setattr(handle._streams, "submit", lambda stream, prompt, left: submitted.append((stream.request_id, len(prompt), left)))
-    first, second = handle._streams.order
-    first.finish, first.aborted_at = "abort", 20
-    second.finish = "length"
+    monkeypatch.setattr(handle._streams, "submit", lambda batch, left: submitted.append(([(s.request_id, len(p)) for s, p in batch], left)))
+    *aborted, done = handle._streams.order
+    for stream in aborted:
+        stream.finish, stream.aborted_at = "abort", len(stream.token_ids)
+    done.finish = "length"
     handle.resubmit_aborted()
-    assert submitted == [("r0", 21, 44)]  # prompt + its 20 tokens, for the 44 it had left
-    assert first.resubmitted_at == 20 and first.finish is None and second.resubmitted_at is None
+    # Each as prompt + its tokens, for those it had left; the two with 44 left share a request.
+    assert submitted == [([("r0", 21), ("r2", 21)], 44), ([("r1", 31)], 34)]
+    assert [s.resubmitted_at for s in handle._streams.order] == [20, 30, 20, None]
+    assert all(s.finish is None for s in aborted)
     assert handle.records[-1].earliest is None  # placed where the aborted streams ended
 
 
@@ -118,8 +121,10 @@ class _SSE(BaseHTTPRequestHandler):
     events: list[str] = []
     status = 200
 
+    bodies: list[dict] = []
+
     def do_POST(self):  # noqa: N802 (http.server's name)
-        self.rfile.read(int(self.headers["Content-Length"]))
+        self.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
         self.send_response(self.status)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
@@ -140,8 +145,9 @@ def sse_server():
     server.shutdown()
 
 
-def _chunk(ids, lps, finish=None):
-    choice = {"logprobs": {"tokens": [f"token_id:{i}" for i in ids], "token_logprobs": lps}, "finish_reason": finish}
+def _chunk(ids, lps, finish=None, index=0):
+    choice = {"index": index, "logprobs": {"tokens": [f"token_id:{i}" for i in ids], "token_logprobs": lps},
+              "finish_reason": finish}  # fmt: skip
     return f"data: {json.dumps({'choices': [choice]})}\n\n"
 
 
@@ -152,11 +158,38 @@ def test_streams_read_tokens_logprobs_and_the_finish_reason(sse_server):
     client = Client(sse_server, 10, 4, lambda: [])
     streams = srv.ServerStreams(client)
     stream = Stream("r0", [1, 2], 8)
-    streams.submit(stream, [1, 2], 8)
+    streams.submit([(stream, [1, 2])], 8)
     assert streams.wait(lambda: stream.done, deadline=time.monotonic() + 10)
     assert stream.token_ids == [11, 12, 13] and stream.logprobs[:2] == [-0.1, -0.2]
     assert stream.logprobs[2] != stream.logprobs[2]  # NaN where the server sent none
     assert stream.finish == "abort" and stream.aborted_at == 3 and streams.errors == []
+
+
+def test_a_batch_is_one_request_whose_choices_go_to_their_streams(sse_server):
+    _SSE.status = 200
+    _SSE.events = [_chunk([11], [-0.1], index=1), _chunk([21], [-0.2], index=0),
+                   _chunk([12], [-0.3], "abort", index=1), _chunk([22, 23], [-0.4, -0.5], "length", index=0),
+                   "data: [DONE]\n\n"]  # fmt: skip
+    _SSE.bodies = []
+    client = Client(sse_server, 10, 4, lambda: [])
+    streams = srv.ServerStreams(client)
+    first, second = Stream("r0", [1, 2], 3), Stream("r1", [3], 3)
+    streams.submit([(first, [1, 2]), (second, [3])], 3)
+    assert streams.wait(lambda: first.done and second.done, deadline=time.monotonic() + 10)
+    assert [body["prompt"] for body in _SSE.bodies] == [[[1, 2], [3]]] and _SSE.bodies[0]["max_tokens"] == 3
+    assert (first.token_ids, first.finish, first.aborted_at) == ([21, 22, 23], "length", None)
+    assert (second.token_ids, second.finish, second.aborted_at) == ([11, 12], "abort", 2)
+    assert streams.order == [first, second] and streams.errors == []
+
+
+def test_a_choice_for_no_prompt_sent_ends_the_batch_as_an_error(sse_server):
+    _SSE.status, _SSE.events = 200, [_chunk([11], [-0.1], index=0), _chunk([12], [-0.1], index=2)]
+    streams = srv.ServerStreams(Client(sse_server, 10, 4, lambda: []))
+    pair = [Stream("r0", [1], 8), Stream("r1", [2], 8)]
+    streams.submit([(s, s.prompt) for s in pair], 8)
+    assert streams.wait(lambda: all(s.done for s in pair), deadline=time.monotonic() + 10)
+    assert [s.finish for s in pair] == ["other", "other"]
+    assert streams.errors == ["r0, r1: ValueError: a streamed choice has index 2, not one of the 2 prompts sent"]
 
 
 def test_an_http_error_on_a_stream_is_recorded_not_raised(sse_server):
@@ -166,7 +199,7 @@ def test_an_http_error_on_a_stream_is_recorded_not_raised(sse_server):
         list(client.stream_events("/v1/completions", {}))
     streams = srv.ServerStreams(client)
     stream = Stream("r0", [1], 8)
-    streams.submit(stream, [1], 8)
+    streams.submit([(stream, [1])], 8)
     assert streams.wait(lambda: stream.done, deadline=time.monotonic() + 10)
     assert stream.finish == "other" and "HTTP 500" in streams.errors[0]
 
@@ -182,8 +215,9 @@ class ScriptedClient(ScriptedServer):
 
     def stream_events(self, path: str, body: dict):
         for _ in range(body["max_tokens"]):
-            yield {"choices": [{"logprobs": {"tokens": ["token_id:7"], "token_logprobs": [-0.5]}}]}
-        yield {"choices": [{"finish_reason": "length"}]}
+            for i in range(len(body["prompt"])):
+                yield {"choices": [{"index": i, "logprobs": {"tokens": ["token_id:7"], "token_logprobs": [-0.5]}}]}
+        yield {"choices": [{"index": i, "finish_reason": "length"} for i in range(len(body["prompt"]))]}
 
 
 def _request(**overrides) -> srv.InflightRequest:
@@ -220,6 +254,9 @@ def test_a_late_update_is_seen_as_late():
     on_time = srv.UpdateRun("keep", run.streams, [srv.CallRecord("pause", [5, 8], 0.1)], 0, 0.1, 0.2)
     assert not landed_late(on_time)  # one request still had tokens to come
     assert not landed_late(srv.UpdateRun("none", run.streams, [], 0, 0.1, 0.2))  # no call: nothing to place
+    aborted = [Stream("r0", [1], 8, token_ids=[7] * 5, finish="abort", aborted_at=5), run.streams[1]]
+    at_abort = srv.UpdateRun("abort_without_resubmit", aborted, [srv.CallRecord("pause", [5, 8], 0.1)], 0, 0.1, 0.2)
+    assert not landed_late(at_abort)  # the request ended where the update aborted it
 
 
 class _Driver:
