@@ -82,16 +82,21 @@ def cmd_init(args: argparse.Namespace) -> int:
     prompts = _prompts(args, out, dataset, writer, notes)
     engines = _engines(args, stack)
     env = dict(writer.CPU_ENV) if args.cpu else {}
-    hook = None
+    hook = inflight_hook = None
     if recipe:
         env |= dict(stack.recipe_env)
         hook = (
             f"{HOOK_FILE}:update",
             f"{stack.title}'s update path (gate/init/recipes/{recipe}.py)",
         )
+        if stack.recipe_inflight:
+            inflight_hook = (
+                f"{HOOK_FILE}:update_inflight",
+                f"{stack.title}'s update while requests stream",
+            )
     gate_id = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{stack.name}-{args.stack_config.stem}")[:64]
     text = writer.render(mapped, gate_id=gate_id, source=args.stack_config.name, prompts=prompts,
-                         engines=engines, env=env, hook=hook)  # fmt: skip
+                         engines=engines, env=env, hook=hook, inflight_hook=inflight_hook)  # fmt: skip
     if recipe:  # gate.yaml's loader checks that the hook's file is there
         shutil.copyfile(Path(writer.__file__).parent / "recipes" / f"{recipe}.py", out / HOOK_FILE)
     try:

@@ -91,6 +91,10 @@ class Stack:
     recipe_gpu_only: str | None = None
     # (key, value): the recipe applies when the config sets key to value (or leaves it unset)
     recipe_when: tuple[str, str] | None = None
+    # the recipe's update_inflight(engine, state_dict) drives the in-flight probe (a pausing stack)
+    recipe_inflight: bool = False
+    # gate's mode: "server" where the stack drives vLLM's OpenAI server, with why
+    mode: tuple[str, str] = ("offline", "")
 
 
 def first_set(config: Mapping[str, Any], *keys: str, default: Any = None) -> tuple[Any, str | None]:
@@ -376,6 +380,10 @@ STACKS: dict[str, Stack] = {
             ignored={
                 "inference.enable_fp32_lm_head": "prime-rl's fp32 head is its own plugin; set hf_overrides.head_dtype where vLLM supports it"
             },
+            mode=("server", "prime-rl drives vLLM through its own vllm serve wrapper"),
+            recipe="prime_rl_filesystem",
+            recipe_when=("inference.weight_broadcast.type", "filesystem"),
+            recipe_inflight=True,
         ),
         Stack(
             name="pipelinerl",

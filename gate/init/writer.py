@@ -78,8 +78,9 @@ def render(
     engines: tuple[tuple[str, str], tuple[str, str]],
     env: dict[str, str],
     hook: tuple[str, str] | None,
+    inflight_hook: tuple[str, str] | None = None,
 ) -> str:
-    """gate.yaml's text. ``prompts`` and ``engines`` are (value, where-from) pairs."""
+    """gate.yaml's text. ``prompts``, ``engines`` and the hooks are (value, where-from) pairs."""
     sections: dict[str, list[tuple[str, Filled]]] = {}
     for path, filled in mapped.fields.items():
         section, name = path.split(".", 1)
@@ -88,6 +89,7 @@ def render(
         f"# Written by `gate init --stack {mapped.stack.name}` (gate {__version__}) from {source}.",
         "# Each value says where it came from; review them, then record a baseline (docs/adopt.md).",
         f"gate_id: {_scalar(gate_id)}",
+        *_mode(mapped.stack.mode),
         "model:",
         *_entries(sections.pop("model", []), 2),
         "prompts:",
@@ -101,6 +103,12 @@ def render(
         lines += ["env:", *[f"  {k}: {_scalar(v)}" for k, v in env.items()]]
     if hook is not None:
         lines += ["weight_update:", f"  hook: {_scalar(hook[0])}  # {hook[1]}"]
+    if inflight_hook is not None:
+        lines += [
+            "weight_sync:",
+            "  inflight:",
+            f"    updates: [{_scalar(inflight_hook[0])}]  # {inflight_hook[1]}",
+        ]
     (old, old_why), (new, new_why) = engines
     lines += [
         "engines:",
@@ -111,6 +119,11 @@ def render(
     ]
     assert not sections, sections  # every mapped field has a section above
     return "\n".join(lines) + "\n"
+
+
+def _mode(mode: tuple[str, str]) -> list[str]:
+    name, why = mode
+    return [] if name == "offline" else [f"mode: {name}  # {why}"]
 
 
 def check_loads(text: str, folder: Path) -> None:

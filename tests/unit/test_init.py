@@ -304,6 +304,34 @@ def test_init_for_trl_writes_its_colocate_recipe_for_gpu_runners(tmp_path):
     assert "no recipe for TRL (GRPOTrainer) with vllm_mode: server" in proc.stderr
 
 
+def test_init_for_prime_rl_writes_server_mode_and_its_filesystem_push_idle_and_in_flight(tmp_path):
+    proc = _init("--stack", "prime-rl", "--config", str(STACK_CONFIGS / "prime-rl.toml"), "--cpu", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "gate.yaml").read_text()
+    assert "mode: server  # prime-rl drives vLLM through its own vllm serve wrapper\n" in text
+    cfg = load_config(tmp_path / "gate.yaml")
+    assert all(e.mode == "server" and e.server.dev_mode for e in cfg.engines.values())  # /pause, /collective_rpc, /resume
+    assert cfg.weight_update.hook == f"{tmp_path / 'gate_hook.py'}:update"
+    assert list(cfg.weight_sync.inflight.updates) == [f"{tmp_path / 'gate_hook.py'}:update_inflight"]
+    recipe = (tmp_path / "gate_hook.py").read_text()
+    assert '"/pause?mode=keep&clear_cache=false"' in recipe and '"reload_weights"' in recipe
+    # its NCCL broadcast is another transport: gate's own push, said so
+    nccl = tmp_path / "nccl"
+    nccl.mkdir()
+    (nccl / "rl.toml").write_text((STACK_CONFIGS / "prime-rl.toml").read_text().replace('type = "filesystem"', 'type = "nccl"'))
+    proc = _init("--stack", "prime-rl", "--config", "rl.toml", "--cpu", cwd=nccl)
+    assert proc.returncode == 0 and not (nccl / "gate_hook.py").exists()
+    assert "no recipe for prime-rl with inference.weight_broadcast.type: nccl" in proc.stderr
+    assert load_config(nccl / "gate.yaml").engines["new"].mode == "server"
+
+
+def test_a_stack_that_runs_vllm_in_process_writes_no_mode(tmp_path):
+    proc = _init("--stack", "verl", "--config", str(STACK_CONFIGS / "verl.sh"), "--cpu", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "\nmode:" not in (tmp_path / "gate.yaml").read_text()
+    assert load_config(tmp_path / "gate.yaml").engines["new"].mode == "offline"
+
+
 def test_init_refuses_bad_input_with_one_line_and_exit_2(tmp_path):
     cases = [
         (("--stack", "ray", "--config", str(STACK_CONFIGS / "trl.yaml"), "--cpu"), "gate: error: --stack: unknown stack 'ray' (one of trl, verl,"),
