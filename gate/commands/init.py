@@ -86,12 +86,12 @@ def cmd_init(args: argparse.Namespace) -> int:
     if recipe:
         env |= dict(stack.recipe_env)
         hook = (
-            f"{HOOK_FILE}:update",
+            f"{HOOK_FILE}:{stack.recipe_hook}",
             f"{stack.title}'s update path (gate/init/recipes/{recipe}.py)",
         )
         if stack.recipe_inflight:
             inflight_hook = (
-                f"{HOOK_FILE}:update_inflight",
+                f"{HOOK_FILE}:{stack.recipe_inflight}",
                 f"{stack.title}'s update while requests stream",
             )
     gate_id = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{stack.name}-{args.stack_config.stem}")[:64]
@@ -115,8 +115,8 @@ def _recipe_applies(stack, config: dict) -> bool:
         return False
     if stack.recipe_when is None:
         return True
-    key, value = stack.recipe_when
-    return config.get(key, value) == value
+    key, value, default = stack.recipe_when
+    return config.get(key, default) == value
 
 
 def _prompts(args, out: Path, dataset, writer, notes: list[str]) -> list[tuple[str, str]]:

@@ -76,6 +76,12 @@ def map_config(stack: Stack, config: Mapping[str, Any]) -> Mapped:
             ):
                 out.fields["grpo.clip_eps_high"] = Filled(choice.clip_eps_high, band_why)
         out.unmapped += list(choice.unmapped)
+    rollout = out.fields.get("sampling.temperature")
+    if rollout is not None and isinstance(rollout.value, (int, float)) and rollout.value > 0:
+        # gate's own 0.7 would give a stack that samples at 1 with raw logprobs a mismatch it never has
+        out.fields["grpo.temperature"] = Filled(
+            rollout.value, "as sampling.temperature: the mini GRPO run samples as your rollouts do"
+        )
     for k, why in stack.ignored.items():
         if k in config and not _is_noop(config[k]):
             out.unmapped.append(f"{k}: {config[k]!r} not carried over ({why})")

@@ -89,10 +89,12 @@ class Stack:
     recipe_env: Mapping[str, str] = field(default_factory=dict)
     # why the recipe cannot run on vLLM's CPU platform (gate init --cpu then keeps gate's own push)
     recipe_gpu_only: str | None = None
-    # (key, value): the recipe applies when the config sets key to value (or leaves it unset)
-    recipe_when: tuple[str, str] | None = None
-    # the recipe's update_inflight(engine, state_dict) drives the in-flight probe (a pausing stack)
-    recipe_inflight: bool = False
+    # (key, value, the stack's default): the recipe applies when key is value, set or by default
+    recipe_when: tuple[str, str, str] | None = None
+    # the recipe's functions: weight_update.hook, and fn(engine, state_dict) for the in-flight probe
+    # where the stack updates while requests run
+    recipe_hook: str = "update"
+    recipe_inflight: str | None = None
     # gate's mode: "server" where the stack drives vLLM's OpenAI server, with why
     mode: tuple[str, str] = ("offline", "")
 
@@ -236,7 +238,7 @@ STACKS: dict[str, Stack] = {
             recipe="trl_colocate",
             # the model in this process, as under TRL's external launcher
             recipe_env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
-            recipe_when=("vllm_mode", "colocate"),
+            recipe_when=("vllm_mode", "colocate", "colocate"),
             recipe_gpu_only=(
                 "vLLM's CPU platform repacks each linear layer's weight after loading and leaves an "
                 "empty Parameter without its weight_loader, so model.load_weights raises "
@@ -381,9 +383,10 @@ STACKS: dict[str, Stack] = {
                 "inference.enable_fp32_lm_head": "prime-rl's fp32 head is its own plugin; set hf_overrides.head_dtype where vLLM supports it"
             },
             mode=("server", "prime-rl drives vLLM through its own vllm serve wrapper"),
-            recipe="prime_rl_filesystem",
-            recipe_when=("inference.weight_broadcast.type", "filesystem"),
-            recipe_inflight=True,
+            recipe="server_folder_reload",
+            recipe_when=("inference.weight_broadcast.type", "filesystem", "filesystem"),
+            recipe_hook="prime_rl_update",
+            recipe_inflight="prime_rl_update_inflight",
         ),
         Stack(
             name="pipelinerl",
@@ -489,7 +492,13 @@ STACKS: dict[str, Stack] = {
                 ),
                 "engine_args.logprobs_mode": key("vllm.logprobs_mode", convert=unset_is_raw),
             },
-            transport=("rollout.backend",),
+            transport=("rollout.backend", "actor.weight_update_mode"),
+            mode=("server", "AReaL drives vLLM through its own server (areal_vllm_server)"),
+            recipe="server_folder_reload",
+            # AReaL's default is xccl: a broadcast over its own NCCL group (GPU only)
+            recipe_when=("actor.weight_update_mode", "disk", "xccl"),
+            recipe_hook="areal_update",
+            recipe_inflight="areal_update_inflight",
         ),
     )
 }

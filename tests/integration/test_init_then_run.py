@@ -38,7 +38,31 @@ def test_trl_init_then_run_passes_on_cpu_with_trls_gspo_objective(tmp_path_facto
     assert run.check("grpo-trajectory")["status"] in ("PASS", "WARN"), run.check("grpo-trajectory")["summary"]
 
 
-PRIME_RL_UNSTABLE = Path(__file__).parents[1] / "hooks" / "prime_rl_unstable.py"
+RECIPE_FAULTS = Path(__file__).parents[1] / "hooks" / "recipe_faults.py"
+
+
+def _init_then_run(tmp_path_factory, stack: str, config: str):
+    """``gate init --stack STACK --cpu`` then ``gate run`` on both releases: (the folder, the run)."""
+    out = tmp_path_factory.mktemp(f"{stack}-init")
+    proc = run_cli("init", "--stack", stack, "--config", str(STACK_CONFIGS / config), "--cpu", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "the server_folder_reload update recipe" in proc.stderr
+    run = replay(out / "run", "-c", str(out / "gate.yaml"), expect=(0,))
+    for engine in ("old", "new"):
+        e = run.evidence(engine).engine
+        assert e["mode"] == "server" and e["weight_sync"]["adapter"].startswith("hook "), e["weight_sync"]
+    return out, run
+
+
+def _with_hooks(out: Path, name: str, hook: str | None, inflight: str) -> Path:
+    """The init's gate.yaml with other hooks (from tests/hooks/recipe_faults.py) and no GRPO run."""
+    raw = yaml.safe_load((out / "gate.yaml").read_text())
+    if hook:
+        raw["weight_update"]["hook"] = f"{RECIPE_FAULTS}:{hook}"
+    raw["weight_sync"]["inflight"]["updates"] = [f"{RECIPE_FAULTS}:{inflight}"]
+    raw["grpo"] = {"enabled": False}
+    (out / name).write_text(yaml.safe_dump(raw))
+    return out / name
 
 
 def test_prime_rl_init_then_run_passes_in_server_mode_through_its_filesystem_push(tmp_path_factory):
@@ -46,29 +70,40 @@ def test_prime_rl_init_then_run_passes_in_server_mode_through_its_filesystem_pus
     prime-rl's push: paused with the KV kept, every rank reloading the step's checkpoint folder,
     resumed. Both releases pass with it, idle and while requests stream; the same recipe reading a
     checkpoint the trainer has half written is caught on both paths."""
-    out = tmp_path_factory.mktemp("prime-rl-init")
-    proc = run_cli("init", "--stack", "prime-rl", "--config", str(STACK_CONFIGS / "prime-rl.toml"), "--cpu", "--out", str(out))
-    assert proc.returncode == 0, proc.stderr
-    assert "the prime_rl_filesystem update recipe" in proc.stderr
-    run = replay(out / "run", "-c", str(out / "gate.yaml"), expect=(0,))
-    for engine in ("old", "new"):
-        e = run.evidence(engine).engine
-        assert e["mode"] == "server" and e["weight_sync"]["adapter"].startswith("hook "), e["weight_sync"]
+    out, run = _init_then_run(tmp_path_factory, "prime-rl", "prime-rl.toml")
     sync = run.check("weight-sync")
-    assert sync["status"] == "PASS" and "gate_hook.py:update (base_url)" in sync["summary"], sync["summary"]
+    assert sync["status"] == "PASS" and "gate_hook.py:prime_rl_update (base_url)" in sync["summary"], sync["summary"]
     [update] = run.evidence("new").engine["weight_sync_inflight"]["updates"]
     assert update["calls"] == ["pause(keep, clear_cache=False)", "collective_rpc(reload_weights)", "resume"], update
     inflight = run.check("inflight-update")
     [found] = inflight["details"]["updates"].values()
     assert inflight["status"] == "PASS" and found["behaviour"] == "STALE", inflight["summary"]
 
-    raw = yaml.safe_load((out / "gate.yaml").read_text())
-    raw["weight_update"]["hook"] = f"{PRIME_RL_UNSTABLE}:update"
-    raw["weight_sync"]["inflight"]["updates"] = [f"{PRIME_RL_UNSTABLE}:update_inflight"]
-    raw["grpo"] = {"enabled": False}
-    (out / "unstable.yaml").write_text(yaml.safe_dump(raw))
-    broken = replay(out / "broken", "-c", str(out / "unstable.yaml"), "--only", "new", expect=(1,))
-    assert broken.check("weight-sync")["status"] == "FAIL", broken.check("weight-sync")["summary"]
-    inflight = broken.check("inflight-update")
+    config = _with_hooks(out, "half-written.yaml", "prime_rl_half_written", "prime_rl_half_written_inflight")
+    broken = replay(out / "broken", "-c", str(config), "--only", "new", expect=(1,))
+    sync = broken.check("weight-sync")
+    assert sync["status"] == "FAIL" and "partial or wrong update" in sync["summary"], sync["summary"]
     # Judged against the idle probe's gap, itself broken here: named, not diagnosed as partial.
-    assert inflight["status"] == "FAIL" and "prime_rl_unstable.py:update_inflight: " in inflight["summary"], inflight["summary"]
+    inflight = broken.check("inflight-update")
+    assert inflight["status"] == "FAIL" and "recipe_faults.py:prime_rl_half_written_inflight: " in inflight["summary"]
+
+
+def test_areal_init_then_run_passes_in_server_mode_through_its_abort_and_resubmit_push(tmp_path_factory):
+    """AReaL's config (disk weight updates) becomes a server-mode gate.yaml whose hooks are AReaL's
+    push: every running request aborted with the cache cleared, the folder reloaded, resumed, and each
+    aborted request sent again as prompt + partial output. Both releases pass; without the
+    resubmission the requests are lost, and the gate says so."""
+    out, run = _init_then_run(tmp_path_factory, "areal", "areal.yaml")
+    assert run.check("weight-sync")["status"] == "PASS", run.check("weight-sync")["summary"]
+    [update] = run.evidence("new").engine["weight_sync_inflight"]["updates"]
+    assert update["calls"] == ["pause(abort, clear_cache=True)", "collective_rpc(reload_weights)", "resume", "resubmit"], update
+    inflight = run.check("inflight-update")
+    [found] = inflight["details"]["updates"].values()
+    assert inflight["status"] == "PASS" and found["behaviour"] == "REC", inflight["summary"]
+
+    config = _with_hooks(out, "dropped.yaml", None, "areal_without_resubmission_inflight")
+    broken = replay(out / "broken", "-c", str(config), "--only", "new", expect=(1,))
+    assert broken.check("weight-sync")["status"] == "PASS"  # the idle push is AReaL's own
+    inflight = broken.check("inflight-update")
+    [found] = inflight["details"]["updates"].values()
+    assert inflight["status"] == "FAIL" and found["lost"] and all("aborted after" in why for why in found["lost"]), inflight

@@ -175,6 +175,8 @@ def _mapped(stack: str):
 def test_each_stacks_config_maps_key_by_key(stack):
     mapped = _mapped(stack)
     got = {path: f.value for path, f in mapped.fields.items()}
+    # the mini GRPO run samples at the stack's rollout temperature, where the config names one
+    assert got.pop("grpo.temperature", None) == got.get("sampling.temperature")
     assert got == {path: value for path, (value, _) in EXPECTED[stack].items()}
     for path, (_, where) in EXPECTED[stack].items():
         source = mapped.fields[path].source
@@ -311,8 +313,8 @@ def test_init_for_prime_rl_writes_server_mode_and_its_filesystem_push_idle_and_i
     assert "mode: server  # prime-rl drives vLLM through its own vllm serve wrapper\n" in text
     cfg = load_config(tmp_path / "gate.yaml")
     assert all(e.mode == "server" and e.server.dev_mode for e in cfg.engines.values())  # /pause, /collective_rpc, /resume
-    assert cfg.weight_update.hook == f"{tmp_path / 'gate_hook.py'}:update"
-    assert list(cfg.weight_sync.inflight.updates) == [f"{tmp_path / 'gate_hook.py'}:update_inflight"]
+    assert cfg.weight_update.hook == f"{tmp_path / 'gate_hook.py'}:prime_rl_update"
+    assert list(cfg.weight_sync.inflight.updates) == [f"{tmp_path / 'gate_hook.py'}:prime_rl_update_inflight"]
     recipe = (tmp_path / "gate_hook.py").read_text()
     assert '"/pause?mode=keep&clear_cache=false"' in recipe and '"reload_weights"' in recipe
     # its NCCL broadcast is another transport: gate's own push, said so
@@ -323,6 +325,23 @@ def test_init_for_prime_rl_writes_server_mode_and_its_filesystem_push_idle_and_i
     assert proc.returncode == 0 and not (nccl / "gate_hook.py").exists()
     assert "no recipe for prime-rl with inference.weight_broadcast.type: nccl" in proc.stderr
     assert load_config(nccl / "gate.yaml").engines["new"].mode == "server"
+
+
+def test_init_for_areal_writes_its_abort_and_resubmit_push_for_disk_updates_only(tmp_path):
+    proc = _init("--stack", "areal", "--config", str(STACK_CONFIGS / "areal.yaml"), "--cpu", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    cfg = load_config(tmp_path / "gate.yaml")
+    assert cfg.engines["new"].mode == "server"
+    assert cfg.weight_update.hook == f"{tmp_path / 'gate_hook.py'}:areal_update"
+    assert list(cfg.weight_sync.inflight.updates) == [f"{tmp_path / 'gate_hook.py'}:areal_update_inflight"]
+    assert "weight transport: rollout.backend: vllm:d4p1t1, actor.weight_update_mode: disk" in proc.stderr
+    # AReaL's default is its NCCL broadcast (xccl): no recipe where the config leaves the mode unset
+    xccl = tmp_path / "xccl"
+    xccl.mkdir()
+    (xccl / "areal.yaml").write_text((STACK_CONFIGS / "areal.yaml").read_text().replace("  weight_update_mode: disk\n", ""))
+    proc = _init("--stack", "areal", "--config", "areal.yaml", "--cpu", cwd=xccl)
+    assert proc.returncode == 0 and not (xccl / "gate_hook.py").exists()
+    assert "no recipe for AReaL with rollout.backend: vllm:d4p1t1; gate's built-in push stands" in proc.stderr
 
 
 def test_a_stack_that_runs_vllm_in_process_writes_no_mode(tmp_path):

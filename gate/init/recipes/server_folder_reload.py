@@ -1,17 +1,23 @@
-"""prime-rl's filesystem weight broadcast (``inference.weight_broadcast.type = "filesystem"``) as gate
-hooks, against vLLM's own OpenAI server in development mode.
+"""The folder-reload pushes of two stacks that drive vLLM's OpenAI server, as gate hooks against
+vLLM's own server in development mode: ``/pause``, ``/collective_rpc`` ``reload_weights(weights_path)``
+on every rank (vLLM's layerwise reload), ``/resume``. The trainer's side writes the step's weights
+as a safetensors folder first. ``*_update(base_url, state_dict)`` is ``weight_update.hook`` (server
+mode); ``*_update_inflight(engine, state_dict)`` the same push while requests stream
+(``weight_sync.inflight.updates``). Written by ``gate init``; it needs only the engine's environment.
 
-prime-rl's trainer writes each step's weights as a safetensors checkpoint folder; its orchestrator
-pauses the server with the running requests kept (``/pause?mode=keep&clear_cache=false``), has every
-worker reload the folder layer by layer (``update_weights_from_path``: vLLM's layerwise reload, the
-loader behind the workers' ``reload_weights(weights_path=...)``) and resumes. It never resets the
-prefix cache: new requests carry a per-version ``cache_salt`` instead.
+**prime-rl** (``inference.weight_broadcast.type = "filesystem"``): its orchestrator pauses with the
+running requests kept (``mode=keep&clear_cache=false``), has every worker reload the folder
+(``update_weights_from_path``: the layerwise reload behind ``reload_weights``) and resumes. It never
+resets the prefix cache: new requests carry a per-version ``cache_salt``. gate's probe requests carry
+none, so the idle push resets the cache where prime-rl would salt; in flight nothing is reset, and the
+running requests go on over the old weights' KV, as under prime-rl.
 
-``update`` is that push for ``weight_update.hook`` (server mode: ``fn(base_url, state_dict)``). gate's
-probe requests carry no salt, so it resets the prefix cache where prime-rl would salt the next
-requests. ``update_inflight`` is the same push while requests stream (``weight_sync.inflight``):
-paused with their KV kept and no reset, so they go on over the old weights' cache as under prime-rl.
-Written by ``gate init --stack prime-rl``; it needs only the engine's environment (torch, safetensors).
+**AReaL** (``actor.weight_update_mode: disk``): its server's ``/areal_update_weights`` pauses with
+every request aborted and the cache cleared (``pause_generation(wait_for_inflight_requests=False,
+clear_cache=True)``), has the workers load the folder and resumes; its client sends each aborted
+request again as prompt + partial output for the tokens it had left. AReaL's worker extension loads
+with ``model_loader.load_weights`` on the model, which vLLM's CPU platform cannot take (as TRL's
+colocate push: docs/adopt.md); ``reload_weights`` is the same loader with the repacked layers restored.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from pathlib import Path
 RPC_TIMEOUT_S = 600.0  # one reload of the whole model by every rank
 
 
-def update(base_url: str, state_dict) -> None:
+def prime_rl_update(base_url: str, state_dict) -> None:
     with checkpoint(state_dict) as folder:
         post(base_url, "/pause?mode=keep&clear_cache=false")
         try:
@@ -39,13 +45,32 @@ def update(base_url: str, state_dict) -> None:
     post(base_url, "/reset_prefix_cache")  # stands in for prime-rl's per-version cache_salt
 
 
-def update_inflight(engine, state_dict) -> None:
+def prime_rl_update_inflight(engine, state_dict) -> None:
     with checkpoint(state_dict) as folder:
         engine.pause("keep", clear_cache=False)
         try:
             engine.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
         finally:
             engine.resume()
+
+
+def areal_update(base_url: str, state_dict) -> None:
+    with checkpoint(state_dict) as folder:
+        post(base_url, "/pause?mode=abort&clear_cache=true")
+        try:
+            post(base_url, "/collective_rpc", reload_request(folder))
+        finally:
+            post(base_url, "/resume")
+
+
+def areal_update_inflight(engine, state_dict) -> None:
+    with checkpoint(state_dict) as folder:
+        engine.pause("abort", clear_cache=True)
+        try:
+            engine.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
+        finally:
+            engine.resume()
+    engine.resubmit_aborted()  # AReaL's client: prompt + partial output, for the tokens left
 
 
 def reload_request(folder: Path) -> dict:
@@ -60,11 +85,11 @@ def reload_request(folder: Path) -> dict:
 def checkpoint(state_dict) -> Iterator[Path]:
     """The trainer's side: the weights as one safetensors file in a fresh folder (in shared memory
     where there is one), removed once the ranks have read it. Complete before any rank reads it,
-    as prime-rl's orchestrator waits for the trainer to mark the step's folder stable."""
+    as both stacks wait for the trainer to finish the step's folder."""
     from safetensors.torch import save_file
 
     parent = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-    folder = Path(tempfile.mkdtemp(prefix="prime-rl-step-", dir=parent))
+    folder = Path(tempfile.mkdtemp(prefix="gate-hook-step-", dir=parent))
     try:
         save_file(
             _distinct_storages(state_dict),
