@@ -206,6 +206,16 @@ ROWS: tuple[FaultRow, ...] = (
              "`check_stop` no longer ends a request on EOS",
              "config-parity", ("FAIL",), "no longer stops at token",
              "tests/integration/test_faults.py::test_malformed_top_lists_nan_logprobs_and_a_passed_over_stop_are_caught"),
+    FaultRow("27a", "prime-rl's filesystem push reading a checkpoint the trainer has half written (partial)",
+             "`gate init --stack prime-rl --cpu`, then its recipe's `prime_rl_update` given the first half of the "
+             "decoder layers (`tests/hooks/recipe_faults.py`): the race prime-rl's orchestrator waits out",
+             "weight-sync", ("FAIL",), "only part of the state dict was applied",
+             "tests/integration/test_init_then_run.py::test_prime_rl_init_then_run_passes_in_server_mode_through_its_filesystem_push"),
+    FaultRow("27b", "AReaL's disk push in flight without its client's resubmission loop (lost)",
+             "`gate init --stack areal --cpu`, then its recipe's `areal_update_inflight` behind a client that "
+             "drops what the abort-mode pause aborted (`tests/hooks/recipe_faults.py`)",
+             "inflight-update", ("FAIL",), "an abort without resubmission drops them",
+             "tests/integration/test_init_then_run.py::test_areal_init_then_run_passes_in_server_mode_through_its_abort_and_resubmit_push"),
 )  # fmt: skip
 
 CONTROLS: tuple[ControlRow, ...] = (

@@ -9,6 +9,7 @@ import numpy as np
 import yaml
 import pytest
 
+from ..faults.matrix import verify
 from .conftest import replay, run_cli
 
 pytestmark = pytest.mark.engine
@@ -83,6 +84,7 @@ def test_prime_rl_init_then_run_passes_in_server_mode_through_its_filesystem_pus
     broken = replay(out / "broken", "-c", str(config), "--only", "new", expect=(1,))
     sync = broken.check("weight-sync")
     assert sync["status"] == "FAIL" and "partial or wrong update" in sync["summary"], sync["summary"]
+    verify("27a", broken.report)
     # Judged against the idle probe's gap, itself broken here: named, not diagnosed as partial.
     inflight = broken.check("inflight-update")
     assert inflight["status"] == "FAIL" and "recipe_faults.py:prime_rl_half_written_inflight: " in inflight["summary"]
@@ -107,3 +109,4 @@ def test_areal_init_then_run_passes_in_server_mode_through_its_abort_and_resubmi
     inflight = broken.check("inflight-update")
     [found] = inflight["details"]["updates"].values()
     assert inflight["status"] == "FAIL" and found["lost"] and all("aborted after" in why for why in found["lost"]), inflight
+    verify("27b", broken.report)

@@ -37,40 +37,42 @@ RPC_TIMEOUT_S = 600.0  # one reload of the whole model by every rank
 
 def prime_rl_update(base_url: str, state_dict) -> None:
     with checkpoint(state_dict) as folder:
-        post(base_url, "/pause?mode=keep&clear_cache=false")
-        try:
-            post(base_url, "/collective_rpc", reload_request(folder))
-        finally:
-            post(base_url, "/resume")
+        reload_paused(base_url, folder, "/pause?mode=keep&clear_cache=false")
     post(base_url, "/reset_prefix_cache")  # stands in for prime-rl's per-version cache_salt
 
 
 def prime_rl_update_inflight(engine, state_dict) -> None:
     with checkpoint(state_dict) as folder:
-        engine.pause("keep", clear_cache=False)
-        try:
-            engine.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
-        finally:
-            engine.resume()
+        reload_paused_inflight(engine, folder, "keep", clear_cache=False)
 
 
 def areal_update(base_url: str, state_dict) -> None:
     with checkpoint(state_dict) as folder:
-        post(base_url, "/pause?mode=abort&clear_cache=true")
-        try:
-            post(base_url, "/collective_rpc", reload_request(folder))
-        finally:
-            post(base_url, "/resume")
+        reload_paused(base_url, folder, "/pause?mode=abort&clear_cache=true")
 
 
 def areal_update_inflight(engine, state_dict) -> None:
     with checkpoint(state_dict) as folder:
-        engine.pause("abort", clear_cache=True)
-        try:
-            engine.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
-        finally:
-            engine.resume()
+        reload_paused_inflight(engine, folder, "abort", clear_cache=True)
     engine.resubmit_aborted()  # AReaL's client: prompt + partial output, for the tokens left
+
+
+def reload_paused(base_url: str, folder: Path, pause: str) -> None:
+    """Every rank reloads ``folder`` between ``pause`` (the stack's query) and ``/resume``."""
+    post(base_url, pause)
+    try:
+        post(base_url, "/collective_rpc", reload_request(folder))
+    finally:
+        post(base_url, "/resume")
+
+
+def reload_paused_inflight(engine, folder: Path, mode: str, clear_cache: bool) -> None:
+    """The same through gate's in-flight handle, which places each call among the streamed tokens."""
+    engine.pause(mode, clear_cache=clear_cache)
+    try:
+        engine.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
+    finally:
+        engine.resume()
 
 
 def reload_request(folder: Path) -> dict:
