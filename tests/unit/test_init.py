@@ -306,6 +306,16 @@ def test_init_for_trl_writes_its_colocate_recipe_for_gpu_runners(tmp_path):
     assert "no recipe for TRL (GRPOTrainer) with vllm_mode: server" in proc.stderr
 
 
+def _init_edited(folder: Path, stack: str, old: str, new: str) -> tuple[Path, subprocess.CompletedProcess]:
+    """``gate init --cpu`` on the stack's test config with ``old`` replaced by ``new``, in ``folder``."""
+    folder.mkdir()
+    source = STACK_CONFIGS / FILES[stack]
+    text = source.read_text()
+    assert old in text, (source, old)
+    (folder / source.name).write_text(text.replace(old, new))
+    return folder, _init("--stack", stack, "--config", source.name, "--cpu", cwd=folder)
+
+
 def test_init_for_prime_rl_writes_server_mode_and_its_filesystem_push_idle_and_in_flight(tmp_path):
     proc = _init("--stack", "prime-rl", "--config", str(STACK_CONFIGS / "prime-rl.toml"), "--cpu", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -318,10 +328,7 @@ def test_init_for_prime_rl_writes_server_mode_and_its_filesystem_push_idle_and_i
     recipe = (tmp_path / "gate_hook.py").read_text()
     assert '"/pause?mode=keep&clear_cache=false"' in recipe and '"reload_weights"' in recipe
     # its NCCL broadcast is another transport: gate's own push, said so
-    nccl = tmp_path / "nccl"
-    nccl.mkdir()
-    (nccl / "rl.toml").write_text((STACK_CONFIGS / "prime-rl.toml").read_text().replace('type = "filesystem"', 'type = "nccl"'))
-    proc = _init("--stack", "prime-rl", "--config", "rl.toml", "--cpu", cwd=nccl)
+    nccl, proc = _init_edited(tmp_path / "nccl", "prime-rl", 'type = "filesystem"', 'type = "nccl"')
     assert proc.returncode == 0 and not (nccl / "gate_hook.py").exists()
     assert "no recipe for prime-rl with inference.weight_broadcast.type: nccl" in proc.stderr
     assert load_config(nccl / "gate.yaml").engines["new"].mode == "server"
@@ -336,10 +343,7 @@ def test_init_for_areal_writes_its_abort_and_resubmit_push_for_disk_updates_only
     assert list(cfg.weight_sync.inflight.updates) == [f"{tmp_path / 'gate_hook.py'}:areal_update_inflight"]
     assert "weight transport: rollout.backend: vllm:d4p1t1, actor.weight_update_mode: disk" in proc.stderr
     # AReaL's default is its NCCL broadcast (xccl): no recipe where the config leaves the mode unset
-    xccl = tmp_path / "xccl"
-    xccl.mkdir()
-    (xccl / "areal.yaml").write_text((STACK_CONFIGS / "areal.yaml").read_text().replace("  weight_update_mode: disk\n", ""))
-    proc = _init("--stack", "areal", "--config", "areal.yaml", "--cpu", cwd=xccl)
+    xccl, proc = _init_edited(tmp_path / "xccl", "areal", "  weight_update_mode: disk\n", "")
     assert proc.returncode == 0 and not (xccl / "gate_hook.py").exists()
     assert "no recipe for AReaL with rollout.backend: vllm:d4p1t1; gate's built-in push stands" in proc.stderr
 
