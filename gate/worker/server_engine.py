@@ -383,6 +383,7 @@ def server_record(engine: ServedEngine) -> dict[str, Any]:
         "dev_mode": engine.settings.dev_mode,
         "max_in_flight": engine.settings.max_in_flight,
         "http_requests": engine.client.requests,
+        "http_retried": engine.client.retried,
         "settings": dataclasses.asdict(engine.settings),
         **engine.facts,
     }

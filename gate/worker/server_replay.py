@@ -47,6 +47,12 @@ _DEFAULTS_LINE = re.compile(
 )
 
 
+def _retried_transport_errors() -> tuple[type[BaseException], ...]:
+    import httpx
+
+    return (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
 class Client:
     """POST/GET JSON against one server; an HTTP error or a broken response is a :class:`ServerError`
     carrying the server's log tail."""
@@ -65,6 +71,7 @@ class Client:
                               keepalive_expiry=KEEPALIVE_EXPIRY_S)  # fmt: skip
         self._http = httpx.Client(base_url=base_url, timeout=timeout_s, limits=limits)
         self.requests = 0
+        self.retried: list[str] = []  # engine.json: each request sent again, and why
 
     def post(self, path: str, body: dict[str, Any]) -> Any:
         return self._call("POST", path, body)
@@ -77,7 +84,15 @@ class Client:
 
         self.requests += 1
         try:
-            resp = self._http.request(method, path, json=body)
+            try:
+                resp = self._http.request(method, path, json=body)
+            except _retried_transport_errors() as exc:
+                # The connection broke before an answer: the server never finished this request.
+                # Every call here gives the same answer when sent twice (a seeded or greedy
+                # completion, a reload of one folder, a pause), so it is sent once more on a fresh
+                # connection, as OpenAI's client does, and the retry is recorded.
+                self.retried.append(f"{method} {path}: {type(exc).__name__}: {exc}"[:300])
+                resp = self._http.request(method, path, json=body)
         except httpx.HTTPError as exc:
             raise ServerError(
                 f"{method} {path}: {type(exc).__name__}: {exc}", self.log_tail()

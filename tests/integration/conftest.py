@@ -74,8 +74,23 @@ def replay(out: Path, *args: str, expect: tuple[int, ...] = (0, 1), env: dict[st
     """`gate run` into ``out``; fails the test unless the exit code is one of ``expect``."""
     proc = run_cli("run", "--out", str(out), *args, env=env)
     if proc.returncode not in expect:
-        pytest.fail(f"gate run exited {proc.returncode}, expected {expect}:\n{proc.stderr[-5000:]}")
+        pytest.fail(f"gate run exited {proc.returncode}, expected {expect}:\n{failure_story(out, proc.stderr)}")
     return Replay(out, proc.returncode, proc.stderr)
+
+
+def failure_story(out: Path, stderr: str) -> str:
+    """What a failed run said about itself: gate's own progress lines (not the engines' logs, which
+    crowd them out of any tail) and each check that neither passed nor skipped, with its diagnosis."""
+    own = [line for line in stderr.splitlines() if line.startswith(("[old]", "[new]", "gate:", "error:"))]
+    story = "\n".join(own[-60:])
+    try:
+        checks = json.loads((out / "report.json").read_text())["checks"]
+    except (OSError, ValueError, KeyError):
+        return f"{story}\n(no report.json)\n{stderr[-3000:]}"
+    for check in checks:
+        if check.get("status") not in ("PASS", "SKIP"):
+            story += f"\n{check.get('status')} {check.get('id')}: {check.get('summary')}\n{(check.get('diagnosis') or '')[:2500]}"
+    return story
 
 
 @pytest.fixture(scope="session")

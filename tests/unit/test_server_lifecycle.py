@@ -237,9 +237,13 @@ def test_no_server_outlives_its_worker(fake, tmp_path, sig):
     (PR_SET_PDEATHSIG), whose own shutdown ends its children (vLLM's engine core watches it)."""
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
+    # Default SIGINT handling in the stand-in: under a shell that starts the suite in the background
+    # without job control, SIGINT arrives ignored, Python then installs no KeyboardInterrupt, and
+    # the SIGINT case would wait out the stand-in's sleep (seen: a run started with nohup ... &).
     worker = subprocess.Popen(
-        [sys.executable, str(script), str(fake), str(tmp_path)], start_new_session=True
-    )
+        [sys.executable, str(script), str(fake), str(tmp_path)], start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
     pids = tmp_path / "pids"
     for _ in range(300):
         if pids.exists() and pids.read_text():

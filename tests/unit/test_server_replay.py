@@ -113,3 +113,58 @@ def test_the_servers_reported_defaults_are_read_and_applied_where_a_request_omit
         effective["top_k"] == 20 and effective["temperature"] == 0.7 and effective["top_p"] == 1.0
     )
     assert http.reported_defaults(lines[:1]) == ({}, None)
+
+
+class _DropsFirstConnection:
+    """A raw socket server: the first connection is closed as soon as its request arrives (a
+    server dropping a keep-alive connection under the client), later ones are answered."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.connections = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        body = b'{"ok": true}'
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            with conn:
+                conn.recv(65536)
+                if self.connections > 1:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+
+
+def test_a_request_whose_connection_broke_before_an_answer_is_sent_once_more_and_recorded():
+    pytest.importorskip("httpx")
+    server = _DropsFirstConnection()
+    client = http.Client(f"http://127.0.0.1:{server.port}", 10, 1, lambda: ["log line"])
+    try:
+        assert client.post("/v1/completions", {"prompt": [1]}) == {"ok": True}
+    finally:
+        client.close()
+        server.sock.close()
+    assert server.connections == 2 and client.requests == 1
+    assert len(client.retried) == 1 and client.retried[0].startswith("POST /v1/completions: RemoteProtocolError")
+
+
+def test_a_second_broken_connection_is_the_servers_error_with_its_log():
+    pytest.importorskip("httpx")
+    import socket
+
+    sock = socket.create_server(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens: both attempts are refused
+    client = http.Client(f"http://127.0.0.1:{port}", 10, 1, lambda: ["the server's last line"])
+    with pytest.raises(http.ServerError, match="ConnectError") as err:
+        client.get("/health")
+    client.close()
+    assert err.value.log_tail == ["the server's last line"] and len(client.retried) == 1
