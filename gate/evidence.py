@@ -54,6 +54,9 @@ TRAINER_MASS_ABOVE = "trainer_mass_above"
 # The reference's raw logprobs of the engine's top-k tokens ([tokens, k], NaN where the engine
 # reported fewer): the effective-temperature fit. Absent in evidence from gate versions before it.
 TRAINER_TOPK_RAW = "trainer_topk_raw"
+# The engine's own prefill logprob of each greedy token: the greedy sequence scored again as a
+# prompt in the same engine (NaN: not rescored). Absent before it was recorded.
+PREFILL_LOGPROB = "prefill_logprob"
 
 FINISH_NAMES = ("stop", "length", "abort", "other")
 

@@ -18,6 +18,12 @@ catches reliably:
 
 All comparisons are exact: the sampled token's logprob and the list are read from one tensor in
 every vLLM release since V1, so a tolerance would only hide the bug.
+
+A third, measured against the engine itself (gate/checks/prefill_decode.py):
+
+- **Decode against prefill.** NeMo-RL #2100 / #4243: vLLM's decode disagreed with its own prefill
+  on 15-20% of sequences. Each greedy sequence is scored again as a prompt in the same engine; a
+  sequence whose ``exp(mean |decode - prefill|)`` passes 1.05 disagrees.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import numpy as np
 
 from gate import evidence as ev
 from gate.checks.base import CheckResult, CheckSpec, Limit, Measurement, Threshold, measure
+from gate.checks.prefill_decode import SEQUENCE_ERROR_BAR, PrefillDecode, compare
 from gate.verdict import Status, worst
 
 ID = "logprob-integrity"
@@ -64,6 +71,12 @@ THRESHOLDS = {
         Limit(0.0),
         Limit(1e-3),
         source="positions whose top-logprobs list breaks its structure: none in a sound engine; exact comparisons",
+    ),
+    "prefill_decode_disagreeing_sequences": Threshold(
+        Limit(0.0),
+        Limit(0.05),
+        source=f"greedy sequences whose decode logprobs disagree with the engine's own prefill (exp(mean |Δ|) > "
+        f"{SEQUENCE_ERROR_BAR}, NeMo-RL's token_mult_prob_error bar): NeMo-RL #2100 saw 15-20%",
     ),
 }
 
@@ -207,7 +220,25 @@ def _engine_result(name: str, e: ev.Evidence, settings) -> tuple[list[Measuremen
                                     t["malformed_top_list_fraction"], engine=name))  # fmt: skip
     details = {"nonfinite": found, "malformed_top_lists": {"count": malformed, "positions": positions,
                "kinds": {k: v for k, v in kinds.items() if v}, "examples": examples}}  # fmt: skip
+    pd = compare(e)
+    if pd is not None and pd.sequences:
+        measurements.append(measure("prefill_decode_disagreeing_sequences", pd.disagreeing_fraction,
+                                    t["prefill_decode_disagreeing_sequences"], engine=name))  # fmt: skip
+        details["prefill_decode"] = _prefill_details(e, pd)
     return measurements, details
+
+
+def _prefill_details(e: ev.Evidence, pd: PrefillDecode) -> dict:
+    names = e.texts.get("prompt_ids") if isinstance(e.texts, dict) else None
+    prompts = e.arrays.get(f"{ev.GREEDY}_{ev.PROMPT_INDEX}")
+    shown = []
+    for s in pd.disagreeing[:SHOWN_POSITIONS].tolist():
+        p = int(prompts[s]) if prompts is not None and s < len(prompts) else s
+        shown.append(names[p] if isinstance(names, list) and p < len(names) else f"#{p}")
+    return {"sequences": pd.sequences, "disagreeing": len(pd.disagreeing), "examples": shown,
+            "tokens": pd.tokens, "not_compared": pd.not_compared, "mean_abs_diff": pd.mean_abs,
+            "max_abs_diff": pd.max_abs,
+            "max_sequence_error": float(pd.sequence_error.max()) if pd.sequences else None}  # fmt: skip
 
 
 def run(ctx, settings) -> CheckResult:
@@ -222,8 +253,14 @@ def run(ctx, settings) -> CheckResult:
     for name, d in details.items():
         nonfinite = sum(v["count"] for v in d["nonfinite"].values())
         lists = d["malformed_top_lists"]
-        parts.append(f"{name}: {nonfinite} non-finite logprob(s), "
-                     f"{lists['count']} of {lists['positions']} top lists malformed")  # fmt: skip
+        part = (f"{name}: {nonfinite} non-finite logprob(s), "
+                f"{lists['count']} of {lists['positions']} top lists malformed")  # fmt: skip
+        if "prefill_decode" in d:
+            pd = d["prefill_decode"]
+            part += (
+                f", decode off prefill in {pd['disagreeing']} of {pd['sequences']} greedy sequences"
+            )
+        parts.append(part)
     return CheckResult(ID, TITLE, status, "; ".join(parts), _diagnosis(details, status),
                        measurements, details)  # fmt: skip
 
@@ -251,6 +288,18 @@ def _diagnosis(details: dict[str, dict], status: Status) -> str:
                 "A trainer or client that reads the sampled token's logprob from the list by position "
                 "(the first entry) gets another token's number (NeMo-RL #3297, vLLM #36746): look the "
                 "sampled token up by its id, and report the list's shape to the release."
+            )
+        pd = d.get("prefill_decode")
+        if pd and pd["disagreeing"]:
+            out.append(
+                f"The {name} engine disagrees with itself: in {pd['disagreeing']} of {pd['sequences']} greedy "
+                f"sequences (e.g. {', '.join(pd['examples'][:3])}) the logprobs it returned while decoding are "
+                f"off the ones its own prefill gives for the same tokens by more than a factor "
+                f"{SEQUENCE_ERROR_BAR} on average (largest |Δ| {pd['max_abs_diff']:.3g}). A trainer that scores "
+                "rollouts by prefill then corrects for a mismatch the sampler never had, and the importance "
+                "ratios of those sequences are wrong from the first step (NeMo-RL #2100 / #4243). Suspect "
+                "the decode path: the attention backend, the KV-cache dtype, CUDA graphs or a compiled "
+                "sampler; compare with enforce_eager and another attention backend."
             )
     return " ".join(out)
 

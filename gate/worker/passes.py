@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gate import evidence as ev
 from gate.request import WorkerRequest
 from gate.worker import replay
 from gate.worker.replay import Completions, PromptScores
@@ -288,6 +289,27 @@ def _greedy(inp: PassInput, out: PassResults) -> None:
                                inp.request.sampling.logprobs, inp.order)  # fmt: skip
 
 
+def _prefill_decode(inp: PassInput, out: PassResults) -> None:
+    config = getattr(getattr(inp.llm, "llm_engine", None), "vllm_config", None)
+    max_model_len = int(getattr(getattr(config, "model_config", None), "max_model_len", 2048))
+    rescore_greedy(inp, out, partial(replay.score_sequences, inp.llm), max_model_len)
+
+
+def rescore_greedy(inp: PassInput, out: PassResults,
+                   score: Callable[[list[list[int]], np.ndarray | None], PromptScores],
+                   max_model_len: int) -> None:  # fmt: skip
+    """The greedy sequences scored again as prompts by the same engine (``score``, offline or over
+    HTTP): each greedy token's prefill logprob beside its decode one (gate/worker/prefill.py)."""
+    from gate.worker.prefill import decode_positions, rescoring_input
+
+    if out.greedy is None:
+        return
+    seqs, starts = rescoring_input(inp.tokenized.prompt_ids, out.greedy, max_model_len)
+    inp.say(f"prefill-decode pass: {len(seqs)} greedy sequence(s) scored again by prefill")
+    scores = score(seqs, replay.submission_order(len(seqs), inp.request.order_seed))
+    out.arrays[f"{ev.GREEDY}_{ev.PREFILL_LOGPROB}"] = decode_positions(scores, starts, out.greedy)
+
+
 def _teacher_forced(inp: PassInput, out: PassResults) -> None:
     rows, seqs, order = inp.teacher_forced_sequences()
     inp.say(f"teacher-forced pass over {len(seqs)} fixed sequences")
@@ -421,6 +443,7 @@ def _grpo(inp: PassInput, out: PassResults) -> None:
 ENGINE_PASSES: tuple[EnginePass, ...] = (
     EnginePass("sample", lambda inp: True, _sample),
     EnginePass("greedy", lambda inp: inp.request.greedy_max_tokens > 0, _greedy),
+    EnginePass("prefill_decode", lambda inp: inp.request.greedy_max_tokens > 0, _prefill_decode),
     EnginePass("teacher_forced", lambda inp: bool(inp.teacher_forced_rows), _teacher_forced),
     EnginePass("batch_invariance", _measures_batch_invariance, _batch_invariance),
     # Last: these change the engine's weights.

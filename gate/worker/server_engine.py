@@ -26,7 +26,7 @@ import torch
 
 from gate.request import ServerRequest
 from gate.worker import server_replay as http
-from gate.worker.passes import EnginePass, PassInput, PassResults, inflight_enabled
+from gate.worker.passes import EnginePass, PassInput, PassResults, inflight_enabled, rescore_greedy
 from gate.worker.server import SERVED_MODEL_NAME, Server
 from gate.worker.weight_push import (
     Adapter,
@@ -279,6 +279,12 @@ def _greedy(inp: PassInput, out: PassResults) -> None:
                              inp.request.sampling.logprobs, inp.order)  # fmt: skip
 
 
+def _prefill_decode(inp: PassInput, out: PassResults) -> None:
+    engine = _served(inp)
+    max_model_len = int(engine.setting("model_config.max_model_len") or 2048)
+    rescore_greedy(inp, out, partial(http.score_sequences, engine.client), max_model_len)
+
+
 def _teacher_forced(inp: PassInput, out: PassResults) -> None:
     from gate.worker.passes import TeacherForced
 
@@ -365,6 +371,7 @@ def _weight_sync_inflight(inp: PassInput, out: PassResults) -> None:
 SERVER_PASSES: tuple[EnginePass, ...] = (
     EnginePass("sample", lambda inp: True, _sample),
     EnginePass("greedy", lambda inp: inp.request.greedy_max_tokens > 0, _greedy),
+    EnginePass("prefill_decode", lambda inp: inp.request.greedy_max_tokens > 0, _prefill_decode),
     EnginePass("teacher_forced", lambda inp: bool(inp.teacher_forced_rows), _teacher_forced),
     # Last: these change the server's weights.
     EnginePass("weight_sync", lambda inp: inp.request.weight_sync is not None, _weight_sync),

