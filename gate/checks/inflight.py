@@ -103,15 +103,37 @@ class Attribution:
 
 
 def tolerance(e, factor: float, floor: float) -> float | None:
-    """``factor`` x the idle probe's 99th-percentile |engine - trainer| (before and after its push)."""
+    """``factor`` x the idle probe's 99th-percentile |engine - trainer|: before its push, and after
+    it where the engine then held the new weights. A push that missed them (weight-sync FAILs it)
+    measures the miss, not the engine's noise: taken in, it let a partial update in flight pass for
+    "old weights" (row 27a)."""
+    pairs = [("ws_before_engine_logprob", "ws_before_trainer_logprob")]
+    if idle_push_took(e):
+        pairs.append(("ws_engine_logprob", "ws_trainer_new_logprob"))
     gaps = []
-    for eng, ref in (("ws_before_engine_logprob", "ws_before_trainer_logprob"),
-                     ("ws_engine_logprob", "ws_trainer_new_logprob")):  # fmt: skip
+    for eng, ref in pairs:
         if eng in e.arrays and ref in e.arrays and len(e[eng]):
             gaps.append(np.abs(e[eng].astype(np.float64) - e[ref]))
     if not gaps:
         return None
     return max(factor * float(np.quantile(np.concatenate(gaps), 0.99)), floor)
+
+
+def idle_push_took(e) -> bool:
+    """Whether the engine after the idle push is nearer the new weights than the old ones, on mean
+    |engine - trainer|; True where the old weights' logprobs were not recorded."""
+    a = e.arrays
+    if (
+        "ws_trainer_old_logprob" not in a
+        or "ws_engine_logprob" not in a
+        or not len(a["ws_engine_logprob"])
+    ):
+        return True
+    eng = a["ws_engine_logprob"].astype(np.float64)
+    return bool(
+        np.mean(np.abs(eng - a["ws_trainer_new_logprob"]))
+        < np.mean(np.abs(eng - a["ws_trainer_old_logprob"]))
+    )
 
 
 def attribute(arrays: dict[str, np.ndarray], names: list[str], tol: float,

@@ -85,9 +85,11 @@ def test_prime_rl_init_then_run_passes_in_server_mode_through_its_filesystem_pus
     sync = broken.check("weight-sync")
     assert sync["status"] == "FAIL" and "partial or wrong update" in sync["summary"], sync["summary"]
     verify("27a", broken.report)
-    # Judged against the idle probe's gap, itself broken here: named, not diagnosed as partial.
+    # The idle push missed the new weights, so its gap stays out of the tolerance (measured: 1e-4, and
+    # 23 of 24 tokens after the switch fit no weights): diagnosed as partial, not as old weights.
     inflight = broken.check("inflight-update")
-    assert inflight["status"] == "FAIL" and "recipe_faults.py:prime_rl_half_written_inflight: " in inflight["summary"]
+    assert inflight["status"] == "FAIL" and "recipe_faults.py:prime_rl_half_written_inflight: partial" in inflight["summary"]
+    assert "reached only part of the model" in inflight["diagnosis"]
 
 
 def test_areal_init_then_run_passes_in_server_mode_through_its_abort_and_resubmit_push(tmp_path_factory):

@@ -120,6 +120,19 @@ def test_the_tolerance_is_the_idle_probes_q99_gap_times_the_factor():
     assert inflight.tolerance(_evidence({}, {}), 4.0, 1e-4) is None
 
 
+def test_an_idle_push_that_missed_the_new_weights_does_not_widen_the_tolerance():
+    """Row 27a: a half-written checkpoint left the engine nearer the old weights (0.05) than the new
+    (0.2) after the idle push; that gap is the miss, not noise, and stays out of the tolerance."""
+    before = {"ws_before_engine_logprob": np.full(10, 1e-4, np.float32), "ws_before_trainer_logprob": np.zeros(10)}
+    after = {"ws_engine_logprob": np.zeros(10, np.float32), "ws_trainer_new_logprob": np.full(10, 0.2),
+             "ws_trainer_old_logprob": np.full(10, 0.05)}  # fmt: skip
+    missed = Evidence(Path("."), {**before, **after}, {}, {})
+    assert not inflight.idle_push_took(missed)
+    assert inflight.tolerance(missed, 4.0, 1e-6) == pytest.approx(4e-4, rel=1e-3)
+    took = Evidence(Path("."), {**before, **after, "ws_trainer_old_logprob": np.full(10, 0.5)}, {}, {})
+    assert inflight.idle_push_took(took) and inflight.tolerance(took, 4.0, 1e-6) == pytest.approx(0.8, rel=1e-3)
+
+
 def _evidence(a: dict[str, np.ndarray], section: dict | None, idle_gap: float = 1e-5) -> Evidence:
     idle = {"ws_before_engine_logprob": np.full(10, idle_gap, np.float32), "ws_before_trainer_logprob": np.zeros(10),
             "ws_engine_logprob": np.zeros(10, np.float32), "ws_trainer_new_logprob": np.zeros(10)}  # fmt: skip
