@@ -41,13 +41,13 @@ def decode_positions(scores: PromptScores, starts: list[int], greedy: Completion
     ``scores`` holds positions 1..L-1 of each rescored sequence, so the token at position ``t``
     is entry ``t - 1`` of its sequence's block; completion tokens start at ``starts[i]``.
     """
-    lengths = np.diff(greedy.offsets)
+    starts_arr = np.asarray(starts, dtype=np.int64)
     rescored = (
-        np.diff(scores.offsets) + 1 - np.asarray(starts, dtype=np.int64)
-    )  # tokens per sequence
-    counts = np.clip(np.minimum(rescored, lengths), 0, None)
+        np.diff(scores.offsets) + 1 - starts_arr
+    )  # completion tokens each rescored sequence holds
+    counts = np.clip(np.minimum(rescored, np.diff(greedy.offsets)), 0, None)
     out = np.full(int(greedy.offsets[-1]), np.nan, dtype=np.float32)
-    source = token_ranges(scores.offsets[:-1] + np.asarray(starts, dtype=np.int64) - 1, counts)
+    source = token_ranges(scores.offsets[:-1] + starts_arr - 1, counts)
     dest = token_ranges(greedy.offsets[:-1], counts)
     out[dest] = scores.logprob[source]
     return out

@@ -87,10 +87,10 @@ class Client:
             try:
                 resp = self._http.request(method, path, json=body)
             except _retried_transport_errors() as exc:
-                # The connection broke before an answer: the server never finished this request.
-                # Every call here gives the same answer when sent twice (a seeded or greedy
-                # completion, a reload of one folder, a pause), so it is sent once more on a fresh
-                # connection, as OpenAI's client does, and the retry is recorded.
+                # The connection broke before an answer came back (the server may or may not have
+                # run the request). Every call here gives the same answer when sent twice (a seeded
+                # or greedy completion, a reload of one folder, a pause), so it is sent once more on
+                # a fresh connection, as OpenAI's client does, and the retry is recorded.
                 self.retried.append(f"{method} {path}: {type(exc).__name__}: {exc}"[:300])
                 resp = self._http.request(method, path, json=body)
         except httpx.HTTPError as exc:

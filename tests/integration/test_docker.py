@@ -2,8 +2,8 @@
 
 - the gate image (root Dockerfile, CPU flavour on a debootstrap base) runs the full gate on the
   CPU default, and its evidence equals the venv runner's for the same seeds;
-- per-engine mode: two single-engine images with no gate inside (vLLM in their own Python at a
-  path gate does not know), the worker mounted in;
+- per-engine mode: two single-engine images with no gate inside (made from the gate image with
+  gate taken out; vLLM's Python reached through /opt/vllm on PATH), the worker mounted in;
 - failures become ERROR (exit 3) with a reason: a broken image, a timeout, an OOM kill, a failed
   image build, Ctrl-C; and no container is ever left behind.
 

@@ -61,6 +61,17 @@ def test_tokens_at_the_nucleus_edge_are_undecidable_not_outside(smol_run):
     assert check["details"]["tokens_outside_transform"] == {"old": 0, "new": 0}
 
 
+def test_decode_agrees_with_prefill_on_the_real_model(smol_run):
+    """The control of row 26d on bf16 SmolLM2: measured on both releases, 0 of 56 greedy sequences
+    past the 1.05 bar (the largest 1.006; token |Δ| up to 0.052)."""
+    check = smol_run.check("logprob-integrity")
+    assert check["status"] == "PASS", check["summary"]
+    for engine in ("old", "new"):
+        found = check["details"][engine]["prefill_decode"]
+        assert found["sequences"] == 56 and found["disagreeing"] == 0 and found["not_compared"] == 0, found
+        assert found["max_sequence_error"] < 1.03, found  # well inside the bar, not just under it
+
+
 def test_a_correct_inflight_update_on_the_real_model_is_quiet(smol_run):
     """The control on bf16 SmolLM2: `keep` keeps the KV on both releases, and bf16 noise makes no
     token look torn (measured: tolerance 0.17, 14 decisive tokens after the switch, none fitting
