@@ -51,6 +51,10 @@ TRAINER_BOUNDARY_GAP = "trainer_boundary_gap"
 # The probability (after temperature and top-k) of the tokens more likely than the sampled one:
 # top-p keeps a token while it is < top_p. NaN where top-p is off; absent before it was recorded.
 TRAINER_MASS_ABOVE = "trainer_mass_above"
+# The reference's log_softmax(logits / T) over the whole vocabulary: what a trainer that does not
+# renormalise over the sampler's kept tokens computes; minus the processed logprob, the log of the
+# kept mass (support-mismatch, in train-inference-mismatch). Absent before it was recorded.
+TRAINER_TEMPERED = "trainer_logprob_tempered"
 # The reference's raw logprobs of the engine's top-k tokens ([tokens, k], NaN where the engine
 # reported fewer): the effective-temperature fit. Absent in evidence from gate versions before it.
 TRAINER_TOPK_RAW = "trainer_topk_raw"

@@ -75,6 +75,7 @@ def judge(run_dir: Path, cfg: GateConfig) -> Judgment:
         baseline_comparable=base is not None and bl.comparable(base, run),
         noise_applicable=base is not None and bl.noise_applies(base, run, engines["new"]),
         acknowledge=frozenset(cfg.acknowledge),
+        trainer_normalize=cfg.reference.normalize,
     )
     if base is not None:
         base_status = dataclasses.replace(

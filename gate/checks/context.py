@@ -26,6 +26,8 @@ class Context:
     # the baseline's calibrated noise describes this run (same engine inputs; any sampling seed)
     noise_applicable: bool = False
     acknowledge: frozenset[str] = frozenset()
+    # reference.normalize: the vocabulary the trainer normalises a sampled token's logprob over
+    trainer_normalize: str = "full"
 
     @property
     def sampling(self) -> dict[str, Any]:

@@ -11,6 +11,12 @@ only its lower bound is compared with the threshold, so sampling noise cannot tr
 per engine, new first; 0 lists none), each with its prompt, position and a few tokens of context,
 so a reader sees where the engines diverge. Token text comes from the worker (texts.json) and is
 untrusted: it is carried verbatim and the renderer escapes it.
+
+The support measurements (gate/checks/support.py) add what d leaves out: under top-k / top-p a
+trainer that normalises over the whole vocabulary (``reference.normalize: full``) sees a ratio of
+the kept mass S on every token, however close the numbers are. ``support_clip_frac``, the share of
+sampled tokens with S < 1 - clip_eps, is judged on the new engine; with ``normalize: kept`` it is
+reported only.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ import numpy as np
 
 from gate import evidence as ev
 from gate.checks.base import CheckResult, CheckSpec, Limit, Measurement, Threshold, measure
-from gate.checks.context import per_prompt, sampled_pairs
+from gate.checks.context import Context, per_prompt, sampled_pairs
+from gate.checks.support import KeptMass, applies, kept_mass
 from gate.evidence import Evidence
 from gate.metrics import bootstrap_mean_diff_ci, largest_abs_diff, mismatch
 from gate.verdict import Status, worst
@@ -42,6 +49,11 @@ THRESHOLDS = {
     ),
     "ess": Threshold(
         Limit(0.5), Limit(0.3), higher_is_worse=False, source="verl: ESS < 0.3 is bad"
+    ),
+    "support_clip_frac": Threshold(
+        Limit(0.02),
+        Limit(0.1),
+        source="as clip_frac_token: tokens whose ratio the kept mass alone takes out of the clip band",
     ),
     "regression_mean_abs_diff": Threshold(
         Limit(3, relative=True, floor=2e-3),
@@ -87,6 +99,11 @@ def run(ctx, settings) -> CheckResult:
         name: s.to_dict() | {"tokens_outside_transform": pairs[name].masked}
         for name, s in stats.items()
     }
+    support = {name: kept_mass(e, opts["clip_eps"]) for name, e in ctx.engines()}
+    measurements += _support_measurements(ctx, support, th["support_clip_frac"])
+    for name, k in support.items():
+        if k is not None:
+            details[name]["support"] = asdict(k) | {"mean_ratio": k.mean}
     if ctx.old is not None:
         g = ev.SAMPLE
         per = {
@@ -118,19 +135,71 @@ def run(ctx, settings) -> CheckResult:
     status = worst(m.status for m in measurements)
     new = stats["new"]
     summary = f"new: token_mult_prob_error {new.token_mult_prob_error:.4f}, k3 KL {new.k3_kl:.2e}, clip {new.clip_frac_token:.2%}"
+    kept_new = support.get("new")
+    if kept_new is not None and ctx.trainer_normalize == "full" and kept_new.truncated > 0:
+        summary += f"; kept mass {kept_new.mean:.3f} (full-vocabulary trainer)"
     diagnosis = ""
     if status in (Status.WARN, Status.FAIL):
-        bad = [
+        bad = [m for m in measurements if m.status == status]
+        numeric = [
             f"{m.name}{'' if m.engine is None else f' ({m.engine})'} = {m.value:.4g}"
-            for m in measurements
-            if m.status == status
+            for m in bad
+            if m.name != "support_clip_frac"
         ]
-        diagnosis = (
-            f"The new engine's logprobs are further from the trainer's than allowed: {', '.join(bad)}. "
-            "Check the engine's logprob semantics and precision first (logprobs_mode, dtype, an fp32 lm_head on both "
-            "sides); objective-side corrections such as truncated importance sampling would only hide an engine bug."
-        )
+        parts = []
+        if numeric:
+            parts.append(
+                f"The new engine's logprobs are further from the trainer's than allowed: {', '.join(numeric)}. "
+                "Check the engine's logprob semantics and precision first (logprobs_mode, dtype, an fp32 lm_head on "
+                "both sides); objective-side corrections such as truncated importance sampling would only hide an "
+                "engine bug."
+            )
+        if len(numeric) < len(bad):
+            parts.append(_support_diagnosis(support["new"], ctx.sampling, opts["clip_eps"]))
+        diagnosis = " ".join(parts)
     return CheckResult(ID, TITLE, status, summary, diagnosis, measurements, details)
+
+
+def _support_measurements(
+    ctx: Context, support: dict[str, KeptMass | None], threshold: Threshold
+) -> list[Measurement]:
+    """support_clip_frac and support_mean_ratio per engine; judged on the new engine alone, and only
+    where the trainer normalises over the whole vocabulary and the engine returns kept-set logprobs."""
+    out = []
+    for name, e in ctx.engines():
+        k = support[name]
+        if k is None:
+            continue
+        m = measure("support_clip_frac", k.clip_frac, threshold, engine=name)
+        if name == "old":
+            m.status, m.note = Status.PASS, "old engine: for comparison"
+        elif ctx.trainer_normalize != "full":
+            m.status, m.note = (
+                Status.PASS,
+                "reported only: the trainer renormalises over the kept tokens (reference.normalize: kept)",
+            )
+        elif not applies(e):
+            m.status, m.note = (
+                Status.PASS,
+                "reported only: the engine's logprobs are not normalised over the kept tokens (logprobs_mode)",
+            )
+        ratio = Measurement("support_mean_ratio", k.mean, Status.PASS, engine=name,
+                            note=f"exp(mean log kept mass) over {k.truncated:.0%} truncated tokens")  # fmt: skip
+        out += [m, ratio]
+    return out
+
+
+def _support_diagnosis(k: KeptMass | None, sampling: dict[str, Any], clip_eps: float) -> str:
+    if k is None:
+        return ""
+    return (
+        f"At top_k {sampling['top_k']}, top_p {sampling['top_p']} the sampler keeps a geometric mean of "
+        f"{k.mean:.3f} of the probability, and {k.clip_frac:.1%} of sampled tokens keep less than "
+        f"{1 - clip_eps:g}: a trainer that takes log_softmax over the whole vocabulary "
+        "(reference.normalize: full) clips them though they are on-policy. Renormalise the trainer's "
+        "logprobs over the kept tokens (vLLM's return_sampling_mask, Model Runner V2) and set "
+        "reference.normalize: kept, or sample without top-k/top-p."
+    )
 
 
 @dataclass(frozen=True)

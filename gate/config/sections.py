@@ -34,6 +34,9 @@ INSTALLERS = (
     "pip",
 )  # how the venv runner installs an engine; auto: uv where installed
 REFERENCE_DTYPES = ("float32", "bfloat16", "float16")
+# How the trainer normalises a sampled token's logprob under top-k/top-p: over the whole vocabulary
+# (log_softmax(logits / T), what most trainers compute) or over the tokens the sampler kept.
+REFERENCE_NORMALIZE = ("full", "kept")
 # reference.device_map: accelerate's placement strategies, or an explicit module -> device mapping.
 DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 # reference.max_memory keys besides GPU indices. No "disk": the reference scores every batch, and a
@@ -107,6 +110,11 @@ class ReferenceConfig:
     dtype: str = "float32"
     lm_head_fp32: bool = False
     batch_tokens: int = 16384
+    # full: the trainer takes log_softmax(logits / T) over the whole vocabulary, so under top-k /
+    # top-p its importance ratio is off by the mass the sampler kept (train-inference-mismatch's
+    # support measurements judge it); kept: it renormalises over the kept tokens (vLLM's sampling
+    # mask). Changes no reference number: both logprobs are always recorded.
+    normalize: str = "full"
     # Spread the reference over devices with accelerate (it must be installed in the engine
     # environment): one of DEVICE_MAP_STRATEGIES, or module name -> GPU index or "cpu". None: the
     # whole reference on one device. Placement moves no number: the scores are the same.
@@ -134,6 +142,8 @@ class ReferenceConfig:
             self.dtype in REFERENCE_DTYPES, where, "dtype", f"must be one of {REFERENCE_DTYPES}"
         )
         require(self.batch_tokens >= 256, where, "batch_tokens", "must be >= 256")
+        require(self.normalize in REFERENCE_NORMALIZE, where, "normalize",
+                f"must be one of {REFERENCE_NORMALIZE}")  # fmt: skip
         _validate_device_map(self.device_map, where)
         if self.max_memory is None:
             return self

@@ -646,6 +646,8 @@ def _completion_arrays(
         arrays[f"{prefix}_{ev.TRAINER_BOUNDARY_GAP}"] = scored.boundary_gap
     if scored.mass_above is not None:
         arrays[f"{prefix}_{ev.TRAINER_MASS_ABOVE}"] = scored.mass_above
+    if scored.tempered is not None:
+        arrays[f"{prefix}_{ev.TRAINER_TEMPERED}"] = scored.tempered
     return arrays
 
 

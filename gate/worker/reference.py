@@ -61,6 +61,9 @@ class ScoredTokens:
     # [targets, k] raw logprobs of other tokens at each target's position (``also_ids``; the engine's
     # top-k), NaN where an id is -1: logprob differences at one position fit the engine's temperature.
     also_raw: np.ndarray | None = None
+    # log_softmax(logits / T) over the whole vocabulary: what a trainer that does not renormalise
+    # over the sampler's kept tokens computes. Minus ``processed``, the log of the kept mass.
+    tempered: np.ndarray | None = None
 
 
 def processed_logprobs(logits: torch.Tensor, transform: SamplingTransform) -> torch.Tensor:
@@ -396,25 +399,27 @@ class ReferenceModel:
         edge = np.empty(total, dtype=bool)
         gap = np.empty(total, dtype=np.float32)
         mass = np.empty(total, dtype=np.float32)
+        tempered = np.empty(total, dtype=np.float32)
         also = None if also_ids is None else np.full(also_ids.shape, np.nan, dtype=np.float32)
 
         order = np.argsort(-lengths, kind="stable")  # longest first: batches pad little
         done = 0
         for batch in _pack(order, lengths, batch_tokens):
             dest = token_ranges(out_offsets[batch], counts[batch])
-            r, p, b, e, a, g, m = self._score_batch(
+            r, p, b, e, a, g, m, t = self._score_batch(
                 [sequences[i] for i in batch], starts[batch], counts[batch], transform,
                 None if also_ids is None else also_ids[dest],
             )  # fmt: skip
             raw[dest], processed[dest], raw_bf16[dest], edge[dest], gap[dest] = r, p, b, e, g
-            mass[dest] = m
+            mass[dest], tempered[dest] = m, t
             if also is not None:
                 also[dest] = a
             done += len(batch)
             if progress:
                 progress(done, len(sequences))
         return ScoredTokens(raw=raw, processed=processed, raw_bf16_head=raw_bf16, at_boundary=edge,
-                            boundary_gap=gap, mass_above=mass, also_raw=also)  # fmt: skip
+                            boundary_gap=gap, mass_above=mass, also_raw=also,
+                            tempered=tempered)  # fmt: skip
 
     def _score_batch(
         self,
@@ -424,7 +429,14 @@ class ReferenceModel:
         transform: SamplingTransform,
         also_ids: np.ndarray | None = None,
     ) -> tuple[
-        np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray
+        np.ndarray,
+        np.ndarray,
+        np.ndarray,
+        np.ndarray,
+        np.ndarray | None,
+        np.ndarray,
+        np.ndarray,
+        np.ndarray,
     ]:
         max_len = max(len(s) for s in seqs)
         ids = torch.full((len(seqs), max_len), self.pad_id, dtype=torch.long)
@@ -443,7 +455,7 @@ class ReferenceModel:
         targets = ids[rows, cols + 1].unsqueeze(-1).to(self.head_device)
         picked = hidden[rows.to(hidden.device), cols.to(hidden.device)].to(self.head_device)
 
-        outs: tuple[list[torch.Tensor], ...] = ([], [], [], [], [], [], [])
+        outs: tuple[list[torch.Tensor], ...] = ([], [], [], [], [], [], [], [])
         also = None if also_ids is None else torch.from_numpy(also_ids.astype(np.int64))
         step = HEAD_CHUNK_ROWS.get(self.head_device.type, HEAD_CHUNK_ROWS["cuda"])
         for chunk in range(0, picked.shape[0], step):
@@ -468,10 +480,25 @@ class ReferenceModel:
             outs[3].append(edge)
             outs[5].append(gap)
             outs[6].append(mass)
+            outs[7].append(_tempered(logits, transform, t, outs[0][-1], processed))
         raw, processed, raw_bf16 = (torch.cat(o).float().cpu().numpy() for o in outs[:3])
         also_raw = torch.cat(outs[4]).float().cpu().numpy() if outs[4] else None
-        gaps, masses = (torch.cat(o).float().cpu().numpy() for o in outs[5:7])
-        return raw, processed, raw_bf16, torch.cat(outs[3]).cpu().numpy(), also_raw, gaps, masses
+        gaps, masses, tempered = (torch.cat(o).float().cpu().numpy() for o in outs[5:8])
+        return (raw, processed, raw_bf16, torch.cat(outs[3]).cpu().numpy(), also_raw, gaps, masses,
+                tempered)  # fmt: skip
+
+
+def _tempered(logits: torch.Tensor, transform: SamplingTransform, targets: torch.Tensor,
+              raw: torch.Tensor, processed: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """log_softmax(logits / T) at the targets, over the whole vocabulary; the logprobs already
+    computed stand in where they are the same number (no top-k/top-p: the processed one; T 1 or
+    greedy: the raw one)."""
+    vocab = logits.shape[-1]
+    if not (0 < transform.top_k < vocab or transform.top_p < 1.0):
+        return processed
+    if transform.temperature <= 0 or transform.temperature == 1.0:
+        return raw
+    return _picked_log_softmax(_scaled(logits.float(), transform), targets)
 
 
 def _load_on_one_device(

@@ -211,6 +211,11 @@ ROWS: tuple[FaultRow, ...] = (
              "the logits it samples from; prompt logprobs do not pass through it",
              "logprob-integrity", ("FAIL",), "disagrees with itself",
              "tests/integration/test_faults.py::test_decode_that_disagrees_with_its_own_prefill_is_caught"),
+    FaultRow("26e", "a trainer that normalises over the whole vocabulary at top_p 0.9 (TRL #6789 / #7269, prime-rl #3235)",
+             "config: `reference.normalize: full` on SmolLM2 at temperature 0.8, top_p 0.9; `gate check` judges the "
+             "example's own run again (no engine patch: the public cases were a config, not a bug)",
+             "train-inference-mismatch", ("WARN", "FAIL"), "reference.normalize: kept",
+             "tests/integration/test_smollm2_example.py::test_a_full_vocabulary_trainer_at_top_p_is_told_its_ratios_are_cut"),
     FaultRow("27a", "prime-rl's filesystem push reading a checkpoint the trainer has half written (partial)",
              "`gate init --stack prime-rl --cpu`, then its recipe's `prime_rl_update` given the first half of the "
              "decoder layers (`tests/hooks/recipe_faults.py`): the race prime-rl's orchestrator waits out",

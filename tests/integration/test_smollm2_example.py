@@ -16,6 +16,7 @@ import shutil
 import pytest
 import yaml
 
+from tests.faults.matrix import verify
 from tests.integration.conftest import REPO, Replay, replay, run_cli
 
 pytestmark = pytest.mark.engine
@@ -51,6 +52,38 @@ def test_without_the_committed_baseline_it_is_not_a_fail_either(smol_run, tmp_pa
     report = json.loads((run_dir / "report.json").read_text())
     statuses = {c["id"]: c["status"] for c in report["checks"]}
     assert "FAIL" not in statuses.values() and statuses["grpo-trajectory"] in ("PASS", "WARN"), statuses
+
+
+def _judged_again(smol_run, tmp_path, edit) -> dict:
+    """The run's evidence judged by `gate check` (no engine started) under the example edited by
+    ``edit``; the report."""
+    raw = yaml.safe_load(EXAMPLE.read_text())
+    raw["prompts"] = [str((EXAMPLE.parent / p).resolve()) for p in raw["prompts"]]
+    raw["baseline"] = str((EXAMPLE.parent / raw["baseline"]).resolve())
+    edit(raw)
+    config = tmp_path / "edited.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    run_dir = tmp_path / "run"  # gate check writes its report into the run directory: a copy
+    shutil.copytree(smol_run.run_dir, run_dir)
+    proc = run_cli("check", str(run_dir), "-c", str(config), timeout=600)
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    return json.loads((run_dir / "report.json").read_text())
+
+
+def test_a_full_vocabulary_trainer_at_top_p_is_told_its_ratios_are_cut(smol_run, tmp_path):
+    """Row 26e (TRL #6789 / #7269, prime-rl #3235, verl #6240): the same run judged for a trainer
+    that takes log_softmax over the whole vocabulary. The example's own trainer renormalises over
+    the kept tokens, so there the same numbers are reported only."""
+    own = smol_run.check("train-inference-mismatch")
+    support = {m["engine"]: m for m in own["measurements"] if m["name"] == "support_clip_frac"}
+    assert support["new"]["status"] == "PASS" and "normalize: kept" in support["new"]["note"]
+    report = _judged_again(smol_run, tmp_path, lambda raw: raw["reference"].update(normalize="full"))
+    record = verify("26e", report)
+    judged = next(c for c in report["checks"] if c["id"] == "train-inference-mismatch")
+    again = {m["engine"]: m for m in judged["measurements"] if m["name"] == "support_clip_frac"}
+    assert again["new"]["value"] == support["new"]["value"] > 0.02, record["observed_summary"]
+    details = judged["details"]["new"]["support"]
+    assert 0.5 < details["mean_ratio"] < 0.99 and details["truncated"] > 0.5, details
 
 
 def test_tokens_at_the_nucleus_edge_are_undecidable_not_outside(smol_run):

@@ -113,6 +113,40 @@ def test_batched_scoring_equals_one_sequence_at_a_time(tiny_model):
     assert 0 < gap.max() < 0.1
 
 
+@pytest.mark.parametrize(
+    "transform",
+    [
+        SamplingTransform(temperature=0.7, top_k=10, top_p=0.95),  # the tempered log_softmax itself
+        SamplingTransform(temperature=1.0, top_k=0, top_p=0.8),  # T = 1: the raw logprob
+        SamplingTransform(temperature=0.7, top_k=0, top_p=1.0),  # no truncation: the processed one
+    ],
+)
+def test_the_tempered_logprob_is_log_softmax_over_the_whole_vocabulary(tiny_model, transform):
+    """What a trainer that does not renormalise computes (support mismatch, issue 26 class 1); minus
+    the processed logprob, the log of the probability the transform kept."""
+    path, model = tiny_model
+    seqs, starts = [[1, 5, 7, 9, 2], [1, 4, 4, 4, 8]], [1, 2]
+    scored = ReferenceModel(str(path), "float32", lm_head_fp32=False, device="cpu").score(
+        seqs, starts, transform, batch_tokens=256
+    )
+    expected, kept_mass = [], []
+    with torch.no_grad():
+        for seq, start in zip(seqs, starts, strict=True):
+            logits = model(torch.tensor([seq])).logits[0].float()
+            scaled = logits / (transform.temperature or 1.0)
+            full = torch.log_softmax(scaled, -1)
+            keep = torch.isfinite(processed_logprobs(logits, transform))
+            for t in range(start, len(seq)):
+                expected.append(full[t - 1, seq[t]].item())
+                kept_mass.append(full[t - 1][keep[t - 1]].exp().sum().item())
+    assert scored.tempered is not None
+    np.testing.assert_allclose(scored.tempered, expected, atol=1e-5)
+    kept = np.isfinite(scored.processed)
+    np.testing.assert_allclose(
+        np.exp(scored.tempered - scored.processed)[kept], np.asarray(kept_mass)[kept], rtol=1e-5
+    )
+
+
 def test_bf16_trunk_with_fp32_head(tiny_model):
     path, _ = tiny_model
     fp32 = ReferenceModel(str(path), "float32", lm_head_fp32=False, device="cpu")

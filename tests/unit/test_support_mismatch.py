@@ -1,0 +1,110 @@
+"""Support mismatch under top-k/top-p (issue 26, class 1): the kept mass a full-vocabulary trainer
+misses, measured from the reference's two logprobs and judged in train-inference-mismatch, against
+hand-computed values."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+
+from gate import evidence as ev
+from gate.checks import parse_settings, run_checks
+from gate.checks.context import Context
+from gate.checks.support import kept_mass
+from gate.config.sections import ReferenceConfig
+from gate.errors import ConfigError
+from gate.verdict import Status
+
+from ..factory import RUN, make_evidence
+
+TEMPERED = f"{ev.SAMPLE}_{ev.TRAINER_TEMPERED}"
+PROCESSED = f"{ev.SAMPLE}_{ev.TRAINER_PROCESSED}"
+
+
+def _with_kept_mass(e: ev.Evidence, mass: np.ndarray) -> ev.Evidence:
+    """``e`` with a tempered logprob whose kept mass (exp(tempered - processed)) is ``mass``."""
+    tempered = e[PROCESSED] + np.log(mass)
+    np.savez(e.path / ev.EVIDENCE_FILE, **{**e.arrays, TEMPERED: tempered.astype(np.float32)})
+    return ev.load(e.path)
+
+
+def _masses(t: int, low: float, share_low: float) -> np.ndarray:
+    """``t`` kept masses: the first ``share_low`` of them ``low``, a quarter of the rest untruncated."""
+    mass = np.full(t, 0.95)
+    mass[: round(share_low * t)] = low
+    mass[-t // 4 :] = 1.0
+    return mass
+
+
+def test_kept_mass_statistics_match_the_hand_computed_ones(tmp_path):
+    e = make_evidence(tmp_path / "e")  # 40 sequences of 8 tokens: 320
+    mass = _masses(320, 0.6, 0.10)  # 32 at 0.6, 208 at 0.95, 80 at 1.0
+    k = kept_mass(_with_kept_mass(e, mass), clip_eps=0.2)
+    assert k is not None and k.tokens == 320
+    assert k.clip_frac == pytest.approx(32 / 320)  # 0.6 < 0.8; 0.95 is inside the band
+    assert k.truncated == pytest.approx(240 / 320)
+    expected_mean_log = (32 * math.log(0.6) + 208 * math.log(0.95)) / 320
+    assert k.mean_log == pytest.approx(expected_mean_log, abs=1e-6)
+    assert k.mean == pytest.approx(math.exp(expected_mean_log), abs=1e-6)
+    assert k.min_log == pytest.approx(math.log(0.6), abs=1e-6)
+    # A wider band lets them through.
+    assert kept_mass(_with_kept_mass(e, mass), clip_eps=0.45).clip_frac == 0.0
+
+
+def test_evidence_without_the_tempered_logprob_is_not_measured(tmp_path):
+    assert kept_mass(make_evidence(tmp_path / "e"), clip_eps=0.2) is None
+
+
+def test_tokens_outside_the_transform_are_left_out(tmp_path):
+    e = make_evidence(tmp_path / "e")
+    mass = _masses(320, 0.6, 0.10)
+    arrays = {**e.arrays, TEMPERED: (e[PROCESSED] + np.log(mass)).astype(np.float32)}
+    arrays[PROCESSED] = arrays[PROCESSED].copy()
+    arrays[PROCESSED][:32] = -np.inf  # the 0.6-mass tokens: sampled where the transform forbids
+    np.savez(e.path / ev.EVIDENCE_FILE, **arrays)
+    k = kept_mass(ev.load(e.path), clip_eps=0.2)
+    assert k is not None and k.tokens == 288 and k.clip_frac == 0.0
+
+
+def _judge(tmp_path, mass: np.ndarray, normalize: str, effective: dict | None = None):
+    old = _with_kept_mass(make_evidence(tmp_path / "old", seed=1, effective=effective), mass)
+    new = _with_kept_mass(make_evidence(tmp_path / "new", seed=1, effective=effective), mass)
+    run = copy.deepcopy(RUN)
+    run["sampling"]["top_p"] = 0.8
+    ctx = Context(new=new, old=old, run=run, trainer_normalize=normalize)
+    result = next(r for r in run_checks(ctx, parse_settings({}, "t")) if r.id == "train-inference-mismatch")
+    support = {m.engine: m for m in result.measurements if m.name == "support_clip_frac"}
+    return result, support
+
+
+@pytest.mark.parametrize(("share", "status"), [(0.01, Status.PASS), (0.05, Status.WARN), (0.15, Status.FAIL)])
+def test_a_full_vocabulary_trainer_is_judged_by_the_share_its_clip_band_cuts(tmp_path, share, status):
+    result, support = _judge(tmp_path, _masses(320, 0.5, share), "full")
+    assert support["new"].status == status and support["new"].value == pytest.approx(round(share * 320) / 320)
+    assert support["old"].status == Status.PASS  # context only
+    assert result.status == status
+    if status != Status.PASS:
+        assert "reference.normalize: kept" in result.diagnosis
+        assert "further from the trainer's" not in result.diagnosis  # the numbers themselves agree
+
+
+def test_a_trainer_that_renormalises_over_the_kept_tokens_is_not_judged(tmp_path):
+    result, support = _judge(tmp_path, _masses(320, 0.5, 0.15), "kept")
+    assert support["new"].status == Status.PASS and "reference.normalize: kept" in support["new"].note
+    assert support["new"].value == pytest.approx(48 / 320)  # still measured and shown
+    assert result.status == Status.PASS
+
+
+def test_an_engine_returning_raw_logprobs_is_not_judged_for_support(tmp_path):
+    _, support = _judge(
+        tmp_path, _masses(320, 0.5, 0.15), "full", effective={"logprobs_mode": "raw_logprobs"}
+    )
+    assert support["new"].status == Status.PASS and "logprobs_mode" in support["new"].note
+
+
+def test_normalize_is_validated_with_the_field_named():
+    with pytest.raises(ConfigError, match="normalize"):
+        ReferenceConfig(normalize="softmax").validate("gate.yaml: reference")
