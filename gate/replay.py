@@ -22,10 +22,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gate import __version__, evidence, evidence_cache
 from gate.config import (
     OPTIONAL_ENGINE_ARGS,
+    SERVER_PENALTY_FIELDS,
     SERVER_REQUEST_FIELDS,
     DockerConfig,
     EngineConfig,
@@ -126,6 +128,9 @@ def build_request(
             max_tokens=s.max_tokens,
             seed=s.seed,
             logprobs=s.logprobs,
+            repetition_penalty=s.repetition_penalty,
+            presence_penalty=s.presence_penalty,
+            frequency_penalty=s.frequency_penalty,
         ),
         greedy_max_tokens=cfg.greedy.max_tokens if cfg.greedy.enabled else 0,
         teacher_forced=cfg.teacher_forced.enabled,
@@ -142,15 +147,17 @@ def build_request(
         weight_sync=_weight_sync_request(cfg),
         grpo=_grpo_request(cfg, grpo_seeds),
         mode=engine.mode,
-        server=_server_request(engine),
+        server=_server_request(engine, cfg.sampling.record()),
     )
 
 
-def _server_request(engine: EngineConfig) -> ServerRequest | None:
+def _server_request(engine: EngineConfig, sampling: dict[str, Any]) -> ServerRequest | None:
     if engine.mode != "server":
         return None
     s = engine.server
-    fields = SERVER_REQUEST_FIELDS if s.request_fields is None else s.request_fields
+    fields = s.request_fields
+    if fields is None:  # all the usual fields, and the penalties the sampling section turns on
+        fields = SERVER_REQUEST_FIELDS + tuple(p for p in SERVER_PENALTY_FIELDS if p in sampling)
     return ServerRequest(request_fields=list(fields), args=list(s.args), startup_timeout_s=s.startup_timeout_s,
                          request_timeout_s=s.request_timeout_s, max_in_flight=s.max_in_flight,
                          dev_mode=s.dev_mode)  # fmt: skip
@@ -378,7 +385,7 @@ def run_manifest(
             {"name": p.name, "file": str(p.path), "sha256": p.sha256, "records": len(p.items)}
             for p in prompt_sets
         ],
-        "sampling": dataclasses.asdict(cfg.sampling),
+        "sampling": cfg.sampling.record(),
         "greedy": dataclasses.asdict(cfg.greedy),
         "teacher_forced": dataclasses.asdict(cfg.teacher_forced),
         "reference": cfg.reference.scoring(),  # baselines compare it: placement stays out

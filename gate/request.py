@@ -46,6 +46,18 @@ class SamplingRequest:
     max_tokens: int
     seed: int
     logprobs: int  # top-k alternatives recorded per generated token
+    # vLLM's penalties (neutral: off); requests from gate versions before them decode as off
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    @property
+    def penalised(self) -> bool:
+        return (self.repetition_penalty, self.presence_penalty, self.frequency_penalty) != (
+            1.0,
+            0.0,
+            0.0,
+        )
 
 
 @dataclass(frozen=True)

@@ -53,9 +53,19 @@ class Context:
 
     @property
     def transform_is_identity(self) -> bool:
-        """Raw and processed logprobs coincide: temperature 1 and no top-k / top-p."""
+        """Raw and processed logprobs coincide: temperature 1, no top-k / top-p, no penalties."""
         s = self.sampling
-        return s["temperature"] == 1.0 and s["top_k"] in (0, -1) and s["top_p"] >= 1.0
+        return (
+            s["temperature"] == 1.0
+            and s["top_k"] in (0, -1)
+            and s["top_p"] >= 1.0
+            and not self.penalties
+        )
+
+    @property
+    def penalties(self) -> dict[str, float]:
+        """The sampling penalties that are on (run.json records only those)."""
+        return {k: v for k, v in self.sampling.items() if k.endswith("_penalty")}
 
 
 def sequences(e: Evidence, group: str) -> list[np.ndarray]:

@@ -150,7 +150,9 @@ def run(ctx, settings) -> CheckResult:
     }
     new, old = found["new"], found.get("old")
     label = f"new reports {new}" + (f", old reports {old}" if old else "") + f" (expected {expect})"
-    status, diagnosis = _semantics_verdict(new, old, expect, details["engine_mode"]["new"])
+    status, diagnosis = _semantics_verdict(
+        new, old, expect, details["engine_mode"]["new"], ctx.penalties
+    )
     fit_problem = _temperature_problem(measurements, ctx, expect)
     # Semantics other than the expected ones fail above and explain the fitted temperature already.
     if fit_problem and new in (expect, "neither", "unknown"):
@@ -254,9 +256,19 @@ def _identity_result(ctx, settings) -> CheckResult:
     return CheckResult(ID, TITLE, problem[0], problem[1], problem[2], measurements)
 
 
-def _semantics_verdict(new: str, old: str | None, expect: str, mode) -> tuple[Status, str]:
+def _semantics_verdict(new: str, old: str | None, expect: str, mode,
+                       penalties: dict[str, float]) -> tuple[Status, str]:  # fmt: skip
     if new != expect:
-        if new == "neither":
+        if new == "neither" and penalties:
+            on = ", ".join(f"{k} {v:g}" for k, v in penalties.items())
+            fix = (
+                f"sampling turns penalties on ({on}), and the reference applies them as vLLM's sampler does: to "
+                "the logits before temperature, over the prompt and the tokens generated before each position. "
+                "An engine that counts other tokens reports other numbers (vLLM #52461: with async scheduling, "
+                "penalties acted on placeholder tokens); check async_scheduling and the release's penalty "
+                "code, and penalties or other defaults taken from generation_config.json"
+            )
+        elif new == "neither":
             fix = (
                 "the engine transforms logits beyond the configured temperature/top-k/top-p: check custom "
                 "logits_processors, penalties or other defaults taken from generation_config.json, and a "

@@ -25,6 +25,7 @@ from gate.config.sections import (
     INSTALLERS,
     INTERNAL,
     RUNNER_KINDS,
+    SERVER_PENALTY_FIELDS,
     DockerConfig,
     EngineConfig,
     GateConfig,
@@ -123,7 +124,19 @@ def parse_config(raw: Any, path: Path) -> GateConfig:
     require(cfg.greedy.max_tokens >= 1, f"{where}: greedy", "max_tokens", "must be >= 1")
     for engine in cfg.engines.values():
         _check_parallel_fits(engine, cfg.docker, where)
+        _check_penalties_sent(engine, cfg.sampling.record(), where)
     return cfg
+
+
+def _check_penalties_sent(engine: EngineConfig, sampling: dict[str, Any], where: str) -> None:
+    """A penalty the sampling section turns on must be in what a server-mode engine's requests send:
+    the reference applies it, and a server that never received it would not."""
+    listed = engine.server.request_fields
+    if engine.mode != "server" or listed is None:
+        return
+    for name in SERVER_PENALTY_FIELDS:
+        require(name not in sampling or name in listed, f"{where}: engines.{engine.name}.server",
+                "request_fields", f"sampling.{name} is set, so the requests must send {name!r}")  # fmt: skip
 
 
 def parallel_ranks(engine_args: dict[str, Any], where: str) -> int:

@@ -28,12 +28,16 @@ ENGINE_MODES = ("offline", "server")
 # from the model's generation_config.json. n, the per-prompt seed and the logprob counts are always
 # sent: the evidence needs them.
 SERVER_REQUEST_FIELDS = ("temperature", "top_p", "top_k", "max_tokens")
+# Sent when sampling turns them on (or request_fields lists them); otherwise left to the server.
+SERVER_PENALTY_FIELDS = ("repetition_penalty", "presence_penalty", "frequency_penalty")
 INSTALLERS = (
     "auto",
     "uv",
     "pip",
 )  # how the venv runner installs an engine; auto: uv where installed
 REFERENCE_DTYPES = ("float32", "bfloat16", "float16")
+# The sampling penalties and the values that turn them off (vLLM's defaults).
+PENALTY_NEUTRAL = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
 # How the trainer normalises a sampled token's logprob under top-k/top-p: over the whole vocabulary
 # (log_softmax(logits / T), what most trainers compute) or over the tokens the sampler kept.
 REFERENCE_NORMALIZE = ("full", "kept")
@@ -80,9 +84,33 @@ class SamplingConfig:
     top_k: int = 0  # 0 = off
     seed: int = 1234
     logprobs: int = 5
+    # vLLM's penalties, on the logits before temperature (its sampler's order); the reference applies
+    # them the same way to the processed logprobs. The neutral values leave them off.
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    def record(self) -> dict[str, Any]:
+        """run.json's ``sampling``: penalties only where on, so that baselines recorded before they
+        could be set stay comparable (a baseline matches a run on this mapping)."""
+        return {
+            k: v
+            for k, v in dataclasses.asdict(self).items()
+            if PENALTY_NEUTRAL.get(k, object()) != v
+        }
 
     def validate(self, where: str) -> None:
         require(self.n >= 1, where, "n", "must be >= 1")
+        require(
+            self.repetition_penalty > 0, where, "repetition_penalty", "must be > 0 (1.0 is off)"
+        )
+        for name in ("presence_penalty", "frequency_penalty"):
+            require(
+                -2.0 <= getattr(self, name) <= 2.0,
+                where,
+                name,
+                "must be in [-2, 2] (0 is off), as vLLM accepts",
+            )
         require(self.max_tokens >= 1, where, "max_tokens", "must be >= 1")
         require(self.temperature > 0, where, "temperature", "must be > 0 (greedy has its own pass)")
         require(0 < self.top_p <= 1, where, "top_p", "must be in (0, 1]")
@@ -314,9 +342,9 @@ class ServerConfig:
     dev_mode: bool = True
 
     def validate(self, where: str) -> None:
+        known = SERVER_REQUEST_FIELDS + SERVER_PENALTY_FIELDS
         for name in self.request_fields or ():
-            require(name in SERVER_REQUEST_FIELDS, where, "request_fields",
-                    f"{name!r} is not one of {SERVER_REQUEST_FIELDS}")  # fmt: skip
+            require(name in known, where, "request_fields", f"{name!r} is not one of {known}")
         require(self.startup_timeout_s > 0, where, "startup_timeout_s", "must be > 0")
         require(self.request_timeout_s > 0, where, "request_timeout_s", "must be > 0")
         require(self.max_in_flight >= 1, where, "max_in_flight", "must be >= 1")

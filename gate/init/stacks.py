@@ -208,6 +208,7 @@ STACKS: dict[str, Stack] = {
                 "sampling.temperature": key("temperature", default=1.0),
                 "sampling.top_p": key("top_p", default=1.0),
                 "sampling.top_k": key("top_k", default=0, convert=off_is_zero),
+                "sampling.repetition_penalty": key("repetition_penalty", default=1.0),
                 "engine_args.tensor_parallel_size": key("vllm_tensor_parallel_size", default=1),
                 "engine_args.gpu_memory_utilization": key(
                     "vllm_gpu_memory_utilization", default=0.3
@@ -231,7 +232,6 @@ STACKS: dict[str, Stack] = {
             loss=trl_loss,
             ignored={
                 "min_p": "gate samples without min_p",
-                "repetition_penalty": "gate samples without penalties",
                 "generation_kwargs": "extra SamplingParams are not replayed",
                 "vllm_importance_sampling_correction": "the trainer's IS correction is the trainer's, not the engine's",
             },

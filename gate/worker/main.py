@@ -558,7 +558,10 @@ def _reference_arrays(ref: ReferenceModel, request: WorkerRequest, prompt_ids: l
 
     r, s = request.reference, request.sampling
     rollout = SamplingTransform(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                                mask_dtype=_logits_dtype(out.meta, request.engine_args))  # fmt: skip
+                                mask_dtype=_logits_dtype(out.meta, request.engine_args),
+                                repetition_penalty=s.repetition_penalty,
+                                presence_penalty=s.presence_penalty,
+                                frequency_penalty=s.frequency_penalty)  # fmt: skip
     untransformed = SamplingTransform(temperature=0.0, top_k=0, top_p=1.0)
 
     arrays = {
@@ -573,7 +576,10 @@ def _reference_arrays(ref: ReferenceModel, request: WorkerRequest, prompt_ids: l
         ):
             if comp is None:
                 continue
-            also = comp.topk_ids if prefix == ev.SAMPLE and comp.topk_ids.shape[1] else None
+            # The effective-temperature fit reads raw logit differences; penalties move them per
+            # token, so with penalties on there is no fit (and no input for it).
+            fit = prefix == ev.SAMPLE and comp.topk_ids.shape[1] and not transform.penalised
+            also = comp.topk_ids if fit else None
             scored = ref.score(*_continuations(prompt_ids, comp), transform, r.batch_tokens,
                                also_ids=also)  # fmt: skip
             arrays.update(_completion_arrays(prefix, comp, scored))

@@ -38,6 +38,20 @@ class SamplingTransform:
     # The dtype the engine's logits are in (its lm_head's): top-k/top-p are decided on logits rounded
     # to it, as the engine decides them; None keeps the reference's own fp32 logits.
     mask_dtype: str | None = None
+    # vLLM's penalties, on the fp32 logits before temperature (:func:`penalised`); neutral: off.
+    # They need each row's prompt and earlier output tokens, so only ``ReferenceModel.score``
+    # applies them, to completions scored from the prompt's end.
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    @property
+    def penalised(self) -> bool:
+        return (self.repetition_penalty, self.presence_penalty, self.frequency_penalty) != (
+            1.0,
+            0.0,
+            0.0,
+        )
 
 
 # Significant bits after the leading one, for the width of one ULP at the top-k/top-p boundary.
@@ -64,6 +78,66 @@ class ScoredTokens:
     # log_softmax(logits / T) over the whole vocabulary: what a trainer that does not renormalise
     # over the sampler's kept tokens computes. Minus ``processed``, the log of the kept mass.
     tempered: np.ndarray | None = None
+
+
+def penalised(logits: torch.Tensor, transform: SamplingTransform, in_prompt: torch.Tensor,
+              output_counts: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """vLLM's penalties on [rows, vocab] logits (``apply_penalties``, v1/sample/ops/penalties.py).
+
+    ``in_prompt`` ([rows, vocab] bool): the token is in the row's prompt; ``output_counts``
+    ([rows, vocab]): how often the completion produced it before this position. The repetition
+    penalty divides a positive logit and multiplies a negative one of every token seen in either;
+    frequency subtracts ``penalty x count`` and presence ``penalty`` once, for output tokens only.
+    """
+    out = logits.float()
+    if transform.repetition_penalty != 1.0:
+        seen = in_prompt | (output_counts > 0)
+        scale = torch.where(
+            out > 0, 1.0 / transform.repetition_penalty, transform.repetition_penalty
+        )
+        out = torch.where(seen, out * scale, out)
+    return (
+        out
+        - transform.frequency_penalty * output_counts
+        - transform.presence_penalty * (output_counts > 0).float()
+    )
+
+
+def output_counts(ids: torch.Tensor, seq_of_row: torch.Tensor, target_pos: torch.Tensor,
+                  starts: torch.Tensor, vocab: int) -> torch.Tensor:  # fmt: skip
+    """[rows, vocab]: per row, how often each token occurs in its sequence's completion before the
+    row's target, ``ids[b, starts[b] : target_pos]``.
+
+    Rows of one sequence are consecutive with rising positions (:func:`gate.evidence.token_ranges`),
+    so the counts are a running sum of each row's previous token, restarted per sequence; the
+    first row of a sequence that starts mid-completion (a block split inside it) is seeded with the
+    tokens before it.
+    """
+    rows = seq_of_row.shape[0]
+    counts = torch.zeros(rows, vocab, dtype=torch.float32, device=ids.device)
+    prev = target_pos - 1
+    has_prev = prev >= starts[seq_of_row]
+    r = torch.arange(rows, device=ids.device)
+    counts.index_put_((r[has_prev], ids[seq_of_row[has_prev], prev[has_prev]]),
+                      torch.ones(int(has_prev.sum()), device=ids.device), accumulate=True)  # fmt: skip
+    first = torch.ones(rows, dtype=torch.bool, device=ids.device)
+    first[1:] = seq_of_row[1:] != seq_of_row[:-1]
+    # Seed each segment's first row with its completion's tokens before the previous one.
+    seg = torch.nonzero(first).squeeze(-1)
+    lengths = (prev[seg] - starts[seq_of_row[seg]]).clamp(min=0)
+    if int(lengths.sum()):
+        seed_rows = torch.repeat_interleave(seg, lengths)
+        within = torch.arange(int(lengths.sum()), device=ids.device) - torch.repeat_interleave(
+            torch.cumsum(lengths, 0) - lengths, lengths
+        )
+        positions = starts[seq_of_row[seed_rows]] + within
+        counts.index_put_((seed_rows, ids[seq_of_row[seed_rows], positions]),
+                          torch.ones(len(seed_rows), device=ids.device), accumulate=True)  # fmt: skip
+    running = counts.cumsum(dim=0)
+    segment_of_row = torch.cumsum(first.long(), 0) - 1
+    before = torch.zeros(len(seg), vocab, device=ids.device)
+    before[1:] = running[seg[1:] - 1]
+    return running - before[segment_of_row]
 
 
 def processed_logprobs(logits: torch.Tensor, transform: SamplingTransform) -> torch.Tensor:
@@ -458,6 +532,8 @@ class ReferenceModel:
         outs: tuple[list[torch.Tensor], ...] = ([], [], [], [], [], [], [], [])
         also = None if also_ids is None else torch.from_numpy(also_ids.astype(np.int64))
         step = HEAD_CHUNK_ROWS.get(self.head_device.type, HEAD_CHUNK_ROWS["cuda"])
+        penalties = _Penalties.of(ids, starts, rows, cols, self.head_weight_fp32.shape[0],
+                                  self.head_device) if transform.penalised else None  # fmt: skip
         for chunk in range(0, picked.shape[0], step):
             h = picked[chunk : chunk + step]
             t = targets[chunk : chunk + step]
@@ -470,7 +546,9 @@ class ReferenceModel:
                 ids = also[chunk : chunk + step].to(logits.device)
                 picked_also = logits.gather(-1, ids.clamp(min=0)) - raw_lse
                 outs[4].append(picked_also.masked_fill(ids < 0, math.nan))
-            processed, edge, gap, mass = transform_scores(logits, transform, t)
+            # The sampler's logits: penalised where penalties are on; the raw logprob is before them.
+            shaped = logits if penalties is None else penalties.apply(logits, transform, chunk)
+            processed, edge, gap, mass = transform_scores(shaped, transform, t)
             outs[1].append(processed)
             # A bf16 head is the one just applied: its logprob is the raw one, not a second matmul.
             same = self.head_dtype == torch.bfloat16
@@ -480,12 +558,42 @@ class ReferenceModel:
             outs[3].append(edge)
             outs[5].append(gap)
             outs[6].append(mass)
-            outs[7].append(_tempered(logits, transform, t, outs[0][-1], processed))
+            outs[7].append(_tempered(shaped, transform, t, outs[0][-1], processed))
         raw, processed, raw_bf16 = (torch.cat(o).float().cpu().numpy() for o in outs[:3])
         also_raw = torch.cat(outs[4]).float().cpu().numpy() if outs[4] else None
         gaps, masses, tempered = (torch.cat(o).float().cpu().numpy() for o in outs[5:8])
         return (raw, processed, raw_bf16, torch.cat(outs[3]).cpu().numpy(), also_raw, gaps, masses,
                 tempered)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Penalties:
+    """What vLLM's penalties need for one batch's targets: each sequence's prompt tokens and each
+    target's position, on the projection's device."""
+
+    ids: torch.Tensor  # [sequences, max_len]
+    in_prompt: torch.Tensor  # [sequences, vocab] bool
+    starts: torch.Tensor  # [sequences]: where each completion starts
+    seq_of_row: torch.Tensor  # [targets]
+    target_pos: torch.Tensor  # [targets]
+
+    @classmethod
+    def of(cls, ids: torch.Tensor, starts: np.ndarray, rows: torch.Tensor, cols: torch.Tensor,
+           vocab: int, device: torch.device) -> _Penalties:  # fmt: skip
+        ids = ids.to(device)
+        starts_t = torch.from_numpy(starts.astype(np.int64)).to(device)
+        prompt = torch.arange(ids.shape[1], device=device) < starts_t[:, None]
+        seq, pos = torch.nonzero(prompt, as_tuple=True)
+        in_prompt = torch.zeros(ids.shape[0], vocab, dtype=torch.bool, device=device)
+        in_prompt[seq, ids[seq, pos]] = True
+        return cls(ids, in_prompt, starts_t, rows.to(device), cols.to(device) + 1)
+
+    def apply(self, logits: torch.Tensor, transform: SamplingTransform, first: int) -> torch.Tensor:
+        """The penalised logits of the block of targets ``first .. first + len(logits)``."""
+        block = slice(first, first + logits.shape[0])
+        seq = self.seq_of_row[block]
+        counts = output_counts(self.ids, seq, self.target_pos[block], self.starts, logits.shape[-1])
+        return penalised(logits, transform, self.in_prompt[seq], counts)
 
 
 def _tempered(logits: torch.Tensor, transform: SamplingTransform, targets: torch.Tensor,
@@ -496,7 +604,7 @@ def _tempered(logits: torch.Tensor, transform: SamplingTransform, targets: torch
     vocab = logits.shape[-1]
     if not (0 < transform.top_k < vocab or transform.top_p < 1.0):
         return processed
-    if transform.temperature <= 0 or transform.temperature == 1.0:
+    if (transform.temperature <= 0 or transform.temperature == 1.0) and not transform.penalised:
         return raw
     return _picked_log_softmax(_scaled(logits.float(), transform), targets)
 

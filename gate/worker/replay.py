@@ -126,6 +126,9 @@ def sample(
             max_tokens=sampling.max_tokens,
             seed=sampling.seed + i * sampling.n,
             logprobs=sampling.logprobs,
+            repetition_penalty=sampling.repetition_penalty,
+            presence_penalty=sampling.presence_penalty,
+            frequency_penalty=sampling.frequency_penalty,
         )
         for i in range(len(prompt_ids))
     ]

@@ -169,6 +169,9 @@ def sampling_fields(s: SamplingRequest, fields: Sequence[str]) -> dict[str, Any]
         "top_p": s.top_p,
         "top_k": s.top_k,
         "max_tokens": s.max_tokens,
+        "repetition_penalty": s.repetition_penalty,
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
     }
     return {name: values[name] for name in fields if name in values}
 

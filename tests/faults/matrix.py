@@ -216,6 +216,12 @@ ROWS: tuple[FaultRow, ...] = (
              "example's own run again (no engine patch: the public cases were a config, not a bug)",
              "train-inference-mismatch", ("WARN", "FAIL"), "reference.normalize: kept",
              "tests/integration/test_smollm2_example.py::test_a_full_vocabulary_trainer_at_top_p_is_told_its_ratios_are_cut"),
+    FaultRow("26f", "penalties acting on async scheduling's placeholder tokens (vLLM #52461)",
+             "engine patch `GATE_FAULT=penalties_on_placeholders`: `apply_all_penalties` sees each request's newest "
+             "output token as the -1 placeholder, so penalties lag one token; sampling with repetition 1.3, "
+             "presence 0.4 and frequency 0.3 penalties, which the reference applies as vLLM's sampler does",
+             "logprob-semantics", ("FAIL",), "penalt",
+             "tests/integration/test_faults.py::test_penalties_acting_on_placeholders_are_caught_and_correct_penalties_match"),
     FaultRow("27a", "prime-rl's filesystem push reading a checkpoint the trainer has half written (partial)",
              "`gate init --stack prime-rl --cpu`, then its recipe's `prime_rl_update` given the first half of the "
              "decoder layers (`tests/hooks/recipe_faults.py`): the race prime-rl's orchestrator waits out",

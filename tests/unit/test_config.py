@@ -329,6 +329,11 @@ def test_server_mode_is_shared_or_per_engine_and_its_section_merges(minimal_conf
     default = load_config(minimal_config(extra="mode: server\n"))
     assert build_request(default, default.engines["new"], [], tmp_path).server.request_fields == [
         "temperature", "top_p", "top_k", "max_tokens"]  # fmt: skip
+    # ...and the penalties sampling turns on, which the reference applies; the others stay the server's.
+    penalised = load_config(minimal_config(extra="mode: server\nsampling: {repetition_penalty: 1.1}\n"))
+    request = build_request(penalised, penalised.engines["new"], [], tmp_path)
+    assert request.server.request_fields[-1] == "repetition_penalty" and request.sampling.repetition_penalty == 1.1
+    assert "presence_penalty" not in request.server.request_fields
 
 
 @pytest.mark.parametrize(
@@ -336,7 +341,10 @@ def test_server_mode_is_shared_or_per_engine_and_its_section_merges(minimal_conf
     [
         ("mode: served\n", "engines.old.mode: 'served' is not one of ('offline', 'server')"),
         ("server: {request_fields: [seed]}\n",
-         "engines.old.server.request_fields: 'seed' is not one of ('temperature', 'top_p', 'top_k', 'max_tokens')"),
+         "engines.old.server.request_fields: 'seed' is not one of ('temperature', 'top_p', 'top_k', 'max_tokens', "
+         "'repetition_penalty', 'presence_penalty', 'frequency_penalty')"),
+        ("sampling: {frequency_penalty: 0.5}\nmode: server\nserver: {request_fields: [temperature]}\n",
+         "engines.old.server.request_fields: sampling.frequency_penalty is set, so the requests must send 'frequency_penalty'"),
         ("server: {args: [--port, '8000']}\n", "engines.old.server.args: '--port': the worker chooses"),
         ("server: {max_in_flight: 0}\n", "engines.old.server.max_in_flight: must be >= 1"),
         ("server: {startup_timeout: 5}\n", "server.startup_timeout: unknown key"),

@@ -33,6 +33,7 @@ EXPECTED = {
         "sampling.temperature": (0.9, "temperature"),
         "sampling.top_p": (0.95, "top_p"),
         "sampling.top_k": (0, "~top_k"),
+        "sampling.repetition_penalty": (1.0, "~repetition_penalty"),
         "engine_args.tensor_parallel_size": (1, "vllm_tensor_parallel_size"),
         "engine_args.gpu_memory_utilization": (0.4, "vllm_gpu_memory_utilization"),
         "engine_args.enable_sleep_mode": (False, "~vllm_enable_sleep_mode"),

@@ -113,6 +113,60 @@ def test_batched_scoring_equals_one_sequence_at_a_time(tiny_model):
     assert 0 < gap.max() < 0.1
 
 
+def _vllm_penalties(logits: torch.Tensor, prompt: list[int], before: list[int], t: SamplingTransform) -> torch.Tensor:
+    """vLLM's apply_penalties for one row, written out token by token (vllm/model_executor/layers/utils.py)."""
+    out = logits.clone()
+    for token in set(prompt) | set(before):
+        p = t.repetition_penalty
+        out[token] = out[token] / p if out[token] > 0 else out[token] * p
+    for token in set(before):
+        out[token] -= t.frequency_penalty * before.count(token) + t.presence_penalty
+    return out
+
+
+@pytest.mark.parametrize("rows_per_block", [3, 512])  # 3: blocks split sequences mid-completion
+@pytest.mark.parametrize(
+    "transform",
+    [
+        SamplingTransform(0.7, 10, 0.95, repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.25),
+        SamplingTransform(1.0, 0, 0.9, repetition_penalty=0.8),  # < 1 rewards repeats
+        SamplingTransform(0.7, 0, 1.0, frequency_penalty=-0.5),  # no truncation: tempered == processed
+    ],
+)
+def test_penalties_shape_the_processed_logprob_as_vllms_sampler_does(tiny_model, transform, rows_per_block,
+                                                                      monkeypatch):  # fmt: skip
+    """Issue 26, class 7: the reference applies repetition, presence and frequency penalties to the
+    logits before temperature and top-k/top-p, counting each position's own earlier output tokens;
+    the raw logprob stays before them, as vLLM's raw_logprobs are."""
+    import gate.worker.reference as reference
+
+    monkeypatch.setitem(reference.HEAD_CHUNK_ROWS, "cpu", rows_per_block)
+    path, model = tiny_model
+    seqs = [[1, 5, 7, 5, 5, 9, 7, 2], [1, 4, 4, 8, 4, 4], [3, 3, 3, 6]]
+    starts = [3, 2, 1]
+    scored = ReferenceModel(str(path), "float32", lm_head_fp32=False, device="cpu").score(
+        seqs, starts, transform, batch_tokens=256
+    )
+    raw, processed, tempered = [], [], []
+    with torch.no_grad():
+        for seq, start in zip(seqs, starts, strict=True):
+            logits = model(torch.tensor([seq])).logits[0].float()
+            for t in range(start, len(seq)):
+                shaped = _vllm_penalties(logits[t - 1], seq[:start], seq[start:t], transform)
+                raw.append(torch.log_softmax(logits[t - 1], -1)[seq[t]].item())
+                processed.append(processed_logprobs(shaped[None], transform)[0, seq[t]].item())
+                tempered.append(torch.log_softmax(shaped / transform.temperature, -1)[seq[t]].item())
+    np.testing.assert_allclose(scored.raw, raw, atol=1e-5)
+    np.testing.assert_allclose(scored.processed, processed, atol=1e-5)
+    np.testing.assert_allclose(scored.tempered, tempered, atol=1e-5)
+    assert np.abs(scored.tempered - _unpenalised(path, seqs, starts, transform)).max() > 0.01  # they move it
+
+
+def _unpenalised(path, seqs, starts, transform: SamplingTransform) -> np.ndarray:
+    plain = SamplingTransform(transform.temperature, transform.top_k, transform.top_p)
+    return ReferenceModel(str(path), "float32", lm_head_fp32=False, device="cpu").score(seqs, starts, plain, 256).tempered
+
+
 @pytest.mark.parametrize(
     "transform",
     [

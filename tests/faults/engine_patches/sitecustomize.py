@@ -38,6 +38,11 @@ Faults:
   (default 1.0) to the logits it is given. Prompt logprobs do not pass through it (the model runner
   computes them with ``Sampler.compute_logprobs``), so prefill keeps the model's own numbers while
   decode reports others, as a decode kernel that reads its KV cache wrongly would.
+- ``penalties_on_placeholders`` (issue 26; vLLM #52461: with async scheduling, penalties acted on
+  placeholder tokens): ``vllm.v1.sample.sampler.apply_all_penalties`` is given each request's
+  output tokens with the newest one replaced by the ``-1`` placeholder async scheduling puts there
+  before the token is known, which the penalty code maps out of the vocabulary. The penalties then
+  lag one token behind: the token just sampled is never penalised at the next step.
 - ``logit_noise``: NOT a fault but the CPU emulation of GPU nondeterminism (issue 18), for tests
   and scripts only, never part of a user's run. ``LogitsProcessor.forward`` (the model's final
   logits, which every pass reads: sampling, greedy and prompt logprobs) adds Gaussian noise of
@@ -155,6 +160,19 @@ def _decode_logit_noise(module) -> None:
     sampler.forward = forward
 
 
+def _penalties_on_placeholders(module) -> None:
+    original = getattr(module, "apply_all_penalties", None)
+    if original is None:
+        raise AttributeError(f"{module.__name__} has no apply_all_penalties: this fault does not fit this vLLM release")
+
+    def apply_all_penalties(logits, prompt_token_ids, presence, frequency, repetition, output_token_ids):
+        # the bug: the newest output token is still the async placeholder when penalties run
+        lagging = [list(ids[:-1]) + [-1] if ids else [] for ids in output_token_ids]
+        return original(logits, prompt_token_ids, presence, frequency, repetition, lagging)
+
+    module.apply_all_penalties = apply_all_penalties
+
+
 def _logit_noise(module) -> None:
     import torch  # the engine's own torch: only imported once vLLM's layer module is
 
@@ -190,6 +208,7 @@ FAULTS: dict[str, tuple[str, Callable]] = {
     "nan_rows_under_top_p": ("vllm.v1.sample.ops.topk_topp_sampler", _nan_rows_under_top_p),
     "stop_ignores_eos": ("vllm.v1.core.sched.utils", _stop_ignores_eos),
     "decode_logit_noise": ("vllm.v1.sample.sampler", _decode_logit_noise),
+    "penalties_on_placeholders": ("vllm.v1.sample.sampler", _penalties_on_placeholders),
 }
 
 
