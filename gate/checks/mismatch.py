@@ -14,9 +14,9 @@ untrusted: it is carried verbatim and the renderer escapes it.
 
 The support measurements (gate/checks/support.py) add what d leaves out: under top-k / top-p a
 trainer that normalises over the whole vocabulary (``reference.normalize: full``) sees a ratio of
-the kept mass S on every token, however close the numbers are. ``support_clip_frac``, the share of
-sampled tokens with S < 1 - clip_eps, is judged on the new engine; with ``normalize: kept`` it is
-reported only.
+the kept mass S on every token, however close the numbers are. ``support_k3_kl`` (the k3 KL of
+that bias alone) and ``support_clip_frac`` (the share of sampled tokens with S < 1 - clip_eps) are
+judged on the new engine; with ``normalize: kept`` they are reported only.
 """
 
 from __future__ import annotations
@@ -49,6 +49,9 @@ THRESHOLDS = {
     ),
     "ess": Threshold(
         Limit(0.5), Limit(0.3), higher_is_worse=False, source="verl: ESS < 0.3 is bad"
+    ),
+    "support_k3_kl": Threshold(
+        Limit(1e-3), Limit(1e-2), source="as k3_kl (NeMo-RL), from the kept mass alone"
     ),
     "support_clip_frac": Threshold(
         Limit(0.02),
@@ -100,7 +103,7 @@ def run(ctx, settings) -> CheckResult:
         for name, s in stats.items()
     }
     support = {name: kept_mass(e, opts["clip_eps"]) for name, e in ctx.engines()}
-    measurements += _support_measurements(ctx, support, th["support_clip_frac"])
+    measurements += _support_measurements(ctx, support, th)
     for name, k in support.items():
         if k is not None:
             details[name]["support"] = asdict(k) | {"mean_ratio": k.mean}
@@ -144,7 +147,7 @@ def run(ctx, settings) -> CheckResult:
         numeric = [
             f"{m.name}{'' if m.engine is None else f' ({m.engine})'} = {m.value:.4g}"
             for m in bad
-            if m.name != "support_clip_frac"
+            if not m.name.startswith("support_")
         ]
         parts = []
         if numeric:
@@ -161,44 +164,50 @@ def run(ctx, settings) -> CheckResult:
 
 
 def _support_measurements(
-    ctx: Context, support: dict[str, KeptMass | None], threshold: Threshold
+    ctx: Context, support: dict[str, KeptMass | None], thresholds: dict[str, Threshold]
 ) -> list[Measurement]:
-    """support_clip_frac and support_mean_ratio per engine; judged on the new engine alone, and only
-    where the trainer normalises over the whole vocabulary and the engine returns kept-set logprobs."""
+    """support_k3_kl, support_clip_frac and support_mean_ratio per engine; judged on the new engine
+    alone, and only where the trainer normalises over the whole vocabulary and the engine returns
+    kept-set logprobs."""
     out = []
     for name, e in ctx.engines():
         k = support[name]
         if k is None:
             continue
-        m = measure("support_clip_frac", k.clip_frac, threshold, engine=name)
-        if name == "old":
-            m.status, m.note = Status.PASS, "old engine: for comparison"
-        elif ctx.trainer_normalize != "full":
-            m.status, m.note = (
-                Status.PASS,
-                "reported only: the trainer renormalises over the kept tokens (reference.normalize: kept)",
-            )
-        elif not applies(e):
-            m.status, m.note = (
-                Status.PASS,
-                "reported only: the engine's logprobs are not normalised over the kept tokens (logprobs_mode)",
-            )
-        ratio = Measurement("support_mean_ratio", k.mean, Status.PASS, engine=name,
-                            note=f"exp(mean log kept mass) over {k.truncated:.0%} truncated tokens")  # fmt: skip
-        out += [m, ratio]
+        for metric, value in (("support_k3_kl", k.k3_kl), ("support_clip_frac", k.clip_frac)):
+            m = measure(metric, value, thresholds[metric], engine=name)
+            if name == "old":
+                m.status, m.note = Status.PASS, "old engine: for comparison"
+            elif ctx.trainer_normalize != "full":
+                m.status, m.note = Status.PASS, f"reported only: {_KEPT}"
+            elif not applies(e):
+                m.status, m.note = Status.PASS, f"reported only: {_NOT_KEPT}"
+            out.append(m)
+        out.append(Measurement("support_mean_ratio", k.mean, Status.PASS, engine=name,
+                               note=f"exp(mean log kept mass) over {k.truncated:.0%} truncated tokens"))  # fmt: skip
     return out
+
+
+_KEPT = "the trainer renormalises over the kept tokens (reference.normalize: kept)"
+_NOT_KEPT = "the engine's logprobs are not normalised over the kept tokens (logprobs_mode)"
 
 
 def _support_diagnosis(k: KeptMass | None, sampling: dict[str, Any], clip_eps: float) -> str:
     if k is None:
         return ""
+    clipped = (
+        f", and {k.clip_frac:.1%} of sampled tokens keep less than {1 - clip_eps:g}, so the clip band "
+        "cuts them though they are on-policy"
+        if k.clip_frac
+        else ""
+    )
     return (
         f"At top_k {sampling['top_k']}, top_p {sampling['top_p']} the sampler keeps a geometric mean of "
-        f"{k.mean:.3f} of the probability, and {k.clip_frac:.1%} of sampled tokens keep less than "
-        f"{1 - clip_eps:g}: a trainer that takes log_softmax over the whole vocabulary "
-        "(reference.normalize: full) clips them though they are on-policy. Renormalise the trainer's "
-        "logprobs over the kept tokens (vLLM's return_sampling_mask, Model Runner V2) and set "
-        "reference.normalize: kept, or sample without top-k/top-p."
+        f"{k.mean:.3f} of the probability: a trainer that takes log_softmax over the whole vocabulary "
+        f"(reference.normalize: full) sees importance ratios that low on on-policy tokens, a mismatch "
+        f"KL (k3) of {k.k3_kl:.2e} from normalisation alone{clipped}. Renormalise the trainer's logprobs "
+        "over the kept tokens (vLLM's return_sampling_mask, Model Runner V2) and set reference.normalize: "
+        "kept, or sample without top-k/top-p."
     )
 
 

