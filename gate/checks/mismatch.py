@@ -29,6 +29,7 @@ import numpy as np
 from gate import evidence as ev
 from gate.checks.base import CheckResult, CheckSpec, Limit, Measurement, Threshold, measure
 from gate.checks.context import Context, per_prompt, sampled_pairs
+from gate.checks.semantics import penalties_cause
 from gate.checks.support import KeptMass, applies, kept_mass
 from gate.evidence import Evidence
 from gate.metrics import bootstrap_mean_diff_ci, largest_abs_diff, mismatch
@@ -157,6 +158,8 @@ def run(ctx, settings) -> CheckResult:
                 "both sides); objective-side corrections such as truncated importance sampling would only hide an "
                 "engine bug."
             )
+        if numeric and ctx.penalties:
+            parts.append(penalties_cause(ctx.penalties))
         if len(numeric) < len(bad):
             parts.append(_support_diagnosis(support["new"], ctx.sampling, opts["clip_eps"]))
         diagnosis = " ".join(parts)

@@ -260,14 +260,7 @@ def _semantics_verdict(new: str, old: str | None, expect: str, mode,
                        penalties: dict[str, float]) -> tuple[Status, str]:  # fmt: skip
     if new != expect:
         if new == "neither" and penalties:
-            on = ", ".join(f"{k} {v:g}" for k, v in penalties.items())
-            fix = (
-                f"sampling turns penalties on ({on}), and the reference applies them as vLLM's sampler does: to "
-                "the logits before temperature, over the prompt and the tokens generated before each position. "
-                "An engine that counts other tokens reports other numbers (vLLM #52461: with async scheduling, "
-                "penalties acted on placeholder tokens); check async_scheduling and the release's penalty "
-                "code, and penalties or other defaults taken from generation_config.json"
-            )
+            fix = penalties_cause(penalties)[0].lower() + penalties_cause(penalties)[1:].rstrip(".")
         elif new == "neither":
             fix = (
                 "the engine transforms logits beyond the configured temperature/top-k/top-p: check custom "
@@ -288,6 +281,18 @@ def _semantics_verdict(new: str, old: str | None, expect: str, mode,
         )
         return Status.WARN, diagnosis
     return Status.PASS, ""
+
+
+def penalties_cause(penalties: dict[str, float]) -> str:
+    """What an engine's logprobs that leave a penalised reference mean (also train-inference-mismatch)."""
+    on = ", ".join(f"{k} {v:g}" for k, v in penalties.items())
+    return (
+        f"Sampling turns penalties on ({on}), and the reference applies them as vLLM's sampler does: to the "
+        "logits before temperature, over the prompt and the tokens generated before each position. An engine "
+        "that counts other tokens reports other numbers where they act (vLLM #52461: with async scheduling, "
+        "penalties acted on placeholder tokens); check async_scheduling and the release's penalty code, and "
+        "penalties or other defaults taken from generation_config.json."
+    )
 
 
 def _outside_diagnosis(masked: int, total: int, s: dict) -> str:

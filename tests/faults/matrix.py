@@ -220,7 +220,7 @@ ROWS: tuple[FaultRow, ...] = (
              "engine patch `GATE_FAULT=penalties_on_placeholders`: `apply_all_penalties` sees each request's newest "
              "output token as the -1 placeholder, so penalties lag one token; sampling with repetition 1.3, "
              "presence 0.4 and frequency 0.3 penalties, which the reference applies as vLLM's sampler does",
-             "logprob-semantics", ("FAIL",), "penalt",
+             "train-inference-mismatch", ("FAIL",), "vLLM #52461",
              "tests/integration/test_faults.py::test_penalties_acting_on_placeholders_are_caught_and_correct_penalties_match"),
     FaultRow("27a", "prime-rl's filesystem push reading a checkpoint the trainer has half written (partial)",
              "`gate init --stack prime-rl --cpu`, then its recipe's `prime_rl_update` given the first half of the "
