@@ -176,7 +176,9 @@ def _top_lists(rng: np.random.Generator, engine: np.ndarray, t: int) -> dict[str
 
 
 def _weight_sync_arrays(mode: str, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """8 control + 8 prefix probes of 4 tokens; the engine matches the new weights unless ``mode`` breaks it."""
+    """8 control + 8 prefix probes of 4 tokens; the engine matches the new weights unless ``mode`` breaks it.
+    The second push of the same weights leaves it there, except in ``second-update`` (and ``no-second``
+    is evidence from before the second push was recorded)."""
     t = 64
     is_prefix = np.repeat([False, True], t // 2)
     new = -rng.uniform(0.1, 2.0, t).astype(np.float32)
@@ -189,7 +191,14 @@ def _weight_sync_arrays(mode: str, rng: np.random.Generator) -> dict[str, np.nda
     elif mode == "stale-cache":
         engine[is_prefix] = old[is_prefix]
     before = -rng.uniform(0.1, 2.0, t).astype(np.float32)
-    return {
+    again = engine.copy() if mode != "second-update" else (new + 0.4).astype(np.float32)
+    second = {
+        "ws_again_is_prefix": is_prefix,
+        "ws_again_token_ids": rng.integers(3, 100, t).astype(np.int32),
+        "ws_again_engine_logprob": again,
+        "ws_again_trainer_new_logprob": new,
+    }
+    return ({} if mode == "no-second" else second) | {
         "ws_is_prefix": is_prefix,
         "ws_offsets": np.arange(17, dtype=np.int64) * 4,
         "ws_token_ids": rng.integers(3, 100, t).astype(np.int32),

@@ -10,6 +10,9 @@ that prefix caching (when on) stored with the old weights. Decisions, in order:
   old weights than to the new, but not equal to either);
 - stale cache: control tokens are fine but shared-prefix tokens are not (cache entries from the
   old weights were reused);
+- second update: all of that holds after the first push, but the control tokens after the same
+  weights are pushed once more match them no longer (SkyRL #1680 / vLLM #42821); evidence from
+  before the second push was recorded has no such measurement;
 
 each measured against ``max(factor x the pre-update mismatch, floor)``, so an engine whose
 precision differs from the trainer's is not mistaken for a broken update. A push that raised (a
@@ -37,6 +40,11 @@ FIXES = {
     "pause generation, load every tensor, then resume.",
     "stale-cache": "Requests sharing a cached prefix still use KV entries computed with the old weights: call "
     "llm.reset_prefix_cache() after loading (or pause with cache reset), or disable prefix caching.",
+    "second-update": "The first push reached the engine, but pushing the same weights again left it on others: the "
+    "path's second load differs from its first (SkyRL #1680 / vLLM #42821: a second load_weights wrote checkpoint "
+    "layout into a buffer the first had rearranged, MoE w13 read as w31), so every RL step after the first samples "
+    "from a broken model. Load through a path that re-applies the weights' post-processing each time (vLLM's "
+    "layerwise reload_weights) or a release with the fix, and keep a test that pushes twice.",
 }
 
 
@@ -103,12 +111,19 @@ def run(ctx, settings) -> CheckResult:
         "prefix_vs_new": _mean_abs(eng[prefix], new_lp[prefix]),
         "prefix_vs_old": _mean_abs(eng[prefix], old_lp[prefix]),
     }
+    if "ws_again_engine_logprob" in e.arrays:  # control prompts only: no cache entry to mask it
+        control = ~e["ws_again_is_prefix"]
+        values["second_push_vs_new"] = _mean_abs(
+            e["ws_again_engine_logprob"][control], e["ws_again_trainer_new_logprob"][control]
+        )
     limit = max(opts["factor"] * d_pre, opts["floor"])
     verdict = "ok"
     if values["control_vs_new"] > limit:
         verdict = "stale-weights" if values["control_vs_old"] <= limit else "partial-update"
     elif values["prefix_vs_new"] > limit:
         verdict = "stale-cache"
+    elif values.get("second_push_vs_new", 0.0) > limit:
+        verdict = "second-update"
     meta = e.engine.get("weight_sync") or {}
     measurements = [
         Measurement(
@@ -123,16 +138,22 @@ def run(ctx, settings) -> CheckResult:
         "verdict": verdict,
         "limit": limit,
         **values,
-        **{k: meta.get(k) for k in ("adapter", "push_s", "prefix_tokens", "probes", "block_size")},
+        **{
+            k: meta.get(k)
+            for k in ("adapter", "push_s", "push_again_s", "prefix_tokens", "probes", "block_size")
+        },
     }
     caching = e.engine.get("effective", {}).get("enable_prefix_caching")
     summary = f"after the push: {values['control_vs_new']:.2e} vs new weights, {values['control_vs_old']:.2e} vs old (via {meta.get('adapter')})"
+    if "second_push_vs_new" in values:
+        summary += f"; pushed again: {values['second_push_vs_new']:.2e} vs new"
     if verdict == "ok":
         return CheckResult(ID, TITLE, Status.PASS, summary, "", measurements, details)
     label = {
         "stale-weights": "stale weights",
         "partial-update": "partial or wrong update",
         "stale-cache": "stale prefix-cache entries",
+        "second-update": "a second push that breaks what the first loaded",
     }[verdict]
     diagnosis = f"{label.capitalize()} after an in-place update (prefix caching {'on' if caching else 'off'}). {FIXES[verdict]}"
     return CheckResult(

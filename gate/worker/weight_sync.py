@@ -10,7 +10,11 @@ engine then silently samples from an older policy. The probe:
 2. builds new weights (every floating-point tensor perturbed by ``perturbation x its std``, fixed
    seed) and pushes them with the user's hook or the adapter the engine offers;
 3. generates the same prompts again and scores the generated tokens with the trainer-side model
-   under the new and under the old weights.
+   under the new and under the old weights;
+4. pushes the same weights a second time and generates once more: a trainer pushes every step, and
+   a path whose second load differs from its first (SkyRL #1680 / vLLM #42821: a second
+   ``load_weights`` wrote checkpoint layout into a buffer the first had rearranged) serves a
+   broken model from the second step on, however well the first push went.
 
 The orchestrator's ``weight-sync`` check reads the result. The push goes through the push layer
 (gate/worker/weight_push.py: the configured hook, else the path the live engine offers); an engine
@@ -215,11 +219,17 @@ def probe(engine: ProbeTarget, model_path: str, prompt_ids, reference_ids, reque
     push_naming_failures(adapter, engine.target, new_sd)
     push_s = time.perf_counter() - start
     after = engine.greedy(probes, request.max_tokens)
+    start = time.perf_counter()
+    push_naming_failures(adapter, engine.target, new_sd)  # the same weights once more
+    push_again_s = time.perf_counter() - start
+    again = engine.greedy(probes, request.max_tokens)
 
     seq_before, starts_before = _continuations(probes, before)
     seq_after, starts_after = _continuations(probes, after)
     pre_old = _score(trainer, old_sd, seq_before, starts_before, device)
+    seq_again, starts_again = _continuations(probes, again)
     post_new = _score(trainer, new_sd, seq_after, starts_after, device)
+    again_new = _score(trainer, new_sd, seq_again, starts_again, device)
     post_old = _score(trainer, old_sd, seq_after, starts_after, device)
     arrays = {
         "ws_is_prefix": np.repeat(np.arange(len(probes)) >= len(control), np.diff(after.offsets)),
@@ -233,10 +243,17 @@ def probe(engine: ProbeTarget, model_path: str, prompt_ids, reference_ids, reque
         ),
         "ws_before_engine_logprob": before.logprob,
         "ws_before_trainer_logprob": pre_old,
+        "ws_again_is_prefix": np.repeat(
+            np.arange(len(probes)) >= len(control), np.diff(again.offsets)
+        ),
+        "ws_again_token_ids": again.token_ids,
+        "ws_again_engine_logprob": again.logprob,
+        "ws_again_trainer_new_logprob": again_new,
     }
     meta = {
         "adapter": adapter.name,
         "push_s": push_s,
+        "push_again_s": push_again_s,
         "perturbation": request.perturbation,
         "block_size": block_size,
         "bos_token_id": bos_token_id,

@@ -222,6 +222,12 @@ ROWS: tuple[FaultRow, ...] = (
              "presence 0.4 and frequency 0.3 penalties, which the reference applies as vLLM's sampler does",
              "train-inference-mismatch", ("FAIL",), "vLLM #52461",
              "tests/integration/test_faults.py::test_penalties_acting_on_placeholders_are_caught_and_correct_penalties_match"),
+    FaultRow("26g", "a second in-place reload that breaks what the first loaded (SkyRL #1680 / vLLM #42821)",
+             "engine patch `GATE_FAULT=reload_corrupts_second`: vLLM 0.32's in-place `reload_weights` swaps the "
+             "halves of the embedding rows from its second call on (a layout transform on a buffer already in "
+             "kernel layout); the probe pushes the same weights twice",
+             "weight-sync", ("FAIL",), "SkyRL #1680",
+             "tests/integration/test_faults.py::test_a_second_push_that_breaks_the_first_is_caught"),
     FaultRow("27a", "prime-rl's filesystem push reading a checkpoint the trainer has half written (partial)",
              "`gate init --stack prime-rl --cpu`, then its recipe's `prime_rl_update` given the first half of the "
              "decoder layers (`tests/hooks/recipe_faults.py`): the race prime-rl's orchestrator waits out",

