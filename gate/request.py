@@ -53,11 +53,12 @@ class SamplingRequest:
 
     @property
     def penalised(self) -> bool:
-        return (self.repetition_penalty, self.presence_penalty, self.frequency_penalty) != (
-            1.0,
-            0.0,
-            0.0,
-        )
+        return penalties_on(self.repetition_penalty, self.presence_penalty, self.frequency_penalty)
+
+
+def penalties_on(repetition: float, presence: float, frequency: float) -> bool:
+    """Whether any of vLLM's penalties is away from its neutral value (1, 0, 0)."""
+    return (repetition, presence, frequency) != (1.0, 0.0, 0.0)
 
 
 @dataclass(frozen=True)

