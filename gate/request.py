@@ -51,14 +51,21 @@ class SamplingRequest:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
 
+    def penalties(self) -> Penalties:
+        return Penalties(self.repetition_penalty, self.presence_penalty, self.frequency_penalty)
+
+
+@dataclass(frozen=True)
+class Penalties:
+    """vLLM's repetition, presence and frequency penalties; the defaults turn each off."""
+
+    repetition: float = 1.0
+    presence: float = 0.0
+    frequency: float = 0.0
+
     @property
-    def penalised(self) -> bool:
-        return penalties_on(self.repetition_penalty, self.presence_penalty, self.frequency_penalty)
-
-
-def penalties_on(repetition: float, presence: float, frequency: float) -> bool:
-    """Whether any of vLLM's penalties is away from its neutral value (1, 0, 0)."""
-    return (repetition, presence, frequency) != (1.0, 0.0, 0.0)
+    def on(self) -> bool:
+        return self != Penalties()
 
 
 @dataclass(frozen=True)

@@ -559,9 +559,7 @@ def _reference_arrays(ref: ReferenceModel, request: WorkerRequest, prompt_ids: l
     r, s = request.reference, request.sampling
     rollout = SamplingTransform(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
                                 mask_dtype=_logits_dtype(out.meta, request.engine_args),
-                                repetition_penalty=s.repetition_penalty,
-                                presence_penalty=s.presence_penalty,
-                                frequency_penalty=s.frequency_penalty)  # fmt: skip
+                                penalties=s.penalties())  # fmt: skip
     untransformed = SamplingTransform(temperature=0.0, top_k=0, top_p=1.0)
 
     arrays = {

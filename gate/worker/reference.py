@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from gate.evidence import token_ranges
-from gate.request import penalties_on
+from gate.request import Penalties
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Rows of the [rows, vocab] head block scored at a time: bounds its memory on 150k-token
@@ -44,13 +44,11 @@ class SamplingTransform:
     # applies them, to completions scored from the prompt's end. The mask then reads the penalised
     # logits rounded to ``mask_dtype`` where the engine penalises rounded ones: at most an ULP
     # apart at the boundary, where ``at_boundary`` already calls a token undecidable.
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    penalties: Penalties = field(default_factory=Penalties)
 
     @property
     def penalised(self) -> bool:
-        return penalties_on(self.repetition_penalty, self.presence_penalty, self.frequency_penalty)
+        return self.penalties.on
 
 
 # Significant bits after the leading one, for the width of one ULP at the top-k/top-p boundary.
@@ -88,18 +86,12 @@ def penalised(logits: torch.Tensor, transform: SamplingTransform, in_prompt: tor
     penalty divides a positive logit and multiplies a negative one of every token seen in either;
     frequency subtracts ``penalty x count`` and presence ``penalty`` once, for output tokens only.
     """
+    p = transform.penalties
     out = logits.float()
-    if transform.repetition_penalty != 1.0:
+    if p.repetition != 1.0:
         seen = in_prompt | (output_counts > 0)
-        scale = torch.where(
-            out > 0, 1.0 / transform.repetition_penalty, transform.repetition_penalty
-        )
-        out = torch.where(seen, out * scale, out)
-    return (
-        out
-        - transform.frequency_penalty * output_counts
-        - transform.presence_penalty * (output_counts > 0).float()
-    )
+        out = torch.where(seen, out * torch.where(out > 0, 1.0 / p.repetition, p.repetition), out)
+    return out - p.frequency * output_counts - p.presence * (output_counts > 0).float()
 
 
 def output_counts(ids: torch.Tensor, seq_of_row: torch.Tensor, target_pos: torch.Tensor,

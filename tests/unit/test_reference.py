@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from gate.evidence import token_ranges  # noqa: E402
+from gate.request import Penalties  # noqa: E402
 from gate.worker.reference import (  # noqa: E402
     ReferenceModel,
     SamplingTransform,
@@ -117,10 +118,10 @@ def _vllm_penalties(logits: torch.Tensor, prompt: list[int], before: list[int], 
     """vLLM's apply_penalties for one row, written out token by token (vllm/model_executor/layers/utils.py)."""
     out = logits.clone()
     for token in set(prompt) | set(before):
-        p = t.repetition_penalty
+        p = t.penalties.repetition
         out[token] = out[token] / p if out[token] > 0 else out[token] * p
     for token in set(before):
-        out[token] -= t.frequency_penalty * before.count(token) + t.presence_penalty
+        out[token] -= t.penalties.frequency * before.count(token) + t.penalties.presence
     return out
 
 
@@ -128,9 +129,9 @@ def _vllm_penalties(logits: torch.Tensor, prompt: list[int], before: list[int], 
 @pytest.mark.parametrize(
     "transform",
     [
-        SamplingTransform(0.7, 10, 0.95, repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.25),
-        SamplingTransform(1.0, 0, 0.9, repetition_penalty=0.8),  # < 1 rewards repeats
-        SamplingTransform(0.7, 0, 1.0, frequency_penalty=-0.5),  # no truncation: tempered == processed
+        SamplingTransform(0.7, 10, 0.95, penalties=Penalties(repetition=1.3, presence=0.4, frequency=0.25)),
+        SamplingTransform(1.0, 0, 0.9, penalties=Penalties(repetition=0.8)),  # < 1 rewards repeats
+        SamplingTransform(0.7, 0, 1.0, penalties=Penalties(frequency=-0.5)),  # no truncation: tempered == processed
     ],
 )
 def test_penalties_shape_the_processed_logprob_as_vllms_sampler_does(tiny_model, transform, rows_per_block,
