@@ -47,6 +47,7 @@ ENGINE_LOGPROBS = {
     f"{ev.TF}_{ev.ENGINE_LOGPROB}": "teacher-forced",
     "ws_before_engine_logprob": "weight-sync (before the push)",
     "ws_engine_logprob": "weight-sync (after the push)",
+    "ws_again_engine_logprob": "weight-sync (pushed again)",
 }
 # Groups whose positions carry a top-logprobs list.
 TOP_LIST_GROUPS = (ev.SAMPLE, ev.GREEDY)

@@ -132,6 +132,19 @@ def test_nan_logprobs_fail_with_their_positions_and_the_comparisons_stand_down(p
     assert results["tokenization"].status == Status.PASS  # checks that read no logprobs still judge
 
 
+def test_a_second_push_that_leaves_nan_fails_and_weight_sync_stands_down(pair):
+    """NaN after the same weights are pushed again (row 26g's worse cousin) would read as a mean of
+    NaN, never past a limit: logprob-integrity names it, and weight-sync does not judge it."""
+    old, new = pair
+    again = new["ws_again_engine_logprob"].copy()
+    again[5] = np.nan
+    results = _checks(_rewrite(new, ws_again_engine_logprob=again), old)
+    integrity = results["logprob-integrity"]
+    assert integrity.status == Status.FAIL
+    assert integrity.details["new"]["nonfinite"]["weight-sync (pushed again)"]["positions"] == ["token 5"]
+    assert results["weight-sync"].status == Status.SKIP
+
+
 def test_a_top_list_that_repeats_the_sampled_token_fails(pair):
     old, new = pair
     ids, values = new["sample_topk_ids"].copy(), new["sample_topk_logprobs"].copy()
