@@ -67,6 +67,17 @@ THRESHOLDS = {
 }
 
 
+# What RL stacks call these statistics on their dashboards (issue 27), shown beside gate's names
+# so a reader recognises the number: the same estimator over the same d = lp_trainer - lp_engine.
+STACK_NAMES = {
+    "token_mult_prob_error": "NeMo-RL train/token_mult_prob_error",
+    "k3_kl": "PipelineRL kl_new_old, prime-rl mismatch_kl, verl rollout_corr/k3_kl",
+    "clip_frac_token": "PipelineRL clamp_log_ratio_new_old_indicator",
+    "mean_abs_diff": "TRL sampling_logp_difference, slime train_rollout_logprob_abs_diff",
+    "prob_abs_diff_mean": "verl training/rollout_probs_diff_mean",
+    "prob_abs_diff_max": "verl training/rollout_probs_diff_max",
+}
+
 WORST_TOKENS = 10  # default of the ``worst_tokens`` option: tokens listed per engine
 CONTEXT_BEFORE = 8  # tokens of context before a worst token (the prompt's tail near the start)
 CONTEXT_AFTER = 4  # tokens of the completion after it
@@ -95,9 +106,14 @@ def run(ctx, settings) -> CheckResult:
             "max_abs_diff",
             "k1_kl",
             "clip_frac_seq",
+            "prob_abs_diff_mean",
+            "prob_abs_diff_max",
             "prob_pearson",
         ):
             measurements.append(Measurement(metric, getattr(s, metric), Status.PASS, engine=name))
+    for m in measurements:
+        if m.name in STACK_NAMES:
+            m.note = "; ".join(n for n in (m.note, f"as {STACK_NAMES[m.name]}") if n)
 
     details = {
         name: s.to_dict() | {"tokens_outside_transform": pairs[name].masked}

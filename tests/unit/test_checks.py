@@ -177,6 +177,17 @@ def test_mismatch_values_and_thresholds(tmp_path, clean):
     assert tmpe.value == pytest.approx(np.exp(0.05), rel=1e-5) and tmpe.status == Status.WARN  # 1.0513 > 1.05
 
 
+def test_mismatch_names_each_statistic_as_the_stacks_dashboards_do(tmp_path, clean):
+    clean.new = make_evidence(tmp_path / "off", seed=2, engine_offset=0.05)
+    r = _results(clean)["train-inference-mismatch"]
+    notes = {(m.name, m.engine): m.note for m in r.measurements}
+    assert notes[("k3_kl", "new")] == "as PipelineRL kl_new_old, prime-rl mismatch_kl, verl rollout_corr/k3_kl"
+    assert notes[("k3_kl", "old")] == "old engine: for comparison; as PipelineRL kl_new_old, prime-rl mismatch_kl, verl rollout_corr/k3_kl"
+    assert "NeMo-RL train/token_mult_prob_error" in notes[("token_mult_prob_error", "new")]
+    prob = next(m for m in r.measurements if m.name == "prob_abs_diff_mean" and m.engine == "new")
+    assert "verl training/rollout_probs_diff_mean" in prob.note and prob.value > 0
+
+
 def test_regression_needs_more_than_noise(tmp_path, clean):
     clean.old = make_evidence(tmp_path / "o", seed=1, engine_noise=0.01)
     clean.new = make_evidence(tmp_path / "n", seed=2, engine_noise=0.01)
