@@ -40,6 +40,7 @@ from gate.worker.inflight import (
     shown,
     take_resubmissions,
 )
+from gate.worker.replay import max_model_len
 from gate.worker.weight_push import Adapter, call_workers, push_naming_failures
 
 _IDLE_WAIT_S = 0.002  # how long the loop waits for a queued call when it has no step to run
@@ -306,11 +307,8 @@ class OfflineDriver:
     def __init__(self, llm, adapter: Adapter) -> None:
         from gate.worker.weight_sync import engine_dtype
 
-        config = getattr(llm.llm_engine, "vllm_config", None)
         self.llm, self.adapter = llm, adapter
-        self.max_model_len = int(
-            getattr(getattr(config, "model_config", None), "max_model_len", 2048)
-        )
+        self.max_model_len = max_model_len(llm)
         self.dtype = engine_dtype(llm)
 
     def push_idle(self, state_dict: dict[str, torch.Tensor]) -> None:

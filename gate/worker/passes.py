@@ -290,9 +290,9 @@ def _greedy(inp: PassInput, out: PassResults) -> None:
 
 
 def _prefill_decode(inp: PassInput, out: PassResults) -> None:
-    config = getattr(getattr(inp.llm, "llm_engine", None), "vllm_config", None)
-    max_model_len = int(getattr(getattr(config, "model_config", None), "max_model_len", 2048))
-    rescore_greedy(inp, out, partial(replay.score_sequences, inp.llm), max_model_len)
+    rescore_greedy(
+        inp, out, partial(replay.score_sequences, inp.llm), replay.max_model_len(inp.llm)
+    )
 
 
 def rescore_greedy(inp: PassInput, out: PassResults,

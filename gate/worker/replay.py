@@ -160,6 +160,12 @@ def score_sequences(
     return PromptScores(offsets=offsets, logprob=np.concatenate(parts).astype(np.float32))
 
 
+def max_model_len(llm) -> int:
+    """The running offline engine's context length (2048 where it does not say)."""
+    config = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
+    return int(getattr(getattr(config, "model_config", None), "max_model_len", 2048))
+
+
 def _top_k_off() -> int:
     # vLLM >= 0.9 accepts 0 for "off"; older releases want -1. Probe the default.
     from vllm import SamplingParams

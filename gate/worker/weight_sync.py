@@ -164,14 +164,13 @@ class ProbeTarget:
 def offline_target(llm, adapter: Adapter) -> ProbeTarget:
     from gate.worker import replay
 
-    config = getattr(llm.llm_engine, "vllm_config", None)
     return ProbeTarget(
         target=llm,
         adapter=adapter,
         greedy=lambda prompts, max_tokens: replay.greedy(llm, prompts, max_tokens, 1),
         block_size=engine_block_size(llm),
         bos_token_id=_bos_token_id(llm),
-        max_model_len=int(getattr(getattr(config, "model_config", None), "max_model_len", 2048)),
+        max_model_len=replay.max_model_len(llm),
         dtype=engine_dtype(llm),
     )
 
