@@ -23,6 +23,8 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,6 +111,36 @@ def ensure_source(version: str, cache_dir: str | os.PathLike | None = None) -> P
             if cached_source(version, cache_dir) is None:
                 raise
     return dest
+
+
+def ensure_sources(
+    versions: Iterable[str], cache_dir: str | os.PathLike | None = None, workers: int = 4
+) -> dict[str, Path | FetchError]:
+    """:func:`ensure_source` for several releases, ``workers`` downloads at a time: a cold cache
+    is network-bound (24 wheels of ~500 MB), not CPU-bound. A release that cannot be fetched maps
+    to its FetchError; the others are still fetched."""
+
+    def one(version: str) -> Path | FetchError:
+        try:
+            path = ensure_source(version, cache_dir)
+        except FetchError as exc:
+            print(f"[vllm-source] {version}: {exc}", file=sys.stderr, flush=True)
+            return exc
+        print(f"[vllm-source] {version}: {path}", file=sys.stderr, flush=True)
+        return path
+
+    wanted = list(dict.fromkeys(versions))
+    found: dict[str, Path | FetchError] = {}
+    for version in wanted:
+        if (path := cached_source(version, cache_dir)) is not None:
+            found[version] = path
+    missing = [v for v in wanted if v not in found]
+    if missing:
+        print(f"[vllm-source] fetching {len(missing)} release(s) into {cache_root(cache_dir)}, "
+              f"{workers} at a time: {' '.join(missing)}", file=sys.stderr, flush=True)  # fmt: skip
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            found |= dict(zip(missing, pool.map(one, missing), strict=True))
+    return {v: found[v] for v in wanted}
 
 
 def _download_wheel(version: str, into: Path) -> Path:
@@ -563,3 +595,16 @@ def check_release(
     root: Path, settings: dict[str, tuple[str, ...]] | None = None
 ) -> dict[str, Finding]:
     return check_tree(SourceTree(root), settings)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m gate.vllm_source [VERSION ...]``: fill the source cache (every release of
+    gate.compat.RELEASES by default). Exit 0 even where a release could not be fetched: the
+    compatibility test skips it with the reason; exit 1 only when none could."""
+    versions = (argv if argv is not None else sys.argv[1:]) or list(compat.RELEASES)
+    found = ensure_sources(versions)
+    return 1 if all(isinstance(v, FetchError) for v in found.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -45,6 +45,14 @@ UNSUPPORTED: dict[str, str] = {}
 _memo: dict[str, dict | vllm_source.FetchError] = {}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _fetch_every_release_up_front():
+    """A cold cache fetches every release's wheel: four at a time, not one per first test."""
+    for version, source in vllm_source.ensure_sources(compat.RELEASES).items():
+        if isinstance(source, vllm_source.FetchError):
+            _memo[version] = source
+
+
 def findings(version: str) -> dict[str, vllm_source.Finding]:
     if version not in _memo:
         try:

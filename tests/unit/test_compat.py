@@ -353,6 +353,30 @@ def test_a_failed_download_is_a_fetch_error_that_says_why(tmp_path, monkeypatch)
     assert vllm_source.cached_source("9.9.9", tmp_path) is None
 
 
+def test_several_releases_are_fetched_concurrently_and_one_failure_stays_its_own(tmp_path, monkeypatch):
+    import threading
+
+    both_in_flight = threading.Barrier(2, timeout=10)  # passes only with two downloads at once
+    calls = []
+
+    def fake_download(version, into):
+        calls.append(version)
+        if version == "8.8.8":
+            raise vllm_source.FetchError("pip download vllm==8.8.8 failed (exit 1): gone")
+        both_in_flight.wait()
+        into.mkdir(parents=True)
+        return _wheel(into / f"vllm-{version}-cp38-abi3-manylinux1_x86_64.whl")
+
+    monkeypatch.setattr(vllm_source, "_download_wheel", fake_download)
+    found = vllm_source.ensure_sources(["9.9.8", "9.9.9"], tmp_path, workers=2)
+    assert found == {v: tmp_path / "vllm-source" / v for v in ("9.9.8", "9.9.9")}
+    calls.clear()
+    found = vllm_source.ensure_sources(["9.9.9", "8.8.8", "9.9.9"], tmp_path, workers=2)
+    assert calls == ["8.8.8"]  # the cached release is not fetched again
+    assert list(found) == ["9.9.9", "8.8.8"] and isinstance(found["8.8.8"], vllm_source.FetchError)
+    assert found["9.9.9"] == tmp_path / "vllm-source" / "9.9.9"
+
+
 def test_a_cache_entry_of_an_older_format_is_not_used(tmp_path):
     root = tmp_path / "vllm-source" / "1.0.0"
     root.mkdir(parents=True)
