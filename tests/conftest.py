@@ -29,7 +29,7 @@ LEFTOVER_WAIT_S = 15.0
 _CHECKOUT = pytest.StashKey[set[str] | None]()
 
 # What the `test` extra adds to `test-unit`, looked up the way the tests that use them look them up.
-FULL_SUITE_MODULES = ("torch", "transformers", "docker", "markdown_it")
+FULL_SUITE_MODULES = ("torch", "transformers", "docker", "markdown_it", "pyarrow")
 FULL_SUITE_TOOLS = ("actionlint", "shellcheck", "check-jsonschema", "zizmor", "act")
 
 

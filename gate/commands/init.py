@@ -33,7 +33,9 @@ def add_init(sub: Subparsers) -> None:
         "--old", metavar="SPEC", help="the old engine's pip spec (default: the stack's pin)"
     )
     p.add_argument("--new", metavar="SPEC", help="the new engine's pip spec (default: the old one)")
-    p.add_argument("--dataset", type=Path, help="a JSONL dataset to freeze as the prompt set")
+    p.add_argument(
+        "--dataset", type=Path, help="a JSONL or Parquet dataset to freeze as the prompt set"
+    )
     p.add_argument("--prompt-key", help="the dataset's prompt field (default: the usual names)")
     p.add_argument(
         "--prompts-limit", type=int, default=64, help="records kept from the dataset (64)"
@@ -131,7 +133,7 @@ def _prompts(args, out: Path, dataset, writer, notes: list[str]) -> list[tuple[s
         return [
             (str(p), "--cpu: the built-in CPU default's prompt set") for p in writer.CPU_PROMPTS
         ]
-    raise ConfigError("--dataset: gate init needs the prompts to replay: a JSONL file of your stack's "
+    raise ConfigError("--dataset: gate init needs the prompts to replay: a JSONL or Parquet file of your stack's "
                       "prompts (or --cpu for the built-in ones)")  # fmt: skip
 
 

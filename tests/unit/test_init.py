@@ -403,6 +403,40 @@ def test_init_freezes_a_prompt_set_from_the_stacks_dataset(tmp_path):
     assert "frozen from the first 2 of 3 records of train.jsonl" in (tmp_path / "gate.yaml").read_text()
 
 
+def test_init_freezes_a_prompt_set_from_verls_parquet_dataset(tmp_path):
+    """verl's data preprocessing writes Parquet: a chat-message `prompt` column and a
+    `reward_model` struct; only the first --prompts-limit rows are read."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    rows = [{"data_source": "gsm8k", "prompt": [{"role": "user", "content": f"What is {i}+{i}?"}],
+             "reward_model": {"style": "rule", "ground_truth": str(2 * i)}} for i in range(5)]  # fmt: skip
+    data = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), data, row_group_size=2)
+    proc = _init("--stack", "verl", "--config", str(STACK_CONFIGS / "verl.sh"), "--dataset", str(data),
+                 "--prompts-limit", "3", cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in (tmp_path / "gate-prompts.jsonl").read_text().splitlines()]
+    assert records == [
+        {"id": f"train-{i:05d}", "messages": [{"role": "user", "content": f"What is {i}+{i}?"}], "answer": str(2 * i)}
+        for i in range(3)
+    ]
+    assert "frozen from the first 3 of 5 records of train.parquet" in (tmp_path / "gate.yaml").read_text()
+
+
+def test_an_unreadable_parquet_dataset_or_another_format_is_one_line(tmp_path):
+    pytest.importorskip("pyarrow")
+    bad = tmp_path / "train.parquet"
+    bad.write_bytes(b"not parquet")
+    proc = _init("--stack", "verl", "--config", str(STACK_CONFIGS / "verl.sh"), "--dataset", str(bad), cwd=tmp_path)
+    assert proc.returncode == 2 and "train.parquet: cannot read the Parquet dataset" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    csv = tmp_path / "train.csv"
+    csv.write_text("prompt\nhi\n")
+    proc = _init("--stack", "verl", "--config", str(STACK_CONFIGS / "verl.sh"), "--dataset", str(csv), cwd=tmp_path)
+    assert proc.returncode == 2 and "gate init reads JSONL or Parquet datasets (got .csv)" in proc.stderr
+
+
 def test_a_dataset_record_without_a_prompt_names_the_line(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text('{"prompt": "a"}\n{"text": "b"}\n')
