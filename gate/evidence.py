@@ -62,6 +62,12 @@ TRAINER_TOPK_RAW = "trainer_topk_raw"
 # prompt in the same engine (NaN: not rescored). Absent before it was recorded.
 PREFILL_LOGPROB = "prefill_logprob"
 
+# Per sampled sequence (gate.worker.replay.text_round_trip): the engine's text is not the
+# tokenizer's decoding of its ids; and where encoding that text again first departs from the ids
+# (-1: it gives them back). Absent before they were recorded.
+TEXT_MISMATCH = "text_mismatch"
+RETOKENIZED_AT = "retokenized_at"
+
 FINISH_NAMES = ("stop", "length", "abort", "other")
 
 # texts.json key: the decoded text of every distinct prompt and sampled token id, ``{"123": " the"}``.
@@ -167,6 +173,10 @@ def validate(
                 and arr.shape[0] != n_tokens
             ):
                 raise EvidenceError(f"{where}: {key}: {arr.shape[0]} rows, expected {n_tokens}")
+    sequences = len(a[f"{SAMPLE}_{OFFSETS}"]) - 1
+    for key in (f"{SAMPLE}_{TEXT_MISMATCH}", f"{SAMPLE}_{RETOKENIZED_AT}"):
+        if key in a and a[key].shape != (sequences,):
+            raise EvidenceError(f"{where}: {key}: shape {a[key].shape}, expected ({sequences},)")
     for key in _REFERENCE_FINITE:
         if key in a and not np.all(np.isfinite(a[key])):
             bad = int(np.count_nonzero(~np.isfinite(a[key])))
@@ -200,7 +210,8 @@ def _token_text(raw: Any, where: Path) -> dict[int, str]:
 
 
 def _is_per_token(key: str) -> bool:
-    per_sequence = (PROMPT_INDEX, SAMPLE_INDEX, FINISH, "input_offsets", "input_ids")
+    per_sequence = (PROMPT_INDEX, SAMPLE_INDEX, FINISH, TEXT_MISMATCH, RETOKENIZED_AT,
+                    "input_offsets", "input_ids")  # fmt: skip
     return not key.endswith(per_sequence)
 
 

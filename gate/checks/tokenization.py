@@ -1,7 +1,15 @@
-"""tokenization: the same prompt must give the same token ids in both environments.
+"""tokenization: the same prompt must give the same token ids in both environments, and each
+engine's text must be the text of the ids it sampled.
 
 Prompts are tokenized inside each engine environment (chat template applied there), so a
 transformers or chat-template change that rides along with an engine upgrade shows up here.
+
+Sampled ids through text (issue 26, class 8; TRL #5238, prime-rl #1637): stacks that hand rollouts
+on as text (multi-turn and agent loops that render the conversation again) train on the ids the
+text encodes to, not on the ids the engine sampled. Per engine, the worker records whether the
+engine's text is the tokenizer's decoding of its ids (a detokenizer that loses or alters text is a
+fault: judged), and where encoding that text again departs from the ids (re-tokenization drift: a
+property of the tokenizer on sampled text, reported).
 """
 
 from __future__ import annotations
@@ -9,11 +17,21 @@ from __future__ import annotations
 import numpy as np
 
 from gate import evidence as ev
-from gate.checks.base import CheckResult, CheckSpec, Measurement
+from gate.checks.base import CheckResult, CheckSpec, Limit, Measurement, Threshold
 from gate.verdict import Status, worst
 
 ID = "tokenization"
 TITLE = "Tokenization parity"
+SHOWN = 3
+
+THRESHOLDS = {
+    "text_mismatch_fraction": Threshold(
+        Limit(0.0),
+        Limit(0.01),
+        source="sampled sequences whose engine text is not the tokenizer's decoding of the sampled "
+        "ids (special tokens left out): none in a sound engine",
+    ),
+}
 
 
 def differing_prompts(a: ev.Evidence, b: ev.Evidence) -> list[int]:
@@ -29,11 +47,11 @@ def differing_prompts(a: ev.Evidence, b: ev.Evidence) -> list[int]:
 
 
 def run(ctx, settings) -> CheckResult:
+    measurements: list[Measurement] = []
+    details: dict[str, dict] = {}
+    parts: list[str] = []
     refs = ctx.references()
-    if not refs:
-        return CheckResult(ID, TITLE, Status.SKIP, "no old engine or baseline to compare with")
     ids = ctx.new.texts.get("prompt_ids", [])
-    measurements, details = [], {}
     for label, ref in refs:
         bad = differing_prompts(ctx.new, ref)
         status = Status.FAIL if bad else Status.PASS
@@ -46,17 +64,90 @@ def run(ctx, settings) -> CheckResult:
             "differing": [ids[i] if i < len(ids) else i for i in bad[:20]],
             "count": len(bad),
         }
+        parts.append(f"{len(bad)} prompt(s) differ vs {label}")
+    trips = {name: trip for name, e in ctx.engines() if (trip := round_trip(e)) is not None}
+    for name, trip in trips.items():
+        measurements += _round_trip_measurements(name, trip, settings)
+        parts.append(f"{name}: text off its ids in {trip['text_mismatch']} of {trip['sequences']} "
+                     f"samples, {trip['retokenized']} re-tokenize to other ids")  # fmt: skip
+    if not measurements:
+        return CheckResult(ID, TITLE, Status.SKIP, "no old engine or baseline to compare with")
+    if trips:
+        details["round_trip"] = trips
     status = worst(m.status for m in measurements)
-    summary = ", ".join(f"{d['count']} prompt(s) differ vs {label}" for label, d in details.items())
-    diagnosis = ""
-    if status == Status.FAIL:
+    return CheckResult(ID, TITLE, status, "; ".join(parts), _diagnosis(ctx, details, status),
+                       measurements, details)  # fmt: skip
+
+
+def round_trip(e: ev.Evidence) -> dict | None:
+    """One engine's sampled ids through text (None: evidence from before it was recorded)."""
+    mismatch = e.arrays.get(f"{ev.SAMPLE}_{ev.TEXT_MISMATCH}")
+    at = e.arrays.get(f"{ev.SAMPLE}_{ev.RETOKENIZED_AT}")
+    if mismatch is None or at is None:
+        return None
+    off = np.flatnonzero(mismatch)
+    drift = np.flatnonzero(at >= 0)
+    return {
+        "sequences": len(mismatch),
+        "text_mismatch": len(off),
+        "text_mismatch_at": _sequences(e, off),
+        "retokenized": len(drift),
+        "retokenized_at": [
+            f"{where} token {int(at[s])}"
+            for where, s in zip(_sequences(e, drift), drift, strict=False)
+        ],
+    }
+
+
+def _sequences(e: ev.Evidence, seqs: np.ndarray) -> list[str]:
+    """'prompt P sample S' for the first few sampled sequences."""
+    names = e.texts.get("prompt_ids") if isinstance(e.texts, dict) else None
+    prompts = e.arrays.get(f"{ev.SAMPLE}_{ev.PROMPT_INDEX}")
+    samples = e.arrays.get(f"{ev.SAMPLE}_{ev.SAMPLE_INDEX}")
+    out = []
+    for s in seqs[:SHOWN].tolist():
+        p = int(prompts[s]) if prompts is not None else s
+        name = names[p] if isinstance(names, list) and p < len(names) else f"#{p}"
+        out.append(f"prompt {name}" + (f" sample {int(samples[s])}" if samples is not None else ""))
+    return out
+
+
+def _round_trip_measurements(name: str, trip: dict, settings) -> list[Measurement]:
+    n = max(trip["sequences"], 1)
+    share = trip["text_mismatch"] / n
+    status, warn, fail = settings.thresholds["text_mismatch_fraction"].evaluate(share)
+    drift = trip["retokenized"] / n
+    return [
+        Measurement("text_mismatch_fraction", share, status, warn, fail, engine=name,
+                    note="the engine's text against the tokenizer's decoding of the ids it sampled"),
+        Measurement("retokenization_drift", drift, Status.PASS, engine=name,
+                    note=f"{trip['retokenized']} of {trip['sequences']} sampled sequences encode back to other "
+                    "ids from their text: what a stack that passes rollouts on as text trains on instead "
+                    "(reported, not judged: a property of the tokenizer on sampled text)"),
+    ]  # fmt: skip
+
+
+def _diagnosis(ctx, details: dict, status: Status) -> str:
+    if status == Status.PASS:
+        return ""
+    out = []
+    if any(d.get("count") for label, d in details.items() if label != "round_trip"):
         versions = {n: e.engine.get("identity", {}).get("transformers") for n, e in ctx.engines()}
-        diagnosis = (
+        out.append(
             f"Prompts tokenize differently (transformers {versions}); the trainer and the engine no longer see the same "
             "tokens. Pin the tokenizer / chat template (model.tokenizer in the config, or the tokenizer files), or the "
             "transformers version in the engine environment."
         )
-    return CheckResult(ID, TITLE, status, summary, diagnosis, measurements, details)
+    for name, trip in details.get("round_trip", {}).items():
+        if trip["text_mismatch"]:
+            out.append(
+                f"The {name} engine's text is not the text of the ids it sampled in {trip['text_mismatch']} of "
+                f"{trip['sequences']} sequences (e.g. {', '.join(trip['text_mismatch_at'])}): its detokenizer "
+                "loses or alters text. A stack that reads the text (rewards, stop strings, the next turn of a "
+                "multi-turn rollout) acts on other tokens than the ones it trains on (TRL #5238, prime-rl #1637); "
+                "keep token ids end to end, or pin the release whose detokenizer agrees."
+            )
+    return " ".join(out)
 
 
-SPEC = CheckSpec(id=ID, title=TITLE, run=run)
+SPEC = CheckSpec(id=ID, title=TITLE, run=run, thresholds=THRESHOLDS)

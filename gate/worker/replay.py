@@ -80,6 +80,55 @@ def token_texts(tokenizer: PreTrainedTokenizerBase, ids: np.ndarray) -> dict[str
     return dict(zip(map(str, distinct), texts, strict=True))
 
 
+@dataclass(frozen=True)
+class TextRoundTrip:
+    """Per sampled sequence, the engine's text against its token ids (class 8 of issue 26).
+
+    ``text_mismatch``: the engine's text is not the tokenizer's decoding of the ids it sampled
+    (special tokens left out, as the engine's text leaves them; a multi-byte character cut off at
+    the length cap, which the engine holds back and a decode shows as U+FFFD, is not a mismatch).
+    ``retokenized_at``: where encoding that text again first departs from the sampled ids, -1 where
+    it gives them back: a stack that passes rollouts on as text trains on other tokens there.
+    """
+
+    text_mismatch: np.ndarray  # [S] bool
+    retokenized_at: np.ndarray  # [S] int32
+
+
+def text_round_trip(tokenizer: PreTrainedTokenizerBase, sampled: Completions) -> TextRoundTrip:
+    if len(sampled.offsets) <= 1:
+        return TextRoundTrip(np.zeros(0, dtype=bool), np.zeros(0, dtype=np.int32))
+    ids = np.asarray(sampled.token_ids, dtype=np.int64)
+    keep = ~np.isin(ids, np.asarray(sorted(tokenizer.all_special_ids), dtype=np.int64))
+    # Each sequence's ids without the special ones: where the sequences start among the kept ids.
+    starts = np.concatenate([[0], np.cumsum(keep)])[np.asarray(sampled.offsets, dtype=np.int64)]
+    sequences = [part.tolist() for part in np.split(ids[keep], starts[1:-1])]
+    decoded = tokenizer.batch_decode(sequences, skip_special_tokens=True,
+                                     clean_up_tokenization_spaces=False)  # fmt: skip
+    texts = list(sampled.texts)
+    mismatch = np.array(
+        [d != t and d.rstrip("\ufffd") != t for d, t in zip(decoded, texts, strict=True)],
+        dtype=bool,
+    )
+    encoded = tokenizer(texts, add_special_tokens=False).input_ids if texts else []
+    return TextRoundTrip(
+        mismatch,
+        np.array(
+            [_first_difference(e, s) for e, s in zip(encoded, sequences, strict=True)],
+            dtype=np.int32,
+        ),
+    )
+
+
+def _first_difference(a: list[int], b: list[int]) -> int:
+    """The first index where ``a`` and ``b`` differ (or the shorter's length), -1 when equal."""
+    if a == b:
+        return -1
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
+
+
 def flat_logprobs_supported() -> bool:
     from vllm import SamplingParams
 

