@@ -186,9 +186,9 @@ def run_batch(requests: Sequence[WorkerRequest]) -> None:
             ref, load_s = references.get(req)
             own[i].values["reference_load_s"] = load_s
             arrays, n_scored = _reference_arrays(ref, req, tok.prompt_ids, out, own[i])
-        trip = replay.text_round_trip(tokenizer, out.sampled)
-        arrays[f"{ev.SAMPLE}_{ev.TEXT_MISMATCH}"] = trip.text_mismatch
-        arrays[f"{ev.SAMPLE}_{ev.RETOKENIZED_AT}"] = trip.retokenized_at
+        if (trip := replay.text_round_trip(tokenizer, out.sampled)) is not None:
+            arrays[f"{ev.SAMPLE}_{ev.TEXT_MISMATCH}"] = trip.text_mismatch
+            arrays[f"{ev.SAMPLE}_{ev.RETOKENIZED_AT}"] = trip.retokenized_at
         out.meta["reference"] = ref.placement_record()
         out.meta["memory_peaks"] = peaks.as_dict()
         arrays.update(out.rl_arrays)

@@ -35,6 +35,7 @@ class Completions:
     topk_logprobs: np.ndarray  # [T, k]
     finish: np.ndarray  # [S] FINISH_CODES
     texts: list[str]
+    texts_whole: bool = True  # False: a server split some texts (reasoning, tool calls)
 
 
 @dataclass
@@ -95,7 +96,13 @@ class TextRoundTrip:
     retokenized_at: np.ndarray  # [S] int32
 
 
-def text_round_trip(tokenizer: PreTrainedTokenizerBase, sampled: Completions) -> TextRoundTrip:
+def text_round_trip(
+    tokenizer: PreTrainedTokenizerBase, sampled: Completions
+) -> TextRoundTrip | None:
+    """None where the texts are not whole (a server's reasoning parser or tool calls took part of
+    them): nothing to compare."""
+    if not sampled.texts_whole:
+        return None
     if len(sampled.offsets) <= 1:
         return TextRoundTrip(np.zeros(0, dtype=bool), np.zeros(0, dtype=np.int32))
     ids = np.asarray(sampled.token_ids, dtype=np.int64)

@@ -25,7 +25,7 @@ import json
 import re
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -223,6 +223,9 @@ class Choice:
     topk_logprobs: np.ndarray
     finish: int
     text: str
+    # False where the server split the output (a reasoning parser's reasoning, tool calls): the
+    # text is then not the whole text of the ids, and is not compared with them.
+    text_whole: bool = True
 
 
 def _top(
@@ -269,10 +272,13 @@ def chat_choice(choice: dict[str, Any], k: int) -> Choice:
         [(token_id(a["token"]), float(a["logprob"])) for a in c.get("top_logprobs") or []]
         for c in content
     ]
-    text = (choice.get("message") or {}).get("content") or ""
-    return _choice(
+    message = choice.get("message") or {}
+    text = message.get("content") or ""
+    found = _choice(
         ids, [float(c["logprob"]) for c in content], tops, k, choice.get("finish_reason"), text
     )
+    split = any(message.get(key) for key in ("reasoning_content", "reasoning", "tool_calls"))
+    return replace(found, text_whole=False) if split else found
 
 
 def _choices(response: dict[str, Any], chat: bool, k: int, n: int, where: str) -> list[Choice]:
@@ -310,6 +316,7 @@ def completions_of(per_prompt: list[list[Choice]], k: int) -> Completions:
         topk_logprobs=cat("topk_logprobs", np.float32, (0, k)),
         finish=np.asarray(finish, dtype=np.int8),
         texts=texts,
+        texts_whole=all(c.text_whole for c in parts),
     )
 
 

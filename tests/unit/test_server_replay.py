@@ -60,7 +60,23 @@ def test_a_chat_choice_reads_its_content_logprobs():
     np.testing.assert_array_equal(c.token_ids, [60, 80])
     np.testing.assert_array_equal(c.rank, [1, 3])
     np.testing.assert_array_equal(c.topk_ids, [[60, 77], [81, 82]])
-    assert c.finish == 0 and c.text == "Th"
+    assert c.finish == 0 and c.text == "Th" and c.text_whole
+
+
+def test_a_chat_choice_split_by_a_reasoning_parser_is_not_compared_with_its_ids():
+    """A server with a reasoning parser (or tool calls) returns part of the text elsewhere: the
+    content alone is not the text of the sampled ids, so tokenization does not compare them."""
+    from gate.worker.replay import text_round_trip
+
+    base = {"index": 0, "finish_reason": "stop",
+            "logprobs": {"content": [{"token": "token_id:60", "logprob": -0.1, "top_logprobs": []}]}}  # fmt: skip
+    for split in ({"reasoning_content": "hm"}, {"reasoning": "hm"}, {"tool_calls": [{"id": "c1"}]}):
+        c = http.chat_choice(base | {"message": {"content": "", **split}}, k=2)
+        assert not c.text_whole, split
+        comp = http.completions_of([[c, http.chat_choice(base | {"message": {"content": "x"}}, k=2)]], k=2)
+        assert not comp.texts_whole and text_round_trip(None, comp) is None  # the tokenizer is never asked
+    whole = http.completions_of([[http.chat_choice(base | {"message": {"content": "x"}}, k=2)]], k=2)
+    assert whole.texts_whole
 
 
 def test_completions_flatten_as_offline():
