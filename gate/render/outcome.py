@@ -178,10 +178,23 @@ def split_diagnosis(text: str) -> tuple[str, str]:
     m = _FIX.search(text)
     if m:
         return text[: m.start()].rstrip(" :;."), text[m.end() :]
-    cut = text.find(". ")
+    cut = _first_sentence_end(text)
     if cut < 0:
         return text.rstrip("."), ""
     return text[:cut], text[cut + 2 :]
+
+
+# A ". " after these, or inside parentheses, does not end a sentence: "(e.g. prompt 3, ...)".
+_ABBREVIATIONS = ("e.g", "i.e", "vs", "cf")
+
+
+def _first_sentence_end(text: str) -> int:
+    """The index of the period that ends the first sentence, -1 when there is none."""
+    for m in re.finditer(r"\. ", text):
+        head = text[: m.start()]
+        if head.count("(") <= head.count(")") and not head.lower().endswith(_ABBREVIATIONS):
+            return m.start()
+    return -1
 
 
 def band_exit(g: Grpo | None) -> BandExit | None:

@@ -851,6 +851,11 @@ def test_diagnosis_split_into_finding_and_fix():
         "Look at A; then B.",
     )
     assert outcome.split_diagnosis("Only a finding.") == ("Only a finding", "")
+    # "e.g. " and a period inside parentheses end no sentence (the examples of 26a and 26h did)
+    assert outcome.split_diagnosis("Off in 3 of 9 (e.g. prompt a. b, prompt c): lost text. Keep ids, i.e. tokens.") == (
+        "Off in 3 of 9 (e.g. prompt a. b, prompt c): lost text",
+        "Keep ids, i.e. tokens.",
+    )
 
 
 def test_band_exit_is_the_first_step_any_metric_left():
