@@ -47,7 +47,7 @@ def add_init(sub: Subparsers) -> None:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from gate.init import dataset, writer
+    from gate.init import dataset, workflow, writer
     from gate.init.mapping import map_config
     from gate.init.sources import read_config
     from gate.init.stacks import STACKS
@@ -73,12 +73,17 @@ def cmd_init(args: argparse.Namespace) -> int:
         notes.append(f"weight_update.hook: no recipe for {stack.title}"
                      + (f" with {_transport(mapped.transport)}" if mapped.transport else "")
                      + "; gate's built-in push stands (docs/adopt.md)")  # fmt: skip
-    targets = (
-        [GATE_YAML] + ([HOOK_FILE] if recipe else []) + ([PROMPTS_FILE] if args.dataset else [])
-    )
-    existing = [t for t in targets if (out / t).exists()]
+    targets = [out / t for t in [GATE_YAML] + ([HOOK_FILE] if recipe else [])
+               + ([PROMPTS_FILE] if args.dataset else [])]  # fmt: skip
+    root = workflow.repository_root(out) or out
+    if args.cpu:
+        notes.append("workflow: not written under --cpu (the gate runs on a GPU runner); "
+                     "run gate init without --cpu for .github/workflows/vllm-gate.yml")  # fmt: skip
+    else:
+        targets.append(root / workflow.WORKFLOW)
+    existing = [t for t in targets if t.exists()]
     if existing and not args.force:
-        raise ConfigError(f"{out / existing[0]}: exists; --force overwrites it")
+        raise ConfigError(f"{existing[0]}: exists; --force overwrites it")
     out.mkdir(parents=True, exist_ok=True)
 
     prompts = _prompts(args, out, dataset, writer, notes)
@@ -108,8 +113,35 @@ def cmd_init(args: argparse.Namespace) -> int:
             (out / HOOK_FILE).unlink(missing_ok=True)
         raise
     (out / GATE_YAML).write_text(text, encoding="utf-8")
+    if not args.cpu:
+        _write_workflow(root, out, args.stack_config, recipe, engines)
     _report(out, mapped, notes, recipe)
     return EXIT_OK
+
+
+def _write_workflow(root: Path, out: Path, stack_config: Path, recipe: str | None,
+                    engines: tuple[tuple[str, str], tuple[str, str]]) -> None:  # fmt: skip
+    """.github/workflows/vllm-gate.yml at the repository's root: the gate on every PR that changes
+    the engine's pins, gate's files or the stack's config."""
+    from gate.init import workflow
+
+    def from_root(path: Path) -> str | None:
+        try:
+            return path.resolve().relative_to(root.resolve()).as_posix()
+        except ValueError:  # outside the repository: no PR changes it
+            return None
+
+    config = from_root(out / GATE_YAML) or GATE_YAML
+    own = [config, from_root(stack_config), from_root(out / HOOK_FILE) if recipe else None]
+    values = workflow.WorkflowValues(
+        config, engines[0][0], engines[1][0],
+        (*workflow.DEPENDENCY_FILES, *[p for p in own if p], "baselines/**"),
+    )  # fmt: skip
+    target = root / workflow.WORKFLOW
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(workflow.render(values), encoding="utf-8")
+    print(f"wrote {target}: the gate on pull requests (pin its `uses:` to the gate commit you "
+          "reviewed; docs/security.md)", file=sys.stderr)  # fmt: skip
 
 
 def _recipe_applies(stack, config: dict) -> bool:

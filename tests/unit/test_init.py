@@ -263,6 +263,9 @@ def test_an_unreadable_config_names_the_file(tmp_path):
 
 
 def _init(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    # ``cwd`` stands for the user's repository: gate init writes the workflow at a repository's root,
+    # and without this marker that root would be the checkout the tests run in.
+    (cwd / ".git").mkdir(exist_ok=True)
     return subprocess.run([sys.executable, "-m", "gate", "init", *args], cwd=cwd, capture_output=True, text=True)
 
 
@@ -401,6 +404,58 @@ def test_init_freezes_a_prompt_set_from_the_stacks_dataset(tmp_path):
     raw = yaml.safe_load((tmp_path / "gate.yaml").read_text())
     assert raw["model"]["path"] == "PrimeIntellect/Qwen3-0.6B-Reverse-Text-SFT"
     assert "frozen from the first 2 of 3 records of train.jsonl" in (tmp_path / "gate.yaml").read_text()
+
+
+def test_init_writes_the_pull_request_workflow_at_the_repositorys_root(tmp_path):
+    """The README's workflow with the stack's specs, gate.yaml's path and the files whose change
+    starts the gate; never over an existing one without --force; not under --cpu."""
+    from gate.init import workflow
+
+    repo = tmp_path / "repo"
+    (repo / "configs").mkdir(parents=True)
+    (repo / "configs" / "prime-rl.toml").write_text((STACK_CONFIGS / "prime-rl.toml").read_text())
+    data = repo / "train.jsonl"
+    data.write_text('{"prompt": "What is 2+3?", "answer": "5"}\n')
+    args = ("--stack", "prime-rl", "--config", "configs/prime-rl.toml", "--dataset", "train.jsonl",
+            "--out", "rl-gate", "--old", "vllm==0.26.0", "--new", "vllm==0.27.1")  # fmt: skip
+    proc = _init(*args, cwd=repo)
+    assert proc.returncode == 0, proc.stderr
+    target = repo / ".github" / "workflows" / "vllm-gate.yml"
+    assert f"wrote {target}" in proc.stderr
+    expected = workflow.WorkflowValues("rl-gate/gate.yaml", "vllm==0.26.0", "vllm==0.27.1", (
+        "requirements*.txt", "pyproject.toml", "uv.lock", "rl-gate/gate.yaml", "configs/prime-rl.toml",
+        "rl-gate/gate_hook.py", "baselines/**"))  # fmt: skip
+    assert target.read_text() == workflow.render(expected)
+    wf = yaml.safe_load(target.read_text())
+    step = next(s for s in wf["jobs"]["gate"]["steps"] if s.get("id") == "gate")
+    assert (step["with"]["config"], step["with"]["old-spec"], step["with"]["new-spec"]) == (
+        "rl-gate/gate.yaml", "vllm==0.26.0", "vllm==0.27.1")
+    assert wf[True]["pull_request"]["paths"] == list(expected.watched)  # PyYAML reads `on:` as True
+    target.write_text("mine\n")
+    proc = _init(*args, "--force", cwd=repo)  # gate's own files exist now too
+    assert proc.returncode == 0 and target.read_text() != "mine\n", proc.stderr
+    target.write_text("mine\n")
+    for own in ("gate.yaml", "gate_hook.py", "gate-prompts.jsonl"):
+        (repo / "rl-gate" / own).unlink()
+    proc = _init(*args, cwd=repo)
+    assert proc.returncode == 2 and f"{target}: exists; --force overwrites it" in proc.stderr
+    proc = _init("--stack", "prime-rl", "--config", "configs/prime-rl.toml", "--cpu", "--out", "cpu", cwd=repo)
+    assert proc.returncode == 0 and "workflow: not written under --cpu" in proc.stderr
+    assert target.read_text() == "mine\n"
+
+
+def test_the_example_workflow_is_the_template_filled_with_the_readmes_values():
+    """examples/workflows/gate-self-hosted.yml is what gate init writes; after editing the template,
+    `python -m gate.init.workflow` writes it again."""
+    from gate.init import workflow
+
+    assert workflow.EXAMPLE.read_text() == workflow.render(workflow.README_VALUES)
+    # values that plain YAML would misread are quoted: they come back as written
+    odd = workflow.WorkflowValues("my gate.yaml", "vllm @ https://x/y.whl#sha256=0", "vllm: 1", ('a "b"', "c#d"))
+    wf = yaml.safe_load(workflow.render(odd))
+    step = next(s for s in wf["jobs"]["gate"]["steps"] if s.get("id") == "gate")
+    assert (step["with"]["config"], step["with"]["old-spec"], step["with"]["new-spec"]) == (odd.config, odd.old_spec, odd.new_spec)
+    assert wf[True]["pull_request"]["paths"] == list(odd.watched)
 
 
 def test_init_freezes_a_prompt_set_from_verls_parquet_dataset(tmp_path):
