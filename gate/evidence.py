@@ -125,6 +125,21 @@ class Evidence:
         text = self.token_text.get(int(token_id))
         return f"⟨id {int(token_id)}⟩" if text is None else text
 
+    def sequence_labels(self, group: str, seqs: Iterable[int]) -> list[str]:
+        """ "prompt P sample S" for sequences of a group (sample_, greedy_, ...): P the prompt set's
+        id where texts.json has it, S only where the group has several samples per prompt."""
+        names = self.texts.get("prompt_ids") if isinstance(self.texts, dict) else None
+        prompts = self.arrays.get(f"{group}_{PROMPT_INDEX}")
+        samples = self.arrays.get(f"{group}_{SAMPLE_INDEX}")
+        out = []
+        for s in seqs:
+            p = int(prompts[s]) if prompts is not None else int(s)
+            name = names[p] if isinstance(names, list) and p < len(names) else f"#{p}"
+            out.append(
+                f"prompt {name}" + (f" sample {int(samples[s])}" if samples is not None else "")
+            )
+        return out
+
     def decode(self, token_ids: Iterable[int]) -> str:
         """Token texts joined: readable context, though a character split across tokens shows as U+FFFD."""
         return "".join(self.token_label(t) for t in token_ids)

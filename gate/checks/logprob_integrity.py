@@ -165,18 +165,10 @@ def _where(e: ev.Evidence, group: str, flat: np.ndarray) -> list[str]:
     offsets = e.arrays.get(f"{group}_{ev.OFFSETS}")
     if offsets is None:
         return [f"token {int(i)}" for i in flat[:SHOWN_POSITIONS]]
-    shown = flat[:SHOWN_POSITIONS]
-    seq = np.searchsorted(offsets, shown, side="right") - 1
-    names = e.texts.get("prompt_ids") if isinstance(e.texts, dict) else None
-    prompts = e.arrays.get(f"{group}_{ev.PROMPT_INDEX}")
-    samples = e.arrays.get(f"{group}_{ev.SAMPLE_INDEX}")
-    out = []
-    for i, s in zip(shown.tolist(), seq.tolist(), strict=True):
-        p = int(prompts[s]) if prompts is not None else s
-        name = names[p] if isinstance(names, list) and p < len(names) else f"#{p}"
-        sample = f" sample {int(samples[s])}" if samples is not None else ""
-        out.append(f"prompt {name}{sample} token {i - int(offsets[s])}")
-    return out
+    shown = flat[:SHOWN_POSITIONS].tolist()
+    seq = (np.searchsorted(offsets, shown, side="right") - 1).tolist()
+    return [f"{label} token {i - int(offsets[s])}"
+            for label, i, s in zip(e.sequence_labels(group, seq), shown, seq, strict=True)]  # fmt: skip
 
 
 def _group_of(key: str) -> str:

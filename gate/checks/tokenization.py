@@ -90,26 +90,15 @@ def round_trip(e: ev.Evidence) -> dict | None:
     return {
         "sequences": len(mismatch),
         "text_mismatch": len(off),
-        "text_mismatch_at": _sequences(e, off),
+        "text_mismatch_at": e.sequence_labels(ev.SAMPLE, off[:SHOWN].tolist()),
         "retokenized": len(drift),
         "retokenized_at": [
             f"{where} token {int(at[s])}"
-            for where, s in zip(_sequences(e, drift), drift, strict=False)
+            for where, s in zip(
+                e.sequence_labels(ev.SAMPLE, drift[:SHOWN].tolist()), drift, strict=False
+            )
         ],
     }
-
-
-def _sequences(e: ev.Evidence, seqs: np.ndarray) -> list[str]:
-    """'prompt P sample S' for the first few sampled sequences."""
-    names = e.texts.get("prompt_ids") if isinstance(e.texts, dict) else None
-    prompts = e.arrays.get(f"{ev.SAMPLE}_{ev.PROMPT_INDEX}")
-    samples = e.arrays.get(f"{ev.SAMPLE}_{ev.SAMPLE_INDEX}")
-    out = []
-    for s in seqs[:SHOWN].tolist():
-        p = int(prompts[s]) if prompts is not None else s
-        name = names[p] if isinstance(names, list) and p < len(names) else f"#{p}"
-        out.append(f"prompt {name}" + (f" sample {int(samples[s])}" if samples is not None else ""))
-    return out
 
 
 def _round_trip_measurements(name: str, trip: dict, settings) -> list[Measurement]:
