@@ -13,17 +13,18 @@ from gate.checks.context import Context
 from gate.verdict import Status
 from tests.factory import RUN, make_evidence
 
-A, B, AB, EOS, C = 0, 1, 2, 3, 4
+A, B, AB, EOS, C, PART = 0, 1, 2, 3, 4, 5
 
 
 @pytest.fixture(scope="module")
 def bpe():
-    """A five-token BPE whose merge "a"+"b" -> "ab" makes [a, b] a non-canonical spelling of "ab"."""
+    """A six-token BPE whose merge "a"+"b" -> "ab" makes [a, b] a non-canonical spelling of "ab";
+    PART decodes to U+FFFD, as a token holding part of a multi-byte character does."""
     pytest.importorskip("transformers")
     from tokenizers import Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.BPE(vocab={"a": A, "b": B, "ab": AB, "</s>": EOS, "c": C}, merges=[("a", "b")]))
+    tok = Tokenizer(models.BPE(vocab={"a": A, "b": B, "ab": AB, "</s>": EOS, "c": C, "\ufffd": PART}, merges=[("a", "b")]))
     tok.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>")
 
@@ -50,15 +51,16 @@ def test_the_round_trip_by_hand(bpe):
             [AB, C, EOS],  # canonical; the EOS is left out of the engine's text, as vLLM does
             [A, B, C],  # "abc" encodes to [ab, c]: drift at token 0
             [C, AB],  # the engine's text lost its first token: "ab" for [c, ab]
-            [C, C],  # a character cut off at the cap: the engine holds it back, a decode shows U+FFFD
+            [C, PART],  # a character cut off at the cap: the engine holds it back, a decode shows U+FFFD
             [],  # nothing sampled
         ],
-        ["abc", "abc", "ab", "cc", ""],
+        ["abc", "abc", "ab", "c", ""],
     )
+    assert bpe.decode([C, PART]) == "c\ufffd"
     trip = text_round_trip(bpe, sampled)
     assert trip.text_mismatch.tolist() == [False, False, True, False, False]
-    # [ab] against [c, ab]: the first token differs; the rest as sampled
-    assert trip.retokenized_at.tolist() == [-1, 0, 0, -1, -1]
+    # [ab] against [c, ab]: the first token differs; "c" encodes to [c], one short of [c, PART]
+    assert trip.retokenized_at.tolist() == [-1, 0, 0, 1, -1]
     assert trip.text_mismatch.dtype == bool and trip.retokenized_at.dtype == np.int32
     none = text_round_trip(bpe, _completions([], []))
     assert none.text_mismatch.shape == none.retokenized_at.shape == (0,)
