@@ -78,7 +78,7 @@ def test_prime_rl_init_then_run_passes_in_server_mode_through_its_filesystem_pus
     assert update["calls"] == ["pause(keep, clear_cache=False)", "collective_rpc(reload_weights)", "resume"], update
     inflight = run.check("inflight-update")
     [found] = inflight["details"]["updates"].values()
-    assert inflight["status"] == "PASS" and found["behaviour"] == "STALE", inflight["summary"]
+    assert inflight["status"] == "PASS" and found["behaviour"] == "STALE", (inflight["summary"], inflight["diagnosis"], found)
 
     config = _with_hooks(out, "half-written.yaml", "prime_rl_half_written", "prime_rl_half_written_inflight")
     broken = replay(out / "broken", "-c", str(config), "--only", "new", expect=(1,))
@@ -103,7 +103,7 @@ def test_areal_init_then_run_passes_in_server_mode_through_its_abort_and_resubmi
     assert update["calls"] == ["pause(abort, clear_cache=True)", "collective_rpc(reload_weights)", "resume", "resubmit"], update
     inflight = run.check("inflight-update")
     [found] = inflight["details"]["updates"].values()
-    assert inflight["status"] == "PASS" and found["behaviour"] == "REC", inflight["summary"]
+    assert inflight["status"] == "PASS" and found["behaviour"] == "REC", (inflight["summary"], inflight["diagnosis"], found)
 
     config = _with_hooks(out, "dropped.yaml", None, "areal_without_resubmission_inflight")
     broken = replay(out / "broken", "-c", str(config), "--only", "new", expect=(1,))

@@ -18,7 +18,7 @@ pytest.importorskip("torch")
 httpx = pytest.importorskip("httpx")
 
 from gate.worker import inflight_server as srv  # noqa: E402
-from gate.worker.inflight import LATE_ATTEMPTS, Stream, landed_late, run_landing, switch_points  # noqa: E402
+from gate.worker.inflight import LATE_ATTEMPTS, Stream, earlier_switch, landed_late, run_landing, switch_points  # noqa: E402
 from gate.worker.server import ServerError  # noqa: E402
 from gate.worker.server_replay import Client  # noqa: E402
 from gate.worker.weight_push import Adapter  # noqa: E402
@@ -250,26 +250,44 @@ def test_a_late_update_is_seen_as_late():
     run = srv.run_update(client, "keep", keep, adapter, "http://127.0.0.1:1", [[1, 2], [3]],  # type: ignore[arg-type]
                          _request(), {}, has_version_route=False)  # fmt: skip
     # Its streams had their 8 tokens before the pause went out.
-    assert [len(s.token_ids) for s in run.streams] == [8, 8] and landed_late(run)
+    assert [len(s.token_ids) for s in run.streams] == [8, 8] and landed_late(run, 2)
+    # 12 tokens planned after the switch (2 requests x 8 - 2): a quarter is 3.
     on_time = srv.UpdateRun("keep", run.streams, [srv.CallRecord("pause", [5, 8], 0.1)], 0, 0.1, 0.2)
-    assert not landed_late(on_time)  # one request still had tokens to come
-    assert not landed_late(srv.UpdateRun("none", run.streams, [], 0, 0.1, 0.2))  # no call: nothing to place
+    assert not landed_late(on_time, 2)  # 3 tokens after it
+    nearly = srv.UpdateRun("keep", run.streams, [srv.CallRecord("pause", [7, 7], 0.1)], 0, 0.1, 0.2)
+    assert landed_late(nearly, 2)  # 1 + 1: the check would find too few to attribute
+    # A server's call known between two positions: where it surely had run, the later one.
+    bounded = srv.UpdateRun("keep", run.streams, [srv.CallRecord("x", [7, 7], 0.1, earliest=[2, 2])], 0, 0.1, 0.2)
+    assert landed_late(bounded, 2)
+    assert not landed_late(srv.UpdateRun("none", run.streams, [], 0, 0.1, 0.2), 2)  # no call: nothing to place
     aborted = [Stream("r0", [1], 8, token_ids=[7] * 5, finish="abort", aborted_at=5), run.streams[1]]
     at_abort = srv.UpdateRun("abort_without_resubmit", aborted, [srv.CallRecord("pause", [5, 8], 0.1)], 0, 0.1, 0.2)
-    assert not landed_late(at_abort)  # the request ended where the update aborted it
+    assert not landed_late(at_abort, 2)  # the request ended where the update aborted it: lost, not late
+    resubmitted = [Stream("r0", [1], 8, token_ids=[7] * 8, finish="length", aborted_at=7, resubmitted_at=7),
+                   Stream("r1", [1], 8, token_ids=[7] * 8, finish="length", aborted_at=7, resubmitted_at=7)]  # fmt: skip
+    late_abort = srv.UpdateRun("abort_resubmit", resubmitted, [srv.CallRecord("pause", [7, 7], 0.1)], 0, 0.1, 0.2)
+    assert landed_late(late_abort, 2)  # aborted one token before the end: 2 tokens to attribute
+
+
+@pytest.mark.parametrize("landed, switch_after, earlier", [([40, 41], 16, 1), ([20, 22], 16, 12), ([16, 16], 16, 15),
+                                                         ([48, 48], 16, 1), ([3, 9], 2, 1)])  # fmt: skip
+def test_a_late_update_starts_earlier_by_the_lag_it_saw(landed, switch_after, earlier):
+    run = srv.UpdateRun("keep", [], [srv.CallRecord("pause", landed, 0.1)], 0, 0.1, 0.2)
+    assert earlier_switch(run, switch_after) == earlier
 
 
 class _Driver:
-    """Runs an update as given: late ``late`` times, then on time."""
+    """Runs an update as given: late ``late`` times, then on time; keeps each run's switch point."""
 
     def __init__(self, late: int) -> None:
-        self.late, self.pushed, self.runs = late, [], 0
+        self.late, self.pushed, self.runs, self.switches = late, [], 0, []
 
     def push_idle(self, state_dict):
         self.pushed.append(state_dict["w"])
 
     def run_update(self, name, update, prompts, request, new_sd):
         self.runs += 1
+        self.switches.append(request.switch_after)
         stream = Stream("r0", [1], 8)
         stream.receive([7] * 8, [-0.5] * 8)
         at = 8 if self.runs <= self.late else 4
@@ -277,10 +295,12 @@ class _Driver:
 
 
 @pytest.mark.parametrize("late, attempts", [(0, 1), (1, 2), (5, LATE_ATTEMPTS)])
-def test_a_late_update_runs_again_from_the_old_weights(late, attempts):
+def test_a_late_update_runs_again_from_the_old_weights_starting_earlier(late, attempts):
     driver, said = _Driver(late), []
-    run = run_landing(driver, "keep", lambda e, sd: None, [[1]], _request(), {"w": "old"}, {"w": "new"},  # type: ignore[arg-type]
+    run = run_landing(driver, "keep", lambda e, sd: None, [[1]], _request(switch_after=4), {"w": "old"}, {"w": "new"},  # type: ignore[arg-type]
                       said.append)  # fmt: skip
     assert run.attempts == attempts == driver.runs and driver.pushed == ["old"] * attempts
-    assert landed_late(run) is (late >= LATE_ATTEMPTS)
+    assert driver.switches == [4, 1, 1][:attempts] and run.switch_after == driver.switches[-1]
+    assert landed_late(run, run.switch_after) is (late >= LATE_ATTEMPTS)
+    assert all("came at token 8 of 8, too late to attribute" in s and "once each request has 1" in s for s in said)
     assert len(said) == attempts - 1 and all("running it again" in s for s in said)
