@@ -243,12 +243,13 @@ def test_user_images_run_with_the_worker_mounted(user_images, docker_client, def
     for image in user_images.values():
         assert _exit_code(docker_client, image, ["python3", "-c", "import gate"]) == 1  # gate is not in the image
         assert _exit_code(docker_client, image, ["python3", "-c", "import vllm"]) == 0
+    # One engine replays (CI time): both images are built and mounted the same way, and the worker
+    # on 0.31.0 runs in the venv runner and in the gate image (the test above).
     config = variant_config(tmp_path, engines=_user_engines(user_images), docker=_docker_section(), **NO_EXTRAS)
-    run = replay(tmp_path / "run", "-c", str(config), expect=(0,))
-    assert run.report["verdict"] == "PASS"
+    run = replay(tmp_path / "run", "-c", str(config), "--only", "new", expect=(0,))
+    assert run.report["verdict"] == "PASS", [(c["id"], c["status"], c["summary"]) for c in run.report["checks"]]
     assert run.manifest["engines"]["new"]["runner"] == "docker"
-    for engine in ("old", "new"):
-        _assert_same_evidence(run.evidence(engine), default_replay.evidence(engine))
+    _assert_same_evidence(run.evidence("new"), default_replay.evidence("new"))
 
 
 def _exit_code(client, image: str, command: list[str]) -> int:
