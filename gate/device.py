@@ -10,32 +10,69 @@ import os
 import platform
 import shutil
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
+
+# The vector extensions CPU kernels (oneDNN, ATen) dispatch on, best first, as /proc/cpuinfo names
+# them. bf16 is native only with AMX, AVX512-BF16 or Arm's BF16; elsewhere it goes through fp32,
+# slower and rounded along another path. A VM may print one model name ("AMD EPYC") for hosts that
+# differ here, so the class names the extension too.
+ISA_FLAGS = (("amx_bf16", "amx-bf16"), ("avx512_bf16", "avx512-bf16"), ("bf16", "arm-bf16"),
+             ("avx512f", "avx512"), ("avx2", "avx2"), ("asimd", "neon"))  # fmt: skip
+NATIVE_BF16 = frozenset({"amx-bf16", "avx512-bf16", "arm-bf16"})
+BF16_NAMES = frozenset({"bfloat16", "bf16"})
 
 
 def device_class() -> dict[str, object]:
-    """CPU model and usable cores (CPU kernels' threading), and each visible GPU's model and driver."""
+    """CPU model, vector extension and usable cores (what CPU kernels dispatch and thread on), and
+    each visible GPU's model and driver."""
     return {
         "machine": platform.machine(),
         "cpu": _cpu_model(),
+        "isa": cpu_isa(),
         "cpus": len(os.sched_getaffinity(0)),
-        "gpus": _gpus(),
+        "gpus": visible_gpus(),
     }
 
 
-def _cpu_model() -> str:
+def _cpuinfo() -> str:
     try:
-        for line in (
-            Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines()
-        ):
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
+        return Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:
-        pass
+        return ""
+
+
+def _cpu_model() -> str:
+    for line in _cpuinfo().splitlines():
+        if line.startswith("model name"):
+            return line.partition(":")[2].strip()
     return platform.processor() or "unknown"
 
 
-def _gpus() -> list[str]:
+def cpu_isa(cpuinfo: str | None = None) -> str:
+    """The best of :data:`ISA_FLAGS` this CPU has ("unknown" where /proc/cpuinfo says none)."""
+    flags: set[str] = set()
+    for line in (_cpuinfo() if cpuinfo is None else cpuinfo).splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):  # x86, Arm
+            flags.update(value.split())
+            break
+    return next((name for flag, name in ISA_FLAGS if flag in flags), "unknown")
+
+
+def bf16_emulation_note(dtypes: Iterable[str], isa: str, gpus: list[str]) -> str | None:
+    """A warning for a run computing in bf16 on a CPU without native bf16, else None."""
+    if gpus or isa in NATIVE_BF16 or not BF16_NAMES & {str(d).lower() for d in dtypes}:
+        return None
+    # Measured: one GRPO step of examples/smollm2-cpu.yaml took 263 s on a 2-core AVX2-only EPYC,
+    # 12-13 s on the 2-core machine that recorded baselines/smollm2-cpu (its grpo_step_s).
+    return (f"warning: bf16 on a CPU without native bf16 ({isa}; native needs AMX, AVX512-BF16 or Arm BF16): "
+            "the engine and the trainer emulate it through fp32, up to ~20x slower (a SmolLM2 GRPO step: "
+            "263 s on 2 AVX2 cores, 12-13 s where its baseline was recorded), and a baseline recorded on "
+            "a CPU with native bf16 may not hold here")  # fmt: skip
+
+
+def visible_gpus() -> list[str]:
     """``name, memory, driver`` per visible NVIDIA GPU; empty where there is none (or no nvidia-smi)."""
     smi = shutil.which("nvidia-smi")
     if smi is None:

@@ -33,6 +33,7 @@ from gate.config import (
     EngineConfig,
     GateConfig,
 )
+from gate.device import bf16_emulation_note, cpu_isa, visible_gpus
 from gate.errors import ConfigError, EngineError, GateError
 from gate.fingerprint import model_fingerprint
 from gate.promptset import PromptSet, load_prompt_set
@@ -219,6 +220,10 @@ def run_gate(
     started = time.time()
     target = Target(cfg, run_dir)
     jobs = jobs or default_jobs(cfg)
+    dtypes = [cfg.reference.dtype, *(str(job.engine.engine_args.get("dtype", "")) for job in jobs)]
+    slow = bf16_emulation_note(dtypes, cpu_isa(), visible_gpus())
+    if slow:
+        log(slow)
     environments = [PreparedEngine(job, cfg.docker, log).start() for job in jobs]
     try:
         results = []
