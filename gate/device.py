@@ -65,10 +65,10 @@ def bf16_emulation_note(dtypes: Iterable[str], isa: str, gpus: list[str]) -> str
     if gpus or isa in NATIVE_BF16 or not BF16_NAMES & {str(d).lower() for d in dtypes}:
         return None
     # Measured: one GRPO step of examples/smollm2-cpu.yaml took 263 s on a 2-core AVX2-only EPYC,
-    # 12-13 s on the 2-core machine that recorded baselines/smollm2-cpu (its grpo_step_s).
+    # a median 13 s (11-44) on the 2-core machine that recorded baselines/smollm2-cpu (grpo_step_s).
     return (f"warning: bf16 on a CPU without native bf16 ({isa}; native needs AMX, AVX512-BF16 or Arm BF16): "
             "the engine and the trainer emulate it through fp32, up to ~20x slower (a SmolLM2 GRPO step: "
-            "263 s on 2 AVX2 cores, 12-13 s where its baseline was recorded), and a baseline recorded on "
+            "263 s on 2 AVX2 cores, a median 13 s where its baseline was recorded), and a baseline recorded on "
             "a CPU with native bf16 may not hold here")  # fmt: skip
 
 
