@@ -15,8 +15,8 @@ from pathlib import Path
 
 # The vector extensions CPU kernels (oneDNN, ATen) dispatch on, best first, as /proc/cpuinfo names
 # them. bf16 is native only with AMX, AVX512-BF16 or Arm's BF16; elsewhere it goes through fp32,
-# slower and rounded along another path. A VM may print one model name ("AMD EPYC") for hosts that
-# differ here, so the class names the extension too.
+# by other kernels. A VM may print one model name ("AMD EPYC") for hosts that differ here, so the
+# class names the extension too.
 ISA_FLAGS = (("amx_bf16", "amx-bf16"), ("avx512_bf16", "avx512-bf16"), ("bf16", "arm-bf16"),
              ("avx512f", "avx512"), ("avx2", "avx2"), ("asimd", "neon"))  # fmt: skip
 NATIVE_BF16 = frozenset({"amx-bf16", "avx512-bf16", "arm-bf16"})

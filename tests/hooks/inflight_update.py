@@ -47,6 +47,21 @@ def pause_without_push(engine, state_dict):
     engine.resume()
 
 
+_SLOW_ONCE: list[float] = []  # the worker process runs each hook's update once per run of it
+
+
+def slow_first_time(engine, state_dict):
+    """keep's path (pause keeping the KV, push, resume) whose trainer-side work before its first
+    call outlasts every request the first time it runs (5 s; the tiny model's 48 tokens take well
+    under one): the phase sees it land late and runs it again, earlier, from the old weights."""
+    if not _SLOW_ONCE:
+        _SLOW_ONCE.append(time.monotonic())
+        time.sleep(5)
+    engine.pause("keep")
+    engine.push(state_dict)
+    engine.resume()
+
+
 def never_resume(engine, state_dict):
     """Pushes under a pause and forgets to resume: the requests never finish."""
     engine.pause("keep")

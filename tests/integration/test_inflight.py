@@ -1,7 +1,7 @@
 """The in-flight phase of the weight-sync probe on real engines: the stacks' paths and their faults.
 
-One engine run holds every update in turn (each from the old weights), so the four built-in paths
-and five faulty hooks cost one engine start; a hook that never resumes needs its own run, since
+One engine run holds every update in turn (each from the old weights), so the four built-in paths,
+five faulty hooks and one that lands late once cost one engine start; a hook that never resumes needs its own run, since
 its timeout ends the phase. Server mode's updates run in tests/integration/test_server_mode.py,
 tensor parallel's in tests/integration/test_tensor_parallel.py.
 """
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.engine
 
 HOOKS = Path(__file__).resolve().parent.parent / "hooks" / "inflight_update.py"
 FAULTS = ("per_layer_without_pause", "abort_without_resubmit", "pause_without_push", "half_the_layers_paused",
-          "label_before_push")
+          "label_before_push", "slow_first_time")
 UPDATES = ["keep", "keep_clear", "abort_resubmit", "no_pause", *(f"{HOOKS}:{h}" for h in FAULTS)]
 
 
@@ -104,6 +104,19 @@ def test_a_version_label_set_before_the_push_disagrees_with_the_tokens(inflight_
     assert early["versions_agree"] is False
     assert all(0 <= v < s for v, s in zip(early["version_switch"], early["switch_start"], strict=True))
     verify("30g", inflight_replay.report)
+
+
+def test_an_update_that_lands_after_every_request_runs_again_earlier(inflight_replay):
+    """A hook whose work before its first call outlasts the requests the first time: that run has
+    nothing after its switch to attribute, so the phase pushes the old weights back and runs it
+    again, started earlier by the lag it saw: it landed at token 48, 32 past the switch at 16, so
+    the second run starts it at the first token."""
+    meta = inflight_replay.evidence("new").engine["weight_sync_inflight"]
+    [late] = [u for u in meta["updates"] if u["name"].endswith(":slow_first_time")]
+    assert (late["attempts"], late["switch_after"]) == (2, 1), late
+    found = inflight_replay.check("inflight-update")["details"]["updates"][f"{HOOKS}:slow_first_time"]
+    assert found["behaviour"] == "STALE" and found["counts"]["NEITHER"] == 0 and not found["lost"], found
+    assert all(s < 16 for s in found["switch_start"])  # the judged run is the earlier one
 
 
 def test_a_hook_that_never_resumes_is_an_error_bounded_by_the_timeout(tmp_path):
