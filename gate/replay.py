@@ -145,7 +145,7 @@ def build_request(
         ),
         output_dir=str(output_dir),
         order_seed=order_seed,
-        weight_sync=_weight_sync_request(cfg),
+        weight_sync=_weight_sync_request(cfg, engine),
         grpo=_grpo_request(cfg, grpo_seeds),
         mode=engine.mode,
         server=_server_request(engine, cfg.sampling.record()),
@@ -176,7 +176,7 @@ def _grpo_request(cfg: GateConfig, seeds: tuple[int, ...] | None) -> GrpoRequest
     )  # fmt: skip
 
 
-def _weight_sync_request(cfg: GateConfig) -> WeightSyncRequest | None:
+def _weight_sync_request(cfg: GateConfig, engine: EngineConfig) -> WeightSyncRequest | None:
     w = cfg.weight_sync
     if not w.enabled:
         return None
@@ -186,7 +186,8 @@ def _weight_sync_request(cfg: GateConfig) -> WeightSyncRequest | None:
         inflight = InflightRequest(updates=list(i.updates), requests=i.requests, max_tokens=i.max_tokens,
                                    switch_after=i.switch_after, timeout_s=i.timeout_s)  # fmt: skip
     return WeightSyncRequest(perturbation=w.perturbation, seed=w.seed, probes=w.probes, max_tokens=w.max_tokens,
-                             hook=cfg.weight_update.hook, inflight=inflight)  # fmt: skip
+                             hook=cfg.weight_update.hook, inflight=inflight,
+                             sleep_level=w.sleep_level_for(engine.engine_args))  # fmt: skip
 
 
 @dataclass(frozen=True)

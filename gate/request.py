@@ -102,6 +102,7 @@ class WeightSyncRequest:
     max_tokens: int
     hook: str | None = None  # "package.module:function" or "/path/file.py:function"
     inflight: InflightRequest | None = None  # None: the in-flight phase is off
+    sleep_level: int = 0  # 0: no sleep/wake cycle after the pushes
 
 
 @dataclass(frozen=True)

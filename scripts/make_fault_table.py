@@ -368,9 +368,13 @@ def _repo_relative(record: dict[str, Any]) -> dict[str, Any]:
     a test's temporary folder (a model variant's, say) is reduced to its last component."""
     prefix = f"{REPO}/"
     scratch = re.compile(rf"{re.escape(tempfile.gettempdir())}/[^\s'\"]*/")
+    # pytest's folders wherever PYTEST_DEBUG_TEMPROOT put them
+    pytest_scratch = re.compile(r"(?:/[^\s'\"/]+)*/pytest-of-[^\s'\"/]+/[^\s'\"]*/")
 
     def clean(v: Any) -> Any:
-        return scratch.sub("", v.replace(prefix, "")) if isinstance(v, str) else v
+        if not isinstance(v, str):
+            return v
+        return pytest_scratch.sub("", scratch.sub("", v.replace(prefix, "")))
 
     return {k: clean(v) for k, v in record.items()}
 

@@ -210,6 +210,13 @@ def run_checks(ctx: Context, settings: dict[str, CheckSettings]) -> list[CheckRe
             why = f"not judged: the {' and '.join(unusable)} engine's logprobs hold NaN/inf (logprob-integrity)"
             results.append(CheckResult(spec.id, spec.title, Status.SKIP, why))
             continue
+        missing = spec.requires and [
+            n for n, e in ctx.engines() if spec.requires[0] not in e.arrays
+        ]
+        if spec.requires and missing:
+            why = f"not judged: the {' and '.join(missing)} engine's evidence has no {spec.requires[0]} ({spec.requires[1]})"
+            results.append(CheckResult(spec.id, spec.title, Status.SKIP, why))
+            continue
         try:
             result = spec.run(ctx, s)
         except Exception as exc:

@@ -198,3 +198,6 @@ class CheckSpec:
     # It compares the engine's logprobs with a reference: an engine whose logprobs hold NaN/inf
     # (logprob-integrity FAILs it) is not judged by it, since its means would be NaN and read as PASS.
     compares_engine_logprobs: bool = False
+    # (an array every engine's evidence must hold, the config switch of the pass that records it):
+    # with that pass off the check is SKIP with the reason, not a crash on the missing array.
+    requires: tuple[str, str] | None = None

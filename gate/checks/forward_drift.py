@@ -184,4 +184,11 @@ def run(ctx, settings) -> CheckResult:
     return CheckResult(ID, TITLE, status, summary, diagnosis, measurements, details)
 
 
-SPEC = CheckSpec(id=ID, title=TITLE, run=run, thresholds=THRESHOLDS, compares_engine_logprobs=True)
+SPEC = CheckSpec(
+    id=ID,
+    title=TITLE,
+    run=run,
+    thresholds=THRESHOLDS,
+    compares_engine_logprobs=True,
+    requires=(f"{ev.TF}_{ev.ENGINE_LOGPROB}", "teacher_forced.enabled: false"),
+)

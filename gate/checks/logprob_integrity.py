@@ -48,6 +48,7 @@ ENGINE_LOGPROBS = {
     "ws_before_engine_logprob": "weight-sync (before the push)",
     "ws_engine_logprob": "weight-sync (after the push)",
     "ws_again_engine_logprob": "weight-sync (pushed again)",
+    "ws_wake_engine_logprob": "weight-sync (after sleep and wake)",
 }
 # Groups whose positions carry a top-logprobs list.
 TOP_LIST_GROUPS = (ev.SAMPLE, ev.GREEDY)

@@ -123,4 +123,5 @@ SPEC = CheckSpec(
     run=run,
     options={"expect_lm_head": "any", "decisive_ratio": 3.0},
     compares_engine_logprobs=True,
+    requires=(f"{ev.TF}_{ev.ENGINE_LOGPROB}", "teacher_forced.enabled: false"),
 )

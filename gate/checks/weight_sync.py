@@ -13,6 +13,15 @@ that prefix caching (when on) stored with the old weights. Decisions, in order:
 - second update: all of that holds after the first push, but the control tokens after the same
   weights are pushed once more match them no longer (SkyRL #1680 / vLLM #42821); evidence from
   before the second push was recorded has no such measurement;
+- sleep/wake: with ``weight_sync.sleep_level`` (2 where ``enable_sleep_mode`` is set), the engine
+  sleeps, wakes its weights, takes the same push and wakes its KV cache, as colocated stacks do
+  every step; control tokens after that must match the new weights, and its bytes what the first
+  push left (TRL #5312: level 2 discarded weights and buffers a reload did not restore);
+- bytes not moved: the outputs pass, but the engine's weight digests (vLLM's weight checker, read
+  before and after each push: gate/worker/weight_digests.py) show tensors the push left as they
+  were, that are not the trainer's after it, or that the same weights pushed again changed (vLLM
+  #57022: a transfer that reports success and moves nothing). A tensor whose effect on a handful
+  of greedy probes is small (a norm, rarely used embedding rows) escapes the outputs, not its bytes;
 
 each measured against ``max(factor x the pre-update mismatch, floor)``, so an engine whose
 precision differs from the trainer's is not mistaken for a broken update. A push that raised (a
@@ -40,6 +49,16 @@ FIXES = {
     "pause generation, load every tensor, then resume.",
     "stale-cache": "Requests sharing a cached prefix still use KV entries computed with the old weights: call "
     "llm.reset_prefix_cache() after loading (or pause with cache reset), or disable prefix caching.",
+    "bytes-not-moved": "The push reported success, but the engine does not hold the bytes it was sent for the "
+    "tensors named: a transfer that moves nothing (vLLM #57022: NCCL on a non-CUDA platform moved 0 bytes) or drops "
+    "part of the state dict (a bucketed sender's last, partial bucket; a name the loader skips). Their effect on "
+    "the probe's outputs is small today and compounds every step. Check that every bucket is sent and loaded, and "
+    "keep vLLM's /weight_checker (action compare) in the stack's own tests.",
+    "sleep-wake": "Before the sleep the engine served the new weights; after sleeping, waking and taking the same "
+    "push it serves others. Level 2 discards the weights and everything else the engine allocated (buffers such as "
+    "rotary caches, fused or repacked copies); a reload restores only what it loads (TRL #5312, vLLM #29341 / "
+    "#54235). Reload every tensor after waking, use sleep level 1, or take a release that restores its buffers on "
+    "wake.",
     "second-update": "The first push reached the engine, but pushing the same weights again left it on others: the "
     "path's second load differs from its first (SkyRL #1680 / vLLM #42821: a second load_weights wrote checkpoint "
     "layout into a buffer the first had rearranged, MoE w13 read as w31), so every RL step after the first samples "
@@ -116,15 +135,25 @@ def run(ctx, settings) -> CheckResult:
         values["second_push_vs_new"] = _mean_abs(
             e["ws_again_engine_logprob"][control], e["ws_again_trainer_new_logprob"][control]
         )
+    if "ws_wake_engine_logprob" in e.arrays:
+        control = ~e["ws_wake_is_prefix"]
+        values["after_wake_vs_new"] = _mean_abs(
+            e["ws_wake_engine_logprob"][control], e["ws_wake_trainer_new_logprob"][control]
+        )
     limit = max(opts["factor"] * d_pre, opts["floor"])
-    verdict = "ok"
-    if values["control_vs_new"] > limit:
-        verdict = "stale-weights" if values["control_vs_old"] <= limit else "partial-update"
-    elif values["prefix_vs_new"] > limit:
-        verdict = "stale-cache"
-    elif values.get("second_push_vs_new", 0.0) > limit:
-        verdict = "second-update"
     meta = e.engine.get("weight_sync") or {}
+    digests = meta.get("digests") or {}
+    counts = byte_findings(digests)
+    caching = e.engine.get("effective", {}).get("enable_prefix_caching")
+    verdict = output_verdict(values, limit, caching)
+    left_behind = counts.get("not_moved") or counts.get("round_trip_mismatch")
+    if verdict in ("ok", "stale-cache") and left_behind:
+        # by name: the outputs passed, or blamed a cache for tensors the bytes show left behind
+        verdict = "bytes-not-moved"
+    elif verdict == "ok" and counts.get("second_push_changed"):
+        verdict = "second-update"
+    elif verdict == "ok" and counts.get("wake_changed"):
+        verdict = "sleep-wake"
     measurements = [
         Measurement(
             name,
@@ -133,6 +162,9 @@ def run(ctx, settings) -> CheckResult:
             fail=limit if name.endswith("_vs_new") else None,
         )
         for name, value in values.items()
+    ] + [
+        Measurement(f"tensors_{name}", float(n), Status.FAIL if n else Status.PASS, fail=0.0)
+        for name, n in counts.items()
     ]
     details = {
         "verdict": verdict,
@@ -140,13 +172,26 @@ def run(ctx, settings) -> CheckResult:
         **values,
         **{
             k: meta.get(k)
-            for k in ("adapter", "push_s", "push_again_s", "prefix_tokens", "probes", "block_size")
+            for k in (
+                "adapter",
+                "push_s",
+                "push_again_s",
+                "prefix_tokens",
+                "probes",
+                "block_size",
+                "sleep",
+            )
         },
+        "digests": digests or None,
     }
-    caching = e.engine.get("effective", {}).get("enable_prefix_caching")
     summary = f"after the push: {values['control_vs_new']:.2e} vs new weights, {values['control_vs_old']:.2e} vs old (via {meta.get('adapter')})"
     if "second_push_vs_new" in values:
         summary += f"; pushed again: {values['second_push_vs_new']:.2e} vs new"
+    if "after_wake_vs_new" in values:
+        summary += f"; after sleep and wake: {values['after_wake_vs_new']:.2e} vs new"
+    elif (meta.get("sleep") or {}).get("not_run"):
+        summary += f"; sleep/wake not run ({meta['sleep']['not_run']})"
+    summary += bytes_summary(digests)
     if verdict == "ok":
         return CheckResult(ID, TITLE, Status.PASS, summary, "", measurements, details)
     label = {
@@ -154,15 +199,95 @@ def run(ctx, settings) -> CheckResult:
         "partial-update": "partial or wrong update",
         "stale-cache": "stale prefix-cache entries",
         "second-update": "weights broken by a second push",
+        "bytes-not-moved": "tensors the push did not move",
+        "sleep-wake": "weights lost across sleep and wake",
     }[verdict]
-    opening = (
-        "The same weights pushed a second time broke the engine"
-        if verdict == "second-update"
-        else f"{label.capitalize()} after an in-place update"
-    )
-    diagnosis = f"{opening} (prefix caching {'on' if caching else 'off'}). {FIXES[verdict]}"
+    opening = {
+        "second-update": "The same weights pushed a second time broke the engine",
+        "bytes-not-moved": "The push left tensors behind",
+        "sleep-wake": f"After sleep level {(meta.get('sleep') or {}).get('level')}, wake and the push the engine "
+        "serves other weights",
+    }.get(verdict, f"{label.capitalize()} after an in-place update")
+    diagnosis = f"{opening} (prefix caching {'on' if caching else 'off'}). {FIXES[verdict]}{bytes_diagnosis(digests)}"
+    if verdict == "sleep-wake" and (digests.get("wake_changed") or {}).get("count") == 0:
+        diagnosis += (
+            f" Every readable tensor ({digests['readable']}) holds after the wake the bytes the first push left: "
+            "what was lost lies outside the parameters the checker reads (buffers, repacked copies)."
+        )
     return CheckResult(
         ID, TITLE, Status.FAIL, f"{label}: {summary}", diagnosis, measurements, details
+    )
+
+
+def output_verdict(values: dict[str, float], limit: float, caching: bool | None) -> str:
+    """What the probe's outputs say, read in order. Prefix prompts off with caching known to be
+    off cannot be a stale cache: their longer context shows a partial update sooner."""
+    if values["control_vs_new"] > limit:
+        return "stale-weights" if values["control_vs_old"] <= limit else "partial-update"
+    if values["prefix_vs_new"] > limit:
+        return "partial-update" if caching is False else "stale-cache"
+    if values.get("second_push_vs_new", 0.0) > limit:
+        return "second-update"
+    if values.get("after_wake_vs_new", 0.0) > limit:
+        return "sleep-wake"
+    return "ok"
+
+
+FINDINGS = ("not_moved", "round_trip_mismatch", "second_push_changed", "wake_changed")
+
+
+def byte_findings(digests: dict[str, Any]) -> dict[str, int]:
+    """Counts of tensors per byte-level finding; empty when the digests were not read."""
+    if not digests.get("source"):
+        return {}
+    return {name: int(digests[name]["count"]) for name in FINDINGS if name in digests}
+
+
+def bytes_summary(digests: dict[str, Any]) -> str:
+    if not digests:
+        return ""
+    if not digests.get("source"):
+        return "; weight digests not read"
+    return (
+        f"; bytes: {digests['comparable']} of {digests['tensors']} tensors compared with the trainer's, "
+        f"{digests['unchanged']['count']} of {digests['readable']} readable unchanged by the push"
+    )
+
+
+def bytes_diagnosis(digests: dict[str, Any]) -> str:
+    """One sentence per byte-level finding, naming tensors; empty when there is none to say."""
+    if not digests:
+        return ""
+    if not digests.get("source"):
+        return f" The engine's weight digests were not read: {digests.get('reason', '')}."
+    said = {
+        "not_moved": "still hold the bytes they had before the push",
+        "round_trip_mismatch": "are not the trainer's new tensor after the push",
+        "second_push_changed": "changed when the same weights were pushed again",
+        "wake_changed": "are not what the first push left after sleep, wake and the same push",
+    }
+    parts = []
+    for name, what in said.items():
+        found = digests.get(name) or {}
+        if found.get("count"):
+            shown = ", ".join(found["names"][:5])
+            more = f" and {found['count'] - 5} more" if found["count"] > 5 else ""
+            parts.append(f"{found['count']} tensor(s) {what} ({shown}{more})")
+    unchanged = digests.get("unchanged") or {}
+    if digests.get("readable") and unchanged.get("count") == digests["readable"]:
+        parts.append(
+            f"all {digests['readable']} readable tensors hold the bytes they had before the push"
+        )
+    if not parts:
+        return ""
+    unreadable = (digests.get("unreadable") or {}).get("count", 0)
+    tail = (
+        f"; {unreadable} tensor(s) could not be read (emptied by the engine's kernel repacking)"
+        if unreadable
+        else ""
+    )
+    return (
+        f" By the engine's weight digests ({digests['source']}): " + "; ".join(parts) + tail + "."
     )
 
 

@@ -115,6 +115,7 @@ def parse_config(raw: Any, path: Path) -> GateConfig:
     cfg.sampling.validate(f"{where}: sampling")
     cfg = dataclasses.replace(cfg, reference=cfg.reference.validate(f"{where}: reference"))
     cfg.grpo.validate(f"{where}: grpo")
+    cfg.weight_sync.validate(f"{where}: weight_sync")
     cfg.weight_sync.inflight.validate(f"{where}: weight_sync.inflight")
     cfg = dataclasses.replace(
         cfg, weight_sync=_inflight_hooks_resolved(base, cfg.weight_sync, where)

