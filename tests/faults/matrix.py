@@ -236,7 +236,7 @@ ROWS: tuple[FaultRow, ...] = (
     FaultRow("26i", "a weight transfer that reports success and leaves tensors behind (vLLM #57022: NCCL on a "
              "non-CUDA platform moved 0 bytes)",
              "hook `send_matrices_only` (tests/hooks/weight_update.py): the sender packs the 2-D tensors and never "
-             "sends the 1-D ones, every RMSNorm weight; probe perturbation 0.05 (a smaller step than the default 0.2)",
+             "sends the 1-D ones, every RMSNorm weight; probe perturbation 0.01 (a smaller step than the default 0.2)",
              "weight-sync", ("FAIL",), "still hold the bytes they had before the push",
              "tests/integration/test_weight_sync.py::test_a_push_that_leaves_the_norms_behind_is_named_by_the_bytes"),
     FaultRow("26j", "weights lost across level-2 sleep and wake (TRL #5312, vLLM #29341 / #54235)",

@@ -76,10 +76,11 @@ def test_hook_that_skips_the_load_is_stale_weights(tmp_path_factory):
 
 
 def test_a_push_that_leaves_the_norms_behind_is_named_by_the_bytes(tmp_path_factory):
-    """Row 26i: every matrix moved, no RMSNorm weight. At a perturbation of 0.05 the control
-    prompts stay within the outputs' limit (measured 1.8e-4 against 1e-3) and the longer prefix
-    prompts leave it (2.2e-3); only the digests say what was left behind, by name."""
-    run, check = _probe(tmp_path_factory, "norms", "send_matrices_only", weight_sync={"perturbation": 0.05})
+    """Row 26i: every matrix moved, no RMSNorm weight. At a perturbation of 0.01 every output
+    stays within the limit (measured: control prompts 3.6e-5, the longer prefix prompts 4.5e-4,
+    against 1e-3); only the digests say anything was left behind, and by name. (At 0.05 the prefix
+    prompts leave the limit, 2.2e-3, and the outputs' verdict, a partial update, stands.)"""
+    run, check = _probe(tmp_path_factory, "norms", "send_matrices_only", weight_sync={"perturbation": 0.01})
     details, digests = check["details"], check["details"]["digests"]
     assert check["status"] == "FAIL" and details["verdict"] == "bytes-not-moved", check
     assert details["control_vs_new"] <= details["limit"]
