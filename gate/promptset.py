@@ -1,9 +1,12 @@
 """Frozen prompt sets: a JSONL file pinned by a manifest that holds its sha256.
 
-A record is ``{"id": ..., "prompt": "..."}`` or ``{"id": ..., "messages": [{"role", "content"}]}``,
-with an optional ``reference`` (the expected continuation, scored teacher-forced) and ``answer``
-(the verifiable final answer). A file whose bytes no longer match its manifest is refused: a gate
-that silently compared against a different prompt set would be worse than none.
+A record is ``{"id": ..., "prompt": "..."}``, ``{"id": ..., "messages": [{"role", "content"}]}`` or
+``{"id": ..., "prompt_token_ids": [...]}`` (pre-tokenized: the token-in path), with an optional
+``reference`` (the expected continuation, scored teacher-forced) and ``answer`` (the verifiable
+final answer). Messages may carry a ``reasoning`` or ``reasoning_content`` string (earlier
+assistant turns' thinking, as multi-turn rollouts store it). A file whose bytes no longer match its
+manifest is refused: a gate that silently compared against a different prompt set would be worse
+than none.
 """
 
 from __future__ import annotations
@@ -12,11 +15,16 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from gate.errors import ConfigError
 from gate.request import PromptItem
 
-_RECORD_KEYS = {"id", "prompt", "messages", "reference", "answer"}
+_RECORD_KEYS = {"id", "prompt", "messages", "prompt_token_ids", "reference", "answer"}
+_PROMPT_KEYS = ("prompt", "messages", "prompt_token_ids")
+# Optional string fields of a message besides role and content: what multi-turn stacks store of
+# an assistant turn's reasoning, under vLLM's old and new names (vLLM #33402 renamed the field).
+_MESSAGE_STRINGS = ("reasoning", "reasoning_content", "name")
 
 
 @dataclass(frozen=True)
@@ -137,26 +145,18 @@ def _read_records(path: Path) -> tuple[list[PromptItem], list[str | None]]:
 def _record_to_item(rec: dict, where: str) -> PromptItem:
     if not isinstance(rec.get("id"), str) or not rec["id"]:
         raise ConfigError(f"{where}: id: required string")
-    has_prompt, has_messages = "prompt" in rec, "messages" in rec
-    if has_prompt == has_messages:
-        raise ConfigError(f"{where}: prompt/messages: exactly one of them is required")
-    if has_prompt and (not isinstance(rec["prompt"], str) or not rec["prompt"]):
+    given = [key for key in _PROMPT_KEYS if key in rec]
+    if len(given) != 1:
+        raise ConfigError(f"{where}: {'/'.join(_PROMPT_KEYS)}: exactly one of them is required")
+    if "prompt" in rec and (not isinstance(rec["prompt"], str) or not rec["prompt"]):
         raise ConfigError(f"{where}: prompt: must be a non-empty string")
-    if has_messages:
-        msgs = rec["messages"]
-        ok = (
-            isinstance(msgs, list)
-            and msgs
-            and all(
-                isinstance(m, dict)
-                and isinstance(m.get("role"), str)
-                and isinstance(m.get("content"), str)
-                for m in msgs
-            )
-        )
-        if not ok:
+    if "messages" in rec:
+        _check_messages(rec["messages"], where)
+    if "prompt_token_ids" in rec:
+        ids = rec["prompt_token_ids"]
+        if not isinstance(ids, list) or not ids or not all(_is_token_id(t) for t in ids):
             raise ConfigError(
-                f"{where}: messages: must be a non-empty list of {{role, content}} strings"
+                f"{where}: prompt_token_ids: must be a non-empty list of token ids (integers >= 0)"
             )
     for key in ("reference", "answer"):
         if key in rec and not isinstance(rec[key], str):
@@ -167,4 +167,30 @@ def _record_to_item(rec: dict, where: str) -> PromptItem:
         messages=rec.get("messages"),
         reference=rec.get("reference"),
         answer=rec.get("answer"),
+        prompt_token_ids=rec.get("prompt_token_ids"),
     )
+
+
+def _is_token_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_messages(msgs: object, where: str) -> None:
+    ok = (
+        isinstance(msgs, list)
+        and msgs
+        and all(
+            isinstance(m, dict)
+            and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str)
+            for m in msgs
+        )
+    )
+    if not ok:
+        raise ConfigError(
+            f"{where}: messages: must be a non-empty list of {{role, content}} strings"
+        )
+    for i, message in enumerate(cast("list[dict[str, object]]", msgs)):
+        for key in _MESSAGE_STRINGS:
+            if key in message and not isinstance(message[key], str):
+                raise ConfigError(f"{where}: messages[{i}].{key}: must be a string")

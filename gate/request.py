@@ -26,13 +26,15 @@ PROGRESS_PREFIX = "[gate-worker] "
 
 @dataclass(frozen=True)
 class PromptItem:
-    """One prompt: plain text or chat messages, plus an optional reference continuation."""
+    """One prompt: plain text, chat messages or token ids, plus an optional reference continuation."""
 
     id: str
     prompt: str | None = None
+    # role and content, and on assistant turns optionally reasoning / reasoning_content
     messages: list[dict[str, str]] | None = None
     reference: str | None = None
     answer: str | None = None  # the verifiable final answer (GRPO reward)
+    prompt_token_ids: list[int] | None = None  # pre-tokenized: the token-in path, sent as they are
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import numpy as np
 
 from gate import evidence as ev
 from gate.checks.base import CheckResult, CheckSpec, Limit, Measurement, Threshold
+from gate.request import ENGINE_FILE
 from gate.verdict import Status, worst
 
 ID = "tokenization"
@@ -65,6 +66,13 @@ def run(ctx, settings) -> CheckResult:
             "count": len(bad),
         }
         parts.append(f"{len(bad)} prompt(s) differ vs {label}")
+    rendered = {name: rec for name, e in ctx.engines() if (rec := prompt_ids_record(e))}
+    for name, rec in rendered.items():
+        measurements.append(_unlike_trainer_measurement(name, rec))
+        parts.append(f"{name}: {rec['unlike_trainer']['count']} of {rec['checked']} prompt(s) run on "
+                     "other ids than the trainer's")  # fmt: skip
+    if rendered:
+        details["unlike_trainer"] = rendered
     trips = {name: trip for name, e in ctx.engines() if (trip := round_trip(e)) is not None}
     for name, trip in trips.items():
         measurements += _round_trip_measurements(name, trip, settings)
@@ -101,6 +109,46 @@ def round_trip(e: ev.Evidence) -> dict | None:
     }
 
 
+def prompt_ids_record(e: ev.Evidence) -> dict | None:
+    """engine.json ``prompt_ids`` (the worker's replay.prompt_ids_record), checked: evidence may come
+    from a cache or an artifact. None: evidence from before it was recorded."""
+    rec = e.engine.get("prompt_ids")
+    if rec is None:
+        return None
+    found = rec.get("unlike_trainer") if isinstance(rec, dict) else None
+    first = found.get("first") if isinstance(found, dict) else None
+    ok = (
+        isinstance(found, dict)
+        and isinstance(rec.get("source"), str)
+        and _count(rec.get("checked"))
+        and _count(found.get("count"))
+        and isinstance(found.get("ids"), list)
+        and all(isinstance(i, str) for i in found["ids"])
+        and (first is None or (isinstance(first, dict) and isinstance(first.get("id"), str)
+                               and all(_count(first.get(k)) for k in ("at", "trainer_tokens", "engine_tokens"))))
+    )  # fmt: skip
+    if not ok:
+        raise ev.EvidenceError(
+            f"{e.path / ENGINE_FILE}: prompt_ids: expected source, checked and unlike_trainer "
+            "{count, ids, first} as the worker writes them"
+        )
+    return rec
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _unlike_trainer_measurement(name: str, rec: dict) -> Measurement:
+    """The new engine's prompts on other ids than the trainer's FAIL; the old engine's WARN: they
+    are how the stack runs today, not what the upgrade changed."""
+    count = int(rec["unlike_trainer"]["count"])
+    status = Status.PASS if count == 0 else Status.FAIL if name == "new" else Status.WARN
+    return Measurement("prompts_unlike_trainer", float(count), status, engine=name,
+                       note=f"prompts the engine ran on other token ids than the trainer holds for them "
+                       f"(engine's ids: {rec['source']})")  # fmt: skip
+
+
 def _round_trip_measurements(name: str, trip: dict, settings) -> list[Measurement]:
     n = max(trip["sequences"], 1)
     share = trip["text_mismatch"] / n
@@ -120,13 +168,20 @@ def _diagnosis(ctx, details: dict, status: Status) -> str:
     if status == Status.PASS:
         return ""
     out = []
-    if any(d.get("count") for label, d in details.items() if label != "round_trip"):
+    if any(
+        d.get("count")
+        for label, d in details.items()
+        if label not in ("round_trip", "unlike_trainer")
+    ):
         versions = {n: e.engine.get("identity", {}).get("transformers") for n, e in ctx.engines()}
         out.append(
             f"Prompts tokenize differently (transformers {versions}); the trainer and the engine no longer see the same "
             "tokens. Pin the tokenizer / chat template (model.tokenizer in the config, or the tokenizer files), or the "
             "transformers version in the engine environment."
         )
+    for name, rec in details.get("unlike_trainer", {}).items():
+        if rec["unlike_trainer"]["count"]:
+            out.append(_unlike_trainer_sentence(name, rec))
     for name, trip in details.get("round_trip", {}).items():
         if trip["text_mismatch"]:
             out.append(
@@ -137,6 +192,26 @@ def _diagnosis(ctx, details: dict, status: Status) -> str:
                 "keep token ids end to end, or pin the release whose detokenizer agrees."
             )
     return " ".join(out)
+
+
+def _unlike_trainer_sentence(name: str, rec: dict) -> str:
+    found, first = rec["unlike_trainer"], rec["unlike_trainer"]["first"] or {}
+    where = (
+        f"; {first['id']} departs at token {first['at']}, {first['trainer_tokens']} tokens in the trainer's "
+        f"rendering against {first['engine_tokens']} in the engine's"
+        if first
+        else ""
+    )
+    return (
+        f"The {name} engine ran {found['count']} of {rec['checked']} prompt(s) on other token ids than the "
+        f"trainer holds for them (e.g. {', '.join(found['ids'][:SHOWN])}{where}): the trainer scores, and "
+        "trains on, prompts the engine did not see. A server renders chat messages itself: its chat template "
+        "or its normalisation of the messages differs from the trainer's apply_chat_template (vLLM #33616: "
+        "vLLM renames a message's reasoning_content to reasoning and gives an assistant turn's template "
+        "both, so a template that reads reasoning_content renders earlier turns' reasoning that the trainer's "
+        "rendering of messages stored with vLLM's reasoning field leaves out). Send the trainer's token ids "
+        "(the token-in path), or give the server the trainer's template and message fields."
+    )
 
 
 SPEC = CheckSpec(id=ID, title=TITLE, run=run, thresholds=THRESHOLDS)

@@ -542,6 +542,7 @@ def _engine_outputs(request: WorkerRequest, results: PassResults, dropped: list[
         "weight_sync": results.weight_sync,
         "weight_sync_inflight": results.weight_sync_inflight,
         "grpo": results.grpo,
+        "prompt_ids": results.prompt_ids,
         "requested_engine_args": request.engine_args,
         "dropped_engine_args": dropped,
         # Environment the gate set for the engine, with why (the values are in "effective" too).

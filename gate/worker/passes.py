@@ -136,6 +136,7 @@ class PassResults:
     weight_sync: dict[str, Any] | None = None  # engine.json "weight_sync"
     weight_sync_inflight: dict[str, Any] | None = None  # engine.json "weight_sync_inflight"
     grpo: dict[str, Any] | None = None  # engine.json "grpo"
+    prompt_ids: dict[str, Any] | None = None  # engine.json "prompt_ids" (replay.prompt_ids_record)
     arrays: dict[str, np.ndarray] = field(default_factory=dict)  # ws_* and grpo_* evidence arrays
     not_run: list[str] = field(default_factory=list)  # enabled passes skipped after a failed one
 
@@ -281,6 +282,12 @@ def _sample(inp: PassInput, out: PassResults) -> None:
         f"(T={s.temperature}, top_p={s.top_p}, top_k={s.top_k}, seed={s.seed})"
     )
     out.sampled = replay.sample(inp.llm, inp.tokenized.prompt_ids, s, order)
+    out.prompt_ids = replay.prompt_ids_record(
+        inp.tokenized.prompt_ids,
+        out.sampled.engine_prompt_ids or [None] * len(inp.tokenized.prompt_ids),
+        [p.id for p in inp.request.prompts],
+        "RequestOutput.prompt_token_ids",
+    )
 
 
 def _greedy(inp: PassInput, out: PassResults) -> None:

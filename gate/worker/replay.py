@@ -8,7 +8,7 @@ the ids the engine and the trainer-side reference saw.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,6 +36,8 @@ class Completions:
     finish: np.ndarray  # [S] FINISH_CODES
     texts: list[str]
     texts_whole: bool = True  # False: a server split some texts (reasoning, tool calls)
+    # Per prompt, the ids the engine reports it ran (RequestOutput.prompt_token_ids; None: unsaid)
+    engine_prompt_ids: list[list[int] | None] | None = None
 
 
 @dataclass
@@ -47,9 +49,13 @@ class PromptScores:
 
 
 def tokenize_prompts(tokenizer, prompts: list[PromptItem]) -> list[list[int]]:
+    """The ids the trainer holds for each prompt: pre-tokenized ids as given, chat messages through
+    the tokenizer's chat template, plain text through the tokenizer."""
     ids = []
     for item in prompts:
-        if item.messages is not None:
+        if item.prompt_token_ids is not None:
+            ids.append(_checked_token_ids(item, len(tokenizer)))
+        elif item.messages is not None:
             out = tokenizer.apply_chat_template(
                 item.messages, add_generation_prompt=True, tokenize=True
             )
@@ -57,6 +63,17 @@ def tokenize_prompts(tokenizer, prompts: list[PromptItem]) -> list[list[int]]:
             ids.append(list(out["input_ids"] if hasattr(out, "keys") else out))
         else:
             ids.append(list(tokenizer(item.prompt).input_ids))
+    return ids
+
+
+def _checked_token_ids(item: PromptItem, vocabulary: int) -> list[int]:
+    ids = list(item.prompt_token_ids or [])
+    outside = [t for t in ids if t >= vocabulary]
+    if outside:
+        raise ValueError(
+            f"prompt {item.id}: prompt_token_ids: {len(outside)} id(s) outside the tokenizer's "
+            f"{vocabulary} (first: {outside[0]}): ids from another tokenizer?"
+        )
     return ids
 
 
@@ -232,7 +249,10 @@ def _top_k_off() -> int:
 def _collect(outputs, k: int) -> Completions:
     prompt_index, sample_index, lengths, finish, texts = [], [], [], [], []
     ids, lps, ranks, topk_ids, topk_lps = [], [], [], [], []
+    engine_prompt_ids = []
     for p, out in enumerate(outputs):
+        ran = getattr(out, "prompt_token_ids", None)
+        engine_prompt_ids.append(None if ran is None else [int(t) for t in ran])
         for s, comp in enumerate(out.outputs):
             tokens = np.asarray(comp.token_ids, dtype=np.int32)
             lp, rk, tid, tlp = _sample_logprobs_of(comp.logprobs, tokens, k)
@@ -257,7 +277,37 @@ def _collect(outputs, k: int) -> Completions:
         topk_logprobs=_cat(topk_lps, np.float32, (0, k)),
         finish=np.asarray(finish, dtype=np.int8),
         texts=texts,
+        engine_prompt_ids=engine_prompt_ids,
     )
+
+
+SHOWN_PROMPTS = 20
+
+
+def prompt_ids_record(trainer: list[list[int]], engine: list[list[int] | None], names: list[str],
+                      source: str) -> dict[str, Any]:  # fmt: skip
+    """engine.json ``prompt_ids``: the prompts the engine ran on other ids than the trainer holds
+    (its tokenizer's chat template, its tokenizer, or the pre-tokenized ids as given), with where
+    the first of them departs. ``checked``: prompts whose engine ids are known."""
+    unlike: list[str] = []
+    first: dict[str, Any] | None = None
+    checked = 0
+    for name, mine, ran in zip(names, trainer, engine, strict=True):
+        if ran is None:
+            continue
+        checked += 1
+        if ran == mine:
+            continue
+        unlike.append(name)
+        if first is None:
+            at = next((i for i, (a, b) in enumerate(zip(mine, ran, strict=False)) if a != b),
+                      min(len(mine), len(ran)))  # fmt: skip
+            first = {"id": name, "at": at, "trainer_tokens": len(mine), "engine_tokens": len(ran)}
+    return {
+        "source": source,
+        "checked": checked,
+        "unlike_trainer": {"count": len(unlike), "ids": unlike[:SHOWN_PROMPTS], "first": first},
+    }
 
 
 def _cat(parts: list[np.ndarray], dtype, empty_shape: tuple[int, ...]) -> np.ndarray:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from gate.request import ServerRequest
+from gate.worker import replay
 from gate.worker import server_replay as http
 from gate.worker.passes import EnginePass, PassInput, PassResults, inflight_enabled, rescore_greedy
 from gate.worker.server import SERVED_MODEL_NAME, Server
@@ -272,6 +273,10 @@ def _sample(inp: PassInput, out: PassResults) -> None:
         "prompt_ids_source": result.prompt_ids_source,
         "prompts_tokenized_unlike_trainer": differ,
     }
+    out.prompt_ids = replay.prompt_ids_record(
+        trainer_ids, result.engine_prompt_ids, [p.id for p in inp.request.prompts],
+        "server: " + ", ".join(f"{n} from {src}" for src, n in sorted(result.prompt_ids_source.items())),
+    )  # fmt: skip
 
 
 def _greedy(inp: PassInput, out: PassResults) -> None:

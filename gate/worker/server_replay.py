@@ -23,6 +23,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -329,9 +330,20 @@ class SampledOverHttp:
 
     completions: Completions
     prompt_ids: list[list[int]]
-    prompt_ids_source: dict[str, int] = field(
-        default_factory=dict
-    )  # where the ids came from, counted
+    sources: list[str] = field(default_factory=list)  # per prompt, where its ids came from
+
+    @property
+    def prompt_ids_source(self) -> dict[str, int]:
+        """Where the ids came from, counted."""
+        return dict(Counter(self.sources))
+
+    @property
+    def engine_prompt_ids(self) -> list[list[int] | None]:
+        """The ids the server reports it ran, per prompt (None: it said nothing, the ids sent stand)."""
+        return [
+            None if src == SENT else ids
+            for ids, src in zip(self.prompt_ids, self.sources, strict=True)
+        ]
 
 
 def _in_order(n: int, order: np.ndarray | None) -> list[int]:
@@ -361,19 +373,31 @@ def sample(client: Client, prompts: list[PromptItem], prompt_ids: list[list[int]
                 response, True, s.logprobs, s.n, f"{CHAT} {item.id}"
             ), *_server_prompt_ids(client, response, item)
         body |= {"prompt": prompt_ids[i], "logprobs": s.logprobs}
+        response = client.post(COMPLETIONS, body)
         return (
-            _choices(client.post(COMPLETIONS, body), False, s.logprobs, s.n, item.id),
-            prompt_ids[i],
-            "sent",
+            _choices(response, False, s.logprobs, s.n, item.id),
+            *_completion_prompt_ids(response, prompt_ids[i]),
         )
 
     results = _restore(client.map(one, idx), idx)
-    sources: dict[str, int] = {}
-    for _, _, source in results:
-        sources[source] = sources.get(source, 0) + 1
     return SampledOverHttp(
-        completions_of([r[0] for r in results], s.logprobs), [list(r[1]) for r in results], sources
+        completions_of([r[0] for r in results], s.logprobs),
+        [list(r[1]) for r in results],
+        [r[2] for r in results],
     )
+
+
+SENT = "sent"
+
+
+def _completion_prompt_ids(response: dict[str, Any], sent: list[int]) -> tuple[list[int], str]:
+    """The ids a completion ran on: its choices' ``prompt_token_ids`` (``return_token_ids``), else
+    the ids sent (a release that does not say)."""
+    for choice in response.get("choices") or []:
+        ids = choice.get("prompt_token_ids")
+        if isinstance(ids, list) and ids:
+            return [int(t) for t in ids], "response.choices.prompt_token_ids"
+    return list(sent), SENT
 
 
 def _server_prompt_ids(

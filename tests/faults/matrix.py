@@ -245,6 +245,14 @@ ROWS: tuple[FaultRow, ...] = (
              "(`weight_sync.sleep_level: 2`): sleep, wake the weights, push, wake the KV cache",
              "weight-sync", ("FAIL",), "Level 2 discards the weights",
              "tests/integration/test_faults.py::test_weights_lost_across_sleep_and_wake_are_caught_and_a_clean_cycle_passes"),
+    FaultRow("26k", "a server that renders earlier turns' reasoning the trainer's rendering leaves out (vLLM #33616: "
+             "reasoning_content renamed to reasoning)",
+             "no patch: server mode, the tiny model with Qwen3's handling of an assistant turn's `reasoning_content` in "
+             "its chat template, and a multi-turn prompt set whose assistant turns carry vLLM's new field, `reasoning` "
+             "(tests/faults/prompts/multiturn.jsonl); vLLM gives the template both names, the trainer's "
+             "apply_chat_template only the one stored",
+             "tokenization", ("FAIL",), "vLLM #33616",
+             "tests/integration/test_prompt_forms.py::test_a_server_that_renders_reasoning_the_trainer_leaves_out_is_caught"),
     FaultRow("27a", "prime-rl's filesystem push reading a checkpoint the trainer has half written (partial)",
              "`gate init --stack prime-rl --cpu`, then its recipe's `prime_rl_update` given the first half of the "
              "decoder layers (`tests/hooks/recipe_faults.py`): the race prime-rl's orchestrator waits out",

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import yaml
 import pytest
+import yaml
 
 from ..faults.matrix import verify
 from .conftest import replay, run_cli
@@ -112,3 +112,38 @@ def test_areal_init_then_run_passes_in_server_mode_through_its_abort_and_resubmi
     [found] = inflight["details"]["updates"].values()
     assert inflight["status"] == "FAIL" and found["lost"] and all("aborted after" in why for why in found["lost"]), inflight
     verify("27b", broken.report)
+
+
+# The stacks whose update path has no CPU recipe (docs/adopt.md): gate init keeps gate's own push,
+# and the run proves the rest of the mapping on real engines, the stack's sampling, engine arguments
+# and loss. Settings read back from the live engines, as each stack's config set them.
+ENGINE_SETTINGS = ("seed", "max_num_seqs", "enable_prefix_caching", "async_scheduling", "logprobs_mode")
+
+
+@pytest.mark.parametrize(("stack", "config"), [
+    ("verl", "verl.sh"), ("openrlhf", "openrlhf.sh"), ("nemo-rl", "nemo-rl.yaml"),
+    ("pipelinerl", "pipelinerl.yaml"), ("skyrl", "skyrl.sh"), ("vime", "vime.sh"),
+])  # fmt: skip
+def test_init_then_run_passes_on_cpu_with_the_stacks_settings(tmp_path_factory, stack, config):
+    out = tmp_path_factory.mktemp(f"{stack}-init")
+    proc = run_cli("init", "--stack", stack, "--config", str(STACK_CONFIGS / config), "--cpu", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "gate's built-in push stands" in proc.stderr
+    raw = yaml.safe_load((out / "gate.yaml").read_text())
+    run = replay(out / "run", "-c", str(out / "gate.yaml"), expect=(0,))
+    assert run.report["verdict"] in ("PASS", "WARN"), [(c["id"], c["status"], c["summary"]) for c in run.report["checks"]]
+    assert run.check("weight-sync")["status"] == "PASS", run.check("weight-sync")["summary"]
+    # vLLM's CPU platform turns async scheduling off whatever is asked ("not required on CPU"):
+    # config-parity names it as the engine's override, and the rest must be as the stack set it.
+    overridden = run.check("config-parity")["details"].get("overridden_by_engine", {})
+    expected = {"async_scheduling": {"requested": True, "effective": False}} if stack == "pipelinerl" else {}
+    assert overridden == expected, overridden
+    for engine in ("old", "new"):
+        e = run.evidence(engine)
+        requested, effective = e.engine["requested_engine_args"], e.engine["effective"]
+        for key in set(ENGINE_SETTINGS) & set(raw["engine_args"]):
+            assert requested[key] == raw["engine_args"][key], (engine, key, requested)
+            if key not in overridden and effective.get(key) is not None:
+                assert effective[key] == raw["engine_args"][key], (engine, key, effective[key])
+        assert e.engine["grpo"]["trainer"]["loss"] == raw["grpo"].get("loss", "grpo"), e.engine["grpo"]["trainer"]
+        assert e.engine["counts"]["samples"] == e.n_prompts * raw["sampling"]["n"]

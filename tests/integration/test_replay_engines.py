@@ -133,6 +133,9 @@ def test_both_environments_tokenize_identically(default_replay):
     old, new = default_replay.evidence("old"), default_replay.evidence("new")
     assert np.array_equal(old["prompt_token_ids"], new["prompt_token_ids"])
     assert np.array_equal(old["tf_input_ids"], new["tf_input_ids"])
+    for e in (old, new):  # every prompt ran on the ids the worker rendered, as the engine reports
+        assert e.engine["prompt_ids"] == {"source": "RequestOutput.prompt_token_ids", "checked": e.n_prompts,
+                                          "unlike_trainer": {"count": 0, "ids": [], "first": None}}  # fmt: skip
 
 
 def test_a_seeded_clean_upgrade_gives_identical_greedy_tokens(default_replay):

@@ -91,6 +91,10 @@ def test_server_mode_writes_the_offline_evidence_and_records_the_server(server_r
         assert server["effective_confirmed"] is True and server["applied_defaults"] == {}
         assert server["prompt_ids_source"].get("response.prompt_token_ids", 0) > 0  # chat prompts
         assert server["prompts_tokenized_unlike_trainer"] == []
+        # The server's own ids for every prompt: chat answers and completions choices report them.
+        assert e.engine["prompt_ids"]["checked"] == e.n_prompts, e.engine["prompt_ids"]
+        assert e.engine["prompt_ids"]["unlike_trainer"]["count"] == 0
+        assert server["prompt_ids_source"] == {"response.prompt_token_ids": 16, "response.choices.prompt_token_ids": 64}
         assert e.engine["weight_sync"]["adapter"].startswith(
             "server /collective_rpc reload_weights"
         )

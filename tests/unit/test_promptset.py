@@ -20,6 +20,20 @@ def test_roundtrip_plain_and_chat(write_prompts):
     assert json.loads(manifest.read_text())["records"] == 2
 
 
+def test_multi_turn_reasoning_and_token_ids_are_kept_as_written(write_prompts):
+    turns = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "1+1="},
+        {"role": "assistant", "content": "2", "reasoning": "1+1=2"},
+        {"role": "assistant", "content": "2", "reasoning_content": "1+1=2"},
+        {"role": "user", "content": "2+2="},
+    ]
+    manifest = write_prompts([{"id": "turns", "messages": turns}, {"id": "ids", "prompt_token_ids": [1, 25, 0]}])
+    turns_item, ids_item = load_prompt_set(manifest).items
+    assert turns_item.messages == turns and turns_item.prompt_token_ids is None
+    assert ids_item.prompt_token_ids == [1, 25, 0] and ids_item.prompt is ids_item.messages is None
+
+
 def test_changed_file_is_refused(write_prompts):
     manifest = write_prompts([{"id": "a", "prompt": "1+1="}])
     data = manifest.with_name("set.jsonl")
@@ -37,6 +51,13 @@ def test_changed_file_is_refused(write_prompts):
         ({"id": "a", "messages": [{"role": "user"}]}, "messages: must be a non-empty list"),
         ({"id": "a", "prompt": "x", "extra": 1}, "extra: unknown key"),
         ({"id": "a", "prompt": "x", "reference": 3}, "reference: must be a string"),
+        ({"id": "a", "prompt": "x", "prompt_token_ids": [1]}, "exactly one of them is required"),
+        ({"id": "a", "prompt_token_ids": []}, "prompt_token_ids: must be a non-empty list of token ids"),
+        ({"id": "a", "prompt_token_ids": [1, -2]}, "prompt_token_ids: must be a non-empty list"),
+        ({"id": "a", "prompt_token_ids": [1, True]}, "prompt_token_ids: must be a non-empty list"),
+        ({"id": "a", "prompt_token_ids": ["1"]}, "prompt_token_ids: must be a non-empty list"),
+        ({"id": "a", "messages": [{"role": "assistant", "content": "x", "reasoning": ["y"]}]},
+         "messages[0].reasoning: must be a string"),
     ],
 )
 def test_bad_records_name_file_line_and_field(tmp_path, record, message):
