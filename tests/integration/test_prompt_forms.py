@@ -3,9 +3,8 @@
 A server renders chat messages itself. vLLM renames a message's ``reasoning_content`` to
 ``reasoning`` and gives an assistant turn's template both (vLLM #33402 / #33616); its responses
 carry ``reasoning``. A stack that stores those responses in the conversation and renders it with
-the tokenizer's chat template, under a template that reads ``reasoning_content`` (Qwen3's and
-DeepSeek-R1's do), trains on prompts without the earlier turns' reasoning while the server ran them
-with it. Nothing is patched: the tiny model gets such a template, the prompt set such turns.
+the tokenizer's chat template, under a template that reads ``reasoning_content`` (Qwen3's does),
+trains on prompts without the earlier turns' reasoning while the server ran them with it. Nothing is patched: the tiny model gets such a template, the prompt set such turns.
 """
 
 from __future__ import annotations
