@@ -252,7 +252,7 @@ def _collect(outputs, k: int) -> Completions:
     engine_prompt_ids = []
     for p, out in enumerate(outputs):
         ran = getattr(out, "prompt_token_ids", None)
-        engine_prompt_ids.append(None if ran is None else [int(t) for t in ran])
+        engine_prompt_ids.append(None if ran is None else list(ran))
         for s, comp in enumerate(out.outputs):
             tokens = np.asarray(comp.token_ids, dtype=np.int32)
             lp, rk, tid, tlp = _sample_logprobs_of(comp.logprobs, tokens, k)

@@ -252,11 +252,14 @@ def _sample(inp: PassInput, out: PassResults) -> None:
     # what tokenization compares between engines. Where it differs from the trainer's own
     # (apply_chat_template in this environment), the trainer and the server disagree.
     inp.tokenized.prompt_ids[:] = result.prompt_ids
-    differ = [inp.request.prompts[i].id for i, (a, b) in enumerate(zip(trainer_ids, result.prompt_ids, strict=True))
-              if a != b]  # fmt: skip
-    if differ:
-        inp.say(f"warning: the server tokenized {len(differ)} prompt(s) differently from the trainer-side "
-                f"tokenizer (first: {differ[0]})")  # fmt: skip
+    out.prompt_ids = replay.prompt_ids_record(
+        trainer_ids, result.engine_prompt_ids, [p.id for p in inp.request.prompts],
+        "server: " + ", ".join(f"{n} from {src}" for src, n in sorted(result.prompt_ids_source.items())),
+    )  # fmt: skip
+    unlike = out.prompt_ids["unlike_trainer"]
+    if unlike["count"]:
+        inp.say(f"warning: the server tokenized {unlike['count']} prompt(s) differently from the trainer-side "
+                f"tokenizer (first: {unlike['ids'][0]})")  # fmt: skip
     sent = http.sampling_fields(s, fields)
     confirmation = http.confirm_effective(
         engine.client, result.prompt_ids[0], s, fields, engine.defaults
@@ -271,12 +274,10 @@ def _sample(inp: PassInput, out: PassResults) -> None:
         "effective_confirmed": confirmation["confirmed"],
         "effective_check_max_abs_logprob_diff": confirmation["max_abs_logprob_diff"],
         "prompt_ids_source": result.prompt_ids_source,
-        "prompts_tokenized_unlike_trainer": differ,
+        "prompts_tokenized_unlike_trainer": unlike[
+            "ids"
+        ],  # the first 20; engine.json prompt_ids has all
     }
-    out.prompt_ids = replay.prompt_ids_record(
-        trainer_ids, result.engine_prompt_ids, [p.id for p in inp.request.prompts],
-        "server: " + ", ".join(f"{n} from {src}" for src, n in sorted(result.prompt_ids_source.items())),
-    )  # fmt: skip
 
 
 def _greedy(inp: PassInput, out: PassResults) -> None:

@@ -4,7 +4,8 @@ A server renders chat messages itself. vLLM renames a message's ``reasoning_cont
 ``reasoning`` and gives an assistant turn's template both (vLLM #33402 / #33616); its responses
 carry ``reasoning``. A stack that stores those responses in the conversation and renders it with
 the tokenizer's chat template, under a template that reads ``reasoning_content`` (Qwen3's does),
-trains on prompts without the earlier turns' reasoning while the server ran them with it. Nothing is patched: the tiny model gets such a template, the prompt set such turns.
+trains on prompts without the earlier turns' reasoning while the server ran them with it. Nothing
+is patched: the tiny model gets such a template, the prompt set such turns.
 """
 
 from __future__ import annotations
@@ -92,6 +93,5 @@ def test_offline_the_engine_runs_the_trainers_ids_for_every_form(runs):
     for name, given in TOKEN_IN.items():
         assert e.prompt_tokens(ids.index(name)).tolist() == given
     # The worker's rendering of the reasoning turn, as the trainer renders it: no reasoning.
-    assert "<think>" not in "".join(e.decode(e.prompt_tokens(ids.index("turns-reasoning-0")).tolist()))
-    assert "<think>" in "".join(e.decode(e.prompt_tokens(ids.index("turns-reasoning-content-2")).tolist()))
-
+    assert "<think>" not in e.decode(e.prompt_tokens(ids.index("turns-reasoning-0")).tolist())
+    assert "<think>" in e.decode(e.prompt_tokens(ids.index("turns-reasoning-content-2")).tolist())
