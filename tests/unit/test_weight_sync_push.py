@@ -293,6 +293,15 @@ def test_tied_weights_are_perturbed_once_and_stay_tied(tmp_path):
         assert torch.equal(trainer(ids).logits, engine_view(ids).logits)
 
 
+def test_tied_name_groups_are_the_names_of_one_tensor(tmp_path):
+    trainer = _tied_model(tmp_path)
+    assert pw.tied_name_groups(trainer.state_dict()) == [["lm_head.weight", "model.embed_tokens.weight"]]
+    base = torch.randn(4, 3)
+    # distinct views of one buffer are distinct tensors; an untied model has no group
+    assert pw.tied_name_groups({"a": base[:2], "b": base[2:], "c": torch.randn(2)}) == []
+    assert pw.tied_name_groups({"z": base, "y": base, "x": torch.randn(1)}) == [["y", "z"]]
+
+
 def test_host_state_dicts_are_copies_that_keep_ties_and_load_into_the_one_model(tmp_path):
     trainer = _tied_model(tmp_path)
     live = trainer.state_dict()
