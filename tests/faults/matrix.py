@@ -204,6 +204,12 @@ ROWS: tuple[FaultRow, ...] = (
              "when `lm_head` loads",
              "weight-sync", ("FAIL",), "repacked (oneDNN) copy of the embedding",
              "tests/integration/test_tied_head.py::test_the_tied_head_sent_as_the_embedding_alone_leaves_the_cpu_head_behind"),
+    FaultRow("25c", "a tied head declared fp32 and served in bf16 (SmolLM2-135M-Instruct in bf16)",
+             "`checks.precision.expect_lm_head: fp32`; the new engine (0.32) at vLLM's default head, the old one "
+             "(0.31) with `hf_overrides={head_dtype: float32}`, which on a tied model casts the embedding's tensor "
+             "for the head's matmul",
+             "precision", ("FAIL",), "declares an fp32 lm_head",
+             "tests/integration/test_tied_head.py::test_a_tied_head_declared_fp32_and_served_in_bf16_is_a_precision_fail"),
     FaultRow("26a", "top-logprobs lists that repeat the sampled token at their head (NeMo-RL #3297, vLLM #36746)",
              "engine patch `GATE_FAULT=top_logprobs_repeat_sampled`: `Sampler.gather_logprobs` puts the sampled "
              "token and its logprob first in each position's top-k list",

@@ -30,6 +30,7 @@ import pytest
 import yaml
 
 from gate.config import BUILTIN_CONFIG
+from gate.promptset import freeze_prompt_set
 
 from ..faults.matrix import verify
 from .conftest import Replay, replay
@@ -163,3 +164,35 @@ def test_grpo_on_the_tied_head_trains_both_and_the_built_in_push_moves_both(tmp_
     # untied view above drifts from the first update on, under the same steps)
     drift = evidence.arrays["grpo_mean_abs_diff"][0]
     assert drift.max() < 1e-4, drift
+
+
+def test_a_tied_head_declared_fp32_and_served_in_bf16_is_a_precision_fail(tmp_path):
+    """Row 25c: SmolLM2 in bf16, the head declared fp32 (``checks.precision.expect_lm_head``). The
+    old engine (0.31) computes it in fp32 through ``hf_overrides={"head_dtype": "float32"}``, which
+    on a tied model casts the embedding's tensor for the head's matmul; the new one (0.32) is left
+    at vLLM's default, a bf16 head: the logits' grid tells the two apart. (bf16 on a CPU without
+    native bf16 is emulated; eight short prompts keep this to minutes.)"""
+    raw = yaml.safe_load(smol_fp32_config(tmp_path, None).read_text())
+    eight = tmp_path / "sums8.jsonl"
+    eight.write_text("".join(SUMS.with_name("sums.jsonl").read_text().splitlines(keepends=True)[:8]))
+    manifest = freeze_prompt_set(eight)
+    raw |= {
+        "prompts": [str(manifest)],
+        "sampling": raw["sampling"] | {"n": 2, "max_tokens": 16},
+        "greedy": {"enabled": True, "max_tokens": 16},  # the grid reads the greedy pass's top-k
+        "teacher_forced": {"enabled": True},
+        "reference": {"dtype": "bfloat16", "lm_head_fp32": True},
+        "weight_sync": {"enabled": False},
+        "checks": {"precision": {"expect_lm_head": "fp32"}},
+    }
+    raw["engine_args"]["dtype"] = "bfloat16"
+    raw["engines"]["old"]["engine_args"] = {"hf_overrides": {"head_dtype": "float32"}}
+    config = tmp_path / "bf16-head.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    run = replay(tmp_path / "run", "-c", str(config))
+    check = run.check("precision")
+    grid = check["details"]["logit_grid"]
+    assert check["status"] == "FAIL" and check["details"]["behaves_like"] == {"old": "fp32", "new": "bf16"}, check
+    assert grid["new"]["fraction_on_bf16_grid"] > 0.9 > 0.1 > grid["old"]["fraction_on_bf16_grid"], grid
+    assert min(grid["new"]["gaps"], grid["old"]["gaps"]) >= 200
+    verify("25c", run.report)
