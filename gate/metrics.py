@@ -628,6 +628,32 @@ def length_ratio(offsets_new: Any, offsets_ref: Any) -> float:
     return float(mean_new / mean_ref)
 
 
+def _lengths(offsets: Any, name: str) -> np.ndarray:
+    """Per-sequence lengths from validated CSR offsets."""
+    off = _as_int_1d(offsets, name)
+    return np.diff(_check_offsets(off, int(off[-1]) if off.size else 0, name))
+
+
+def length_ratio_se(offsets_new: Any, offsets_ref: Any) -> float:
+    """The sampling standard error of :func:`length_ratio`: how far two draws of the same length
+    distribution put the ratio from 1 by chance (a release whose sampler draws other samples from
+    the same seed compares two independent draws).
+
+    Paired where both sides hold the same number of sequences (the same prompts, samples and seeds
+    in one order): the standard error of the mean per-sequence difference, 0 where the draws are
+    identical. Otherwise the two means' standard errors combined. Over the reference's mean
+    length; 0.0 where either side has fewer than two sequences or the reference's mean is 0.
+    """
+    new, ref = _lengths(offsets_new, "offsets_new"), _lengths(offsets_ref, "offsets_ref")
+    if new.size < 2 or ref.size < 2 or ref.sum() == 0:
+        return 0.0
+    if new.size == ref.size:
+        se = np.std(new - ref, ddof=1) / np.sqrt(new.size)
+    else:
+        se = np.sqrt(np.var(new, ddof=1) / new.size + np.var(ref, ddof=1) / ref.size)
+    return float(se / ref.mean())
+
+
 # ----------------------------------------------------------------------------------------------
 # 7. Logprob semantics
 # ----------------------------------------------------------------------------------------------

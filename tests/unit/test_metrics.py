@@ -16,6 +16,7 @@ from gate.metrics import (
     bootstrap_mean_diff_ci,
     greedy_agreement,
     length_ratio,
+    length_ratio_se,
     logprob_semantics_distances,
     mismatch,
     per_group_mean,
@@ -525,6 +526,19 @@ def test_greedy_agreement_needs_the_same_number_of_sequences():
 # ------------------------------------------------------------------------------------------------
 # length ratio and logprob semantics
 # ------------------------------------------------------------------------------------------------
+
+
+def test_length_ratio_se():
+    # paired (same count): new 3, 4, 5 vs ref 2, 4, 4 -> d = 1, 0, 1; sd(ddof 1) = sqrt(1/3);
+    # se = sqrt(1/3) / sqrt(3) = 1/3; over the reference's mean 10/3 -> 0.1
+    assert_allclose(length_ratio_se([0, 3, 7, 12], [0, 2, 6, 10]), 0.1, rtol=RTOL)
+    assert length_ratio_se([0, 3, 7, 12], [0, 3, 7, 12]) == 0.0  # the same draws: no sampling error
+    # unpaired: new 2, 4 (var 2) vs ref 1, 2, 3 (var 1): sqrt(2/2 + 1/3) / 2 = sqrt(4/3) / 2
+    assert_allclose(length_ratio_se([0, 2, 6], [0, 1, 3, 6]), math.sqrt(4 / 3) / 2, rtol=RTOL)
+    assert length_ratio_se([0, 3], [0, 4, 9]) == 0.0  # one sequence: no spread to read
+    assert length_ratio_se([0, 3, 5], [0, 0, 0]) == 0.0  # the reference produced nothing
+    with pytest.raises(ValueError, match="offsets_new"):
+        length_ratio_se([0, 5, 3], [0, 1, 2])
 
 
 def test_length_ratio():
