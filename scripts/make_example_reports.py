@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Generate docs/examples/{pass,warn,fail,merged}.md and the report.json files they come from.
+"""Generate docs/examples/{pass,warn,fail,merged,smollm2-pass,smollm2-fail}.md and their report.json files.
 
 ``pass``, ``warn`` and ``fail.report.json`` are real ``gate run`` reports with machine paths replaced
 by placeholders: the CPU default, and the CPU default with one change on the new engine
 (``docs/examples/warn.gate.yaml``: ``generation_config: vllm``; ``fail.gate.yaml``: ``logprobs_mode``
-left at vLLM V1's raw default). ``--import NAME=RUN_DIR/report.json`` refreshes one from a new run.
-``merged`` is ``gate merge`` of the three. Every .md is rendered by
+left at vLLM V1's raw default). ``smollm2-pass`` and ``smollm2-fail`` are the same on a real model,
+SmolLM2-135M-Instruct in fp32 (``smollm2-pass.gate.yaml``, ``smollm2-fail.gate.yaml``): worst tokens,
+greedy answers and diagnoses in a real BPE vocabulary's pieces, which the README's screenshots show.
+``--import NAME=RUN_DIR/report.json`` refreshes one from a new run.
+``merged`` is ``gate merge`` of the first three. Every .md is rendered by
 ``gate.render.markdown.render_comment``, so the committed examples are exactly what a PR would show.
 ``tests/unit/test_render.py`` re-renders them and fails when they are out of date; rerun this
 script after changing the renderer.
@@ -18,6 +21,8 @@ The real runs (each replays the new engine; the old one's evidence is reused fro
 
     gate run --out runs/pass && gate run -c docs/examples/warn.gate.yaml --out runs/warn
     gate run -c docs/examples/fail.gate.yaml --out runs/fail
+    gate run -c docs/examples/smollm2-pass.gate.yaml --out runs/smollm2-pass
+    gate run -c docs/examples/smollm2-fail.gate.yaml --out runs/smollm2-fail
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "docs" / "examples"
-NAMES = ("pass", "warn", "fail", "merged")
+NAMES = ("pass", "warn", "fail", "merged", "smollm2-pass", "smollm2-fail")
 
 sys.path.insert(0, str(REPO))
 from gate.merge import merge_reports  # noqa: E402
@@ -74,13 +79,14 @@ def import_report(path: Path) -> dict:
 
 # ------------------------------------------------------------------------------ the examples
 
-SOURCES = ("pass", "warn", "fail")  # real reports; merged is made from them
+SOURCES = ("pass", "warn", "fail", "smollm2-pass", "smollm2-fail")  # real reports
+MERGED_FROM = ("pass", "warn", "fail")
 
 
 def build_all(sources: dict[str, dict]) -> dict[str, dict]:
     reports = {name: copy.deepcopy(sources[name]) for name in SOURCES}
     parts = []
-    for name in SOURCES:
+    for name in MERGED_FROM:
         part = copy.deepcopy(reports[name])
         part["gate_id"] = f"{part['gate_id']}-{name}"
         parts.append(Report.from_dict(part, f"the {name} example"))
@@ -118,9 +124,8 @@ def outputs(sources: dict[str, dict]) -> dict[str, str]:
 
 
 def committed_sources() -> dict[str, dict]:
-    return {
-        n: json.loads((EXAMPLES / f"{n}.report.json").read_text(encoding="utf-8")) for n in SOURCES
-    }
+    paths = {n: EXAMPLES / f"{n}.report.json" for n in SOURCES}
+    return {n: json.loads(p.read_text(encoding="utf-8")) for n, p in paths.items() if p.exists()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         if name not in SOURCES or not path:
             parser.error(f"--import {item}: expected NAME=REPORT with NAME one of {SOURCES}")
         sources[name] = import_report(Path(path))
+    if missing := [n for n in SOURCES if n not in sources]:
+        parser.error(f"no report for {', '.join(missing)}: --import NAME=RUN_DIR/report.json")
     stale = []
     for name, text in outputs(sources).items():
         path = EXAMPLES / name

@@ -37,9 +37,9 @@ COLUMN_PX = 780  # the comment body's width on a pull request's conversation pag
 FIRST_SCREEN_PX = 800  # what a reader sees of the comment without scrolling
 EXTENSIONS = ("table", "strikethrough", "autolink", "tagfilter")
 NPM_PACKAGES = ("mermaid@11.17.2", "github-markdown-css@5.9.0")
-SCREENSHOTS = {
-    "fail": REPO / "docs" / "comment-fail.png",
-    "pass": REPO / "docs" / "comment-pass.png",
+SCREENSHOTS = {  # the real model's comments: real BPE pieces in the worst tokens and greedy answers
+    "smollm2-fail": REPO / "docs" / "comment-fail.png",
+    "smollm2-pass": REPO / "docs" / "comment-pass.png",
 }
 TIMEOUT_S = 60
 
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.screenshots:
             for name, out in SCREENSHOTS.items():
                 text = (REPO / "docs" / "examples" / f"{name}.md").read_text(encoding="utf-8")
-                screenshot(text, tools, out, Path(tmp), height=900 if name == "fail" else 250)
+                screenshot(text, tools, out, Path(tmp), height=900 if name.endswith("fail") else 250)
                 print(f"wrote {out.relative_to(REPO)}", file=sys.stderr)
             return 0
         paths = args.comments or sorted((REPO / "docs" / "examples").glob("*.md"))
