@@ -209,11 +209,12 @@ def run(ctx, settings) -> CheckResult:
         "serves other weights",
     }.get(verdict, f"{label.capitalize()} after an in-place update")
     tied = tied_groups(meta.get("tied_names"))
+    device = (e.engine.get("identity") or {}).get("device_kind")
     missed = tied_tensor_missed(tied, digests)
     if missed:
         details["tied_tensor_missed"] = missed
     diagnosis = (f"{opening} (prefix caching {'on' if caching else 'off'}). {FIXES[verdict]}"
-                 f"{bytes_diagnosis(digests)}{tie_diagnosis(tied, missed, digests, verdict)}")  # fmt: skip
+                 f"{bytes_diagnosis(digests)}{tie_diagnosis(tied, missed, digests, verdict, device)}")  # fmt: skip
     if verdict == "sleep-wake" and (digests.get("wake_changed") or {}).get("count") == 0:
         diagnosis += (
             f" Every readable tensor ({digests['readable']}) holds after the wake the bytes the first push left: "
@@ -324,10 +325,11 @@ def tied_tensor_missed(tied: list[list[str]], digests: dict[str, Any]) -> list[s
 
 
 def tie_diagnosis(
-    tied: list[list[str]], missed: list[str], digests: dict[str, Any], verdict: str
+    tied: list[list[str]], missed: list[str], digests: dict[str, Any], verdict: str, device: Any
 ) -> str:
     """What a tied head adds to a failed push: the tensor by its names where the digests caught
-    it; where they found every compared tensor right and the outputs did not, the head's copy."""
+    it; where they found every compared tensor right and the outputs did not, on a CPU engine,
+    the head's repacked copy (a GPU engine's head reads the parameter: nothing to add there)."""
     if missed:
         return (
             f" {' and '.join(missed)} are one tensor in the trainer's model (tie_word_embeddings) and one in "
@@ -345,7 +347,7 @@ def tie_diagnosis(
             for finding in ("not_moved", "round_trip_mismatch")
         )
     )
-    if not (tied and clean and verdict in ("stale-weights", "partial-update")):
+    if not (tied and clean and device == "cpu" and verdict in ("stale-weights", "partial-update")):
         return ""
     return (
         f" The digests compared {digests['comparable']} tensors and found each the trainer's new one, so "

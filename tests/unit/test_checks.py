@@ -459,6 +459,8 @@ def test_a_tied_model_whose_compared_bytes_are_right_and_outputs_wrong_points_at
     assert "The digests compared 7 tensors and found each the trainer's new one" in r.diagnosis
     assert "repacked (oneDNN) copy of the embedding" in r.diagnosis
     assert "under model.embed_tokens.weight alone moves the embedding and leaves the head behind" in r.diagnosis
+    clean.new.engine["identity"]["device_kind"] = "cuda"  # a GPU head reads the parameter: no such copy
+    assert "repacked" not in _results(clean)["weight-sync"].diagnosis
 
 
 def test_weight_sync_passes_with_clean_bytes_and_says_what_it_compared(clean):
