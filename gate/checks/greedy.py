@@ -105,10 +105,12 @@ def run(ctx, settings) -> CheckResult:
         ratio = length_ratio(ctx.new[f"{s}_{ev.OFFSETS}"], ref[f"{s}_{ev.OFFSETS}"])
         # Two engines whose samplers draw other samples from one seed compare two draws: their
         # mean lengths differ by chance (SmolLM2 at n 2: x0.934 from 112 samples a side, clean).
+        # The standard error stands in for the A/A reading, whichever is larger.
         se = length_ratio_se(ctx.new[f"{s}_{ev.OFFSETS}"], ref[f"{s}_{ev.OFFSETS}"])
         calibrated = ctx.noise("length_ratio_deviation")
+        noise = max(calibrated, se) if calibrated is not None else (se or None)
         length = measure("length_ratio_deviation", abs(ratio - 1.0), th["length_ratio_deviation"],
-                         max(calibrated or 0.0, se) or calibrated, engine=f"vs {label}")  # fmt: skip
+                         noise, engine=f"vs {label}")  # fmt: skip
         if se > (calibrated or 0.0):
             length.note = f"sampling standard error {se:.2g} (the bounds scale with it)"
         measurements.append(length)

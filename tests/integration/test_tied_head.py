@@ -99,7 +99,8 @@ def test_the_tied_head_sent_as_lm_head_alone_reaches_both_releases(tmp_path):
             and meta["distinct_tensors_pushed"] == meta["tensors_pushed"] - 1
         )
         digests = _digest_findings(run, engine)
-        # the embedding is readable on the CPU (no GEMM repacking) and is the trainer's new tensor
+        # the embedding's parameter is readable on the CPU (the head's packed copy is made beside
+        # it) and is the trainer's new tensor
         assert "model.embed_tokens.weight" not in digests["unreadable"]["names"]
         assert digests["round_trip_mismatch"]["count"] == digests["not_moved"]["count"] == 0, (
             digests
