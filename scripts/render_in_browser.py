@@ -221,7 +221,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.screenshots:
             for name, out in SCREENSHOTS.items():
                 text = (REPO / "docs" / "examples" / f"{name}.md").read_text(encoding="utf-8")
-                screenshot(text, tools, out, Path(tmp), height=900 if name.endswith("fail") else 250)
+                screenshot(
+                    text, tools, out, Path(tmp), height=900 if name.endswith("fail") else 250
+                )
                 print(f"wrote {out.relative_to(REPO)}", file=sys.stderr)
             return 0
         paths = args.comments or sorted((REPO / "docs" / "examples").glob("*.md"))
