@@ -274,9 +274,7 @@ def _sample(inp: PassInput, out: PassResults) -> None:
         "effective_confirmed": confirmation["confirmed"],
         "effective_check_max_abs_logprob_diff": confirmation["max_abs_logprob_diff"],
         "prompt_ids_source": result.prompt_ids_source,
-        "prompts_tokenized_unlike_trainer": unlike[
-            "ids"
-        ],  # the first 20; engine.json prompt_ids has all
+        "prompts_tokenized_unlike_trainer": unlike["ids"],  # the first 20; prompt_ids has all
     }
 
 

@@ -227,7 +227,8 @@ def test_decoding_errors_name_the_key_as_written(minimal_config, extra, engines,
 
 
 def test_every_shipped_config_loads():
-    for path in [BUILTIN_CONFIG, *sorted((REPO / "examples").glob("*.yaml"))]:
+    examples = [*sorted((REPO / "examples").glob("*.yaml")), *sorted((REPO / "docs" / "examples").glob("*.gate.yaml"))]
+    for path in [BUILTIN_CONFIG, *examples]:
         assert load_config(path).gate_id, path
 
 
