@@ -65,11 +65,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     notes = writer.substitute_cpu(mapped) if args.cpu else []
 
     recipe = stack.recipe if _recipe_applies(stack, config) else None
-    if recipe and args.cpu and stack.recipe_gpu_only:
-        notes.append(f"weight_update.hook: the {recipe} recipe needs a GPU runner ({stack.recipe_gpu_only}); "
-                     "gate's built-in push stands under --cpu")  # fmt: skip
-        recipe = None
-    elif recipe is None:
+    if recipe is None:
         notes.append(f"weight_update.hook: no recipe for {stack.title}"
                      + (f" with {_transport(mapped.transport)}" if mapped.transport else "")
                      + "; gate's built-in push stands (docs/adopt.md)")  # fmt: skip
@@ -145,12 +141,9 @@ def _write_workflow(root: Path, out: Path, stack_config: Path, recipe: str | Non
 
 
 def _recipe_applies(stack, config: dict) -> bool:
-    if stack.recipe is None:
-        return False
-    if stack.recipe_when is None:
-        return True
-    key, value, default = stack.recipe_when
-    return config.get(key, default) == value
+    return stack.recipe is not None and all(
+        config.get(key, default) == value for key, value, default in stack.recipe_when
+    )
 
 
 def _prompts(args, out: Path, dataset, writer, notes: list[str]) -> list[tuple[str, str]]:

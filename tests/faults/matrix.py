@@ -282,6 +282,21 @@ ROWS: tuple[FaultRow, ...] = (
              "drops what the abort-mode pause aborted (`tests/hooks/recipe_faults.py`)",
              "inflight-update", ("FAIL",), "an abort without resubmission drops them",
              "tests/integration/test_init_then_run.py::test_areal_init_then_run_passes_in_server_mode_through_its_abort_and_resubmit_push"),
+    FaultRow("27c", "TRL's colocate push without its prefix-cache reset (stale cache)",
+             "`gate init --stack trl --cpu`, then its recipe's one-parameter-at-a-time `load_weights` without "
+             "`reset_prefix_cache()` (`tests/hooks/recipe_faults.py`), prefix caching on as vLLM's default leaves it",
+             "weight-sync", ("FAIL",), "reset_prefix_cache",
+             "tests/integration/test_init_then_run.py::test_trl_init_then_run_passes_on_cpu_through_its_colocate_push"),
+    FaultRow("27d", "verl's bucketed push loading views of its reused bucket (partial)",
+             "`gate init --stack verl --cpu`, then its recipe with quarter-MiB buckets whose tensors are loaded "
+             "as views of the shared buffer the next bucket overwrites (`tests/hooks/recipe_faults.py`)",
+             "weight-sync", ("FAIL",), "only part of the state dict was applied",
+             "tests/integration/test_init_then_run.py::test_verl_init_then_run_passes_on_cpu_through_its_bucketed_push"),
+    FaultRow("27e", "NeMo-RL's colocated refit failing on a stale refit info, its False ignored (partial)",
+             "`gate init --stack nemo-rl --cpu`, then its recipe with the refit info recording one MLP weight as "
+             "bf16 and a caller that ignores the workers' False (`tests/hooks/recipe_faults.py`); NeMo-RL raises on it",
+             "weight-sync", ("FAIL",), "only part of the state dict was applied",
+             "tests/integration/test_init_then_run.py::test_nemo_rl_init_then_run_passes_on_cpu_through_its_ipc_zmq_refit"),
 )  # fmt: skip
 
 CONTROLS: tuple[ControlRow, ...] = (

@@ -6,6 +6,19 @@ with the faults their own code guards against, each through the recipe's own cal
   half of the decoder layers; vLLM's layerwise reload keeps the old weights of the others, silently.
 - AReaL, aborted requests dropped: the pause aborts the running requests, and a client without
   AReaL's resubmission loop loses them.
+
+and for two stacks that run vLLM in the trainer's process (gate/init/recipes/trl_colocate.py and
+verl_bucketed.py):
+
+- TRL colocate without its prefix-cache reset: the prompts' cached KV, computed with the old weights,
+  is served after the load (vLLM's default turns prefix caching on, and TRL passes no setting).
+- verl, buckets a quarter MiB (so that layers straddle buckets; the largest tensor of gate's tiny
+  model fills one), correct and with each bucket's tensors loaded as views of the reused buffer:
+  vLLM's layerwise reload holds a layer's loaded tensors until the layer is complete, so the next
+  bucket overwrites what it holds.
+- NeMo-RL (nemo_rl_ipc_zmq.py), its refit info gone stale (one MLP weight recorded as bf16: the
+  batch holding it no longer adds up, is refused and acked) behind a caller that ignores the
+  workers' False, which NeMo-RL's GRPO loop raises on.
 """
 
 from __future__ import annotations
@@ -14,11 +27,22 @@ import importlib.util
 import re
 from pathlib import Path
 
-_RECIPE = Path(__file__).resolve().parents[2] / "gate" / "init" / "recipes" / "server_folder_reload.py"
-_spec = importlib.util.spec_from_file_location("server_folder_reload", _RECIPE)
-assert _spec is not None and _spec.loader is not None
-recipe = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(recipe)
+_RECIPES = Path(__file__).resolve().parents[2] / "gate" / "init" / "recipes"
+
+
+def _recipe(name: str):
+    spec = importlib.util.spec_from_file_location(name, _RECIPES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+recipe = _recipe("server_folder_reload")
+trl_colocate = _recipe("trl_colocate")
+verl_bucketed = _recipe("verl_bucketed")
+nemo_rl = _recipe("nemo_rl_ipc_zmq")
+QUARTER_MIB = 1 << 18
 
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
 
@@ -53,3 +77,28 @@ class _DropsAborted:
 
 def areal_without_resubmission_inflight(engine, state_dict):
     recipe.areal_update_inflight(_DropsAborted(engine), state_dict)
+
+
+def trl_without_cache_reset(llm, state_dict):
+    trl_colocate.load_one_at_a_time(llm, state_dict)
+
+
+def verl_quarter_mib_buckets(llm, state_dict):
+    verl_bucketed.push(llm, state_dict, QUARTER_MIB)
+    llm.reset_prefix_cache()
+
+
+def verl_views_of_the_reused_bucket(llm, state_dict):
+    verl_bucketed.push(llm, state_dict, QUARTER_MIB, copy_out=False)
+    llm.reset_prefix_cache()
+
+
+def nemo_rl_stale_refit_info_unchecked(llm, state_dict):
+    import torch
+
+    info = nemo_rl.refit_info(state_dict)
+    stale = next(name for name in info if name.endswith("mlp.up_proj.weight"))
+    info[stale] = (info[stale][0], torch.bfloat16)
+    nemo_rl.prepare_refit_info(llm, info)
+    nemo_rl.push(llm, state_dict, 2 * QUARTER_MIB)  # the workers' [False] goes unread
+    llm.reset_prefix_cache()

@@ -10,33 +10,11 @@ import pytest
 import yaml
 
 from ..faults.matrix import verify
-from .conftest import replay, run_cli
+from .conftest import Replay, replay, run_cli
 
 pytestmark = pytest.mark.engine
 
 STACK_CONFIGS = Path(__file__).parents[1] / "unit" / "data" / "stacks"
-
-
-def test_trl_init_then_run_passes_on_cpu_with_trls_gspo_objective(tmp_path_factory):
-    """TRL's config (GSPO through importance_sampling_level: sequence, its band 3e-4 / 4e-4) on both
-    releases. TRL's colocate push is not installed under --cpu (docs/adopt.md says why): gate's own
-    push carries the weight-sync probe and the GSPO run."""
-    out = tmp_path_factory.mktemp("trl-init")
-    proc = run_cli("init", "--stack", "trl", "--config", str(STACK_CONFIGS / "trl.yaml"), "--cpu", "--out", str(out))
-    assert proc.returncode == 0, proc.stderr
-    assert "weight_update.hook: the trl_colocate recipe needs a GPU runner" in proc.stderr
-    run = replay(out / "run", "-c", str(out / "gate.yaml"), expect=(0,))
-    assert run.check("weight-sync")["status"] == "PASS", run.check("weight-sync")["summary"]
-    for engine in ("old", "new"):
-        e = run.evidence(engine)
-        assert e.engine["grpo"]["trainer"]["loss"] == "gspo", e.engine["grpo"]["trainer"]
-        assert e.engine["grpo"]["trainer"]["clip_band"] == [3e-4, 4e-4]
-        # on-policy steps through an fp32 engine that matches the fp32 trainer: every sequence's
-        # ratio stays inside GSPO's 4e-4 band, so nothing is clipped
-        assert np.all(e["grpo_clip_frac"] == 0.0), e["grpo_clip_frac"]
-    log = (run.run_dir / "engines" / "new" / "worker.log").read_text()
-    assert "on the gspo loss, clip band [1 - 0.0003, 1 + 0.0004]" in log
-    assert run.check("grpo-trajectory")["status"] in ("PASS", "WARN"), run.check("grpo-trajectory")["summary"]
 
 
 RECIPE_FAULTS = Path(__file__).parents[1] / "hooks" / "recipe_faults.py"
@@ -55,15 +33,83 @@ def _init_then_run(tmp_path_factory, stack: str, config: str):
     return out, run
 
 
-def _with_hooks(out: Path, name: str, hook: str | None, inflight: str) -> Path:
+def _with_hooks(out: Path, name: str, hook: str | None, inflight: str | None = None) -> Path:
     """The init's gate.yaml with other hooks (from tests/hooks/recipe_faults.py) and no GRPO run."""
     raw = yaml.safe_load((out / "gate.yaml").read_text())
     if hook:
         raw["weight_update"]["hook"] = f"{RECIPE_FAULTS}:{hook}"
-    raw["weight_sync"]["inflight"]["updates"] = [f"{RECIPE_FAULTS}:{inflight}"]
+    if inflight:
+        raw["weight_sync"]["inflight"]["updates"] = [f"{RECIPE_FAULTS}:{inflight}"]
     raw["grpo"] = {"enabled": False}
     (out / name).write_text(yaml.safe_dump(raw))
     return out / name
+
+
+def _init_offline(tmp_path_factory, stack: str, config: str, recipe: str):
+    """``gate init --stack STACK --cpu``: the folder, with the stack's recipe as gate_hook.py."""
+    out = tmp_path_factory.mktemp(f"{stack}-init")
+    proc = run_cli("init", "--stack", stack, "--config", str(STACK_CONFIGS / config), "--cpu", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert f"the {recipe} update recipe" in proc.stderr
+    return out
+
+
+def _passes_through_its_recipe(out: Path) -> Replay:
+    """``gate run`` of the init's gate.yaml on both releases: PASS or WARN, weight-sync through the hook."""
+    run = replay(out / "run", "-c", str(out / "gate.yaml"), expect=(0,))
+    assert run.report["verdict"] in ("PASS", "WARN"), [(c["id"], c["status"], c["summary"]) for c in run.report["checks"]]
+    sync = run.check("weight-sync")
+    assert sync["status"] == "PASS" and "gate_hook.py:update" in sync["summary"], sync["summary"]
+    return run
+
+
+def _caught(out: Path, hook: str, verdict: str, row: str) -> Replay:
+    """The new engine through a broken variant of the recipe (tests/hooks/recipe_faults.py): weight-sync
+    FAILs with ``verdict``, as fault row ``row`` says."""
+    broken = replay(out / hook, "-c", str(_with_hooks(out, f"{hook}.yaml", hook)), "--only", "new", expect=(1,))
+    sync = broken.check("weight-sync")
+    assert sync["status"] == "FAIL" and sync["details"]["verdict"] == verdict, sync["summary"]
+    verify(row, broken.report)
+    return broken
+
+
+def test_trl_init_then_run_passes_on_cpu_through_its_colocate_push(tmp_path_factory):
+    """TRL's config (GSPO through importance_sampling_level: sequence, its band 3e-4 / 4e-4) on both
+    releases, its colocate push installed: one load_weights a parameter on the driver worker's model
+    (inside vLLM's layerwise reload on the CPU platform), then the prefix-cache reset. Without the
+    reset, the prompts' cached KV outlives the weights (row 27c)."""
+    out = _init_offline(tmp_path_factory, "trl", "trl.yaml", "trl_colocate")
+    run = _passes_through_its_recipe(out)
+    for engine in ("old", "new"):
+        e = run.evidence(engine)
+        assert e.engine["weight_sync"]["adapter"].startswith("hook "), e.engine["weight_sync"]
+        assert e.engine["effective"]["enable_prefix_caching"] is True  # vLLM's default: TRL sets none
+        assert e.engine["grpo"]["trainer"]["loss"] == "gspo", e.engine["grpo"]["trainer"]
+        assert e.engine["grpo"]["trainer"]["clip_band"] == [3e-4, 4e-4]
+        # on-policy steps through an fp32 engine that matches the fp32 trainer: every sequence's
+        # ratio stays inside GSPO's 4e-4 band, so nothing is clipped
+        assert np.all(e["grpo_clip_frac"] == 0.0), e["grpo_clip_frac"]
+    log = (run.run_dir / "engines" / "new" / "worker.log").read_text()
+    assert "on the gspo loss, clip band [1 - 0.0003, 1 + 0.0004]" in log
+    assert run.check("grpo-trajectory")["status"] in ("PASS", "WARN"), run.check("grpo-trajectory")["summary"]
+
+    _caught(out, "trl_without_cache_reset", "stale-cache", "27c")
+
+
+def test_verl_init_then_run_passes_on_cpu_through_its_bucketed_push(tmp_path_factory):
+    """verl's config (checkpoint_engine.backend naive) on both releases, its bucketed push installed:
+    the sender packing the weights into a shared-memory bucket (verl's fallback where CUDA IPC is not
+    supported) over ZMQ, the receiver loading each bucket through collective_rpc. With quarter-MiB
+    buckets, layers straddle buckets: the push stays exact where each bucket's tensors are copied out
+    of the reused buffer, and is caught where they are loaded as views of it (row 27d)."""
+    out = _init_offline(tmp_path_factory, "verl", "verl.sh", "verl_bucketed")
+    run = _passes_through_its_recipe(out)
+    _assert_the_stacks_settings(run, out, "verl")  # Dr. GRPO, prefix caching off, ...
+
+    small = replay(out / "small", "-c", str(_with_hooks(out, "small.yaml", "verl_quarter_mib_buckets")),
+                   "--only", "new", expect=(0,))  # fmt: skip
+    assert small.check("weight-sync")["status"] == "PASS", small.check("weight-sync")["summary"]
+    _caught(out, "verl_views_of_the_reused_bucket", "partial-update", "27d")
 
 
 def test_prime_rl_init_then_run_passes_in_server_mode_through_its_filesystem_push(tmp_path_factory):
@@ -114,14 +160,29 @@ def test_areal_init_then_run_passes_in_server_mode_through_its_abort_and_resubmi
     verify("27b", broken.report)
 
 
-# The stacks whose update path has no CPU recipe (docs/adopt.md): gate init keeps gate's own push,
+def test_nemo_rl_init_then_run_passes_on_cpu_through_its_ipc_zmq_refit(tmp_path_factory):
+    """NeMo-RL's config (colocated, the topology's default refit transport) on both releases, its
+    refit installed: the refit info once, then ping-pong staging buffers streamed over ZMQ (shared
+    memory in place of CUDA IPC), each batch loaded by the worker through collective_rpc. The same
+    refit after its info went stale, behind a caller that ignores the workers' False (NeMo-RL
+    raises on it), leaves the engine partly updated (row 27e)."""
+    out = _init_offline(tmp_path_factory, "nemo-rl", "nemo-rl.yaml", "nemo_rl_ipc_zmq")
+    run = _passes_through_its_recipe(out)
+    _assert_the_stacks_settings(run, out, "nemo-rl")  # prefix caching on: the recipe resets it
+
+    broken = _caught(out, "nemo_rl_stale_refit_info_unchecked", "partial-update", "27e")
+    log = (broken.run_dir / "engines" / "new" / "worker.log").read_text()
+    assert "the refit info is stale" in log
+
+
+# The stacks whose update path has no recipe yet (docs/adopt.md): gate init keeps gate's own push,
 # and the run proves the rest of the mapping on real engines, the stack's sampling, engine arguments
 # and loss. Settings read back from the live engines, as each stack's config set them.
 ENGINE_SETTINGS = ("seed", "max_num_seqs", "enable_prefix_caching", "async_scheduling", "logprobs_mode")
 
 
 @pytest.mark.parametrize(("stack", "config"), [
-    ("verl", "verl.sh"), ("openrlhf", "openrlhf.sh"), ("nemo-rl", "nemo-rl.yaml"),
+    ("openrlhf", "openrlhf.sh"),
     ("pipelinerl", "pipelinerl.yaml"), ("skyrl", "skyrl.sh"), ("vime", "vime.sh"),
 ])  # fmt: skip
 def test_init_then_run_passes_on_cpu_with_the_stacks_settings(tmp_path_factory, stack, config):
@@ -129,10 +190,16 @@ def test_init_then_run_passes_on_cpu_with_the_stacks_settings(tmp_path_factory, 
     proc = run_cli("init", "--stack", stack, "--config", str(STACK_CONFIGS / config), "--cpu", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     assert "gate's built-in push stands" in proc.stderr
-    raw = yaml.safe_load((out / "gate.yaml").read_text())
     run = replay(out / "run", "-c", str(out / "gate.yaml"), expect=(0,))
     assert run.report["verdict"] in ("PASS", "WARN"), [(c["id"], c["status"], c["summary"]) for c in run.report["checks"]]
     assert run.check("weight-sync")["status"] == "PASS", run.check("weight-sync")["summary"]
+    _assert_the_stacks_settings(run, out, stack)
+
+
+def _assert_the_stacks_settings(run: Replay, out: Path, stack: str) -> None:
+    """The engine arguments, sampling and loss that gate.yaml took from the stack's config, as both
+    live engines report them."""
+    raw = yaml.safe_load((out / "gate.yaml").read_text())
     # vLLM's CPU platform turns async scheduling off whatever is asked ("not required on CPU"):
     # config-parity names it as the engine's override, and the rest must be as the stack set it.
     overridden = run.check("config-parity")["details"].get("overridden_by_engine", {})

@@ -18,7 +18,9 @@ not precision):
   trainer together at every step.
 
 The engines run eagerly (``enforce_eager``): the faults are in the load path, and a cold
-torch.compile of this model costs ~110 s an engine.
+torch.compile of this model costs ~110 s an engine. The single-name pushes were measured on both
+releases (docs/validation.md, "The tied head"); CI runs them on the new one, where an upgrade can
+change them (0.31's behaviour is fixed, and the same checks judge both).
 """
 
 from __future__ import annotations
@@ -86,28 +88,23 @@ def _digest_findings(run: Replay, engine: str) -> dict:
     return run.evidence(engine).engine["weight_sync"]["digests"]
 
 
-def test_the_tied_head_sent_as_lm_head_alone_reaches_both_releases(tmp_path):
+def test_the_tied_head_sent_as_lm_head_alone_reaches_the_engine(tmp_path):
     run = replay(
-        tmp_path / "run", "-c", str(smol_fp32_config(tmp_path, "send_tied_head_as_lm_head_only"))
+        tmp_path / "run", "-c", str(smol_fp32_config(tmp_path, "send_tied_head_as_lm_head_only")),
+        "--only", "new",
     )
     check = run.check("weight-sync")
     assert check["status"] == "PASS", check["summary"]
-    for engine in ("old", "new"):
-        meta = run.evidence(engine).engine["weight_sync"]
-        assert (
-            meta["tied_names"] == [TIED]
-            and meta["distinct_tensors_pushed"] == meta["tensors_pushed"] - 1
-        )
-        digests = _digest_findings(run, engine)
-        # the embedding's parameter is readable on the CPU (the head's packed copy is made beside
-        # it) and is the trainer's new tensor
-        assert "model.embed_tokens.weight" not in digests["unreadable"]["names"]
-        assert digests["round_trip_mismatch"]["count"] == digests["not_moved"]["count"] == 0, (
-            digests
-        )
-        assert _vs_new(run, engine) <= check["details"]["limit"]
-        log = (run.run_dir / "engines" / engine / "worker.log").read_text()
-        assert "weights were not loaded from checkpoint: {'model.embed_tokens.weight'}" in log
+    meta = run.evidence("new").engine["weight_sync"]
+    assert meta["tied_names"] == [TIED] and meta["distinct_tensors_pushed"] == meta["tensors_pushed"] - 1
+    digests = _digest_findings(run, "new")
+    # the embedding's parameter is readable on the CPU (the head's packed copy is made beside it)
+    # and is the trainer's new tensor
+    assert "model.embed_tokens.weight" not in digests["unreadable"]["names"]
+    assert digests["round_trip_mismatch"]["count"] == digests["not_moved"]["count"] == 0, digests
+    assert _vs_new(run, "new") <= check["details"]["limit"]
+    log = (run.run_dir / "engines" / "new" / "worker.log").read_text()
+    assert "weights were not loaded from checkpoint: {'model.embed_tokens.weight'}" in log
 
 
 def test_an_untied_view_that_sends_a_stale_embedding_is_named_as_the_tie(tmp_path):
@@ -135,21 +132,17 @@ def test_the_tied_head_sent_as_the_embedding_alone_leaves_the_cpu_head_behind(tm
     """Row 25b: the digests find every compared tensor right, the embedding among them; the
     outputs find a partial update; the diagnosis points at the head's repacked copy."""
     run = replay(
-        tmp_path / "run", "-c", str(smol_fp32_config(tmp_path, "send_tied_head_as_embedding_only"))
+        tmp_path / "run", "-c", str(smol_fp32_config(tmp_path, "send_tied_head_as_embedding_only")),
+        "--only", "new",
     )
     check = run.check("weight-sync")
     details = check["details"]
     assert check["status"] == "FAIL" and details["verdict"] == "partial-update", check["summary"]
     assert "tied_tensor_missed" not in details
-    for engine in ("old", "new"):
-        digests = _digest_findings(run, engine)
-        assert "model.embed_tokens.weight" not in digests["unreadable"]["names"]
-        assert digests["round_trip_mismatch"]["count"] == digests["not_moved"]["count"] == 0, (
-            digests
-        )
-        assert _vs_new(run, engine) > details["limit"], (
-            engine
-        )  # both releases leave the head behind
+    digests = _digest_findings(run, "new")
+    assert "model.embed_tokens.weight" not in digests["unreadable"]["names"]
+    assert digests["round_trip_mismatch"]["count"] == digests["not_moved"]["count"] == 0, digests
+    assert _vs_new(run, "new") > details["limit"]  # the head left behind (0.31 leaves it too)
     verify("25b", run.report)
 
 

@@ -284,7 +284,7 @@ def test_init_writes_a_gate_yaml_that_loads_with_every_value_annotated(tmp_path)
     assert "weight transport: actor_rollout_ref.rollout.checkpoint_engine.backend: naive" in proc.stderr
 
 
-def test_init_for_trl_writes_its_colocate_recipe_for_gpu_runners(tmp_path):
+def test_init_for_trl_writes_its_colocate_recipe(tmp_path):
     data = tmp_path / "prompts.jsonl"
     data.write_text('{"prompt": "What is 2+3?", "answer": "5"}\n')
     proc = _init("--stack", "trl", "--config", str(STACK_CONFIGS / "trl.yaml"), "--dataset", str(data), cwd=tmp_path)
@@ -294,12 +294,12 @@ def test_init_for_trl_writes_its_colocate_recipe_for_gpu_runners(tmp_path):
     assert cfg.engines["new"].env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert "model.load_weights([(" in (tmp_path / "gate_hook.py").read_text()
     assert (cfg.engines["old"].spec, cfg.engines["new"].spec) == ("vllm==0.25.1", "vllm==0.25.1")  # TRL's pin
-    # on vLLM's CPU platform TRL's direct load_weights cannot run: --cpu keeps gate's push and says why
+    # the same recipe under --cpu: on vLLM's CPU platform it loads inside vLLM's layerwise reload
     cpu = tmp_path / "cpu"
     cpu.mkdir()
     proc = _init("--stack", "trl", "--config", str(STACK_CONFIGS / "trl.yaml"), "--cpu", cwd=cpu)
-    assert proc.returncode == 0 and not (cpu / "gate_hook.py").exists()
-    assert "note: weight_update.hook: the trl_colocate recipe needs a GPU runner (vLLM's CPU platform" in proc.stderr
+    assert proc.returncode == 0 and "initialize_layerwise_reload(model)" in (cpu / "gate_hook.py").read_text()
+    assert load_config(cpu / "gate.yaml").engines["new"].env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     # server mode is another transport: no colocate recipe for it
     server = tmp_path / "server"
     server.mkdir()
@@ -350,6 +350,33 @@ def test_init_for_areal_writes_its_abort_and_resubmit_push_for_disk_updates_only
     xccl, proc = _init_edited(tmp_path / "xccl", "areal", "  weight_update_mode: disk\n", "")
     assert proc.returncode == 0 and not (xccl / "gate_hook.py").exists()
     assert "no recipe for AReaL with rollout.backend: vllm:d4p1t1; gate's built-in push stands" in proc.stderr
+
+
+def test_init_for_verl_writes_its_bucketed_recipe_where_the_backend_is_naive(tmp_path):
+    proc = _init("--stack", "verl", "--config", str(STACK_CONFIGS / "verl.sh"), "--cpu", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    cfg = load_config(tmp_path / "gate.yaml")
+    assert cfg.weight_update.hook == f"{tmp_path / 'gate_hook.py'}:update"
+    assert cfg.engines["new"].env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert "def send_buckets(" in (tmp_path / "gate_hook.py").read_text()
+    # verl's other checkpoint engines (nccl, nixl, hccl) are other transports: no recipe for them
+    nccl, proc = _init_edited(tmp_path / "nccl", "verl", "checkpoint_engine.backend=naive",
+                              "checkpoint_engine.backend=nccl")  # fmt: skip
+    assert proc.returncode == 0 and not (nccl / "gate_hook.py").exists()
+    assert "no recipe for verl with actor_rollout_ref.rollout.checkpoint_engine.backend: nccl" in proc.stderr
+
+
+def test_init_for_nemo_rl_writes_its_refit_recipe_where_colocated_on_the_default_transport(tmp_path):
+    proc = _init("--stack", "nemo-rl", "--config", str(STACK_CONFIGS / "nemo-rl.yaml"), "--cpu", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert load_config(tmp_path / "gate.yaml").weight_update.hook == f"{tmp_path / 'gate_hook.py'}:update"
+    assert "def update_weights_via_ipc_zmq(" in (tmp_path / "gate_hook.py").read_text()
+    # not colocated (a packed NCCL broadcast), or another refit transport: no recipe
+    for name, old, new in [("apart", "enabled: true", "enabled: false"),
+                           ("sparse", "    colocated:", "    refit_transport: vllm_zmq_sparse\n    colocated:")]:  # fmt: skip
+        folder, proc = _init_edited(tmp_path / name, "nemo-rl", old, new)
+        assert proc.returncode == 0 and not (folder / "gate_hook.py").exists(), proc.stderr
+        assert "no recipe for NeMo-RL with policy.generation.colocated.enabled:" in proc.stderr
 
 
 def test_a_stack_that_runs_vllm_in_process_writes_no_mode(tmp_path):
