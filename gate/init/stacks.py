@@ -353,7 +353,10 @@ STACKS: dict[str, Stack] = {
             # the model in this process: collective_rpc runs the worker side beside the sender's thread
             recipe_env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
             # colocated, on the topology's default transport (null: CUDA IPC when colocated)
-            recipe_when=((G + "colocated.enabled", True, True), (G + "refit_transport", None, None)),
+            recipe_when=(
+                (G + "colocated.enabled", True, True),
+                (G + "refit_transport", None, None),
+            ),
         ),
         Stack(
             name="prime-rl",
