@@ -3,6 +3,7 @@ format, becomes a gate.yaml that passes on CPU with the stack's sampling, engine
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -33,9 +34,11 @@ def _init_then_run(tmp_path_factory, stack: str, config: str):
     return out, run
 
 
-def _with_hooks(out: Path, name: str, hook: str | None, inflight: str | None = None) -> Path:
-    """The init's gate.yaml with other hooks (from tests/hooks/recipe_faults.py) and no GRPO run."""
+def _with_hooks(out: Path, name: str, hook: str | None, inflight: str | None = None, **engine_args) -> Path:
+    """The init's gate.yaml with other hooks (from tests/hooks/recipe_faults.py), ``engine_args`` on
+    top of its own, and no GRPO run."""
     raw = yaml.safe_load((out / "gate.yaml").read_text())
+    raw["engine_args"] |= engine_args
     if hook:
         raw["weight_update"]["hook"] = f"{RECIPE_FAULTS}:{hook}"
     if inflight:
@@ -101,14 +104,18 @@ def test_verl_init_then_run_passes_on_cpu_through_its_bucketed_push(tmp_path_fac
     the sender packing the weights into a shared-memory bucket (verl's fallback where CUDA IPC is not
     supported) over ZMQ, the receiver loading each bucket through collective_rpc. With quarter-MiB
     buckets, layers straddle buckets: the push stays exact where each bucket's tensors are copied out
-    of the reused buffer, and is caught where they are loaded as views of it (row 27d)."""
+    of the reused buffer (at TP=2 too), and is caught where they are loaded as views of it (row 27d)."""
     out = _init_offline(tmp_path_factory, "verl", "verl.sh", "verl_bucketed")
     run = _passes_through_its_recipe(out)
     _assert_the_stacks_settings(run, out, "verl")  # Dr. GRPO, prefix caching off, ...
 
-    small = replay(out / "small", "-c", str(_with_hooks(out, "small.yaml", "verl_quarter_mib_buckets")),
-                   "--only", "new", expect=(0,))  # fmt: skip
+    # at TP=2 where there are two CPUs: two engine processes, one sender a rank, the worker side
+    # pickled to each by vLLM's executor (the GPU runner's layout at tensor parallelism)
+    ranks = 2 if len(os.sched_getaffinity(0)) >= 2 else 1
+    config = _with_hooks(out, "small.yaml", "verl_quarter_mib_buckets", tensor_parallel_size=ranks)
+    small = replay(out / "small", "-c", str(config), "--only", "new", expect=(0,))
     assert small.check("weight-sync")["status"] == "PASS", small.check("weight-sync")["summary"]
+    assert small.evidence("new").engine["effective"]["tensor_parallel_size"] == ranks
     _caught(out, "verl_views_of_the_reused_bucket", "partial-update", "27d")
 
 
