@@ -292,10 +292,11 @@ ROWS: tuple[FaultRow, ...] = (
              "as views of the shared buffer the next bucket overwrites (`tests/hooks/recipe_faults.py`)",
              "weight-sync", ("FAIL",), "only part of the state dict was applied",
              "tests/integration/test_init_then_run.py::test_verl_init_then_run_passes_on_cpu_through_its_bucketed_push"),
-    FaultRow("27e", "NeMo-RL's colocated refit failing on a stale refit info, its False ignored (partial)",
-             "`gate init --stack nemo-rl --cpu`, then its recipe with the refit info recording one MLP weight as "
-             "bf16 and a caller that ignores the workers' False (`tests/hooks/recipe_faults.py`); NeMo-RL raises on it",
-             "weight-sync", ("FAIL",), "only part of the state dict was applied",
+    FaultRow("27e", "NeMo-RL's colocated refit refused on a stale refit info, its False ignored (stale)",
+             "`gate init --stack nemo-rl --cpu`, then its recipe with the refit info prepared for bf16 while the "
+             "trainer streams fp32, behind a caller that ignores the workers' False (`tests/hooks/recipe_faults.py`); "
+             "NeMo-RL raises on it",
+             "weight-sync", ("FAIL",), "The update never reached the engine",
              "tests/integration/test_init_then_run.py::test_nemo_rl_init_then_run_passes_on_cpu_through_its_ipc_zmq_refit"),
 )  # fmt: skip
 

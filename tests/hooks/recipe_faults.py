@@ -16,9 +16,11 @@ verl_bucketed.py):
   model fills one), correct and with each bucket's tensors loaded as views of the reused buffer:
   vLLM's layerwise reload holds a layer's loaded tensors until the layer is complete, so the next
   bucket overwrites what it holds.
-- NeMo-RL (nemo_rl_ipc_zmq.py), its refit info gone stale (one MLP weight recorded as bf16: the
-  batch holding it no longer adds up, is refused and acked) behind a caller that ignores the
-  workers' False, which NeMo-RL's GRPO loop raises on.
+- NeMo-RL (nemo_rl_ipc_zmq.py), its refit info gone stale (prepared for bf16 while the trainer
+  streams fp32: no batch adds up, each is refused and acked) behind a caller that ignores the
+  workers' False, which NeMo-RL's GRPO loop raises on. Every batch, not one: a layer loaded in
+  part is materialized by vLLM's layerwise reload with its missing tensors uninitialized, whose
+  outputs vary from run to run (finite or NaN); a layer loaded not at all gets its old kernels back.
 """
 
 from __future__ import annotations
@@ -96,9 +98,7 @@ def verl_views_of_the_reused_bucket(llm, state_dict):
 def nemo_rl_stale_refit_info_unchecked(llm, state_dict):
     import torch
 
-    info = nemo_rl.refit_info(state_dict)
-    stale = next(name for name in info if name.endswith("mlp.up_proj.weight"))
-    info[stale] = (info[stale][0], torch.bfloat16)
+    info = {name: (shape, torch.bfloat16) for name, (shape, _) in nemo_rl.refit_info(state_dict).items()}
     nemo_rl.prepare_refit_info(llm, info)
     nemo_rl.push(llm, state_dict, 2 * QUARTER_MIB)  # the workers' [False] goes unread
     llm.reset_prefix_cache()

@@ -172,12 +172,12 @@ def test_nemo_rl_init_then_run_passes_on_cpu_through_its_ipc_zmq_refit(tmp_path_
     refit installed: the refit info once, then ping-pong staging buffers streamed over ZMQ (shared
     memory in place of CUDA IPC), each batch loaded by the worker through collective_rpc. The same
     refit after its info went stale, behind a caller that ignores the workers' False (NeMo-RL
-    raises on it), leaves the engine partly updated (row 27e)."""
+    raises on it), leaves the engine on the old weights (row 27e)."""
     out = _init_offline(tmp_path_factory, "nemo-rl", "nemo-rl.yaml", "nemo_rl_ipc_zmq")
     run = _passes_through_its_recipe(out)
     _assert_the_stacks_settings(run, out, "nemo-rl")  # prefix caching on: the recipe resets it
 
-    broken = _caught(out, "nemo_rl_stale_refit_info_unchecked", "partial-update", "27e")
+    broken = _caught(out, "nemo_rl_stale_refit_info_unchecked", "stale-weights", "27e")
     log = (broken.run_dir / "engines" / "new" / "worker.log").read_text()
     assert "the refit info is stale" in log
 

@@ -1,6 +1,7 @@
 """NeMo-RL's colocated refit (``policy.generation.colocated.enabled: true``, its default), as a gate
 hook. Written by ``gate init --stack nemo-rl``; it needs only the engine's environment (torch, pyzmq
-and vLLM), not NeMo-RL.
+and vLLM), not NeMo-RL. ``gate init`` copies this file alone beside gate.yaml, so
+it shares no helper with the other recipes (the layerwise-reload bracket is repeated in each).
 
 What NeMo-RL does (nemo_rl/models/policy/utils.py ``stream_weights_via_ipc_zmq_impl``,
 nemo_rl/models/generation/vllm/vllm_backend.py ``VllmInternalWorkerExtension``), mirrored:
@@ -183,9 +184,10 @@ class _StagingBuffer:
             torch.cuda.current_stream().synchronize()
 
     def release(self) -> None:
-        del self.tensor
+        self.tensor = None
         if self._shm is not None:
-            self._shm.close()
+            with suppress(BufferError):  # a view still alive keeps the mapping until it goes
+                self._shm.close()
             self._shm.unlink()
 
 

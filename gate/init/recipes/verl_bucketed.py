@@ -1,6 +1,7 @@
 """verl's colocated weight push (``actor_rollout_ref.rollout.checkpoint_engine.backend: naive``, its
 default), as a gate hook. Written by ``gate init --stack verl``; it needs only the engine's
-environment (torch, pyzmq and vLLM), not verl.
+environment (torch, pyzmq and vLLM), not verl. ``gate init`` copies this file alone beside gate.yaml, so
+it shares no helper with the other recipes (the layerwise-reload bracket is repeated in each).
 
 What verl 0.9 does (verl/workers/rollout/vllm_rollout/), mirrored call for call:
 
@@ -85,7 +86,7 @@ def send_buckets(zmq_handle: str, weights: Iterable, bucket_bytes: int, use_shm:
 
     socket = _socket(zmq.REQ)
     socket.bind(zmq_handle)
-    shm = None
+    shm = buffer = view = None
     try:
         if use_shm:
             shm = shared_memory.SharedMemory(
@@ -120,10 +121,11 @@ def send_buckets(zmq_handle: str, weights: Iterable, bucket_bytes: int, use_shm:
         _send_bucket(socket, bucket, is_last=True)
     finally:
         socket.close()
+        buffer = view = None  # torch's views pin shm.buf; close() refuses while one lives
         if shm is not None:
-            del buffer  # torch's view pins shm.buf; close() refuses while it lives
-            shm.close()
-            shm.unlink()
+            with suppress(BufferError):
+                shm.close()
+            shm.unlink()  # the segment goes whatever this process still maps
 
 
 def _send_bucket(socket, bucket: dict, is_last: bool) -> None:
