@@ -7,8 +7,8 @@ with the faults their own code guards against, each through the recipe's own cal
 - AReaL, aborted requests dropped: the pause aborts the running requests, and a client without
   AReaL's resubmission loop loses them.
 
-and for two stacks that run vLLM in the trainer's process (gate/init/recipes/trl_colocate.py and
-verl_bucketed.py):
+and for the three that run vLLM in the trainer's process (gate/init/recipes/trl_colocate.py,
+verl_bucketed.py and nemo_rl_ipc_zmq.py):
 
 - TRL colocate without its prefix-cache reset: the prompts' cached KV, computed with the old weights,
   is served after the load (vLLM's default turns prefix caching on, and TRL passes no setting).
@@ -16,7 +16,7 @@ verl_bucketed.py):
   model fills one), correct and with each bucket's tensors loaded as views of the reused buffer:
   vLLM's layerwise reload holds a layer's loaded tensors until the layer is complete, so the next
   bucket overwrites what it holds.
-- NeMo-RL (nemo_rl_ipc_zmq.py), its refit info gone stale (prepared for bf16 while the trainer
+- NeMo-RL, its refit info gone stale (prepared for bf16 while the trainer
   streams fp32: no batch adds up, each is refused and acked) behind a caller that ignores the
   workers' False, which NeMo-RL's GRPO loop raises on. Every batch, not one: a layer loaded in
   part is materialized by vLLM's layerwise reload with its missing tensors uninitialized, whose

@@ -22,11 +22,9 @@ RECIPE_FAULTS = Path(__file__).parents[1] / "hooks" / "recipe_faults.py"
 
 
 def _init_then_run(tmp_path_factory, stack: str, config: str):
-    """``gate init --stack STACK --cpu`` then ``gate run`` on both releases: (the folder, the run)."""
-    out = tmp_path_factory.mktemp(f"{stack}-init")
-    proc = run_cli("init", "--stack", stack, "--config", str(STACK_CONFIGS / config), "--cpu", "--out", str(out))
-    assert proc.returncode == 0, proc.stderr
-    assert "the server_folder_reload update recipe" in proc.stderr
+    """``gate init --stack STACK --cpu`` (a server-mode recipe) then ``gate run`` on both releases:
+    (the folder, the run)."""
+    out = _init_with_recipe(tmp_path_factory, stack, config, "server_folder_reload")
     run = replay(out / "run", "-c", str(out / "gate.yaml"), expect=(0,))
     for engine in ("old", "new"):
         e = run.evidence(engine).engine
@@ -48,7 +46,7 @@ def _with_hooks(out: Path, name: str, hook: str | None, inflight: str | None = N
     return out / name
 
 
-def _init_offline(tmp_path_factory, stack: str, config: str, recipe: str):
+def _init_with_recipe(tmp_path_factory, stack: str, config: str, recipe: str):
     """``gate init --stack STACK --cpu``: the folder, with the stack's recipe as gate_hook.py."""
     out = tmp_path_factory.mktemp(f"{stack}-init")
     proc = run_cli("init", "--stack", stack, "--config", str(STACK_CONFIGS / config), "--cpu", "--out", str(out))
@@ -81,7 +79,7 @@ def test_trl_init_then_run_passes_on_cpu_through_its_colocate_push(tmp_path_fact
     releases, its colocate push installed: one load_weights a parameter on the driver worker's model
     (inside vLLM's layerwise reload on the CPU platform), then the prefix-cache reset. Without the
     reset, the prompts' cached KV outlives the weights (row 27c)."""
-    out = _init_offline(tmp_path_factory, "trl", "trl.yaml", "trl_colocate")
+    out = _init_with_recipe(tmp_path_factory, "trl", "trl.yaml", "trl_colocate")
     run = _passes_through_its_recipe(out)
     for engine in ("old", "new"):
         e = run.evidence(engine)
@@ -105,7 +103,7 @@ def test_verl_init_then_run_passes_on_cpu_through_its_bucketed_push(tmp_path_fac
     supported) over ZMQ, the receiver loading each bucket through collective_rpc. With quarter-MiB
     buckets, layers straddle buckets: the push stays exact where each bucket's tensors are copied out
     of the reused buffer (at TP=2 too), and is caught where they are loaded as views of it (row 27d)."""
-    out = _init_offline(tmp_path_factory, "verl", "verl.sh", "verl_bucketed")
+    out = _init_with_recipe(tmp_path_factory, "verl", "verl.sh", "verl_bucketed")
     run = _passes_through_its_recipe(out)
     _assert_the_stacks_settings(run, out, "verl")  # Dr. GRPO, prefix caching off, ...
 
@@ -173,7 +171,7 @@ def test_nemo_rl_init_then_run_passes_on_cpu_through_its_ipc_zmq_refit(tmp_path_
     memory in place of CUDA IPC), each batch loaded by the worker through collective_rpc. The same
     refit after its info went stale, behind a caller that ignores the workers' False (NeMo-RL
     raises on it), leaves the engine on the old weights (row 27e)."""
-    out = _init_offline(tmp_path_factory, "nemo-rl", "nemo-rl.yaml", "nemo_rl_ipc_zmq")
+    out = _init_with_recipe(tmp_path_factory, "nemo-rl", "nemo-rl.yaml", "nemo_rl_ipc_zmq")
     run = _passes_through_its_recipe(out)
     _assert_the_stacks_settings(run, out, "nemo-rl")  # prefix caching on: the recipe resets it
 

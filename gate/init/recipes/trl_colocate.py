@@ -48,5 +48,7 @@ def loaders_restored_on_cpu(model, model_config) -> Iterator[None]:
     )
 
     initialize_layerwise_reload(model)
-    yield
-    finalize_layerwise_reload(model, model_config)
+    try:
+        yield
+    finally:  # a failed load too: layers left unloaded get their old kernels back
+        finalize_layerwise_reload(model, model_config)
