@@ -131,6 +131,23 @@ def test_the_servers_reported_defaults_are_read_and_applied_where_a_request_omit
     assert http.reported_defaults(lines[:1]) == ({}, None)
 
 
+def _read_request(conn) -> None:
+    """Reads the whole request, headers and body. Closing a socket with unread bytes sends an RST
+    (the client then sees ReadError) where a drop after the request is read sends a FIN (the
+    server disconnected without a response); httpx writes the headers and the body separately, so
+    one recv may not hold both."""
+    data = b""
+    while b"\r\n\r\n" not in data and (chunk := conn.recv(65536)):
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        (int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")),
+        0,
+    )
+    while len(body) < length and (chunk := conn.recv(65536)):
+        body += chunk
+
+
 class _DropsFirstConnection:
     """A raw socket server: the first connection is closed as soon as its request arrives (a
     server dropping a keep-alive connection under the client), later ones are answered."""
@@ -153,7 +170,7 @@ class _DropsFirstConnection:
                 return
             self.connections += 1
             with conn:
-                conn.recv(65536)
+                _read_request(conn)
                 if self.connections > 1:
                     conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
                                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
