@@ -324,8 +324,22 @@ STACKS: dict[str, Stack] = {
                 ),
                 "sampling.top_k": (0, "OpenRLHF samples with top_k -1 (off)"),
             },
-            transport=("vllm.sync_backend", "train.colocate_all", "train.async_enable"),
+            transport=(
+                "vllm.sync_backend",
+                "vllm.sync_with_ray",
+                "train.colocate_all",
+                "train.async_enable",
+            ),
             loss=openrlhf_loss,
+            recipe="openrlhf_broadcast",
+            # the engine's model in gate's process, where the push runs (as verl's and NeMo-RL's)
+            recipe_env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+            # the broadcast to every engine (colocated, OpenRLHF hands CUDA-IPC handles instead;
+            # with sync_with_ray, Ray's collective carries it)
+            recipe_when=(
+                ("train.colocate_all", False, False),
+                ("vllm.sync_with_ray", False, False),
+            ),
         ),
         Stack(
             name="nemo-rl",

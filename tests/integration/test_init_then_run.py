@@ -180,6 +180,28 @@ def test_nemo_rl_init_then_run_passes_on_cpu_through_its_ipc_zmq_refit(tmp_path_
     assert "the refit info is stale" in log
 
 
+def test_openrlhf_init_then_run_passes_on_cpu_through_its_broadcast(tmp_path_factory):
+    """OpenRLHF's config (its engines on GPUs of their own: the broadcast path) on both releases,
+    its push installed: a process group of the trainer's rank 0 and every engine worker, made at
+    the first push and kept, then one update_weight a parameter while rank 0 broadcasts it (gloo
+    where PyNccl has no GPU), the cache reset first (prefix caching on). Every GRPO step pushes
+    through it. At TP=2 where there are two CPUs: a group of three, one broadcast reaching both
+    engine processes."""
+    out = _init_with_recipe(tmp_path_factory, "openrlhf", "openrlhf.sh", "openrlhf_broadcast")
+    run = _passes_through_its_recipe(out)
+    _assert_the_stacks_settings(run, out, "openrlhf")  # DAPO's clip-higher, prefix caching on
+    for engine in ("old", "new"):
+        e = run.evidence(engine).engine
+        assert e["grpo"]["adapter"] == f"hook {out / 'gate_hook.py'}:update", e["grpo"]
+        assert e["effective"]["enable_prefix_caching"] is True
+
+    ranks = 2 if len(os.sched_getaffinity(0)) >= 2 else 1
+    config = _with_hooks(out, "tp.yaml", None, tensor_parallel_size=ranks)
+    tp = replay(out / "tp", "-c", str(config), "--only", "new", expect=(0,))
+    assert tp.check("weight-sync")["status"] == "PASS", tp.check("weight-sync")["summary"]
+    assert tp.evidence("new").engine["effective"]["tensor_parallel_size"] == ranks
+
+
 # The stacks whose update path has no recipe yet (docs/adopt.md): gate init keeps gate's own push,
 # and the run proves the rest of the mapping on a real engine, the stack's sampling, engine arguments
 # and loss, read back from the live engine as the stack's config set them. The new engine alone:
@@ -189,7 +211,6 @@ ENGINE_SETTINGS = ("seed", "max_num_seqs", "enable_prefix_caching", "async_sched
 
 
 @pytest.mark.parametrize(("stack", "config"), [
-    ("openrlhf", "openrlhf.sh"),
     ("pipelinerl", "pipelinerl.yaml"), ("skyrl", "skyrl.sh"), ("vime", "vime.sh"),
 ])  # fmt: skip
 def test_init_then_run_passes_on_cpu_with_the_stacks_settings(tmp_path_factory, stack, config):

@@ -352,13 +352,19 @@ def test_init_for_areal_writes_its_abort_and_resubmit_push_for_disk_updates_only
     assert "no recipe for AReaL with rollout.backend: vllm:d4p1t1; gate's built-in push stands" in proc.stderr
 
 
-def test_init_for_verl_writes_its_bucketed_recipe_where_the_backend_is_naive(tmp_path):
-    proc = _init("--stack", "verl", "--config", str(STACK_CONFIGS / "verl.sh"), "--cpu", cwd=tmp_path)
+def _init_in_process_recipe(folder: Path, stack: str, marker: str) -> None:
+    """``gate init --cpu`` on the stack's test config writes its recipe (``marker`` in it) as the
+    hook, with the engine's model in gate's process, where the push runs."""
+    proc = _init("--stack", stack, "--config", str(STACK_CONFIGS / FILES[stack]), "--cpu", cwd=folder)
     assert proc.returncode == 0, proc.stderr
-    cfg = load_config(tmp_path / "gate.yaml")
-    assert cfg.weight_update.hook == f"{tmp_path / 'gate_hook.py'}:update"
+    cfg = load_config(folder / "gate.yaml")
+    assert cfg.weight_update.hook == f"{folder / 'gate_hook.py'}:update"
     assert cfg.engines["new"].env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
-    assert "def send_buckets(" in (tmp_path / "gate_hook.py").read_text()
+    assert marker in (folder / "gate_hook.py").read_text()
+
+
+def test_init_for_verl_writes_its_bucketed_recipe_where_the_backend_is_naive(tmp_path):
+    _init_in_process_recipe(tmp_path, "verl", "def send_buckets(")
     # verl's other checkpoint engines (nccl, nixl, hccl) are other transports: no recipe for them
     nccl, proc = _init_edited(tmp_path / "nccl", "verl", "checkpoint_engine.backend=naive",
                               "checkpoint_engine.backend=nccl")  # fmt: skip
@@ -366,11 +372,18 @@ def test_init_for_verl_writes_its_bucketed_recipe_where_the_backend_is_naive(tmp
     assert "no recipe for verl with actor_rollout_ref.rollout.checkpoint_engine.backend: nccl" in proc.stderr
 
 
+def test_init_for_openrlhf_writes_its_broadcast_recipe_where_the_engines_are_apart(tmp_path):
+    _init_in_process_recipe(tmp_path, "openrlhf", "def update_weight(worker, name")
+    # colocated, OpenRLHF hands CUDA-IPC handles instead; with sync_with_ray, Ray's collective
+    # carries the broadcast: no recipe for either
+    for name, flag in [("colocated", "--train.colocate_all"), ("ray", "--vllm.sync_with_ray")]:
+        folder, proc = _init_edited(tmp_path / name, "openrlhf", "   --train.seed 7", f"   {flag} \\\n   --train.seed 7")
+        assert proc.returncode == 0 and not (folder / "gate_hook.py").exists(), proc.stderr
+        assert "no recipe for OpenRLHF with" in proc.stderr and f"{flag[2:]}: True" in proc.stderr, proc.stderr
+
+
 def test_init_for_nemo_rl_writes_its_refit_recipe_where_colocated_on_the_default_transport(tmp_path):
-    proc = _init("--stack", "nemo-rl", "--config", str(STACK_CONFIGS / "nemo-rl.yaml"), "--cpu", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert load_config(tmp_path / "gate.yaml").weight_update.hook == f"{tmp_path / 'gate_hook.py'}:update"
-    assert "def update_weights_via_ipc_zmq(" in (tmp_path / "gate_hook.py").read_text()
+    _init_in_process_recipe(tmp_path, "nemo-rl", "def update_weights_via_ipc_zmq(")
     # not colocated (a packed NCCL broadcast), or another refit transport: no recipe
     for name, old, new in [("apart", "enabled: true", "enabled: false"),
                            ("sparse", "    colocated:", "    refit_transport: vllm_zmq_sparse\n    colocated:")]:  # fmt: skip

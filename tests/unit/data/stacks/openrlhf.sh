@@ -1,4 +1,4 @@
-# OpenRLHF hybrid-engine GRPO launch (written for gate's tests)
+# OpenRLHF GRPO launch, the vLLM engines on GPUs of their own (written for gate's tests)
 ray job submit --address="http://127.0.0.1:8265" \
    -- python3 -m openrlhf.cli.train_ppo_ray \
    --actor.model_name_or_path meta-llama/Llama-3.1-8B-Instruct \
@@ -6,7 +6,6 @@ ray job submit --address="http://127.0.0.1:8265" \
    --vllm.tensor_parallel_size 2 \
    --vllm.gpu_memory_utilization 0.5 \
    --vllm.enable_prefix_caching \
-   --train.colocate_all \
    --train.seed 7 \
    --rollout.n_samples_per_prompt 8 \
    --rollout.max_new_tokens 1024 \
