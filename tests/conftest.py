@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import isolation
+from tests import isolation, scheduling
 
 REPO = Path(__file__).resolve().parent.parent
 # How long an engine test's processes may take to exit after it (a server's stop grace is 8 s).
@@ -55,6 +55,11 @@ def pytest_configure(config: pytest.Config) -> None:
             "CI or GATE_REQUIRE_DOCKER is set, so every test must run, but the `test` extra is "
             f"incomplete (missing: {', '.join(missing)}): python -m pip install -e '.[test]'"
         )
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the test ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    scheduling.schedule(items)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
