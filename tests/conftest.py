@@ -26,6 +26,7 @@ from tests import isolation, scheduling
 REPO = Path(__file__).resolve().parent.parent
 # How long an engine test's processes may take to exit after it (a server's stop grace is 8 s).
 LEFTOVER_WAIT_S = 15.0
+SLOW_TEST_S = 20.0  # a test this long prints its time as it ends
 _CHECKOUT = pytest.StashKey[set[str] | None]()
 
 # What the `test` extra adds to `test-unit`, looked up the way the tests that use them look them up.
@@ -60,6 +61,15 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the test ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     scheduling.schedule(items)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """A slow test's time as it ends (in the process that reports: xdist's controller, or the one
+    process without xdist), whatever pytest's progress output is: the record of a run cut short."""
+    if report.when == "call" and report.duration >= SLOW_TEST_S and "PYTEST_XDIST_WORKER" not in os.environ:
+        worker = getattr(getattr(report, "node", None), "gateway", None)
+        where = f" [{worker.id}]" if worker is not None else ""
+        print(f"\n{report.duration:6.0f}s {report.outcome:<7} {report.nodeid}{where}", file=sys.stderr, flush=True)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

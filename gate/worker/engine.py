@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from gate.worker import matmul_precision
 from gate.worker.layout import GateSetting, env_settings
 
 # Dotted attribute paths into the live engine, tried in order (V1 first, then V0 layouts).
@@ -208,7 +209,7 @@ def numerics(llm) -> dict[str, Any]:
     found: dict[str, Any] = {
         "env": {name: _jsonable(getattr(vllm_envs, name, None)) for name in _NUMERICS_ENV},
         "triton": _has_triton(),
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        **matmul_precision.recorded(),
     }
     try:
         # A function reaches in-process workers only; across processes vLLM refuses to send one.

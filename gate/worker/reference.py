@@ -10,9 +10,8 @@ scored positions are gathered with index tensors, never with per-token Python lo
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import torch
 
 from gate.evidence import token_ranges
 from gate.request import Penalties
+from gate.worker.matmul_precision import full_fp32_matmul
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Rows of the [rows, vocab] head block scored at a time: bounds its memory on 150k-token
@@ -329,21 +329,6 @@ def _scaled(logits: torch.Tensor, transform: SamplingTransform) -> torch.Tensor:
     if transform.temperature > 0 and transform.temperature != 1.0:
         return logits / transform.temperature
     return logits
-
-
-@contextlib.contextmanager
-def full_fp32_matmul() -> Iterator[None]:
-    """fp32 matmuls at full precision while the reference scores.
-
-    The precision is process-wide, and vLLM sets it from VLLM_FLOAT32_MATMUL_PRECISION when it
-    starts in this process: "high" would make the fp32 reference a TF32 one on Ampere and later.
-    """
-    previous = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(previous)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ transformers = pytest.importorskip("transformers")
 
 from gate.evidence import token_ranges  # noqa: E402
 from gate.request import Penalties  # noqa: E402
+from gate.worker import matmul_precision  # noqa: E402
 from gate.worker.reference import (  # noqa: E402
     ReferenceModel,
     SamplingTransform,
@@ -222,11 +223,48 @@ def test_the_reference_scores_with_full_fp32_matmuls_whatever_the_process_set():
     previous = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high")
     try:
+        before = matmul_precision.recorded()
         with full_fp32_matmul():
-            assert torch.get_float32_matmul_precision() == "highest"
-        assert torch.get_float32_matmul_precision() == "high"  # restored for the engine
+            inside = matmul_precision.recorded()
+            if "fp32_matmul_precision" in inside:  # torch 2.9+: the per-backend settings rule
+                assert inside["fp32_matmul_precision"] == {"cuda": "ieee", "mkldnn": "ieee"}
+            else:
+                assert inside["float32_matmul_precision"] == "highest"
+        assert matmul_precision.recorded() == before  # restored for the engine
+        assert torch.get_float32_matmul_precision() == "high"
     finally:
         torch.set_float32_matmul_precision(previous)
+
+
+def _per_backend_api() -> None:
+    if not hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        pytest.skip(f"torch {torch.__version__} has no per-backend fp32_precision (added in 2.9)")
+
+
+def test_a_tf32_set_through_torchs_per_backend_api_neither_breaks_the_reference_nor_survives_it(tiny_model):
+    """A trainer or a stack's hook in the worker's process that turns TF32 (or oneDNN's bf16) on the
+    way torch's notes now recommend leaves the process-wide getter raising ("mix of the legacy and
+    new APIs"): the reference scores at full fp32 all the same, engine.json records the settings,
+    and the process gets its own settings back."""
+    _per_backend_api()
+    path, _ = tiny_model
+    reference = ReferenceModel(str(path), "float32", lm_head_fp32=False, device="cpu")
+    seqs, starts, t = [[1, 5, 7, 9, 2]], [1], SamplingTransform(1.0, 0, 1.0)
+    expected = reference.score(seqs, starts, t, 256).raw
+    previous = {name: getattr(torch.backends, name).matmul.fp32_precision for name in ("cuda", "mkldnn")}
+    try:
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+        with pytest.raises(RuntimeError, match="mix of the legacy and new APIs"):
+            torch.get_float32_matmul_precision()
+        np.testing.assert_array_equal(reference.score(seqs, starts, t, 256).raw, expected)
+        assert matmul_precision.recorded() == {
+            "float32_matmul_precision": None,
+            "fp32_matmul_precision": {"cuda": "tf32", "mkldnn": "bf16"},
+        }
+    finally:
+        for name, value in previous.items():
+            getattr(torch.backends, name).matmul.fp32_precision = value
 
 
 def test_top_k_is_decided_on_logits_rounded_as_the_engine_holds_them():
