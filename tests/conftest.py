@@ -51,11 +51,23 @@ def missing_for_full_suite() -> list[str]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_ALL_CPUS] = scheduling.pin_this_worker()
     if full_suite_required() and (missing := missing_for_full_suite()):
         raise pytest.UsageError(
             "CI or GATE_REQUIRE_DOCKER is set, so every test must run, but the `test` extra is "
             f"incomplete (missing: {', '.join(missing)}): python -m pip install -e '.[test]'"
         )
+
+
+_ALL_CPUS = pytest.StashKey[set[int] | None]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """A test marked ``all_cpus`` runs, fixtures included, on every CPU its xdist worker was given."""
+    cpus = item.config.stash.get(_ALL_CPUS, None) if item.get_closest_marker(scheduling.ALL_CPUS) else None
+    with scheduling.on_cpus(cpus):
+        return (yield)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the test ids

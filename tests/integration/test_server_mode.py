@@ -11,7 +11,6 @@ comparison reuses the session's ``default_replay``.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import yaml
 from gate import evidence as ev
 from gate.config import BUILTIN_CONFIG
 from gate.worker.server import group_alive
+from tests import scheduling
 from tests.faults.matrix import verify
 from tests.integration.conftest import REPO, Replay, replay, variant_config
 
@@ -262,7 +262,11 @@ def test_server_inflight_faults_are_caught_and_paths_told_apart(server_fault_rep
         verify(row, server_fault_replay.report)
 
 
-needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="TP=2 on CPU needs 2 CPUs")
+def needs_two_cpus(test):
+    """TP=2 on CPU: the test runs on every CPU its worker was given (tests/scheduling.py), and is
+    skipped with fewer than two."""
+    two = pytest.mark.skipif(len(scheduling.given_cpus()) < 2, reason="TP=2 on CPU needs 2 CPUs")
+    return pytest.mark.all_cpus(two(test))
 TP2_SERVER = {"tensor_parallel_size": 2}
 
 

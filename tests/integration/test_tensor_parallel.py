@@ -25,6 +25,7 @@ import yaml
 from gate import evidence as ev
 from gate.config import load_config
 from gate.errors import ConfigError
+from tests import scheduling
 
 from .conftest import replay, variant_config
 
@@ -32,9 +33,9 @@ HOOKS = Path(__file__).resolve().parent.parent / "hooks" / "weight_update.py"
 TP2 = {"tensor_parallel_size": 2}
 LOGPROB_TOLERANCE = 1e-4  # |TP=2 - TP=1| per token, engine logprobs; tokens must be identical
 
-needs_two_cpus = pytest.mark.skipif(
-    len(os.sched_getaffinity(0)) < 2, reason="TP=2 on CPU needs 2 CPUs"
-)
+# Every test here runs on all the CPUs its xdist worker was given (tests/scheduling.py).
+pytestmark = pytest.mark.all_cpus
+needs_two_cpus = pytest.mark.skipif(len(scheduling.given_cpus()) < 2, reason="TP=2 on CPU needs 2 CPUs")
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ from gate.docker.container import (
     VLLM_CACHE,
     ContainerExit,
     ContainerPlan,
+    allowed_cpuset,
     device_requests,
     ipc_for,
     plan_for,
@@ -707,3 +708,26 @@ def test_the_cuda_flavour_can_compile_triton_launchers():
         ImageRecipe.from_config(load_config(BUILTIN_CONFIG)).build_args()["SYSTEM_PACKAGES"]
         == "libnuma1 g++ python3-dev"
     )
+
+
+@pytest.mark.parametrize(("allowed", "online", "cpuset"), [
+    ({0, 1}, 2, None),  # every CPU: no cpuset
+    ({1}, 2, "1"),
+    ({0, 1, 2, 3, 6}, 8, "0-3,6"),
+    (set(), 4, None),
+])  # fmt: skip
+def test_a_gate_pinned_to_some_cpus_keeps_its_containers_there(allowed, online, cpuset):
+    assert allowed_cpuset(allowed, online) == cpuset
+
+
+def test_the_plan_carries_the_cpus_the_gate_may_use(monkeypatch, tmp_path):
+    monkeypatch.setenv("GATE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2, 3})
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    kwargs = plan_for(DockerConfig(hf_cache=str(tmp_path / "hf")).validate("t"), "img", ["x"], [], {}, "run",
+                      engines=[]).create_kwargs()  # fmt: skip
+    assert kwargs["cpuset_cpus"] == "2-3"
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    unpinned = plan_for(DockerConfig(hf_cache=str(tmp_path / "hf")).validate("t"), "img", ["x"], [], {}, "run",
+                        engines=[]).create_kwargs()  # fmt: skip
+    assert "cpuset_cpus" not in unpinned
