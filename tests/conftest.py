@@ -70,9 +70,12 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
         return (yield)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the test ids
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]):
+    """The groups and the order of tests/scheduling.py, before any other implementation runs
+    (xdist's own reads the groups' marks)."""
     scheduling.schedule(items)
+    return (yield)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -143,11 +143,28 @@ def _rank(item: pytest.Item) -> int:
     return len(LONGEST_FIRST) + (1 if file.startswith(_UNIT_TESTS) else 0)
 
 
+def _join_group(item: pytest.Item, group: str) -> None:
+    """Put ``item`` in xdist group ``group``: the mark, and the ``@group`` suffix of its test id that
+    xdist's scheduler reads. xdist 3.8 writes the suffix to ``item._nodeid``, which pytest 9.2 no
+    longer reads (its node ids are ``item._id``, a parsed ``NodeId``): there every group was ignored
+    and a file's module fixtures were built on both workers. The suffix is written here as well."""
+    item.add_marker(pytest.mark.xdist_group(group))
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return  # no scheduler reads the id: without xdist it stays as pytest made it
+    suffixed = f"{item.nodeid}@{group}"
+    if hasattr(item, "_id"):
+        from _pytest.nodeid import coerce_node_id
+
+        item._id = coerce_node_id(suffixed)
+    else:
+        item._nodeid = suffixed
+
+
 def schedule(items: list[pytest.Item]) -> None:
-    """Mark each grouped test with its ``xdist_group`` and put the longest files first (a stable
-    sort: within a file, and among the files of one rank, collection order is kept)."""
+    """Put each grouped test in its xdist group and the longest files first (a stable sort:
+    within a file, and among the files of one rank, collection order is kept)."""
     by_test = groups(items)
     for item in items:
         if group := by_test.get(item.nodeid):
-            item.add_marker(pytest.mark.xdist_group(group))
+            _join_group(item, group)
     items.sort(key=_rank)
