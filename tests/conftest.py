@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 LEFTOVER_WAIT_S = 15.0
 SLOW_TEST_S = 20.0  # a test this long prints its time as it ends
 _CHECKOUT = pytest.StashKey[set[str] | None]()
+_ALL_CPUS = pytest.StashKey[set[int] | None]()  # every CPU an xdist worker was given
 
 # What the `test` extra adds to `test-unit`, looked up the way the tests that use them look them up.
 FULL_SUITE_MODULES = ("torch", "transformers", "docker", "markdown_it", "pyarrow")
@@ -58,8 +59,6 @@ def pytest_configure(config: pytest.Config) -> None:
             f"incomplete (missing: {', '.join(missing)}): python -m pip install -e '.[test]'"
         )
 
-
-_ALL_CPUS = pytest.StashKey[set[int] | None]()
 
 
 @pytest.hookimpl(wrapper=True)
