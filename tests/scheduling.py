@@ -51,6 +51,7 @@ LONGEST_FIRST = (
     "tests/integration/test_weight_sync.py",
     "tests/integration/test_verdicts.py",
     "tests/integration/test_inflight.py",
+    "tests/integration/test_builtin_model.py",  # SmolLM2 converted and chatted with: minutes
 )
 _UNIT_TESTS = "tests/unit/"
 # The CPUs the worker was given before it pinned itself (a worker's own affinity no longer says).

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +14,15 @@ from gate import evidence as ev
 from gate.config import BUILTIN_CONFIG, load_config
 
 from ..faults.matrix import record_control, verify
-from .conftest import CALIBRATION_RUNS, CONTROL_SEEDS, NOISE_SIGMA, replay, run_cli, variant_config
+from .conftest import (
+    CALIBRATION_RUNS,
+    CONTROL_SEEDS,
+    NOISE_SIGMA,
+    Replay,
+    replay,
+    run_cli,
+    variant_config,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -151,8 +160,16 @@ def test_a_a_and_clean_upgrade_under_noise_over_20_seeds(noisy_control):
     assert noisy_control["clean"]["engines"]["old"]["reused_from"] == str(noisy_control["aa"]["dir"].resolve())
 
 
-def test_the_noisy_baseline_judges_the_default_run(noisy_control, default_replay):
-    check = run_cli("check", str(default_replay.run_dir), "-c", str(noisy_control["configs"]["clean"]))
+def _copy_of_run(run: Replay, tmp: Path) -> Path:
+    """A copy of a shared run's folder: gate check writes its report into the run it judges, and the
+    session's runs are read by tests in other files, in whatever order the workers take them."""
+    shutil.copytree(run.run_dir, tmp / "run")
+    return tmp / "run"
+
+
+def test_the_noisy_baseline_judges_the_default_run(noisy_control, default_replay, tmp_path):
+    run_dir = _copy_of_run(default_replay, tmp_path)
+    check = run_cli("check", str(run_dir), "-c", str(noisy_control["configs"]["clean"]))
     assert check.returncode == 0, check.stderr[-2000:]
 
 
@@ -162,6 +179,6 @@ def test_corrupt_committed_baseline_copy_is_an_error(tmp_path_factory, default_r
     copy = tmp / "baseline"
     shutil.copytree(committed, copy)
     (copy / "reference.npz").write_bytes(b"not a zip")
-    proc = run_cli("check", str(default_replay.run_dir), "-c", str(variant_config(tmp, baseline=str(copy))))
+    proc = run_cli("check", str(_copy_of_run(default_replay, tmp)), "-c", str(variant_config(tmp, baseline=str(copy))))
     assert proc.returncode == 3
     assert "unreadable baseline file" in proc.stderr and "Traceback" not in proc.stderr
