@@ -18,8 +18,8 @@ of the JSON it writes:
    model spread over the GPU and the CPU by accelerate (``reference.device_map``), and scoring
    throughput beside a bare transformers forward and log_softmax over the same tokens.
 4. **GRPO on CUDA**: ``run_grpo`` trains the tiny model for a few steps on the GPU; the rollout is
-   transformers' sampling from a second copy that every push loads (no vLLM here), so at step 0 the
-   trainer's logprobs and the rollout's differ only by the GPU's arithmetic.
+   transformers' sampling from a second copy that every push loads (no vLLM here), so at every step
+   the trainer's logprobs and the rollout's differ only by the GPU's arithmetic; in fp32 and bf16.
 
 Usage (from the repository root, on a machine with a CUDA GPU):
 
