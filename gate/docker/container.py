@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gate.config import DockerConfig, EngineConfig
+from gate.cpu_list import cpu_list
 from gate.docker.client import MANAGED_LABEL
 from gate.docker.mounts import Mount, as_volumes, normalize
 from gate.errors import DockerError
@@ -106,13 +107,7 @@ def allowed_cpuset(allowed: set[int] | None = None, online: int | None = None) -
     online = os.cpu_count() if online is None else online
     if not allowed or online is None or len(allowed) >= online:
         return None
-    ordered, runs = sorted(allowed), list[list[int]]()
-    for cpu in ordered:
-        if runs and cpu == runs[-1][1] + 1:
-            runs[-1][1] = cpu
-        else:
-            runs.append([cpu, cpu])
-    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+    return cpu_list(allowed)
 
 
 def device_requests(gpus: str | tuple[str, ...]) -> list[Any]:

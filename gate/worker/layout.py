@@ -12,6 +12,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from gate.cpu_list import cpu_list
+
 MULTIPROCESS_BACKENDS = ("mp", "ray")
 THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"
 CHUNKED_PREFILL = "enable_chunked_prefill"
@@ -51,27 +53,16 @@ def cpu_thread_binding(ranks: int, cpus: Sequence[int]) -> str:
     if ranks < 1 or len(ordered) < ranks:
         raise ValueError(
             f"{ranks} CPU engine rank(s) need at least one CPU each, and this process may use "
-            f"{len(ordered)} ({_cpu_list(ordered) or 'none'}); lower tensor_parallel_size x "
+            f"{len(ordered)} ({cpu_list(ordered) or 'none'}); lower tensor_parallel_size x "
             f"pipeline_parallel_size or set {THREADS_BIND} yourself"
         )
     size, extra = divmod(len(ordered), ranks)
     groups, start = [], 0
     for rank in range(ranks):
         end = start + size + (1 if rank < extra else 0)
-        groups.append(_cpu_list(ordered[start:end]))
+        groups.append(cpu_list(ordered[start:end]))
         start = end
     return "|".join(groups)
-
-
-def _cpu_list(ids: Sequence[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``0-2,5``: the id-list syntax vLLM parses per rank."""
-    runs: list[list[int]] = []
-    for cpu in ids:
-        if runs and cpu == runs[-1][1] + 1:
-            runs[-1][1] = cpu
-        else:
-            runs.append([cpu, cpu])
-    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def engine_environment(engine_args: Mapping[str, Any], on_cpu: bool, environ: Mapping[str, str],

@@ -16,8 +16,10 @@ COMMAND_LAYER = ("gate.cli", "gate.commands")
 # The worker runs inside each engine's environment (a venv or container with vllm and torch), where
 # the orchestrator's dependencies (yaml, httpx, docker, jinja2) need not be installed. It may use the
 # request it is handed (gate.request), the evidence format it writes (gate.evidence), file writing
-# (gate.files) and what those import (gate.errors), and nothing else of gate.
-WORKER_MAY_IMPORT = ("gate.worker", "gate.request", "gate.evidence", "gate.files", "gate.errors")
+# (gate.files), CPU lists for vLLM's rank binding (gate.cpu_list, shared with the docker runner's
+# cpuset) and what those import (gate.errors), and nothing else of gate.
+WORKER_MAY_IMPORT = ("gate.worker", "gate.request", "gate.evidence", "gate.files", "gate.errors",
+                     "gate.cpu_list")  # fmt: skip
 
 
 def module_name(path: Path, package_dir: Path) -> str:
