@@ -24,7 +24,7 @@ import json
 import shutil
 import time
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,9 @@ class Baseline:
     evidence: ev.Evidence  # the kept arrays, with the same keys as a run's evidence
     noise: dict[str, float]
     noise_design: dict[str, Any] | None = None  # noise_design.json; None in older baselines
+    # summary.json's train-inference figures of the recorded engine ({} in older baselines): what
+    # train-inference-mismatch calls pre-existing when only the baseline stands for the old engine
+    mismatch: dict[str, float] = field(default_factory=dict)
 
 
 def load(path: Path) -> Baseline:
@@ -109,7 +112,26 @@ def load(path: Path) -> Baseline:
         evidence=evidence,
         noise={k: float(v) for k, v in noise.items()},
         noise_design=_noise_design(path / NOISE_DESIGN),
+        mismatch=_mismatch_summary(path / SUMMARY),
     )
+
+
+def _mismatch_summary(path: Path) -> dict[str, float]:
+    """summary.json's ``mismatch`` figures, numbers only; {} where the file predates them."""
+    if not path.is_file():
+        return {}
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise BaselineError(f"{path}: unreadable: {exc}") from None
+    figures = summary.get("mismatch", {}) if isinstance(summary, dict) else None
+    if not isinstance(figures, dict):
+        raise BaselineError(f"{path}: mismatch: expected an object of metric name to number")
+    return {
+        k: float(v)
+        for k, v in figures.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
 
 
 def _noise_design(path: Path) -> dict[str, Any] | None:

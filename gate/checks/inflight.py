@@ -152,7 +152,13 @@ def attribute(arrays: dict[str, np.ndarray], names: list[str], tol: float,
     row = np.repeat(np.arange(len(lengths)), lengths)
     j = np.arange(len(eng)) - offsets[:-1][row]
     start, end = arrays["wsi_switch_start"][row], arrays["wsi_switch_end"][row]
+    # Where the update's first call ran: before it every token must be OLD. An update whose calls
+    # spanned engine steps has its STALE switch fitted inside [first call, last call], and tokens
+    # between the first call and that fit ran on weights the update had begun to change (row 30a
+    # on SmolLM2: 30 per-layer calls, STALE fitted 14-25 tokens past the first one).
+    first = arrays.get("wsi_switch_lower", arrays["wsi_switch_start"])[row]
     post = j >= start
+    inside = j >= first
     # Before the switch STALE is OLD by construction: only OLD against REC tells anything there.
     unique = {
         "OLD": fits["OLD"] & ~fits["REC"] & (~fits["STALE"] | ~post),
@@ -173,13 +179,13 @@ def attribute(arrays: dict[str, np.ndarray], names: list[str], tol: float,
             labels=["".join(letters[offsets[r] : offsets[r + 1]]) for r in rows],
             switch_start=arrays["wsi_switch_start"][rows].tolist(),
             switch_end=arrays["wsi_switch_end"][rows].tolist(),
-            pre_tokens=int(np.count_nonzero(mask & ~post)),
-            pre_not_old=int(np.count_nonzero(mask & ~post & ~fits["OLD"])),
-            post_tokens=int(np.count_nonzero(mask & post)),
+            pre_tokens=int(np.count_nonzero(mask & ~inside)),
+            pre_not_old=int(np.count_nonzero(mask & ~inside & ~fits["OLD"])),
+            post_tokens=int(np.count_nonzero(mask & inside)),
             counts={
-                **{k: int(np.count_nonzero(mask & post & v)) for k, v in unique.items()},
-                "NEITHER": int(np.count_nonzero(mask & post & none)),
-                "ambiguous": int(np.count_nonzero(mask & post & (letters == "?"))),
+                **{k: int(np.count_nonzero(mask & inside & v)) for k, v in unique.items()},
+                "NEITHER": int(np.count_nonzero(mask & inside & none)),
+                "ambiguous": int(np.count_nonzero(mask & inside & (letters == "?"))),
             },
             stale_after_update=int(np.count_nonzero(mask & (j > end) & unique["OLD"])),
             lost=_lost(arrays, rows, lengths, max_tokens),

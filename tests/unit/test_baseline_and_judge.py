@@ -180,3 +180,21 @@ def test_a_band_recorded_under_other_grpo_settings_is_not_used(tmp_path):
     # a baseline recorded before the design was kept: its band stands, as it did
     del base.manifest["grpo"]
     assert judged(GRPO | {"loss": "gspo"}).details["compared_with"] == "baseline"
+
+
+def test_a_baseline_carries_its_engines_train_inference_figures(tmp_path):
+    """summary.json's mismatch figures stand for the old engine where only the baseline does
+    (train-inference-mismatch's pre-existing WARNs); a malformed section is a one-line error."""
+    import shutil
+
+    from tests.conftest import REPO
+
+    committed = bl.load(REPO / "baselines" / "smollm2-cpu")
+    assert committed.mismatch["k3_kl"] == pytest.approx(1.03186e-3) and "n_tokens" in committed.mismatch
+    copy = tmp_path / "b"
+    shutil.copytree(REPO / "baselines" / "smollm2-cpu", copy)
+    (copy / "summary.json").write_text('{"mismatch": [1, 2]}')
+    with pytest.raises(bl.BaselineError, match="summary.json: mismatch: expected an object"):
+        bl.load(copy)
+    (copy / "summary.json").unlink()  # older baselines: nothing to compare with, no error
+    assert bl.load(copy).mismatch == {}

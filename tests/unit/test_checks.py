@@ -411,6 +411,17 @@ def test_stale_weights_keep_their_verdict_and_gain_the_frozen_bytes(tmp_path, cl
     assert "all 7 readable tensors hold the bytes they had before the push" in r.diagnosis
 
 
+def test_outputs_near_the_old_weights_with_some_bytes_moved_are_a_partial_update(tmp_path, clean):
+    """Row 5b on SmolLM2: one decoder layer of 30 pushed leaves the outputs within the limit of the
+    old weights, but the bytes show part of the push landed: not "never reached the engine"."""
+    clean.new = make_evidence(tmp_path / "stale", seed=2, weight_sync="stale")
+    left = [f"tp0:t{i}" for i in range(5)]  # 2 of 7 readable tensors moved
+    clean.new.engine["weight_sync"]["digests"] = _digests(not_moved=left, mismatch=left)
+    r = _results(clean)["weight-sync"]
+    assert r.details["verdict"] == "partial-update" and "only part of the state dict" in r.diagnosis
+    assert "never reached the engine" not in r.diagnosis
+
+
 TIED = ["lm_head.weight", "model.embed_tokens.weight"]
 
 

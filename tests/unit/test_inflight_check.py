@@ -65,6 +65,25 @@ def test_tokens_that_fit_no_weights_are_torn():
     assert inflight.findings(a, 0.5) == []  # 3 of 8 is under a 50% share
 
 
+def test_tokens_between_the_first_call_and_a_fitted_switch_count_after_the_update_began():
+    """An update of many calls with steps between them (row 30a on SmolLM2: 30 per-layer calls):
+    its STALE switch is fitted inside [first call, last call]. Tokens between the first call and
+    that fit ran on weights the update had begun to change: they are judged with the tokens after
+    it (here torn), not held against the old weights as if before the switch (inconclusive)."""
+    stale_at_4 = np.where(np.tile(np.arange(6), 2) < 4, OLD, OLD - 0.1).astype(np.float32)
+    engine = stale_at_4.copy()
+    engine[[2, 3, 8, 9]] -= 0.05  # tokens 2-3 of each request, after the first call: fit no weights
+    a_arrays = arrays(engine, start=(4, 4), end=(5, 5)) | {"wsi_stale_logprob": stale_at_4,
+                                                            "wsi_switch_lower": np.array([2, 2], dtype=np.int64)}  # fmt: skip
+    [a] = inflight.attribute(a_arrays, ["hook"], TOL, max_tokens=6)
+    assert (a.pre_tokens, a.pre_not_old, a.post_tokens) == (4, 0, 8)
+    assert a.counts["NEITHER"] == 4 and inflight.inconclusive(a, 0.05, 2) is None
+    assert inflight.findings(a, 0.05) == ["torn"]
+    del a_arrays["wsi_switch_lower"]  # evidence without the first call's place: the fitted switch, as before
+    [b] = inflight.attribute(a_arrays, ["hook"], TOL, max_tokens=6)
+    assert (b.pre_tokens, b.pre_not_old) == (8, 4)
+
+
 def test_one_odd_token_is_not_torn():
     engine = STALE.copy()
     engine[4] -= 0.05

@@ -131,3 +131,32 @@ def test_an_engine_returning_raw_logprobs_is_not_judged_for_support(tmp_path):
 def test_normalize_is_validated_with_the_field_named():
     with pytest.raises(ConfigError, match="normalize"):
         ReferenceConfig(normalize="softmax").validate("gate.yaml: reference")
+
+
+def test_a_warn_the_old_side_shares_is_pre_existing_and_a_worse_one_is_not():
+    """SmolLM2 in bf16 against a bf16 trainer trunk reads k3 ~1.2e-3 on every release: past the
+    1e-3 warn level on the old engine too, so the new engine's is no finding of this upgrade; at
+    more than twice the old side's distance from ideal it is, and a FAIL always is."""
+    from gate.checks.base import Measurement
+    from gate.checks.mismatch import THRESHOLDS, _mark_pre_existing
+
+    def new(name, value):
+        status = THRESHOLDS[name].evaluate(value, None)[0]
+        return Measurement(name, value, status, engine="new")
+
+    ms = [new("k3_kl", 1.3e-3), new("token_mult_prob_error", 1.06), new("clip_frac_token", 0.03),
+          new("ess", 0.45)]  # fmt: skip
+    assert [m.status for m in ms] == [Status.WARN] * 4
+    old = {"k3_kl": 1.1e-3, "token_mult_prob_error": 1.02, "clip_frac_token": 0.025, "ess": 0.48}
+    passed = _mark_pre_existing(ms, ("the old engine", old), THRESHOLDS)
+    # k3: old past 1e-3 and 1.3e-3 <= 2 x 1.1e-3; tmpe: the old one (1.02) is below 1.05, so a WARN;
+    # clip: old 0.025 past 0.02, 0.03 <= 0.05; ess: 1 - 0.45 = 0.55 <= 2 x 0.52
+    assert passed == ["k3_kl", "clip_frac_token", "ess"]
+    assert [m.status for m in ms] == [Status.PASS, Status.WARN, Status.PASS, Status.PASS]
+    assert "pre-existing: the old engine reads 0.0011" in ms[0].note
+    worse = [new("k3_kl", 2.5e-3)]  # more than twice the old side's 1.1e-3
+    assert _mark_pre_existing(worse, ("the baseline", old), THRESHOLDS) == [] and worse[0].status == Status.WARN
+    failing = [new("k3_kl", 2e-2)]
+    assert _mark_pre_existing(failing, ("the old engine", {"k3_kl": 1.5e-2}), THRESHOLDS) == []
+    assert failing[0].status == Status.FAIL
+    assert _mark_pre_existing([new("k3_kl", 1.3e-3)], None, THRESHOLDS) == []  # nothing to compare with
