@@ -29,7 +29,6 @@ import functools
 import json
 import statistics
 import time
-
 from pathlib import Path
 
 import numpy as np
@@ -58,11 +57,16 @@ def _sampled_sequences(model, path: str, args: argparse.Namespace) -> list[list[
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
-    chats = [json.loads(line)["messages"] for line in open(CHAT_PROMPTS, encoding="utf-8")]
+    chats = [
+        json.loads(line)["messages"]
+        for line in CHAT_PROMPTS.read_text(encoding="utf-8").splitlines()
+    ]
     torch.manual_seed(0)
     seqs = []
     for messages in chats[: args.sequences]:
-        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        prompt = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
         with torch.inference_mode():
             out = model.generate(**prompt, do_sample=True, temperature=args.temperature, top_p=args.top_p,
                                  top_k=args.top_k or None, min_new_tokens=args.length, max_new_tokens=args.length)  # fmt: skip

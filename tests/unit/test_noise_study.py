@@ -92,3 +92,23 @@ def test_the_engine_patch_combines_faults_and_refuses_what_it_cannot_apply():
     assert unknown.returncode != 0 and "GATE_FAULT='typo': unknown fault" in unknown.stderr
     twice = _import_patch("logit_noise,logit_noise")
     assert twice.returncode != 0 and "two faults patch the same module" in twice.stderr
+
+
+def test_the_real_model_study_is_the_example_cut_to_a_studys_size(study, tmp_path):
+    """--model smollm2: examples/smollm2-cpu.yaml with the first 6 single-turn and 6 multi-turn
+    conversations of its chat set (frozen again, so the replays are pinned to the cut), completions
+    of 32 tokens, the RL passes off, its own gate id, both engines under the level's noise."""
+    cfg = study._config(tmp_path / "sigma-0.03", None, tmp_path / "baseline", "smollm2")
+    assert cfg.gate_id == "smollm2-cpu-noise-study"
+    assert cfg.model.builtin == "smollm2-135m-instruct" and cfg.engines["new"].engine_args["dtype"] == "bfloat16"
+    assert not cfg.weight_sync.enabled and not cfg.grpo.enabled
+    assert study._size(cfg) == {"prompts": 12, "n": 4, "max_tokens": 32, "temperature": 0.8, "top_p": 0.9}
+    _, items = study.load_prompts(cfg)
+    turns = [len(item.messages) for item in items]
+    assert all(t == 1 for t in turns[:6]) and all(t > 1 for t in turns[6:]), turns
+    old, new = cfg.engines["old"].env, cfg.engines["new"].env
+    assert old == new and old.items() >= study.noise_env(0.03).items()
+    assert old["VLLM_CPU_KVCACHE_SPACE"] == "1"  # the example's own engine settings stay
+    # the default keeps the tiny model and its own prompt sets
+    default = study._config(tmp_path / "sigma-0", None, tmp_path / "baseline")
+    assert default.gate_id != cfg.gate_id and default.model.builtin is None
