@@ -58,6 +58,11 @@ TRAINER_TEMPERED = "trainer_logprob_tempered"
 # The reference's raw logprobs of the engine's top-k tokens ([tokens, k], NaN where the engine
 # reported fewer): the effective-temperature fit. Absent in evidence from gate versions before it.
 TRAINER_TOPK_RAW = "trainer_topk_raw"
+# With penalties on, the fit's inputs are after the penalties, before temperature: the reference's
+# logprobs of the engine's top-k ([tokens, k]) and of the sampled token ([tokens]), in place of
+# trainer_topk_raw and trainer_logprob_raw. Absent without penalties and before they were recorded.
+TRAINER_TOPK_PENALISED = "trainer_topk_penalised"
+TRAINER_PENALISED = "trainer_logprob_penalised"
 # The engine's own prefill logprob of each greedy token: the greedy sequence scored again as a
 # prompt in the same engine (NaN: not rescored). Absent before it was recorded.
 PREFILL_LOGPROB = "prefill_logprob"

@@ -376,6 +376,11 @@ def plan_engine(shape: ModelShape, s: PlanSettings, devices: Sequence[Device],
     if cuda and s.tensor_parallel_size > len(devices):
         problems.append(f"engine_args.tensor_parallel_size {s.tensor_parallel_size} needs "
                         f"{s.tensor_parallel_size} GPUs; {len(devices)} visible")  # fmt: skip
+    if shape.heads % s.tensor_parallel_size:
+        # vLLM refuses it at engine start (ModelConfig.verify_with_parallel_config), after the
+        # environment is built: SmolLM2's 9 heads cannot run at TP 2.
+        problems.append(f"engine_args.tensor_parallel_size {s.tensor_parallel_size} does not divide the "
+                        f"model's {shape.heads} attention heads (vLLM refuses it)")  # fmt: skip
     ranks = list(devices[: s.tensor_parallel_size]) if cuda else [devices[0]]
     engine = _engine_components(shape, s, ranks, cuda)
     first = devices[0].name

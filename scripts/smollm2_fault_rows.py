@@ -10,13 +10,19 @@ same size (3 starts); the penalties row also runs the old engine, for the regres
 it, as its tiny-model test does. A row is caught when the check the matrix names reports one of
 the row's statuses and its diagnosis carries the row's text: what `verify` asserts in the tests.
 
+Row 26f (penalties lagging one token) moves k3 by only 1.7e-3 on chat text (measured in fp32),
+the size of bf16's own floor, so its named check, train-inference-mismatch, passes it as
+pre-existing; logprob-semantics catches it (tokens outside the penalised nucleus, T_eff +10%) since
+the worker records the penalised top-k (docs/validation.md). The committed row predates that.
+
 Rows not here, and why: 6 and 7 are precision rows of an fp32 model (SmolLM2's is row 25c, bf16
 with a tied head); 9 and 10 are the noise study's power columns on this model; 25a-25c and 26e
 already run on SmolLM2 (tests/integration/test_tied_head.py, test_smollm2_example.py). Not run on
 SmolLM2 yet: 8 (a model-folder variant of the 538 MB checkpoint), the server rows S1-S3 and
-30j-30n and 26k (a server per row), the TP=2 rows 30e/30h/30i, 30d (a hook that never resumes: a run of
-its own, ended by its timeout), 26g/26i/26j (weight-sync variants of rows that are here) and the
-stacks' recipes 27a-27e.
+30j-30n and 26k (a server per row), 30d (a hook that never resumes: a run of its own, ended by its
+timeout), 26g/26i/26j (weight-sync variants of rows that are here) and the stacks' recipes 27a-27e.
+The TP=2 rows 30e/30h/30i cannot run on this model: its 9 attention heads do not divide by 2, and
+vLLM refuses the engine (the gate's memory plan now says so before any environment is built).
 
     python scripts/smollm2_fault_rows.py --baseline runs/noise-study-smollm2/sigma-0/baseline
     python scripts/smollm2_fault_rows.py                 # calibrates its own baseline first

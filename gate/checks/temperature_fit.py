@@ -4,9 +4,11 @@ At one position, processed logprobs are ``log_softmax(logits / T)`` after top-k/
 difference of two kept tokens' logprobs is ``(raw_i - raw_j) / T`` whatever the normaliser, so
 top-k and top-p (which only renormalise) drop out. The engine reports the logprobs of its top-k
 tokens at every sampled position, and the reference scores those same tokens raw
-(``sample_trainer_topk_raw``). Regressing the engine's differences on the trainer's through the
-origin gives ``1 / T_eff``; its standard error is cluster-robust over positions (the differences
-at one position share a token), so the fit's resolution is stated with it.
+(``sample_trainer_topk_raw``), or after the penalties where they are on
+(``sample_trainer_topk_penalised``: vLLM applies them before temperature). Regressing the
+engine's differences on the trainer's through the origin gives ``1 / T_eff``; its standard error
+is cluster-robust over positions (the differences at one position share a token), so the fit's
+resolution is stated with it.
 
 A raw-logprobs engine behaves like T=1; a temperature applied twice like T²; a sampler off by 3%
 like 1.03·T. numpy only, vectorised over all positions.
@@ -98,13 +100,19 @@ def logit_noise(
 
 def _fit_inputs(e: ev.Evidence) -> tuple[np.ndarray, np.ndarray] | None:
     g = ev.SAMPLE
-    trainer = e.arrays.get(f"{g}_{ev.TRAINER_TOPK_RAW}")
+    # Penalties act before temperature: with them on, the trainer's side is the penalised logprobs.
+    penalised = f"{g}_{ev.TRAINER_TOPK_PENALISED}" in e.arrays
+    topk, sampled = ((ev.TRAINER_TOPK_PENALISED, ev.TRAINER_PENALISED) if penalised
+                     else (ev.TRAINER_TOPK_RAW, ev.TRAINER_RAW))  # fmt: skip
+    trainer = e.arrays.get(f"{g}_{topk}")
     engine = e.arrays.get(f"{g}_{ev.TOPK_LOGPROBS}")
     if trainer is None or engine is None or trainer.shape != engine.shape:
         return None
+    if f"{g}_{sampled}" not in e.arrays:
+        return None
     # The sampled token adds one more pair at positions where it lies outside the engine's top-k.
     sampled_e = e[f"{g}_{ev.ENGINE_LOGPROB}"][:, None]
-    sampled_r = e[f"{g}_{ev.TRAINER_RAW}"][:, None]
+    sampled_r = e[f"{g}_{sampled}"][:, None]
     in_topk = (e[f"{g}_{ev.TOPK_IDS}"] == e[f"{g}_{ev.TOKEN_IDS}"][:, None]).any(axis=1)
     sampled_r = np.where(in_topk[:, None], np.nan, sampled_r)
     return np.hstack([engine, sampled_e]), np.hstack([trainer, sampled_r])

