@@ -186,19 +186,18 @@ def test_reference_scores_the_extra_ids(tmp_path):
     np.testing.assert_allclose(scored.also_raw, expected, atol=1e-5)
 
     # With penalties on, the same ids after the penalties (vLLM applies them before temperature)
-    penalties = Penalties(repetition=1.3, presence=0.4, frequency=0.25)
-    scored = ref.score(seqs, starts, SamplingTransform(0.7, 0, 1.0, penalties=penalties),
-                       batch_tokens=256, also_ids=also)  # fmt: skip
+    from .test_reference import _vllm_penalties
+
+    transform = SamplingTransform(
+        0.7, 0, 1.0, penalties=Penalties(repetition=1.3, presence=0.4, frequency=0.25)
+    )
+    scored = ref.score(seqs, starts, transform, batch_tokens=256, also_ids=also)
     rows = []
     with torch.no_grad():
         for seq, start in zip(seqs, starts, strict=True):
             logits = model(torch.tensor([seq])).logits[0].float()
             for t in range(start, len(seq)):
-                row, before = logits[t - 1].clone(), seq[start:t]
-                for tok in set(seq[:start] + before):
-                    row[tok] = row[tok] / 1.3 if row[tok] > 0 else row[tok] * 1.3
-                for tok in set(before):
-                    row[tok] -= 0.25 * before.count(tok) + 0.4
+                row = _vllm_penalties(logits[t - 1], seq[:start], seq[start:t], transform)
                 rows.append(torch.log_softmax(row, -1).numpy())
     expected = np.where(
         also >= 0, np.take_along_axis(np.array(rows), np.maximum(also, 0), 1), np.nan
