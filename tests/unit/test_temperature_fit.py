@@ -191,6 +191,8 @@ def test_reference_scores_the_extra_ids(tmp_path):
     transform = SamplingTransform(
         0.7, 0, 1.0, penalties=Penalties(repetition=1.3, presence=0.4, frequency=0.25)
     )
+    # ids the penalties act on at each position: prompt tokens (1, 5 / 1) and generated ones (7 / 3)
+    also = np.array([[1, 5, 7], [7, 5, 0], [1, 3, 39], [3, 1, -1]])
     scored = ref.score(seqs, starts, transform, batch_tokens=256, also_ids=also)
     rows = []
     with torch.no_grad():
