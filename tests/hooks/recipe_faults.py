@@ -86,6 +86,10 @@ def trl_without_cache_reset(llm, state_dict):
     trl_colocate.load_one_at_a_time(llm, state_dict)
 
 
+def _holding_the_largest(size: int, state_dict) -> int:
+    return max(size, max(t.nbytes for t in state_dict.values()))
+
+
 def verl_quarter_mib_buckets(llm, state_dict):
     verl_bucketed.push(llm, state_dict, QUARTER_MIB)
     llm.reset_prefix_cache()
@@ -94,8 +98,7 @@ def verl_quarter_mib_buckets(llm, state_dict):
 def verl_views_of_the_reused_bucket(llm, state_dict):
     # a quarter MiB, or the largest tensor where it is larger (SmolLM2's embedding: 113 MB in fp32,
     # 57 MB in bf16): verl raises on a tensor its bucket cannot hold, and layers still straddle buckets
-    bucket = max(QUARTER_MIB, max(t.nbytes for t in state_dict.values()))
-    verl_bucketed.push(llm, state_dict, bucket, copy_out=False)
+    verl_bucketed.push(llm, state_dict, _holding_the_largest(QUARTER_MIB, state_dict), copy_out=False)
     llm.reset_prefix_cache()
 
 
@@ -107,6 +110,5 @@ def nemo_rl_stale_refit_info_unchecked(llm, state_dict):
             for name, (shape, dtype) in nemo_rl.refit_info(state_dict).items()}  # fmt: skip
     nemo_rl.prepare_refit_info(llm, info)
     # staging buffers of half a MiB, or the largest tensor where it is larger (as verl's buckets above)
-    buffer = max(2 * QUARTER_MIB, max(t.nbytes for t in state_dict.values()))
-    nemo_rl.push(llm, state_dict, buffer)  # the workers' [False] goes unread
+    nemo_rl.push(llm, state_dict, _holding_the_largest(2 * QUARTER_MIB, state_dict))  # its [False] goes unread
     llm.reset_prefix_cache()
