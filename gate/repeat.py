@@ -438,7 +438,8 @@ def subset_evidence(
     of a position depends only on the tokens before it, so the first T tokens of a completion are
     what ``max_tokens=T`` would have produced (a cut sequence finishes with "length"). Teacher-forced
     sequences are kept whole for the chosen prompts. Arrays of the RL passes (``ws_``, ``grpo_``) do
-    not belong to prompts and are dropped.
+    not belong to prompts and are dropped, and so is the text round trip of a pass whose sequences
+    were cut (the engine's text of a cut sequence was never produced).
     """
     prompts = np.asarray(prompts, dtype=np.int64)
     a = e.arrays
@@ -478,12 +479,13 @@ def _group_subset(
     lengths = off[seqs + 1] - off[seqs]
     kept = lengths if limit is None else np.minimum(lengths, limit)
     tokens = evidence.token_ranges(off[seqs], kept)
+    text_trip = (g + evidence.TEXT_MISMATCH, g + evidence.RETOKENIZED_AT)  # per sequence
     out = {g + evidence.OFFSETS: np.concatenate([[0], np.cumsum(kept)]).astype(np.int64),
            g + evidence.PROMPT_INDEX: prompt_of[seqs].astype(a[g + evidence.PROMPT_INDEX].dtype)}  # fmt: skip
     for key, arr in a.items():
         if not key.startswith(g) or key in out or key == g + evidence.OFFSETS:
             continue
-        if key in (g + evidence.SAMPLE_INDEX, g + evidence.FINISH):
+        if key in (g + evidence.SAMPLE_INDEX, g + evidence.FINISH) or key in text_trip:
             out[key] = arr[seqs]
         elif key == f"{evidence.TF}_input_offsets":
             seq_len = arr[seqs + 1] - arr[seqs]
@@ -493,6 +495,10 @@ def _group_subset(
             out[key] = arr[evidence.token_ranges(starts[seqs], starts[seqs + 1] - starts[seqs])]
         else:
             out[key] = arr[tokens]
+    if np.any(kept < lengths):
+        # the engine's text of a cut sequence was never produced: its round trip is not known
+        for key in text_trip:
+            out.pop(key, None)
     finish = g + evidence.FINISH
     if finish in out:
         out[finish] = np.where(

@@ -33,7 +33,7 @@ from gate.config import (
     EngineConfig,
     GateConfig,
 )
-from gate.device import bf16_emulation_note, cpu_isa, visible_gpus
+from gate.device import bf16_emulation_note, cpu_isa, host_record, visible_gpus
 from gate.errors import ConfigError, EngineError, GateError
 from gate.fingerprint import model_fingerprint
 from gate.promptset import PromptSet, load_prompt_set
@@ -184,7 +184,8 @@ def _weight_sync_request(cfg: GateConfig, engine: EngineConfig) -> WeightSyncReq
     inflight = None
     if i.enabled:
         inflight = InflightRequest(updates=list(i.updates), requests=i.requests, max_tokens=i.max_tokens,
-                                   switch_after=i.switch_after, timeout_s=i.timeout_s)  # fmt: skip
+                                   switch_after=i.switch_after, timeout_s=i.timeout_s,
+                                   perturbation=w.perturbation if i.perturbation is None else i.perturbation)  # fmt: skip
     return WeightSyncRequest(perturbation=w.perturbation, seed=w.seed, probes=w.probes, max_tokens=w.max_tokens,
                              hook=cfg.weight_update.hook, inflight=inflight,
                              sleep_level=w.sleep_level_for(engine.engine_args))  # fmt: skip
@@ -387,6 +388,7 @@ def run_manifest(
         "started": _iso(started),
         "finished": _iso(time.time()),
         "model": {"path": cfg.model.path, **fingerprint},
+        "device": host_record(),  # a baseline recorded from this run keeps it (gate.device)
         "prompt_sets": [
             {"name": p.name, "file": str(p.path), "sha256": p.sha256, "records": len(p.items)}
             for p in prompt_sets

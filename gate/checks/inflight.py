@@ -259,7 +259,7 @@ def inconclusive(a: Attribution, pre_share: float, min_decisive: int) -> str | N
     decisive = sum(a.counts.get(k, 0) for k in ("OLD", "STALE", "REC"))
     if a.post_tokens and decisive < min_decisive:
         return (f"only {decisive} of {a.post_tokens} tokens after the switch fit exactly one of OLD / STALE / REC "
-                f"(at least {min_decisive} needed): raise weight_sync.perturbation to separate them")  # fmt: skip
+                f"(at least {min_decisive} needed): raise weight_sync.inflight.perturbation to separate them")  # fmt: skip
     return None
 
 
@@ -319,7 +319,12 @@ def run(ctx, settings) -> CheckResult:
     old = _old_attributions(ctx, opts)
     status, lines, diagnosis = Status.PASS, [], []
     measurements: list[Measurement] = []
-    details: dict[str, Any] = {"tolerance": tol, "updates": {}}
+    # the weights' distance decides how many tokens can be told apart (None: an older gate's evidence)
+    details: dict[str, Any] = {
+        "tolerance": tol,
+        "perturbation": _section(e).get("perturbation"),
+        "updates": {},
+    }
     for a in new:
         before = old.get(a.name)
         details["updates"][a.name] = _detail(a, before)

@@ -227,9 +227,15 @@ class InflightConfig:
     # The update and the requests after it; past it: ERROR, engine stopped. As long as one call into
     # the workers may take (GATE_WORKER_RPC_TIMEOUT_S's default): pushing a 70B model takes minutes.
     timeout_s: float = 600.0
+    # New weights for this phase: old + perturbation x each tensor's std; null: the idle probe's.
+    # Tokens after the update are told apart by which weights they fit, so this wants weights
+    # further apart than the idle probe's limit may allow on a bf16 model (docs/checks.md).
+    perturbation: float | None = None
 
     def validate(self, where: str) -> None:
         require(bool(self.updates), where, "updates", "needs at least one update")
+        require(self.perturbation is None or self.perturbation > 0, where, "perturbation",
+                "must be > 0 (or null: weight_sync.perturbation)")  # fmt: skip
         for i, entry in enumerate(self.updates):
             require(entry in INFLIGHT_BUILTIN_UPDATES or ":" in entry, where, f"updates[{i}]",
                     f"{entry!r} is neither one of {INFLIGHT_BUILTIN_UPDATES} nor a hook 'module:function'")  # fmt: skip

@@ -435,6 +435,7 @@ def run_probe(driver: InflightDriver, model_path: str, prompt_ids: list[list[int
         runs.append(run_landing(driver, entry, update, prompts, request, old_sd, new_sd, progress))
     driver.push_idle(new_sd)  # the engine ends on the new weights, as after the idle probe
     arrays, meta = evidence(trainer, old_sd, new_sd, runs, request, device)
+    meta["perturbation"] = perturbation
     if driver.versions_note and not any(r.versions_returned for r in runs):
         meta["weight_versions"] = driver.versions_note
     return arrays, meta

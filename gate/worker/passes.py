@@ -408,8 +408,11 @@ def run_inflight(
     try:
         driver = make_driver()
         try:
+            perturbation = (
+                ws.perturbation if ws.inflight.perturbation is None else ws.inflight.perturbation
+            )
             arrays, meta = inflight.run_probe(driver, inp.request.model, inp.tokenized.prompt_ids, ws.inflight,
-                                              ws.perturbation, ws.seed, inp.say, inp.hf_kwargs)  # fmt: skip
+                                              perturbation, ws.seed, inp.say, inp.hf_kwargs)  # fmt: skip
         finally:
             getattr(driver, "close", lambda: None)()
     except inflight.InflightUnsupported as exc:

@@ -376,6 +376,7 @@ def test_the_inflight_phase_is_on_by_default_and_its_hooks_resolve_beside_the_co
         ("{switch_after: 48}", "weight_sync.inflight.switch_after: must be >= 1 and below max_tokens (48)"),
         ("{requests: 0}", "weight_sync.inflight.requests: must be >= 1"),
         ("{timeout_s: 0}", "weight_sync.inflight.timeout_s: must be > 0"),
+        ("{perturbation: 0}", "weight_sync.inflight.perturbation: must be > 0 (or null: weight_sync.perturbation)"),
     ],
 )
 def test_bad_inflight_settings_are_one_line_errors(minimal_config, inflight, message):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gate.device import bf16_emulation_note, cpu_isa, device_class
+from gate.device import bf16_emulation_note, cpu_isa, device_class, host_record, numerics_difference
 
 AVX2_EPYC = "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse2 avx avx2 fma\n"
 ZEN4 = "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512f avx512_bf16 avx512_vnni\n"
@@ -46,3 +46,28 @@ def test_bf16_without_native_support_is_told():
 ])  # fmt: skip
 def test_no_warning_where_bf16_is_native_or_absent(dtypes, isa, gpus):
     assert bf16_emulation_note(dtypes, isa, gpus) is None
+
+
+_AMX = {"machine": "x86_64", "cpu": "AMD EPYC", "isa": "amx-bf16", "gpus": []}
+_AVX512 = _AMX | {"isa": "avx512-bf16"}
+
+
+@pytest.mark.parametrize("recorded, current, dtype, differs", [
+    (_AVX512, _AMX, "bfloat16", True),       # measured: 2.7e-2 nats apart on SmolLM2
+    (_AVX512, _AMX, "float16", True),
+    (_AVX512, _AVX512 | {"cpu": "Intel Xeon"}, "bfloat16", False),  # the model name is only noted
+    (_AVX512, _AMX, "float32", False),       # fp32: the thresholds' floors
+    (_AVX512, _AMX | {"gpus": ["NVIDIA H100"]}, "bfloat16", False),  # GPU runs: calibrated noise
+    (None, _AMX, "bfloat16", False),         # a baseline from before hosts were recorded
+    ("amx-bf16", _AMX, "bfloat16", False),   # a run.json off a pull request: not the recorded shape
+])  # fmt: skip
+def test_bf16_numbers_carry_over_only_on_the_same_cpu_extension(recorded, current, dtype, differs):
+    note = numerics_difference(recorded, current, dtype)
+    assert (note is not None) == differs
+    if differs:
+        assert note.startswith(f"CPU class amx-bf16 != baseline avx512-bf16: {dtype} kernels")
+
+
+def test_the_host_record_is_the_device_class_without_the_core_count():
+    record = host_record()
+    assert record.keys() == device_class().keys() - {"cpus"} and record["isa"] == cpu_isa()

@@ -123,6 +123,22 @@ def test_subset_evidence_keeps_chosen_prompts_and_cuts_completions(tmp_path):
     assert np.array_equal(longer["sample_finish"], e["sample_finish"])
 
 
+def test_subset_evidence_keeps_the_text_round_trip_per_sequence_and_drops_it_where_it_cuts(tmp_path):
+    """A real tokenizer's evidence holds the text round trip per sampled sequence (10 here, over
+    80 tokens): chosen per sequence, never indexed by token; a cut sequence's text never existed."""
+    e = make_evidence(tmp_path / "e", seed=2, n_prompts=5, n=2, length=8)
+    e.arrays["sample_text_mismatch"] = np.arange(10) % 3 == 0
+    e.arrays["sample_retokenized_at"] = np.arange(10, dtype=np.int32) - 1
+    ev.validate(e)
+    whole = subset_evidence(e, np.array([3, 1]), max_tokens=8)
+    ev.validate(whole)
+    assert whole["sample_retokenized_at"].tolist() == [5, 6, 1, 2]  # sequences 6, 7, 2, 3
+    assert whole["sample_text_mismatch"].tolist() == [True, False, False, True]
+    cut = subset_evidence(e, np.array([3, 1]), max_tokens=3)
+    ev.validate(cut)
+    assert "sample_text_mismatch" not in cut.arrays and "sample_retokenized_at" not in cut.arrays
+
+
 def _trainer_logits_off_by(ctx, rng, most: float) -> None:
     """The trainer's raw top-k logprobs: the engine's logits, each up to ``most`` off (bf16-like)."""
     temperature = ctx.run["sampling"]["temperature"]

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -99,4 +100,22 @@ def test_a_server_mode_request_roundtrips(tmp_path):
 
     req = dataclasses.replace(_request(tmp_path), mode="server",
                               server=ServerRequest(request_fields=["temperature"], args=["--x"]))  # fmt: skip
+    assert WorkerRequest.from_json(req.to_json()) == req
+
+
+def test_the_inflight_phase_takes_its_own_perturbation_or_the_idle_probes(tmp_path):
+    """examples/smollm2-cpu.yaml keeps the idle probe at 0.05 and moves the in-flight phase to 0.2;
+    left null, the phase pushes the idle probe's weights. The request carries the resolved value."""
+    import dataclasses
+
+    from gate.config import load_config
+    from gate.replay import _weight_sync_request
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "examples" / "smollm2-cpu.yaml")
+    ws = _weight_sync_request(cfg, cfg.engines["new"])
+    assert ws is not None and ws.perturbation == 0.05 and ws.inflight.perturbation == 0.2
+    unset = dataclasses.replace(cfg.weight_sync, inflight=dataclasses.replace(cfg.weight_sync.inflight, perturbation=None))
+    ws = _weight_sync_request(dataclasses.replace(cfg, weight_sync=unset), cfg.engines["new"])
+    assert ws.inflight.perturbation == 0.05
+    req = dataclasses.replace(_request(tmp_path), weight_sync=ws)
     assert WorkerRequest.from_json(req.to_json()) == req
