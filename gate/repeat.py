@@ -539,5 +539,6 @@ def rejudge_subset(
         baseline_comparable=False,
         noise_applicable=baseline is not None,
         acknowledge=frozenset(cfg.acknowledge),
+        trainer_normalize=cfg.reference.normalize,
     )
     return {c.id: c.status.value for c in run_checks(ctx, cfg.check_settings)}

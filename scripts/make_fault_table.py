@@ -488,7 +488,9 @@ def _null_summary(flagged: dict[str, int]) -> str:
     return (
         "no seed of any cell"
         if worst_cell == 0
-        else f"at most {worst_cell} seeds of a cell ({flagged})"
+        else f"at most {worst_cell} seeds of a cell ("
+        + ", ".join(f"{k}: {v}" for k, v in flagged.items() if v)
+        + ")"
     )
 
 

@@ -235,3 +235,26 @@ def test_a_baseline_carries_its_engines_train_inference_figures(tmp_path):
         bl.load(copy)
     (copy / "summary.json").unlink()  # older baselines: nothing to compare with, no error
     assert bl.load(copy).mismatch == {}
+
+
+@pytest.mark.parametrize("normalize, status", [("kept", "PASS"), ("full", "WARN")])
+def test_a_cut_of_a_run_is_judged_for_the_configs_trainer_as_the_run_is(tmp_path, normalize, status):
+    """The sensitivity sweep's offline cuts (gate.repeat.rejudge_subset) build their own check
+    context: it carries reference.normalize as gate check's does. At top_p 0.9 a trainer that
+    renormalises over the kept tokens (the SmolLM2 example's) loses nothing to the cut mass, one
+    over the whole vocabulary does (here 0.1 nats a token, k3 4.8e-3). Judged as the latter, every
+    cut cell of the SmolLM2 sweep read WARN, A/A included."""
+    from gate.repeat import rejudge_subset
+
+    cfg = load_config(_config(tmp_path, f"reference: {{normalize: {normalize}}}\n"))
+    run = copy.deepcopy(RUN)
+    run["sampling"]["top_p"] = 0.9
+    d = _run_dir(tmp_path, run=run)
+    for engine in ("old", "new"):
+        npz = d / "engines" / engine / "evidence.npz"
+        arrays = dict(np.load(npz))
+        arrays["sample_trainer_logprob_tempered"] = arrays["sample_trainer_logprob_processed"] - np.float32(0.1)
+        np.savez(npz, **arrays)
+    whole = {c.id: c.status.value for c in judge(d, cfg).checks}
+    cut = rejudge_subset(d, cfg, np.arange(20))
+    assert whole["train-inference-mismatch"] == cut["train-inference-mismatch"] == status

@@ -47,6 +47,7 @@ def outputs(script: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(script, "NOISE_JSON", tmp_path / "no-noise-study.json")
     monkeypatch.setattr(script, "SMOLLM2_ROWS_JSON", tmp_path / "no-smollm2-rows.json")
     monkeypatch.setattr(script, "SMOLLM2_NOISE_JSON", tmp_path / "no-smollm2-noise-study.json")
+    monkeypatch.setattr(script, "SMOLLM2_SENSITIVITY_JSON", tmp_path / "no-smollm2-sensitivity.json")
     return script
 
 
@@ -409,3 +410,20 @@ def test_the_sensitivity_sweep_on_smollm2_detects_at_the_study_size_and_judges_g
     assert (grpo.sampling, grpo.greedy, grpo.prompts) == (example.sampling, example.greedy, example.prompts)
     tiny = s._config(tmp_path, s.SWEEPS["default"], "aa", new_spec=s.OLD)
     assert Path(tiny.baseline) == (REPO / "baselines" / "cpu-default").resolve()
+
+
+def test_the_committed_smollm2_sweep_holds_its_own_thresholds():
+    """docs/sensitivity_smollm2.json: the thresholds and the GRPO verdict it states are what its
+    own points and GRPO seeds give, and it ran on a CPU with native bf16, as the script requires."""
+    s = _load("sensitivity_sweep")
+    result = json.loads((REPO / "docs" / "sensitivity_smollm2.json").read_text(encoding="utf-8"))
+    assert result["model"] == "smollm2" and result["command"] == s.SWEEPS["smollm2"].command
+    assert result["machine"]["cpu_isa"] in ("amx-bf16", "avx512-bf16", "arm-bf16")
+    points = [s.Point(**p) for p in result["points"]]
+    need = int(result["need"].split(" of ")[0])
+    for cell in result["thresholds"]:
+        assert cell["sigma"] == s.detection_threshold(points, cell["prompts"], cell["max_tokens"], need), cell
+    moving = [g["sigma"] for g in result["grpo"] if g["reward_leaves_band"] >= 2]
+    assert result["grpo_reward_moving_sigma"] == (min(moving) if moving else None)
+    for g in result["grpo"]:
+        assert g["reward_leaves_band"] == sum(x["first_exit"].get("reward") is not None for x in g["per_seed"])
