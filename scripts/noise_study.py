@@ -305,6 +305,17 @@ def _smollm2_raw(work: Path) -> dict[str, Any]:
     return raw
 
 
+def record_study_baseline(cfg: GateConfig, work: Path, baseline: Path) -> None:
+    """``cfg``'s old engine calibrated from 3 starts in ``work``/calibration and recorded at
+    ``baseline`` (bf16 is not bit-identical between starts whose batches differ); the SmolLM2
+    scripts judge their phases against it."""
+    result, noise = calibrate(cfg, work / "calibration", stderr_log, 3)
+    if noise is None:
+        raise SystemExit(f"{work}: calibration failed; see {result.run_dir}")
+    shutil.rmtree(baseline, ignore_errors=True)
+    bl.write(baseline, result.run_dir, "old", noise, overwrite=False, log=stderr_log)
+
+
 def _smollm2_prompts(work: Path) -> Path:
     """The first single-turn and multi-turn conversations of the example's chat set, frozen anew
     (a manifest of its own, so the replays are pinned to exactly this cut)."""

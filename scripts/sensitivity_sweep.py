@@ -40,7 +40,6 @@ import dataclasses
 import json
 import math
 import platform
-import shutil
 import sys
 import time
 from datetime import datetime
@@ -55,11 +54,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from noise_study import SMOLLM2_EXAMPLE, _smollm2_raw  # noqa: E402
+from noise_study import SMOLLM2_EXAMPLE, _smollm2_raw, record_study_baseline  # noqa: E402
 
 from gate import baseline as bl  # noqa: E402
 from gate import evidence as ev  # noqa: E402
-from gate.calibrate import calibrate  # noqa: E402
 from gate.checks import grpo as grpo_check  # noqa: E402
 from gate.checks.context import Context  # noqa: E402
 from gate.config import BUILTIN_CONFIG, GateConfig, load_config  # noqa: E402
@@ -329,11 +327,7 @@ def _own_baseline(work: Path, reuse: bool) -> bool:
             "weight_sync": {"enabled": False}, "grpo": {**raw["grpo"], "enabled": False}}  # fmt: skip
     path = work / "calibrate.yaml"
     path.write_text(yaml.safe_dump(raw), encoding="utf-8")
-    result, noise = calibrate(load_config(path), work / "calibration", stderr_log, 3)
-    if noise is None:
-        raise SystemExit(f"{work}: calibration failed; see {result.run_dir}")
-    shutil.rmtree(baseline, ignore_errors=True)
-    bl.write(baseline, result.run_dir, "old", noise, overwrite=False, log=stderr_log)
+    record_study_baseline(load_config(path), work, baseline)
     return True
 
 

@@ -61,10 +61,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
 from make_fault_table import _repo_relative  # noqa: E402
-from noise_study import NEW, OLD, _smollm2_raw  # noqa: E402
+from noise_study import NEW, OLD, _smollm2_raw, record_study_baseline  # noqa: E402
 
-from gate import baseline as bl  # noqa: E402
-from gate.calibrate import calibrate  # noqa: E402
 from gate.config import GateConfig, load_config  # noqa: E402
 from gate.device import cpu_isa  # noqa: E402
 from gate.models import builtin_model  # noqa: E402
@@ -407,11 +405,7 @@ def _own_baseline(work: Path, reuse: bool) -> Path:
     if reuse and (baseline / "manifest.json").is_file():
         return baseline
     cfg = load_config(_write(work, "calibrate.yaml", _raw(work, None, BASE, baseline)))
-    result, noise = calibrate(cfg, work / "calibration", stderr_log, 3)
-    if noise is None:
-        raise SystemExit(f"{work}: calibration failed; see {result.run_dir}")
-    shutil.rmtree(baseline, ignore_errors=True)
-    bl.write(baseline, result.run_dir, "old", noise, overwrite=False, log=stderr_log)
+    record_study_baseline(cfg, work, baseline)
     return baseline
 
 
