@@ -31,10 +31,12 @@ from typing import Any
 import numpy as np
 
 from gate import __version__
-from gate import evidence as ev
+from gate.contract import evidence as ev
+from gate.contract import keys
+from gate.contract.engine_record import EngineRecord, EngineRecordError
 from gate.device import numerics_difference
 from gate.errors import ConfigError, GateError
-from gate.files import read_run_manifest
+from gate.files import read_run_manifest, recover_swap, staged_folder
 from gate.metrics import mismatch
 
 MANIFEST = "manifest.json"
@@ -47,19 +49,19 @@ BASELINE_SCHEMA = 1
 
 # The arrays a baseline keeps: enough to compare tokens, lengths and teacher-forced logprobs.
 _KEPT = (
-    ev.PROMPT_OFFSETS,
-    ev.PROMPT_TOKEN_IDS,
-    f"{ev.GREEDY}_{ev.OFFSETS}",
-    f"{ev.GREEDY}_{ev.TOKEN_IDS}",
-    f"{ev.GREEDY}_{ev.PROMPT_INDEX}",
-    f"{ev.SAMPLE}_{ev.OFFSETS}",
-    f"{ev.SAMPLE}_{ev.TOKEN_IDS}",
-    f"{ev.SAMPLE}_{ev.PROMPT_INDEX}",
-    f"{ev.TF}_{ev.PROMPT_INDEX}",
-    f"{ev.TF}_input_offsets",
-    f"{ev.TF}_input_ids",
-    f"{ev.TF}_{ev.OFFSETS}",
-    f"{ev.TF}_{ev.ENGINE_LOGPROB}",
+    keys.PROMPT_OFFSETS,
+    keys.PROMPT_TOKEN_IDS,
+    f"{keys.GREEDY}_{keys.OFFSETS}",
+    f"{keys.GREEDY}_{keys.TOKEN_IDS}",
+    f"{keys.GREEDY}_{keys.PROMPT_INDEX}",
+    f"{keys.SAMPLE}_{keys.OFFSETS}",
+    f"{keys.SAMPLE}_{keys.TOKEN_IDS}",
+    f"{keys.SAMPLE}_{keys.PROMPT_INDEX}",
+    f"{keys.TF}_{keys.PROMPT_INDEX}",
+    f"{keys.TF}_input_offsets",
+    f"{keys.TF}_input_ids",
+    f"{keys.TF}_{keys.OFFSETS}",
+    f"{keys.TF}_{keys.ENGINE_LOGPROB}",
 )
 
 
@@ -78,9 +80,16 @@ class Baseline:
     # train-inference-mismatch calls pre-existing when only the baseline stands for the old engine
     mismatch: dict[str, float] = field(default_factory=dict)
 
+    @property
+    def engine(self) -> EngineRecord:
+        """The recorded engine's settings and identity (the manifest's ``engine``, validated by
+        :func:`load`)."""
+        return EngineRecord.from_json(self.manifest.get("engine", {}), self.path / MANIFEST)
+
 
 def load(path: Path) -> Baseline:
     path = Path(path)
+    recover_swap(path)  # a record interrupted mid-swap put the previous baseline aside
     if not path.is_dir():
         raise BaselineError(
             f"{path}: baseline folder not found (record one with `gate baseline record`)"
@@ -102,10 +111,11 @@ def load(path: Path) -> Baseline:
     missing = [k for k in _KEPT if k not in arrays]
     if missing:
         raise BaselineError(f"{path / ARRAYS}: {missing[0]}: missing")
-    evidence = ev.Evidence(path=path, arrays=arrays, engine=manifest.get("engine", {}), texts={})
     try:
+        engine = EngineRecord.from_json(manifest.get("engine", {}), path / MANIFEST)
+        evidence = ev.Evidence(path=path, arrays=arrays, engine=engine, texts={})
         ev.validate(evidence, ARRAYS)
-    except ev.EvidenceError as exc:
+    except (ev.EvidenceError, EngineRecordError) as exc:
         raise BaselineError(str(exc)) from None
     return Baseline(
         path=path,
@@ -188,12 +198,9 @@ def provenance_differences(baseline: Baseline, run: dict[str, Any], new: ev.Evid
     for key in ("sampling", "greedy", "reference"):
         if m.get(key) != run.get(key):
             diffs.append(f"{key} settings differ: run {run.get(key)} vs baseline {m.get(key)}")
-    ident = new.engine.get("identity", {})
-    base_ident = m.get("engine", {}).get("identity", {})
-    if ident.get("device_kind") != base_ident.get("device_kind"):
-        diffs.append(
-            f"device class {ident.get('device_kind')} != baseline {base_ident.get('device_kind')}"
-        )
+    device, base_device = new.engine.device_kind, baseline.engine.device_kind
+    if device != base_device:
+        diffs.append(f"device class {device} != baseline {base_device}")
     if (host := host_difference(baseline, run)) is not None:
         diffs.append(host)
     return diffs
@@ -201,13 +208,13 @@ def provenance_differences(baseline: Baseline, run: dict[str, Any], new: ev.Evid
 
 def host_difference(baseline: Baseline, run: dict[str, Any]) -> str | None:
     """Why the baseline's numbers do not carry over to the run's host (gate.device), or None."""
-    dtype = (baseline.manifest.get("engine", {}).get("effective") or {}).get("dtype")
+    dtype = baseline.engine.effective.get("dtype")
     return numerics_difference(baseline.manifest.get("device"), run.get("device"), dtype)
 
 
 def provenance_notes(baseline: Baseline, new: ev.Evidence) -> list[str]:
-    ident = new.engine.get("identity", {})
-    base_ident = baseline.manifest.get("engine", {}).get("identity", {})
+    ident = new.engine.identity.fingerprint()
+    base_ident = baseline.engine.identity.fingerprint()
     notes = []
     for key in ("device_name", "torch", "transformers"):
         if ident.get(key) != base_ident.get(key):
@@ -264,8 +271,8 @@ def noise_applies(baseline: Baseline, run: dict[str, Any], new: ev.Evidence) -> 
     m = baseline.manifest
     sampling = {k: v for k, v in (run.get("sampling") or {}).items() if k != "seed"}
     base_sampling = {k: v for k, v in (m.get("sampling") or {}).items() if k != "seed"}
-    device = new.engine.get("identity", {}).get("device_kind")
-    base_device = m.get("engine", {}).get("identity", {}).get("device_kind")
+    device = new.engine.device_kind
+    base_device = baseline.engine.device_kind
     return (
         m["model"].get("sha256") == run["model"].get("sha256")
         and {p["name"]: p["sha256"] for p in m["prompt_sets"]}
@@ -312,20 +319,14 @@ def write(
             "engine": engine,
             "spec": run["engines"][engine]["spec"],
         },
+        # The engine record's settings and identity; no interpreter path: baselines are committed
+        # and must not carry machine paths.
         "engine": {
-            **{
-                k: e.engine.get(k)
-                for k in (
-                    "effective",
-                    "default_sampling_params",
-                    "generation_config_overrides",
-                    "dropped_engine_args",
-                )
-            },
-            # no interpreter path: baselines are committed and must not carry machine paths
-            "identity": {
-                k: v for k, v in e.engine.get("identity", {}).items() if k != "executable"
-            },
+            "effective": e.engine.effective,
+            "default_sampling_params": e.engine.default_sampling_params,
+            "generation_config_overrides": e.engine.generation_config_overrides,
+            "dropped_engine_args": e.engine.dropped_engine_args,
+            "identity": e.engine.identity.fingerprint(),
         },
         "model": {k: v for k, v in run["model"].items() if k != "path"},
         **({"device": run["device"]} if run.get("device") else {}),
@@ -336,51 +337,50 @@ def write(
         "greedy": run["greedy"],
         "reference": run["reference"],
     }
-    if (design := grpo_design(run)) is not None and "grpo_reward" in e.arrays:
+    if (design := grpo_design(run)) is not None and keys.GRPO_REWARD in e.arrays:
         manifest["grpo"] = design
     summary = _summary(e)
-    tmp = out.with_name(out.name + ".writing")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    (tmp / NOISE).write_text(json.dumps(noise, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    if (run_dir / NOISE_DESIGN).is_file():  # a calibration with more than one pair of starts
-        shutil.copyfile(run_dir / NOISE_DESIGN, tmp / NOISE_DESIGN)
-    (tmp / SUMMARY).write_text(
-        json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8"
-    )
-    (tmp / GREEDY_CSV).write_text(_greedy_csv(e), encoding="utf-8")
-    grpo = {
-        k: v for k, v in e.arrays.items() if k.startswith("grpo_")
-    }  # per-seed trajectories: the band
-    # Any, not ndarray: numpy >= 2.2's stub matches **arrays against savez's `allow_pickle: bool`,
-    # a keyword numpy <= 2.1 (in the supported range) does not have, so it cannot be passed either.
-    arrays: dict[str, Any] = {**{k: e[k] for k in _KEPT}, **grpo}
-    np.savez_compressed(tmp / ARRAYS, **arrays)
-    changes = _changes(previous, manifest, summary, noise) if previous else []
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
+    # Written beside ``out``, then swapped in whole: a crash or an error leaves the old baseline.
+    with staged_folder(out) as tmp:
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        (tmp / NOISE).write_text(
+            json.dumps(noise, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+        )
+        if (run_dir / NOISE_DESIGN).is_file():  # a calibration with more than one pair of starts
+            shutil.copyfile(run_dir / NOISE_DESIGN, tmp / NOISE_DESIGN)
+        (tmp / SUMMARY).write_text(
+            json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+        )
+        (tmp / GREEDY_CSV).write_text(_greedy_csv(e), encoding="utf-8")
+        # per-seed trajectories: the band
+        grpo = {k.name: e[k.name] for k in keys.keys_of(keys.GRPO) if e.has(k.name)}
+        # Any, not ndarray: numpy >= 2.2's stub matches **arrays against savez's `allow_pickle: bool`,
+        # a keyword numpy <= 2.1 (in the supported range) does not have, so it cannot be passed either.
+        arrays: dict[str, Any] = {**{k: e[k] for k in _KEPT}, **grpo}
+        np.savez_compressed(tmp / ARRAYS, **arrays)
+        changes = _changes(previous, manifest, summary, noise) if previous else []
     return changes
 
 
 def _summary(e: ev.Evidence) -> dict[str, Any]:
-    g = ev.SAMPLE
+    g = keys.SAMPLE
     pairs = ev.sampled_pairs(e)  # as the checks read them: tokens on the nucleus edge left out
     stats = mismatch(pairs.trainer, pairs.engine, pairs.offsets)
-    lengths = np.diff(e[f"{g}_{ev.OFFSETS}"])
-    greedy_len = np.diff(e[f"{ev.GREEDY}_{ev.OFFSETS}"])
+    lengths = np.diff(e[f"{g}_{keys.OFFSETS}"])
+    greedy_len = np.diff(e[f"{keys.GREEDY}_{keys.OFFSETS}"])
     return {
         "mismatch": {k: _round(v) for k, v in stats.to_dict().items()},
         "sample_length_mean": _round(float(lengths.mean())),
         "greedy_length_mean": _round(float(greedy_len.mean())),
-        "teacher_forced_mean_logprob": _round(float(e[f"{ev.TF}_{ev.ENGINE_LOGPROB}"].mean())),
-        "vllm": e.engine.get("identity", {}).get("vllm"),
+        "teacher_forced_mean_logprob": _round(float(e[f"{keys.TF}_{keys.ENGINE_LOGPROB}"].mean())),
+        "vllm": e.engine.identity.vllm,
         # mean over seeds per step, rounded: the reviewable face of the GRPO band
         "grpo_mean_per_step": {
-            k.removeprefix("grpo_"): [_round(float(x)) for x in np.atleast_2d(v).mean(axis=0)]
-            for k, v in e.arrays.items()
-            if k.startswith("grpo_") and k not in ("grpo_step_s", "grpo_push_s")
+            k.name.removeprefix(f"{keys.GRPO}_"): [
+                _round(float(x)) for x in np.atleast_2d(e[k.name]).mean(axis=0)
+            ]
+            for k in keys.keys_of(keys.GRPO)
+            if e.has(k.name) and k.name not in map(keys.grpo_key, keys.GRPO_TIMINGS)
         },
     }
 
@@ -389,7 +389,7 @@ def _greedy_csv(e: ev.Evidence) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(["prompt_id", "greedy_tokens", "greedy_text"])
-    lengths = np.diff(e[f"{ev.GREEDY}_{ev.OFFSETS}"])
+    lengths = np.diff(e[f"{keys.GREEDY}_{keys.OFFSETS}"])
     for pid, n, text in zip(
         e.texts.get("prompt_ids", []), lengths.tolist(), e.texts.get("greedy_text", []), strict=True
     ):
@@ -403,10 +403,8 @@ def _changes(previous: Baseline, manifest: dict, summary: dict, noise: dict) -> 
     for key in ("recorded_from", "model", "prompt_sets", "sampling", "greedy", "reference"):
         if old_m.get(key) != manifest.get(key):
             changes.append(f"{key}: {old_m.get(key)} -> {manifest.get(key)}")
-    old_ident, new_ident = (
-        old_m.get("engine", {}).get("identity", {}),
-        manifest["engine"].get("identity", {}),
-    )
+    old_ident = previous.engine.identity.fingerprint()
+    new_ident = EngineRecord.from_json(manifest["engine"]).identity.fingerprint()
     for key in ("vllm", "torch", "transformers", "device_name"):
         if old_ident.get(key) != new_ident.get(key):
             changes.append(f"engine {key}: {old_ident.get(key)} -> {new_ident.get(key)}")

@@ -37,8 +37,8 @@ from typing import Any
 
 from packaging.version import Version
 
-from gate import evidence
 from gate.config import EngineConfig, GateConfig
+from gate.contract import evidence
 from gate.errors import ConfigError, GateError
 from gate.files import REPORT_FILE, write_json
 from gate.fingerprint import model_fingerprint

@@ -26,11 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
-from gate import evidence as ev
 from gate.baseline import NOISE_DESIGN, design_statement
 from gate.checks.context import per_prompt, sampled_pairs
 from gate.checks.forward_drift import aligned_teacher_forced
 from gate.config import GateConfig
+from gate.contract import evidence as ev
+from gate.contract import keys
 from gate.device import device_class
 from gate.files import atomic_write_text
 from gate.metrics import (
@@ -78,7 +79,7 @@ def noise_floors(a: ev.Evidence, b: ev.Evidence) -> dict[str, float]:
     """What the checks' noise-relative metrics read between two replays of the same engine."""
     lp_a, lp_b, _, _ = aligned_teacher_forced(a, b)
     drift = np.abs(lp_a - lp_b)
-    g = ev.SAMPLE
+    g = keys.SAMPLE
     # As the checks read them: tokens the reference's top-k/top-p excludes have no finite d and are
     # left out (logprob-semantics judges those).
     pairs = [sampled_pairs(e) for e in (a, b)]
@@ -86,10 +87,10 @@ def noise_floors(a: ev.Evidence, b: ev.Evidence) -> dict[str, float]:
     low, high, point = bootstrap_mean_diff_ci(
         per_prompt(a, g, abs_d[0], pairs[0].offsets), per_prompt(b, g, abs_d[1], pairs[1].offsets)
     )
-    ids, off = f"{ev.GREEDY}_{ev.TOKEN_IDS}", f"{ev.GREEDY}_{ev.OFFSETS}"
+    ids, off = f"{keys.GREEDY}_{keys.TOKEN_IDS}", f"{keys.GREEDY}_{keys.OFFSETS}"
     has_greedy = off in a.arrays and off in b.arrays
     greedy = greedy_agreement(a[ids], a[off], b[ids], b[off]) if has_greedy else None
-    ratio = length_ratio(a[f"{g}_{ev.OFFSETS}"], b[f"{g}_{ev.OFFSETS}"])
+    ratio = length_ratio(a[f"{g}_{keys.OFFSETS}"], b[f"{g}_{keys.OFFSETS}"])
     stats = [mismatch(p.trainer, p.engine, p.offsets) for p in pairs]
     return {
         "mean_abs_drift": float(drift.mean()) if len(drift) else 0.0,

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import os
 import platform
-import shutil
-import subprocess
 from collections.abc import Iterable
 from pathlib import Path
+
+from gate import host
 
 # The vector extensions CPU kernels (oneDNN, ATen) dispatch on, best first, as /proc/cpuinfo names
 # them. bf16 is native only with AMX, AVX512-BF16 or Arm's BF16; elsewhere it goes through fp32,
@@ -105,25 +105,9 @@ def numerics_difference(recorded: dict | None, current: dict | None, dtype: obje
 
 
 def visible_gpus() -> list[str]:
-    """``name, memory, driver`` per visible NVIDIA GPU; empty where there is none (or no nvidia-smi)."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return []
-    try:
-        out = subprocess.run([smi, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30)  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    gpus = (
-        [line.strip() for line in out.stdout.splitlines() if line.strip()]
-        if out.returncode == 0
-        else []
-    )
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if (
-        visible is not None
-        and visible.strip()
-        and all(v.strip().isdigit() for v in visible.split(","))
-    ):
-        gpus = [gpus[int(v)] for v in visible.split(",") if int(v) < len(gpus)]
-    return gpus
+    """``name, memory, driver`` per NVIDIA GPU this process sees (:mod:`gate.host`'s rule); empty
+    where there is none (or no nvidia-smi). Where the GPUs seen cannot be resolved (MIG
+    instances), the GPUs they live on."""
+    gpus = host.probe_gpus() or []
+    seen = host.cuda_visible(gpus, os.environ.get(host.CUDA_VISIBLE_DEVICES))
+    return [gpu.record for gpu in (gpus if seen is None else seen)]

@@ -19,8 +19,9 @@ Layout::
 
 ``<cache>`` is :func:`cache_dir`; keep it between runs (``actions/cache`` with ``gate key``).
 
-Entries are written to a temporary folder and renamed, so a reader sees a whole entry or none; an
-entry whose files no longer match their hashes is reported and ignored, never trusted.
+Entries are written to a staging folder and swapped in (:func:`gate.files.staged_folder`), so a
+reader sees a whole entry or none; an entry whose files no longer match their hashes is reported
+and ignored, never trusted.
 """
 
 from __future__ import annotations
@@ -30,18 +31,18 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gate import host
 from gate.config import EngineConfig, GateConfig
 from gate.device import device_class
+from gate.files import recover_swap, staged_folder
 from gate.fingerprint import model_fingerprint
 from gate.promptset import PromptSet, sha256_file
-from gate.runners.venv_build import cache_root
 
 ENTRY_FILE = "entry.json"
 FILES_DIR = "files"
@@ -84,7 +85,7 @@ class CachedEvidence:
 
 def cache_dir() -> Path:
     """``$GATE_EVIDENCE_DIR``, else ``$GATE_CACHE_DIR/evidence`` (the gate image mounts the host's here)."""
-    return Path(os.environ.get("GATE_EVIDENCE_DIR") or cache_root() / "evidence")
+    return host.settings().evidence_dir
 
 
 def config_groups(
@@ -154,6 +155,7 @@ def config_key(config: dict[str, Any]) -> str:
 def lookup(key: EvidenceKey, log: Log, root: Path | None = None) -> CachedEvidence | None:
     """The stored entry for ``key`` if it is whole and intact; a damaged one is reported and ignored."""
     path = (root or cache_dir()) / key.digest
+    recover_swap(path)
     entry_path = path / ENTRY_FILE
     if not entry_path.is_file():
         return None
@@ -185,8 +187,7 @@ def store(key: EvidenceKey, engine_dir: Path, run_entry: dict[str, Any], source_
     root = root or cache_dir()
     root.mkdir(parents=True, exist_ok=True)
     final = root / key.digest
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key.digest}.", dir=root))
-    try:
+    with staged_folder(final, mode=0o700) as tmp:  # as tempfile.mkdtemp made it before
         shutil.copytree(
             engine_dir, tmp / FILES_DIR, ignore=lambda d, names: [n for n in names if n in _PER_RUN]
         )
@@ -201,12 +202,6 @@ def store(key: EvidenceKey, engine_dir: Path, run_entry: dict[str, Any], source_
             },
         }
         (tmp / ENTRY_FILE).write_text(json.dumps(entry, indent=2) + "\n", encoding="utf-8")
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     log(f"[old] evidence kept for later runs: {final}")
     return final
 

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from gate import baseline as bl
-from gate import evidence as ev
 from gate.checks import run_checks
 from gate.checks.base import CheckResult
 from gate.checks.context import Context
 from gate.config import GateConfig
+from gate.contract import evidence as ev
 from gate.files import read_run_manifest
 from gate.verdict import Status, exit_code, worst
 

@@ -22,15 +22,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import shutil
 import struct
-import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gate import host
 from gate.config import DockerConfig, EngineConfig, GateConfig
 from gate.errors import ConfigError
 
@@ -211,29 +209,16 @@ def host_device(meminfo: Path = Path("/proc/meminfo")) -> Device:
 
 
 def cuda_devices(docker: DockerConfig, engine: EngineConfig) -> list[Device]:
-    """The GPUs the engine will see, from nvidia-smi (MiB), narrowed by docker.gpus and CUDA_VISIBLE_DEVICES."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
+    """The GPUs the engine will see, from nvidia-smi, narrowed by docker.gpus and
+    CUDA_VISIBLE_DEVICES as :func:`gate.host.engine_gpus` reads them (all of them where the list
+    cannot be resolved)."""
+    gpus = host.probe_gpus()
+    if not gpus:
         return []
-    try:
-        out = subprocess.run([smi, "--query-gpu=memory.total,memory.used", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30)  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    if out.returncode != 0:
-        return []
-    rows = [line.split(",") for line in out.stdout.splitlines() if line.strip()]
-    found = [(int(float(t)) * 2**20, int(float(u)) * 2**20) for t, u in rows]
-    indices = list(range(len(found)))
-    visible = engine.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
-    if engine.runner == "docker" and isinstance(docker.gpus, tuple):
-        visible = ",".join(docker.gpus)
-    elif engine.runner == "docker" and docker.gpus == "none":
-        return []
-    if visible is not None and all(v.strip().isdigit() for v in visible.split(",") if v.strip()):
-        indices = [int(v) for v in visible.split(",") if v.strip() and int(v) < len(found)]
+    seen = host.engine_gpus(gpus, engine.runner, docker.gpus, engine.env)
     return [
-        Device(f"cuda:{n}", found[i][0], found[i][0] - found[i][1]) for n, i in enumerate(indices)
+        Device(f"cuda:{n}", gpu.total_bytes, gpu.total_bytes - gpu.used_bytes)
+        for n, gpu in enumerate(gpus if seen is None else seen)
     ]
 
 

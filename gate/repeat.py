@@ -50,8 +50,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gate import evidence
 from gate.config import EngineConfig, GateConfig
+from gate.contract import evidence, keys
+from gate.contract.request import PromptItem, WorkerRequest
 from gate.errors import EXIT_ERROR, EXIT_OK, ConfigError
 from gate.files import REPEAT_FILE, RUN_FILE, write_json
 from gate.fingerprint import model_fingerprint
@@ -64,7 +65,6 @@ from gate.replay import (
     run_engine,
     run_manifest,
 )
-from gate.request import PromptItem, WorkerRequest
 from gate.rundir import RunDirectory
 from gate.verdict import Status, worst
 
@@ -447,21 +447,21 @@ def subset_evidence(
     new_index[prompts] = np.arange(len(prompts))
     arrays = _prompt_arrays(a, prompts)
     for group, limit in (
-        (evidence.SAMPLE, max_tokens),
-        (evidence.GREEDY, max_tokens),
-        (evidence.TF, None),
+        (keys.SAMPLE, max_tokens),
+        (keys.GREEDY, max_tokens),
+        (keys.TF, None),
     ):
-        if f"{group}_{evidence.OFFSETS}" in a:
+        if f"{group}_{keys.OFFSETS}" in a:
             arrays.update(_group_subset(a, group, new_index, limit))
     return evidence.Evidence(path=e.path, arrays=arrays, engine=e.engine, texts={})
 
 
 def _prompt_arrays(a: dict[str, np.ndarray], prompts: np.ndarray) -> dict[str, np.ndarray]:
-    off = a[evidence.PROMPT_OFFSETS]
+    off = a[keys.PROMPT_OFFSETS]
     lengths = off[prompts + 1] - off[prompts]
     return {
-        evidence.PROMPT_OFFSETS: np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-        evidence.PROMPT_TOKEN_IDS: a[evidence.PROMPT_TOKEN_IDS][
+        keys.PROMPT_OFFSETS: np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        keys.PROMPT_TOKEN_IDS: a[keys.PROMPT_TOKEN_IDS][
             evidence.token_ranges(off[prompts], lengths)
         ],
     }
@@ -472,26 +472,26 @@ def _group_subset(
 ) -> dict[str, np.ndarray]:
     """One pass's arrays for the kept prompts' sequences (in the new prompt order), cut to ``limit``."""
     g = f"{group}_"
-    off = a[g + evidence.OFFSETS]
-    prompt_of = new_index[a[g + evidence.PROMPT_INDEX]]
+    off = a[g + keys.OFFSETS]
+    prompt_of = new_index[a[g + keys.PROMPT_INDEX]]
     seqs = np.flatnonzero(prompt_of >= 0)
     seqs = seqs[np.argsort(prompt_of[seqs], kind="stable")]  # sequences follow the new prompt order
     lengths = off[seqs + 1] - off[seqs]
     kept = lengths if limit is None else np.minimum(lengths, limit)
     tokens = evidence.token_ranges(off[seqs], kept)
-    text_trip = (g + evidence.TEXT_MISMATCH, g + evidence.RETOKENIZED_AT)  # per sequence
-    out = {g + evidence.OFFSETS: np.concatenate([[0], np.cumsum(kept)]).astype(np.int64),
-           g + evidence.PROMPT_INDEX: prompt_of[seqs].astype(a[g + evidence.PROMPT_INDEX].dtype)}  # fmt: skip
+    text_trip = (g + keys.TEXT_MISMATCH, g + keys.RETOKENIZED_AT)  # per sequence
+    out = {g + keys.OFFSETS: np.concatenate([[0], np.cumsum(kept)]).astype(np.int64),
+           g + keys.PROMPT_INDEX: prompt_of[seqs].astype(a[g + keys.PROMPT_INDEX].dtype)}  # fmt: skip
     for key, arr in a.items():
-        if not key.startswith(g) or key in out or key == g + evidence.OFFSETS:
+        if not key.startswith(g) or key in out or key == g + keys.OFFSETS:
             continue
-        if key in (g + evidence.SAMPLE_INDEX, g + evidence.FINISH) or key in text_trip:
+        if key in (g + keys.SAMPLE_INDEX, g + keys.FINISH) or key in text_trip:
             out[key] = arr[seqs]
-        elif key == f"{evidence.TF}_input_offsets":
+        elif key == f"{keys.TF}_input_offsets":
             seq_len = arr[seqs + 1] - arr[seqs]
             out[key] = np.concatenate([[0], np.cumsum(seq_len)]).astype(arr.dtype)
-        elif key == f"{evidence.TF}_input_ids":
-            starts = a[f"{evidence.TF}_input_offsets"]
+        elif key == f"{keys.TF}_input_ids":
+            starts = a[f"{keys.TF}_input_offsets"]
             out[key] = arr[evidence.token_ranges(starts[seqs], starts[seqs + 1] - starts[seqs])]
         else:
             out[key] = arr[tokens]
@@ -499,10 +499,10 @@ def _group_subset(
         # the engine's text of a cut sequence was never produced: its round trip is not known
         for key in text_trip:
             out.pop(key, None)
-    finish = g + evidence.FINISH
+    finish = g + keys.FINISH
     if finish in out:
         out[finish] = np.where(
-            kept < lengths, evidence.FINISH_NAMES.index("length"), out[finish]
+            kept < lengths, keys.FINISH_NAMES.index("length"), out[finish]
         ).astype(out[finish].dtype)
     return out
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gate import __version__, evidence, evidence_cache
+from gate import __version__, evidence_cache
 from gate.config import (
     OPTIONAL_ENGINE_ARGS,
     SERVER_PENALTY_FIELDS,
@@ -33,11 +33,8 @@ from gate.config import (
     EngineConfig,
     GateConfig,
 )
-from gate.device import bf16_emulation_note, cpu_isa, host_record, visible_gpus
-from gate.errors import ConfigError, EngineError, GateError
-from gate.fingerprint import model_fingerprint
-from gate.promptset import PromptSet, load_prompt_set
-from gate.request import (
+from gate.contract import evidence
+from gate.contract.request import (
     GrpoRequest,
     InflightRequest,
     PromptItem,
@@ -47,6 +44,10 @@ from gate.request import (
     WeightSyncRequest,
     WorkerRequest,
 )
+from gate.device import bf16_emulation_note, cpu_isa, host_record, visible_gpus
+from gate.errors import ConfigError, EngineError, GateError
+from gate.fingerprint import model_fingerprint
+from gate.promptset import PromptSet, load_prompt_set
 from gate.rundir import RunDirectory
 from gate.runners import get_runner
 from gate.runners.base import Runner

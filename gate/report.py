@@ -16,6 +16,7 @@ from typing import Any
 from gate import __version__
 from gate.config import BUILTIN_CONFIG, GateConfig
 from gate.files import REPORT_FILE, read_run_manifest, write_json
+from gate.host import repository_root
 from gate.judge import Judgment
 from gate.report_model import SCHEMA
 from gate.verdict import Status
@@ -24,7 +25,7 @@ from gate.verdict import Status
 def build(run_dir: Path, cfg: GateConfig, judgment: Judgment) -> dict[str, Any]:
     run = read_run_manifest(run_dir)
     counts = Counter(c.status.value for c in judgment.checks)
-    root = repository_root(Path(cfg.source).parent if cfg.source else Path.cwd())
+    root = _paths_root(cfg.source)
     baseline = judgment.baseline.to_dict()
     if isinstance(baseline.get("path"), str):
         baseline["path"] = shown_path(baseline["path"], root)
@@ -119,7 +120,7 @@ def commands(cfg: GateConfig) -> dict[str, str]:
     no ``-c``); a report never shows the runner's absolute paths."""
     source = cfg.source
     builtin = not source or Path(source).resolve() == BUILTIN_CONFIG.resolve()
-    root = repository_root(Path(source).parent if source else Path.cwd())
+    root = _paths_root(source)
     config = "" if builtin else f" -c {shlex.quote(shown_path(source, root))}"
     return {
         "reproduce": f"gate run{config}",
@@ -127,13 +128,9 @@ def commands(cfg: GateConfig) -> dict[str, str]:
     }
 
 
-def repository_root(start: Path) -> Path:
-    """The checkout holding ``start`` (the nearest folder with ``.git``), else the working directory."""
-    start = start.resolve()
-    for folder in (start, *start.parents):
-        if (folder / ".git").exists():
-            return folder
-    return Path.cwd().resolve()
+def _paths_root(source: str) -> Path:
+    """What report paths are relative to: the checkout holding the config, else the working directory."""
+    return repository_root(Path(source).parent if source else Path.cwd()) or Path.cwd().resolve()
 
 
 def shown_path(path: str, root: Path) -> str:

@@ -12,14 +12,13 @@ renamed to ``<run>/``, so a crashed or failed run can never be mistaken for a co
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from gate.errors import ConfigError
-from gate.files import INCOMPLETE_SUFFIX, RUN_FILE
+from gate.files import INCOMPLETE_SUFFIX, RUN_FILE, swap_in
 
 
 @dataclass
@@ -52,7 +51,7 @@ class RunDirectory:
         )
         if not complete:
             return self.work_path
-        os.replace(self.work_path, self.final_path)
+        swap_in(self.work_path, self.final_path, replace=False)  # create() found none
         return self.final_path
 
 

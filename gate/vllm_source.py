@@ -28,7 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from gate import compat
+from gate import compat, host
+from gate.files import recover_swap, staged_folder
 from gate.promptset import sha256_file
 
 REPO_WORKER_ENGINE = Path(__file__).resolve().parent / "worker" / "engine.py"
@@ -62,15 +63,15 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
     Its own variable, so a CI run whose gate cache starts empty can still keep this one (released
     sources never change) on the machine.
     """
-    if cache_dir is None and os.environ.get("GATE_VLLM_SOURCE_DIR"):
-        return Path(os.environ["GATE_VLLM_SOURCE_DIR"])
-    base = Path(cache_dir or os.environ.get("GATE_CACHE_DIR") or Path.home() / ".cache" / "gate")
-    return base / "vllm-source"
+    if cache_dir is not None:
+        return Path(cache_dir or host.cache_root()) / "vllm-source"
+    return host.settings().vllm_source_dir
 
 
 def cached_source(version: str, cache_dir: str | os.PathLike | None = None) -> Path | None:
     """The release's extracted source when the cache holds it in the current format, else None."""
     root = cache_root(cache_dir) / version
+    recover_swap(root)
     try:
         manifest = json.loads((root / "MANIFEST.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -92,24 +93,19 @@ def ensure_source(version: str, cache_dir: str | os.PathLike | None = None) -> P
         return found
     parent = cache_root(cache_dir)
     parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{version}-", dir=parent) as tmp:
+    dest = parent / version
+    with (
+        tempfile.TemporaryDirectory(prefix=f".{version}-", dir=parent) as tmp,
+        staged_folder(dest) as staged,
+    ):
         wheel = _download_wheel(version, Path(tmp) / "wheel")
-        staged = Path(tmp) / "src"
         files = _extract(wheel, staged)
         manifest = {"format": CACHE_FORMAT, "version": version, "wheel": wheel.name,
                     "wheel_sha256": sha256_file(wheel), "files": files}  # fmt: skip
         (staged / "MANIFEST.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
         wheel.unlink()  # 500 MB: gone before the next release is fetched
-        dest = parent / version
-        if dest.exists():  # a stale format, or another process finished first
-            if cached_source(version, cache_dir) is not None:
-                return dest
-            shutil.rmtree(dest)
-        try:
-            staged.rename(dest)
-        except OSError:
-            if cached_source(version, cache_dir) is None:
-                raise
+        if cached_source(version, cache_dir) is not None:  # another process finished first
+            shutil.rmtree(staged)  # keep its folder (a stale format is replaced)
     return dest
 
 

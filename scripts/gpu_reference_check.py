@@ -46,8 +46,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gate import evidence as ev  # noqa: E402
-from gate.request import WorkerRequest  # noqa: E402
+from gate.contract import evidence as ev  # noqa: E402
+from gate.contract.request import WorkerRequest  # noqa: E402
 from gate.worker.grpo import run_grpo  # noqa: E402
 from gate.worker.reference import ReferenceModel, SamplingTransform  # noqa: E402
 

@@ -57,10 +57,11 @@ sys.path.insert(0, str(REPO / "scripts"))
 from noise_study import SMOLLM2_EXAMPLE, _smollm2_raw, record_study_baseline  # noqa: E402
 
 from gate import baseline as bl  # noqa: E402
-from gate import evidence as ev  # noqa: E402
 from gate.checks import grpo as grpo_check  # noqa: E402
 from gate.checks.context import Context  # noqa: E402
 from gate.config import BUILTIN_CONFIG, GateConfig, load_config  # noqa: E402
+from gate.contract import evidence as ev  # noqa: E402
+from gate.contract import keys  # noqa: E402
 from gate.device import cpu_isa  # noqa: E402
 from gate.repeat import REPEAT_FILE, load_summary, rejudge_subset, repetition_seeds, run_repeat  # noqa: E402
 from gate.replay import EngineJob, load_prompts, run_gate  # noqa: E402
@@ -394,7 +395,7 @@ def _grpo_judgment(folder: Path, sigma: float) -> dict[str, Any]:
     base = bl.load(Path(cfg.baseline))
     e = ev.load(folder / "engines" / "new")
     settings = cfg.check_settings[grpo_check.ID]
-    seeds = e.engine["grpo"]["seeds"]
+    seeds = e.engine.grpo["seeds"]
     per_seed = []
     for i, seed in enumerate(seeds):
         one = dataclasses.replace(
@@ -472,8 +473,8 @@ def _sampled_tokens(folder: Path, prompts: int, tokens: int, n_prompts: int) -> 
     counts = []
     for o in summary["per_seed"]:
         e = ev.load(folder / o["dir"] / "engines" / "new")
-        lengths = np.diff(e[f"{ev.SAMPLE}_{ev.OFFSETS}"])
-        keep = np.isin(e[f"{ev.SAMPLE}_{ev.PROMPT_INDEX}"], order)
+        lengths = np.diff(e[f"{keys.SAMPLE}_{keys.OFFSETS}"])
+        keep = np.isin(e[f"{keys.SAMPLE}_{keys.PROMPT_INDEX}"], order)
         counts.append(int(np.minimum(lengths[keep], tokens).sum()))
     return int(np.mean(counts))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 import zipfile
@@ -10,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gate import evidence as ev
+from gate.contract import evidence as ev
+from gate.contract import keys
 
 EFFECTIVE = {
     "logprobs_mode": "processed_logprobs",
@@ -69,10 +71,10 @@ def make_evidence(
     # Fixed sequences through the same model: identical across engines unless tf_offset says otherwise.
     tf_trainer = -np.random.default_rng(1234).uniform(0.05, 3.0, tf_t).astype(np.float32)
     arrays = {
-        ev.PROMPT_OFFSETS: np.concatenate([[0], np.cumsum([len(p) for p in prompts])]).astype(
+        keys.PROMPT_OFFSETS: np.concatenate([[0], np.cumsum([len(p) for p in prompts])]).astype(
             np.int64
         ),
-        ev.PROMPT_TOKEN_IDS: np.concatenate([np.asarray(p, dtype=np.int32) for p in prompts]),
+        keys.PROMPT_TOKEN_IDS: np.concatenate([np.asarray(p, dtype=np.int32) for p in prompts]),
         "sample_prompt_index": np.repeat(np.arange(n_prompts), n).astype(np.int32),
         "sample_sample_index": np.tile(np.arange(n), n_prompts).astype(np.int32),
         "sample_offsets": offsets,
@@ -140,6 +142,18 @@ def make_evidence(
     return ev.load(folder)
 
 
+def with_engine(e: ev.Evidence, **fields) -> ev.Evidence:
+    """``e`` with engine.json's top-level ``fields`` replaced (a hand-made record, as a worker of
+    another release or a corrupted file would have it); returns ``e``."""
+    e.engine = dataclasses.replace(e.engine, **fields)
+    return e
+
+
+def with_identity(e: ev.Evidence, **fields) -> ev.Evidence:
+    """``e`` with engine.json's ``identity`` fields replaced; returns ``e``."""
+    return with_engine(e, identity=dataclasses.replace(e.engine.identity, **fields))
+
+
 RUN = {
     "model": {"sha256": "a" * 64, "path": "/m"},
     "prompt_sets": [{"name": "arith", "sha256": "b" * 64, "records": 20, "file": "x"}],
@@ -193,21 +207,21 @@ def _weight_sync_arrays(mode: str, rng: np.random.Generator) -> dict[str, np.nda
     before = -rng.uniform(0.1, 2.0, t).astype(np.float32)
     again = engine.copy() if mode != "second-update" else (new + 0.4).astype(np.float32)
     second = {
-        "ws_again_is_prefix": is_prefix,
-        "ws_again_token_ids": rng.integers(3, 100, t).astype(np.int32),
-        "ws_again_engine_logprob": again,
-        "ws_again_trainer_new_logprob": new,
+        keys.WS_AGAIN_IS_PREFIX: is_prefix,
+        keys.WS_AGAIN_TOKEN_IDS: rng.integers(3, 100, t).astype(np.int32),
+        keys.WS_AGAIN_ENGINE_LOGPROB: again,
+        keys.WS_AGAIN_TRAINER_NEW_LOGPROB: new,
     }
     return ({} if mode == "no-second" else second) | {
-        "ws_is_prefix": is_prefix,
-        "ws_offsets": np.arange(17, dtype=np.int64) * 4,
-        "ws_token_ids": rng.integers(3, 100, t).astype(np.int32),
-        "ws_engine_logprob": engine,
-        "ws_trainer_new_logprob": new,
-        "ws_trainer_old_logprob": old,
-        "ws_before_is_prefix": is_prefix,
-        "ws_before_engine_logprob": (before + 1e-6).astype(np.float32),
-        "ws_before_trainer_logprob": before,
+        keys.WS_IS_PREFIX: is_prefix,
+        keys.WS_OFFSETS: np.arange(17, dtype=np.int64) * 4,
+        keys.WS_TOKEN_IDS: rng.integers(3, 100, t).astype(np.int32),
+        keys.WS_ENGINE_LOGPROB: engine,
+        keys.WS_TRAINER_NEW_LOGPROB: new,
+        keys.WS_TRAINER_OLD_LOGPROB: old,
+        keys.WS_BEFORE_IS_PREFIX: is_prefix,
+        keys.WS_BEFORE_ENGINE_LOGPROB: (before + 1e-6).astype(np.float32),
+        keys.WS_BEFORE_TRAINER_LOGPROB: before,
     }
 
 
@@ -217,18 +231,18 @@ def _inflight_arrays(rng: np.random.Generator) -> dict[str, np.ndarray]:
     j = np.tile(np.arange(8), 4)
     stale = np.where(j < 3, old, old - 0.3).astype(np.float32)
     return {
-        "wsi_offsets": np.arange(5, dtype=np.int64) * 8,
-        "wsi_update_index": np.zeros(4, dtype=np.int64),
-        "wsi_token_ids": rng.integers(3, 100, 32).astype(np.int64),
-        "wsi_engine_logprob": stale.copy(),
-        "wsi_old_logprob": old,
-        "wsi_rec_logprob": (old - 0.6).astype(np.float32),
-        "wsi_stale_logprob": stale,
-        "wsi_switch_start": np.full(4, 3, dtype=np.int64),
-        "wsi_switch_end": np.full(4, 3, dtype=np.int64),
-        "wsi_finish": np.ones(4, dtype=np.int64),
-        "wsi_aborted_at": np.full(4, -1, dtype=np.int64),
-        "wsi_resubmitted_at": np.full(4, -1, dtype=np.int64),
+        keys.WSI_OFFSETS: np.arange(5, dtype=np.int64) * 8,
+        keys.WSI_UPDATE_INDEX: np.zeros(4, dtype=np.int64),
+        keys.WSI_TOKEN_IDS: rng.integers(3, 100, 32).astype(np.int64),
+        keys.WSI_ENGINE_LOGPROB: stale.copy(),
+        keys.WSI_OLD_LOGPROB: old,
+        keys.WSI_REC_LOGPROB: (old - 0.6).astype(np.float32),
+        keys.WSI_STALE_LOGPROB: stale,
+        keys.WSI_SWITCH_START: np.full(4, 3, dtype=np.int64),
+        keys.WSI_SWITCH_END: np.full(4, 3, dtype=np.int64),
+        keys.WSI_FINISH: np.ones(4, dtype=np.int64),
+        keys.WSI_ABORTED_AT: np.full(4, -1, dtype=np.int64),
+        keys.WSI_RESUBMITTED_AT: np.full(4, -1, dtype=np.int64),
     }
 
 
@@ -247,13 +261,22 @@ def _grpo_arrays(mode: str, steps: int = 6) -> dict[str, np.ndarray]:
         "response_length": np.full(steps, 19.0), "step_s": np.full(steps, 1.0), "push_s": np.full(steps, 0.05),
     }  # fmt: skip
     # standard errors as the worker records them: a tenth of the mean for mismatch metrics
-    se = {"reward": np.full(steps, 0.05), "entropy": np.full(steps, 0.02), "response_length": np.full(steps, 0.5)}
-    se |= {m: 0.1 * np.abs(out[m] - (m == "token_mult_prob_error")) for m in ("k3_kl", "clip_frac", "mean_abs_diff", "token_mult_prob_error")}
+    se = {
+        "reward": np.full(steps, 0.05),
+        "entropy": np.full(steps, 0.02),
+        "response_length": np.full(steps, 0.5),
+    }
+    se |= {
+        m: 0.1 * np.abs(out[m] - (m == "token_mult_prob_error"))
+        for m in ("k3_kl", "clip_frac", "mean_abs_diff", "token_mult_prob_error")
+    }
     out |= {f"{m}_se": v for m, v in se.items()}
-    return {f"grpo_{k}": v[None, :] for k, v in out.items()}
+    return {keys.grpo_key(k): v[None, :] for k, v in out.items()}
 
 
-def make_wheel(folder: Path, name: str, version: str, extra: dict[str, bytes] | None = None) -> Path:
+def make_wheel(
+    folder: Path, name: str, version: str, extra: dict[str, bytes] | None = None
+) -> Path:
     """A minimal pure-Python wheel whose module records its own version, with ``extra`` files."""
     folder.mkdir(parents=True, exist_ok=True)
     dist = f"{name}-{version}.dist-info"

@@ -17,6 +17,7 @@ from typing import Any
 from gate.checks import server_defaults, stop_tokens
 from gate.checks.base import CheckResult, CheckSpec, Measurement
 from gate.checks.setting_meaning import EngineFacts, Meaning, meaning, restore_advice
+from gate.contract.engine_record import EngineRecord
 from gate.verdict import Status, worst
 
 ID = "config-parity"
@@ -46,14 +47,14 @@ _STATUS = {"fail": Status.FAIL, "warn": Status.WARN, "info": Status.PASS}
 _DSP = "default_sampling_params"
 
 
-def settings_of(engine_meta: dict[str, Any]) -> dict[str, Any]:
+def settings_of(record: EngineRecord) -> dict[str, Any]:
     """Flatten the behaviour-relevant settings an engine reported into one mapping."""
-    flat = dict(engine_meta.get("effective", {}))
-    for key, value in (engine_meta.get(_DSP) or {}).items():
+    flat = dict(record.effective)
+    for key, value in (record.default_sampling_params or {}).items():
         flat[f"{_DSP}.{key}"] = value
-    flat["generation_config_overrides"] = engine_meta.get("generation_config_overrides")
-    flat["engine_generation"] = engine_meta.get("identity", {}).get("engine_generation")
-    flat["dropped_engine_args"] = engine_meta.get("dropped_engine_args")
+    flat["generation_config_overrides"] = record.generation_config_overrides
+    flat["engine_generation"] = record.identity.engine_generation
+    flat["dropped_engine_args"] = record.dropped_engine_args
     return flat
 
 
@@ -80,14 +81,14 @@ class SettingDiff:
         return self.comparable and self.old.value == self.new.value
 
 
-def _meaning_of(key: str, flat: dict[str, Any], meta: dict[str, Any]) -> Meaning:
-    if key.startswith(_DSP + ".") and meta.get(_DSP) is None:
+def _meaning_of(key: str, flat: dict[str, Any], record: EngineRecord) -> Meaning:
+    if key.startswith(_DSP + ".") and record.default_sampling_params is None:
         # A release without LLM.get_default_sampling_params records none: its defaults are unknown.
         return Meaning(None, known=False, how="engine records no default sampling params")
-    return meaning(key, flat.get(key), EngineFacts.of(meta, flat))
+    return meaning(key, flat.get(key), EngineFacts.of(record.identity, flat))
 
 
-def compare(old_meta: dict[str, Any], new_meta: dict[str, Any]) -> list[SettingDiff]:
+def compare(old_meta: EngineRecord, new_meta: EngineRecord) -> list[SettingDiff]:
     """Every setting whose recorded value differs, sorted by key, with what each value means."""
     old, new = settings_of(old_meta), settings_of(new_meta)
     keys = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
@@ -141,7 +142,7 @@ def run(ctx, settings) -> CheckResult:
     if ctx.old is not None:
         reference, label = ctx.old.engine, "old"
     elif ctx.baseline is not None:
-        reference, label = ctx.baseline.manifest.get("engine", {}), "baseline"
+        reference, label = ctx.baseline.engine, "baseline"
     else:
         return CheckResult(ID, TITLE, Status.SKIP, "no old engine and no baseline to compare with")
     policy = settings.options["policy"]
@@ -166,8 +167,8 @@ def run(ctx, settings) -> CheckResult:
         measurements.append(stop.measurement)
         problems.append(stop.problem)
     # What the user asked for but the engine overrode (e.g. async scheduling the platform refuses).
-    requested = ctx.new.engine.get("requested_engine_args", {})
-    effective = ctx.new.engine.get("effective", {})
+    requested = ctx.new.engine.requested_engine_args
+    effective = ctx.new.engine.effective
     overridden = {
         k: (v, effective[k]) for k, v in requested.items() if k in effective and effective[k] != v
     }

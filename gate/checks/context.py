@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gate import evidence as ev
-from gate.evidence import Evidence, SampledPairs, sampled_pairs  # noqa: F401 (re-exported)
+from gate.contract import keys
+from gate.contract.evidence import Evidence, SampledPairs, sampled_pairs  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from gate.baseline import Baseline
@@ -69,7 +69,7 @@ class Context:
 
 
 def sequences(e: Evidence, group: str) -> list[np.ndarray]:
-    off, ids = e[f"{group}_{ev.OFFSETS}"], e[f"{group}_{ev.TOKEN_IDS}"]
+    off, ids = e[f"{group}_{keys.OFFSETS}"], e[f"{group}_{keys.TOKEN_IDS}"]
     return np.split(ids, off[1:-1])
 
 
@@ -83,9 +83,9 @@ def per_prompt(
     """
     from gate.metrics import per_group_mean
 
-    offsets = e[f"{group}_{ev.OFFSETS}"] if offsets is None else offsets
-    return per_group_mean(per_token, offsets, e[f"{group}_{ev.PROMPT_INDEX}"], e.n_prompts)
+    offsets = e[f"{group}_{keys.OFFSETS}"] if offsets is None else offsets
+    return per_group_mean(per_token, offsets, e[f"{group}_{keys.PROMPT_INDEX}"], e.n_prompts)
 
 
-# SampledPairs and sampled_pairs live in gate.evidence (the baseline writer reads them too); the
+# SampledPairs and sampled_pairs live in gate.contract.evidence (the baseline writer reads them too); the
 # checks import them from here.

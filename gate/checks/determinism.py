@@ -44,8 +44,8 @@ def _measurement(engine: str, record: dict[str, Any]) -> Measurement:
 
 
 def run(ctx, settings) -> CheckResult:
-    new = ctx.new.engine.get("batch_invariance")
-    old = ctx.old.engine.get("batch_invariance") if ctx.old is not None else None
+    new = ctx.new.engine.batch_invariance
+    old = ctx.old.engine.batch_invariance if ctx.old is not None else None
     if new is None and old is None:
         return CheckResult(ID, TITLE, Status.SKIP,
                            "not measured: no engine ran in vLLM's batch-invariant mode and "

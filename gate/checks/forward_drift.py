@@ -19,9 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from gate import evidence as ev
 from gate.baseline import design_statement
 from gate.checks.base import CheckResult, CheckSpec, Limit, Measurement, Threshold, measure
+from gate.contract import evidence as ev
+from gate.contract import keys
 from gate.verdict import Status, worst
 
 ID = "forward-drift"
@@ -56,7 +57,7 @@ def pair_noise(ctx, metric: str) -> tuple[float | None, str]:
     calibrated = ctx.noise(metric)
     if calibrated is not None:
         return calibrated, "calibrated A/A (baseline)" + _design(ctx, metric)
-    device = (ctx.new.engine.get("identity") or {}).get("device_kind")
+    device = ctx.new.engine.device_kind
     if device not in (None, "cpu"):
         return NOISY_AA[
             metric
@@ -76,22 +77,22 @@ def aligned_teacher_forced(
     a: ev.Evidence, b: ev.Evidence
 ) -> tuple[np.ndarray, np.ndarray, int, int]:
     """(lp_a, lp_b) over sequences with identical token ids in both; (.., compared, skipped)."""
-    key_ids, key_off = f"{ev.TF}_input_ids", f"{ev.TF}_input_offsets"
-    lp = f"{ev.TF}_{ev.ENGINE_LOGPROB}"
+    key_ids, key_off = f"{keys.TF}_input_ids", f"{keys.TF}_input_offsets"
+    lp = f"{keys.TF}_{keys.ENGINE_LOGPROB}"
     if np.array_equal(a[key_off], b[key_off]) and np.array_equal(a[key_ids], b[key_ids]):
         return a[lp].astype(np.float64), b[lp].astype(np.float64), len(a[key_off]) - 1, 0
     seqs_a = np.split(a[key_ids], a[key_off][1:-1])
     seqs_b = {
         int(p): s
         for p, s in zip(
-            b[f"{ev.TF}_{ev.PROMPT_INDEX}"], np.split(b[key_ids], b[key_off][1:-1]), strict=True
+            b[f"{keys.TF}_{keys.PROMPT_INDEX}"], np.split(b[key_ids], b[key_off][1:-1]), strict=True
         )
     }
-    lps_a = np.split(a[lp], a[f"{ev.TF}_{ev.OFFSETS}"][1:-1])
+    lps_a = np.split(a[lp], a[f"{keys.TF}_{keys.OFFSETS}"][1:-1])
     lps_b = dict(
         zip(
-            b[f"{ev.TF}_{ev.PROMPT_INDEX}"].tolist(),
-            np.split(b[lp], b[f"{ev.TF}_{ev.OFFSETS}"][1:-1]),
+            b[f"{keys.TF}_{keys.PROMPT_INDEX}"].tolist(),
+            np.split(b[lp], b[f"{keys.TF}_{keys.OFFSETS}"][1:-1]),
             strict=True,
         )
     )
@@ -99,7 +100,7 @@ def aligned_teacher_forced(
     keep_b: list[np.ndarray] = []
     skipped = 0
     for p, seq, values in zip(
-        a[f"{ev.TF}_{ev.PROMPT_INDEX}"].tolist(), seqs_a, lps_a, strict=True
+        a[f"{keys.TF}_{keys.PROMPT_INDEX}"].tolist(), seqs_a, lps_a, strict=True
     ):  # per sequence
         other = seqs_b.get(p)
         if other is not None and np.array_equal(seq, other):
@@ -157,13 +158,11 @@ def run(ctx, settings) -> CheckResult:
     )
     diagnosis = ""
     if status in (Status.WARN, Status.FAIL):
-        new_eff = ctx.new.engine.get("effective", {})
+        new_eff = ctx.new.engine.effective
         if ctx.old is not None:
-            base_eff = ctx.old.engine.get("effective", {})
+            base_eff = ctx.old.engine.effective
         else:
-            base_eff = (
-                ctx.baseline.manifest.get("engine", {}).get("effective", {}) if ctx.baseline else {}
-            )
+            base_eff = ctx.baseline.engine.effective if ctx.baseline else {}
         hints = [
             f"{k}: {base_eff.get(k)} -> {new_eff.get(k)}"
             for k in (
@@ -190,5 +189,5 @@ SPEC = CheckSpec(
     run=run,
     thresholds=THRESHOLDS,
     compares_engine_logprobs=True,
-    requires=(f"{ev.TF}_{ev.ENGINE_LOGPROB}", "teacher_forced.enabled: false"),
+    requires=(f"{keys.TF}_{keys.ENGINE_LOGPROB}", "teacher_forced.enabled: false"),
 )

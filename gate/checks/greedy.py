@@ -28,9 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from gate import evidence as ev
 from gate.checks.base import CheckResult, CheckSpec, Limit, Threshold, measure
 from gate.checks.context import sequences
+from gate.contract import evidence as ev
+from gate.contract import keys
 from gate.metrics import greedy_agreement, length_ratio, length_ratio_se
 from gate.verdict import Status, worst
 
@@ -74,13 +75,13 @@ def run(ctx, settings) -> CheckResult:
     refs = ctx.references()
     if not refs:
         return CheckResult(ID, TITLE, Status.SKIP, "no baseline and no old engine to compare with")
-    g, s = ev.GREEDY, ev.SAMPLE
+    g, s = keys.GREEDY, keys.SAMPLE
     measurements, details = [], {}
     for label, ref in refs:
         entry: dict[str, Any] = {}  # JSON details: the agreement's figures and the length ratio
-        if f"{g}_{ev.OFFSETS}" in ctx.new.arrays and f"{g}_{ev.OFFSETS}" in ref.arrays:
-            agree = greedy_agreement(ctx.new[f"{g}_{ev.TOKEN_IDS}"], ctx.new[f"{g}_{ev.OFFSETS}"],
-                                     ref[f"{g}_{ev.TOKEN_IDS}"], ref[f"{g}_{ev.OFFSETS}"])  # fmt: skip
+        if f"{g}_{keys.OFFSETS}" in ctx.new.arrays and f"{g}_{keys.OFFSETS}" in ref.arrays:
+            agree = greedy_agreement(ctx.new[f"{g}_{keys.TOKEN_IDS}"], ctx.new[f"{g}_{keys.OFFSETS}"],
+                                     ref[f"{g}_{keys.TOKEN_IDS}"], ref[f"{g}_{keys.OFFSETS}"])  # fmt: skip
             noise = ctx.noise("greedy_mismatch_rate")
             m = measure("greedy_exact_match_rate", agree.exact_match_rate,
                         match_threshold(th["greedy_exact_match_rate"], noise), engine=f"vs {label}")  # fmt: skip
@@ -102,11 +103,11 @@ def run(ctx, settings) -> CheckResult:
                 )
             )
             entry["same_seed_sample_match_rate"] = same_seed
-        ratio = length_ratio(ctx.new[f"{s}_{ev.OFFSETS}"], ref[f"{s}_{ev.OFFSETS}"])
+        ratio = length_ratio(ctx.new[f"{s}_{keys.OFFSETS}"], ref[f"{s}_{keys.OFFSETS}"])
         # Two engines whose samplers draw other samples from one seed compare two draws: their
         # mean lengths differ by chance (SmolLM2 at n 2: x0.934 from 112 samples a side, clean).
         # The standard error stands in for the A/A reading, whichever is larger.
-        se = length_ratio_se(ctx.new[f"{s}_{ev.OFFSETS}"], ref[f"{s}_{ev.OFFSETS}"])
+        se = length_ratio_se(ctx.new[f"{s}_{keys.OFFSETS}"], ref[f"{s}_{keys.OFFSETS}"])
         calibrated = ctx.noise("length_ratio_deviation")
         noise = max(calibrated, se) if calibrated is not None else (se or None)
         length = measure("length_ratio_deviation", abs(ratio - 1.0), th["length_ratio_deviation"],
@@ -139,13 +140,15 @@ SAME_SEED = "same_seed_sample_match_rate"
 def _same_seed_samples(new: ev.Evidence, ref: ev.Evidence) -> float | None:
     """The share of sampled completions identical to ``ref``'s, sequence by sequence; None where
     the two did not sample the same prompts x n (nothing to pair)."""
-    s = ev.SAMPLE
-    keys = (f"{s}_{ev.TOKEN_IDS}", f"{s}_{ev.OFFSETS}", f"{s}_{ev.PROMPT_INDEX}")
-    if not all(k in new.arrays and k in ref.arrays for k in keys):
+    s = keys.SAMPLE
+    needed = (f"{s}_{keys.TOKEN_IDS}", f"{s}_{keys.OFFSETS}", f"{s}_{keys.PROMPT_INDEX}")
+    if not all(k in new.arrays and k in ref.arrays for k in needed):
         return None
-    if not np.array_equal(new[keys[2]], ref[keys[2]]):
+    if not np.array_equal(new[needed[2]], ref[needed[2]]):
         return None
-    return greedy_agreement(new[keys[0]], new[keys[1]], ref[keys[0]], ref[keys[1]]).exact_match_rate
+    return greedy_agreement(
+        new[needed[0]], new[needed[1]], ref[needed[0]], ref[needed[1]]
+    ).exact_match_rate
 
 
 def _examples(
@@ -153,9 +156,9 @@ def _examples(
 ) -> list[dict[str, Any]]:
     """The reference's and the new engine's greedy completions of the sequences ``which``, decoded
     (untrusted text, escaped where it is rendered), with the prompt id and the first differing token."""
-    g = ev.GREEDY
+    g = keys.GREEDY
     new_seqs, ref_seqs = sequences(new, g), sequences(ref, g)
-    prompt_of = new[f"{g}_{ev.PROMPT_INDEX}"]
+    prompt_of = new[f"{g}_{keys.PROMPT_INDEX}"]
     names = new.texts.get("prompt_ids") if isinstance(new.texts, dict) else None
     out = []
     for i in which.tolist():

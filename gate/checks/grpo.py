@@ -23,6 +23,7 @@ import numpy as np
 from gate import baseline as bl
 from gate.checks.base import CheckResult, CheckSpec, Measurement
 from gate.checks.weight_sync import push_failure
+from gate.contract import keys
 from gate.verdict import Status, worst
 
 ID = "grpo-trajectory"
@@ -76,27 +77,25 @@ def first_exit(values: np.ndarray, low: np.ndarray, high: np.ndarray) -> int | N
 
 
 def _trajectories(e) -> dict[str, np.ndarray] | None:
-    if e is None or "grpo_reward" not in e.arrays:
+    if e is None or keys.GRPO_REWARD not in e.arrays:
         return None
     return {
-        m: np.atleast_2d(e[f"grpo_{m}"]).astype(np.float64)
+        m: np.atleast_2d(e[keys.grpo_key(m)]).astype(np.float64)
         for m in (*BANDS, *(f"{b}_se" for b in BANDS), *INFO)
-        if f"grpo_{m}" in e.arrays
+        if keys.grpo_key(m) in e.arrays
     }
 
 
 def run(ctx, settings) -> CheckResult:
     failed = (
-        push_failure(ctx.new.engine.get("grpo") or {}, ID, TITLE, "The GRPO run")
+        push_failure(ctx.new.engine.grpo, ID, TITLE, "The GRPO run")
         if ctx.new is not None
         else None
     )
     if failed is not None:
         return failed
     new = _trajectories(ctx.new)
-    unsupported = (
-        (ctx.new.engine.get("grpo") or {}).get("unsupported") if ctx.new is not None else None
-    )
+    unsupported = ctx.new.engine.grpo.get("unsupported") if ctx.new is not None else None
     if new is None and unsupported:  # asked for, but the engine offers no weight push gate knows
         return CheckResult(ID, TITLE, Status.ERROR, "the GRPO run could not run: no weight push for this engine",
                            f"{unsupported[:1].upper()}{unsupported[1:]}.", details={"unsupported": unsupported})  # fmt: skip

@@ -31,6 +31,7 @@ import numpy as np
 
 from gate.checks.base import CheckResult, CheckSpec, Measurement
 from gate.checks.weight_sync import push_failure
+from gate.contract import keys
 from gate.verdict import Status
 
 ID = "inflight-update"
@@ -107,9 +108,9 @@ def tolerance(e, factor: float, floor: float) -> float | None:
     it where the engine then held the new weights. A push that missed them (weight-sync FAILs it)
     measures the miss, not the engine's noise: taken in, it let a partial update in flight pass for
     "old weights" (row 27a)."""
-    pairs = [("ws_before_engine_logprob", "ws_before_trainer_logprob")]
+    pairs = [(keys.WS_BEFORE_ENGINE_LOGPROB, keys.WS_BEFORE_TRAINER_LOGPROB)]
     if idle_push_took(e):
-        pairs.append(("ws_engine_logprob", "ws_trainer_new_logprob"))
+        pairs.append((keys.WS_ENGINE_LOGPROB, keys.WS_TRAINER_NEW_LOGPROB))
     gaps = []
     for eng, ref in pairs:
         if eng in e.arrays and ref in e.arrays and len(e[eng]):
@@ -124,15 +125,15 @@ def idle_push_took(e) -> bool:
     |engine - trainer|; True where the old weights' logprobs were not recorded."""
     a = e.arrays
     if (
-        "ws_trainer_old_logprob" not in a
-        or "ws_engine_logprob" not in a
-        or not len(a["ws_engine_logprob"])
+        keys.WS_TRAINER_OLD_LOGPROB not in a
+        or keys.WS_ENGINE_LOGPROB not in a
+        or not len(a[keys.WS_ENGINE_LOGPROB])
     ):
         return True
-    eng = a["ws_engine_logprob"].astype(np.float64)
+    eng = a[keys.WS_ENGINE_LOGPROB].astype(np.float64)
     return bool(
-        np.mean(np.abs(eng - a["ws_trainer_new_logprob"]))
-        < np.mean(np.abs(eng - a["ws_trainer_old_logprob"]))
+        np.mean(np.abs(eng - a[keys.WS_TRAINER_NEW_LOGPROB]))
+        < np.mean(np.abs(eng - a[keys.WS_TRAINER_OLD_LOGPROB]))
     )
 
 
@@ -141,22 +142,27 @@ def attribute(arrays: dict[str, np.ndarray], names: list[str], tol: float,
     """Label every token of every request, per update (``names``: the updates in run order;
     ``max_tokens``: what each request was asked for, so a shorter one counts as lost;
     ``steps_inside``: per update, engine steps between its first and last call, where recorded)."""
-    offsets = arrays["wsi_offsets"]
-    eng = arrays["wsi_engine_logprob"].astype(np.float64)
+    offsets = arrays[keys.WSI_OFFSETS]
+    eng = arrays[keys.WSI_ENGINE_LOGPROB].astype(np.float64)
     fits = {
-        k: np.abs(eng - arrays[f"wsi_{k.lower()}_logprob"]) <= tol for k in ("OLD", "STALE", "REC")
+        k: np.abs(eng - arrays[name]) <= tol
+        for k, name in (
+            ("OLD", keys.WSI_OLD_LOGPROB),
+            ("STALE", keys.WSI_STALE_LOGPROB),
+            ("REC", keys.WSI_REC_LOGPROB),
+        )
     }
-    update_of = arrays["wsi_update_index"]
+    update_of = arrays[keys.WSI_UPDATE_INDEX]
     lengths = np.diff(offsets)
     # Each token's place in its request, and the request's switch points, per token.
     row = np.repeat(np.arange(len(lengths)), lengths)
     j = np.arange(len(eng)) - offsets[:-1][row]
-    start, end = arrays["wsi_switch_start"][row], arrays["wsi_switch_end"][row]
+    start, end = arrays[keys.WSI_SWITCH_START][row], arrays[keys.WSI_SWITCH_END][row]
     # Where the update's first call ran: before it every token must be OLD. An update whose calls
     # spanned engine steps has its STALE switch fitted inside [first call, last call], and tokens
     # between the first call and that fit ran on weights the update had begun to change (row 30a
     # on SmolLM2: 30 per-layer calls, STALE fitted 14-25 tokens past the first one).
-    first = arrays.get("wsi_switch_lower", arrays["wsi_switch_start"])[row]
+    first = arrays.get(keys.WSI_SWITCH_LOWER, arrays[keys.WSI_SWITCH_START])[row]
     post = j >= start
     inside = j >= first
     # Before the switch STALE is OLD by construction: only OLD against REC tells anything there.
@@ -177,8 +183,8 @@ def attribute(arrays: dict[str, np.ndarray], names: list[str], tol: float,
         a = Attribution(
             name=name,
             labels=["".join(letters[offsets[r] : offsets[r + 1]]) for r in rows],
-            switch_start=arrays["wsi_switch_start"][rows].tolist(),
-            switch_end=arrays["wsi_switch_end"][rows].tolist(),
+            switch_start=arrays[keys.WSI_SWITCH_START][rows].tolist(),
+            switch_end=arrays[keys.WSI_SWITCH_END][rows].tolist(),
             pre_tokens=int(np.count_nonzero(mask & ~inside)),
             pre_not_old=int(np.count_nonzero(mask & ~inside & ~fits["OLD"])),
             post_tokens=int(np.count_nonzero(mask & inside)),
@@ -189,9 +195,9 @@ def attribute(arrays: dict[str, np.ndarray], names: list[str], tol: float,
             },
             stale_after_update=int(np.count_nonzero(mask & (j > end) & unique["OLD"])),
             lost=_lost(arrays, rows, lengths, max_tokens),
-            switch_lower=_per_row(arrays, "wsi_switch_lower", rows, "wsi_switch_start"),
-            switch_upper=_per_row(arrays, "wsi_switch_upper", rows, "wsi_switch_start"),
-            version_switch=_per_row(arrays, "wsi_version_switch", rows, None),
+            switch_lower=_per_row(arrays, keys.WSI_SWITCH_LOWER, rows, keys.WSI_SWITCH_START),
+            switch_upper=_per_row(arrays, keys.WSI_SWITCH_UPPER, rows, keys.WSI_SWITCH_START),
+            version_switch=_per_row(arrays, keys.WSI_VERSION_SWITCH, rows, None),
             steps_inside=steps_inside[u] if steps_inside and u < len(steps_inside) else None,
         )
         out.append(a)
@@ -210,11 +216,11 @@ def _per_row(
 def _lost(arrays: dict[str, np.ndarray], rows: np.ndarray, lengths: np.ndarray,
           max_tokens: int | None) -> list[str]:  # fmt: skip
     """Why each lost request of ``rows`` is lost: aborted, cut short, or without logprobs."""
-    eng, offsets = arrays["wsi_engine_logprob"], arrays["wsi_offsets"]
+    eng, offsets = arrays[keys.WSI_ENGINE_LOGPROB], arrays[keys.WSI_OFFSETS]
     found = []
     for r in rows.tolist():
         n = int(lengths[r])
-        if arrays["wsi_finish"][r] == FINISH_ABORT:
+        if arrays[keys.WSI_FINISH][r] == FINISH_ABORT:
             found.append(f"request {r}: aborted after {n} tokens and not resubmitted")
         elif max_tokens is not None and n < max_tokens:
             found.append(f"request {r}: {n} of {max_tokens} tokens")
@@ -270,7 +276,7 @@ def shown(name: str) -> str:
 
 
 def _section(e) -> dict[str, Any]:
-    return e.engine.get("weight_sync_inflight") or {}
+    return e.engine.weight_sync_inflight
 
 
 def _attributions(e, opts) -> tuple[list[Attribution] | None, str | None, float | None]:
@@ -290,7 +296,7 @@ def _attributions(e, opts) -> tuple[list[Attribution] | None, str | None, float 
 
 def _skip_reason(e) -> str | None:
     section = _section(e)
-    if "wsi_offsets" in e.arrays:
+    if keys.WSI_OFFSETS in e.arrays:
         return None
     if section.get("not_covered"):
         return f"not covered: {section['not_covered']}"
@@ -356,7 +362,7 @@ def run(ctx, settings) -> CheckResult:
 def _old_attributions(ctx, opts) -> dict[str, Attribution]:
     if (
         ctx.old is None
-        or "wsi_offsets" not in ctx.old.arrays
+        or keys.WSI_OFFSETS not in ctx.old.arrays
         or _section(ctx.old).get("updates") is None
     ):
         return {}

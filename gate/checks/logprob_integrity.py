@@ -32,9 +32,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gate import evidence as ev
 from gate.checks.base import CheckResult, CheckSpec, Limit, Measurement, Threshold, measure
 from gate.checks.prefill_decode import SEQUENCE_ERROR_BAR, PrefillDecode, compare
+from gate.contract import evidence as ev
+from gate.contract import keys
 from gate.verdict import Status, worst
 
 ID = "logprob-integrity"
@@ -42,16 +43,16 @@ TITLE = "Logprob integrity"
 
 # Per-token engine logprobs, by the evidence key, with what a reader calls them.
 ENGINE_LOGPROBS = {
-    f"{ev.SAMPLE}_{ev.ENGINE_LOGPROB}": "sampled",
-    f"{ev.GREEDY}_{ev.ENGINE_LOGPROB}": "greedy",
-    f"{ev.TF}_{ev.ENGINE_LOGPROB}": "teacher-forced",
-    "ws_before_engine_logprob": "weight-sync (before the push)",
-    "ws_engine_logprob": "weight-sync (after the push)",
-    "ws_again_engine_logprob": "weight-sync (pushed again)",
-    "ws_wake_engine_logprob": "weight-sync (after sleep and wake)",
+    f"{keys.SAMPLE}_{keys.ENGINE_LOGPROB}": "sampled",
+    f"{keys.GREEDY}_{keys.ENGINE_LOGPROB}": "greedy",
+    f"{keys.TF}_{keys.ENGINE_LOGPROB}": "teacher-forced",
+    keys.WS_BEFORE_ENGINE_LOGPROB: "weight-sync (before the push)",
+    keys.WS_ENGINE_LOGPROB: "weight-sync (after the push)",
+    keys.WS_AGAIN_ENGINE_LOGPROB: "weight-sync (pushed again)",
+    keys.WS_WAKE_ENGINE_LOGPROB: "weight-sync (after sleep and wake)",
 }
 # Groups whose positions carry a top-logprobs list.
-TOP_LIST_GROUPS = (ev.SAMPLE, ev.GREEDY)
+TOP_LIST_GROUPS = (keys.SAMPLE, keys.GREEDY)
 SHOWN_POSITIONS = 8  # positions named in the report; the count is always whole
 
 # What a malformed list breaks, worded for the report (kind -> explanation).
@@ -157,13 +158,13 @@ def engines_with_nonfinite(ctx) -> list[str]:
 
 
 def _vocab(e: ev.Evidence) -> int | None:
-    size = (e.engine.get("reference") or {}).get("vocab_size")
+    size = e.engine.reference.get("vocab_size")
     return int(size) if isinstance(size, int) and size > 0 else None
 
 
 def _where(e: ev.Evidence, group: str, flat: np.ndarray) -> list[str]:
     """'prompt P sample S token T' for the first few flat token indices of a group."""
-    offsets = e.arrays.get(f"{group}_{ev.OFFSETS}")
+    offsets = e.arrays.get(f"{group}_{keys.OFFSETS}")
     if offsets is None:
         return [f"token {int(i)}" for i in flat[:SHOWN_POSITIONS]]
     shown = flat[:SHOWN_POSITIONS].tolist()
@@ -186,11 +187,11 @@ def _engine_result(name: str, e: ev.Evidence, settings) -> tuple[list[Measuremen
     malformed = positions = 0
     examples: list[str] = []
     for group in TOP_LIST_GROUPS:
-        ids = e.arrays.get(f"{group}_{ev.TOPK_IDS}")
+        ids = e.arrays.get(f"{group}_{keys.TOPK_IDS}")
         if ids is None or ids.ndim != 2 or ids.shape[1] == 0:
             continue
-        lists = top_list_findings(ids, e[f"{group}_{ev.TOPK_LOGPROBS}"], e[f"{group}_{ev.TOKEN_IDS}"],
-                                  e[f"{group}_{ev.ENGINE_LOGPROB}"], e.arrays.get(f"{group}_{ev.ENGINE_RANK}"),
+        lists = top_list_findings(ids, e[f"{group}_{keys.TOPK_LOGPROBS}"], e[f"{group}_{keys.TOKEN_IDS}"],
+                                  e[f"{group}_{keys.ENGINE_LOGPROB}"], e.arrays.get(f"{group}_{keys.ENGINE_RANK}"),
                                   _vocab(e))  # fmt: skip
         if lists.nonfinite_values.any():
             flat = np.flatnonzero(lists.nonfinite_values)
@@ -224,7 +225,7 @@ def _engine_result(name: str, e: ev.Evidence, settings) -> tuple[list[Measuremen
 
 def _prefill_details(e: ev.Evidence, pd: PrefillDecode) -> dict:
     names = e.texts.get("prompt_ids") if isinstance(e.texts, dict) else None
-    prompts = e.arrays.get(f"{ev.GREEDY}_{ev.PROMPT_INDEX}")
+    prompts = e.arrays.get(f"{keys.GREEDY}_{keys.PROMPT_INDEX}")
     shown = []
     for s in pd.disagreeing[:SHOWN_POSITIONS].tolist():
         p = int(prompts[s]) if prompts is not None and s < len(prompts) else s

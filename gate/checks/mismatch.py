@@ -35,12 +35,12 @@ from typing import Any
 
 import numpy as np
 
-from gate import evidence as ev
 from gate.checks.base import CheckResult, CheckSpec, Limit, Measurement, Threshold, measure
 from gate.checks.context import Context, per_prompt, sampled_pairs
 from gate.checks.semantics import penalties_cause
 from gate.checks.support import KeptMass, applies, kept_mass
-from gate.evidence import Evidence
+from gate.contract import keys
+from gate.contract.evidence import Evidence
 from gate.metrics import bootstrap_mean_diff_ci, largest_abs_diff, mismatch
 from gate.verdict import Status, worst
 
@@ -107,7 +107,9 @@ def _d_stats(pairs, clip_eps: float):
 
 def run(ctx, settings) -> CheckResult:
     opts, th = settings.options, settings.thresholds
-    trainer_key = ev.TRAINER_PROCESSED if opts["trainer_logprob"] == "processed" else ev.TRAINER_RAW
+    trainer_key = (
+        keys.TRAINER_PROCESSED if opts["trainer_logprob"] == "processed" else keys.TRAINER_RAW
+    )
     # Tokens the requested top-k/top-p excludes have no finite d: logprob-semantics reports them.
     pairs = {name: sampled_pairs(e, trainer_key) for name, e in ctx.engines()}
     stats = {name: _d_stats(p, opts["clip_eps"]) for name, p in pairs.items()}
@@ -144,7 +146,7 @@ def run(ctx, settings) -> CheckResult:
         if k is not None:
             details[name]["support"] = asdict(k) | {"mean_ratio": k.mean}
     if ctx.old is not None:
-        g = ev.SAMPLE
+        g = keys.SAMPLE
         per = {
             n: per_prompt(
                 e, g, abs(pairs[n].trainer.astype(float) - pairs[n].engine), pairs[n].offsets
@@ -321,12 +323,15 @@ def worst_tokens(e: Evidence, engine: str, trainer_key: str, n: int) -> list[Wor
     excludes have none and are never listed. The selection is vectorised; only the chosen rows are
     assembled one by one.
     """
-    g = ev.SAMPLE
-    trainer, engine_lp = e[f"{g}_{trainer_key}"], e[f"{g}_{ev.ENGINE_LOGPROB}"]
+    g = keys.SAMPLE
+    trainer, engine_lp = e[f"{g}_{trainer_key}"], e[f"{g}_{keys.ENGINE_LOGPROB}"]
     chosen = largest_abs_diff(trainer, engine_lp, n)
-    offsets, token_ids = e[f"{g}_{ev.OFFSETS}"], e[f"{g}_{ev.TOKEN_IDS}"]
+    offsets, token_ids = e[f"{g}_{keys.OFFSETS}"], e[f"{g}_{keys.TOKEN_IDS}"]
     seqs = np.searchsorted(offsets, chosen, side="right") - 1  # the sequence holding each token
-    prompt_index, sample_index = e[f"{g}_{ev.PROMPT_INDEX}"], e.arrays.get(f"{g}_{ev.SAMPLE_INDEX}")
+    prompt_index, sample_index = (
+        e[f"{g}_{keys.PROMPT_INDEX}"],
+        e.arrays.get(f"{g}_{keys.SAMPLE_INDEX}"),
+    )
     prompt_names = _prompt_names(e)
     rows: list[WorstToken] = []
     for rank, (t, s) in enumerate(zip(chosen.tolist(), seqs.tolist(), strict=True), start=1):

@@ -21,15 +21,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from gate import evidence as ev
 from gate.checks.temperature_fit import evidence_logit_noise
+from gate.contract import evidence as ev
+from gate.contract import keys
 
 EDGE_MARGIN = 2.0  # the noise band, in 99th percentiles of the measured discrepancy (module doc)
 
 
 def decidably_outside(e: ev.Evidence, sampling: dict) -> int:
     """Sampled tokens the reference's transform excludes, less those on its edge."""
-    outside = int(np.count_nonzero(~np.isfinite(e[f"{ev.SAMPLE}_{ev.TRAINER_PROCESSED}"])))
+    outside = int(np.count_nonzero(~np.isfinite(e[f"{keys.SAMPLE}_{keys.TRAINER_PROCESSED}"])))
     return outside - undecidable_outside(e, sampling)[0]
 
 
@@ -44,11 +45,11 @@ def undecidable_outside(e: ev.Evidence, sampling: dict) -> tuple[int, float | No
     ``delta`` in the logits above against those below moves those log-odds by ``delta / T``). A bf16
     engine and a bf16 trainer trunk round differently, and where the cut falls is then no finding.
     """
-    outside = ~np.isfinite(e[f"{ev.SAMPLE}_{ev.TRAINER_PROCESSED}"])
-    edge = e.arrays.get(f"{ev.SAMPLE}_{ev.TRAINER_AT_BOUNDARY}")
+    outside = ~np.isfinite(e[f"{keys.SAMPLE}_{keys.TRAINER_PROCESSED}"])
+    edge = e.arrays.get(f"{keys.SAMPLE}_{keys.TRAINER_AT_BOUNDARY}")
     edge = np.zeros_like(outside) if edge is None else edge.astype(bool)
-    gap = e.arrays.get(f"{ev.SAMPLE}_{ev.TRAINER_BOUNDARY_GAP}")
-    mass = e.arrays.get(f"{ev.SAMPLE}_{ev.TRAINER_MASS_ABOVE}")
+    gap = e.arrays.get(f"{keys.SAMPLE}_{keys.TRAINER_BOUNDARY_GAP}")
+    mass = e.arrays.get(f"{keys.SAMPLE}_{keys.TRAINER_MASS_ABOVE}")
     quantile = evidence_logit_noise(e) if gap is not None or mass is not None else None
     band = None if quantile is None else EDGE_MARGIN * quantile
     if band is not None:

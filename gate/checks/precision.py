@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gate import evidence as ev
 from gate.checks.base import CheckResult, CheckSpec, Measurement
+from gate.contract import keys
 from gate.verdict import Status
 
 ID = "precision"
@@ -72,10 +72,10 @@ def run(ctx, settings) -> CheckResult:
     expect = opts["expect_lm_head"]
     found, measurements, grids = {}, [], {}
     for name, e in ctx.engines():
-        engine = e[f"{ev.TF}_{ev.ENGINE_LOGPROB}"].astype(np.float64)
-        d_fp32 = float(np.abs(engine - e[f"{ev.TF}_{ev.TRAINER_RAW}"]).mean())
-        d_bf16 = float(np.abs(engine - e[f"{ev.TF}_{ev.TRAINER_RAW_BF16_HEAD}"]).mean())
-        grid = logit_grid(e.arrays.get(f"{ev.GREEDY}_{ev.TOPK_LOGPROBS}"))
+        engine = e[f"{keys.TF}_{keys.ENGINE_LOGPROB}"].astype(np.float64)
+        d_fp32 = float(np.abs(engine - e[f"{keys.TF}_{keys.TRAINER_RAW}"]).mean())
+        d_bf16 = float(np.abs(engine - e[f"{keys.TF}_{keys.TRAINER_RAW_BF16_HEAD}"]).mean())
+        grid = logit_grid(e.arrays.get(f"{keys.GREEDY}_{keys.TOPK_LOGPROBS}"))
         emulated = classify(d_fp32, d_bf16, opts["decisive_ratio"])
         found[name] = emulated if emulated != "inconclusive" else grid.verdict
         grids[name] = {"fraction_on_bf16_grid": grid.on_grid, "gaps": grid.gaps, "verdict": grid.verdict,
@@ -123,5 +123,5 @@ SPEC = CheckSpec(
     run=run,
     options={"expect_lm_head": "any", "decisive_ratio": 3.0},
     compares_engine_logprobs=True,
-    requires=(f"{ev.TF}_{ev.ENGINE_LOGPROB}", "teacher_forced.enabled: false"),
+    requires=(f"{keys.TF}_{keys.ENGINE_LOGPROB}", "teacher_forced.enabled: false"),
 )

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gate import evidence as ev
+from gate.contract import evidence as ev
+from gate.contract import keys
 
-PREFILL = f"{ev.GREEDY}_{ev.PREFILL_LOGPROB}"
-DECODE = f"{ev.GREEDY}_{ev.ENGINE_LOGPROB}"
+PREFILL = f"{keys.GREEDY}_{keys.PREFILL_LOGPROB}"
+DECODE = f"{keys.GREEDY}_{keys.ENGINE_LOGPROB}"
 # Per sequence: exp(mean |decode - prefill|) above this disagrees (NeMo-RL's token_mult_prob_error bar).
 SEQUENCE_ERROR_BAR = 1.05
 # logprobs_mode values whose greedy logprobs are logprobs (the *_logits modes return logits).
@@ -46,9 +47,9 @@ def compare(e: ev.Evidence) -> PrefillDecode | None:
     """The comparison for ``e``; None where it has no rescored greedy pass or reports logits."""
     if PREFILL not in e.arrays or DECODE not in e.arrays:
         return None
-    if (e.engine.get("effective") or {}).get("logprobs_mode") not in LOGPROB_MODES:
+    if e.engine.effective.get("logprobs_mode") not in LOGPROB_MODES:
         return None
-    offsets = np.asarray(e[f"{ev.GREEDY}_{ev.OFFSETS}"], dtype=np.int64)
+    offsets = np.asarray(e[f"{keys.GREEDY}_{keys.OFFSETS}"], dtype=np.int64)
     decode = np.asarray(e[DECODE], dtype=np.float64)
     prefill = np.asarray(e[PREFILL], dtype=np.float64)
     both = np.isfinite(decode) & np.isfinite(prefill)

@@ -42,11 +42,11 @@ import math
 
 import numpy as np
 
-from gate import evidence as ev
 from gate.checks.base import CheckResult, CheckSpec, Limit, Measurement, Threshold, measure
 from gate.checks.context import sampled_pairs
 from gate.checks.nucleus_edge import undecidable_outside
 from gate.checks.temperature_fit import TemperatureFit, fit_evidence
+from gate.contract import keys
 from gate.metrics import logprob_semantics_distances
 from gate.verdict import Status, worst
 
@@ -97,9 +97,9 @@ ROUNDOFF = {"bfloat16": 2.0**-8, "float16": 2.0**-11, "float32": 2.0**-24}
 def _distances(e) -> tuple[dict[str, float], int, int]:
     """Semantics distances on the tokens the transform allows; (distances, masked, total)."""
     pairs = sampled_pairs(e)
-    raw = e[f"{ev.SAMPLE}_{ev.TRAINER_RAW}"]
+    raw = e[f"{keys.SAMPLE}_{keys.TRAINER_RAW}"]
     if pairs.masked:
-        raw = raw[np.isfinite(e[f"{ev.SAMPLE}_{ev.TRAINER_PROCESSED}"])]
+        raw = raw[np.isfinite(e[f"{keys.SAMPLE}_{keys.TRAINER_PROCESSED}"])]
     return logprob_semantics_distances(pairs.engine, pairs.trainer, raw), pairs.masked, pairs.total
 
 
@@ -159,7 +159,7 @@ def run(ctx, settings) -> CheckResult:
     details = {
         "semantics": found,
         "expect": expect,
-        "engine_mode": {n: e.engine["effective"].get("logprobs_mode") for n, e in ctx.engines()},
+        "engine_mode": {n: e.engine.effective.get("logprobs_mode") for n, e in ctx.engines()},
         "tokens_outside_transform": {n: masked for n, (masked, _, _) in outside.items()},
     }
     new, old = found["new"], found.get("old")
@@ -204,7 +204,7 @@ def _roundoff(ctx, e) -> float:
     """The unit roundoff of the coarser of the engine's and the trainer's compute dtype (0 where
     neither is known)."""
     dtypes = (
-        e.engine.get("effective", {}).get("dtype"),
+        e.engine.effective.get("dtype"),
         (ctx.run.get("reference") or {}).get("dtype"),
     )
     return max((ROUNDOFF.get(str(d).removeprefix("torch."), 0.0) for d in dtypes), default=0.0)

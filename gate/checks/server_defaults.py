@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gate.checks.base import Measurement
+from gate.contract.engine_record import EngineRecord
 from gate.verdict import Status
 
 KEY = "server_defaults"  # measurement names: server_defaults.<field>
@@ -38,9 +39,8 @@ class Finding:
     problem: str  # empty when nothing is wrong
 
 
-def server_record(engine_meta: dict[str, Any]) -> dict[str, Any] | None:
-    record = engine_meta.get("server")
-    return record if isinstance(record, dict) else None
+def server_record(engine: EngineRecord | None) -> dict[str, Any] | None:
+    return engine.server if engine is not None else None
 
 
 def _source(source: str | None) -> str:
@@ -75,11 +75,11 @@ def _against_trainer(field: str, value: Any, sampling: dict[str, Any]) -> bool:
 
 
 def findings(
-    old_meta: dict[str, Any] | None, new_meta: dict[str, Any], sampling: dict[str, Any]
+    old_meta: EngineRecord | None, new_meta: EngineRecord, sampling: dict[str, Any]
 ) -> list[Finding]:
     """Config-parity rows for the server defaults of both engines (none for offline engines)."""
     out: list[Finding] = []
-    records = {"old": server_record(old_meta or {}), "new": server_record(new_meta)}
+    records = {"old": server_record(old_meta), "new": server_record(new_meta)}
     for label, record in records.items():
         if record is None:
             continue

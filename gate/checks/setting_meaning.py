@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gate.contract.engine_record import EngineIdentity
+
 OFF = "off"
 
 
@@ -43,9 +45,8 @@ class EngineFacts:
     settings: Mapping[str, Any]  # the engine's other flattened settings (kv "auto" needs dtype)
 
     @classmethod
-    def of(cls, engine_meta: Mapping[str, Any], settings: Mapping[str, Any]) -> EngineFacts:
-        identity = engine_meta.get("identity") or {}
-        return cls(identity.get("engine_generation"), parse_version(identity.get("vllm")), settings)
+    def of(cls, identity: EngineIdentity, settings: Mapping[str, Any]) -> EngineFacts:
+        return cls(identity.engine_generation, parse_version(identity.vllm), settings)
 
 
 def parse_version(raw: Any) -> tuple[int, ...] | None:

@@ -26,13 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from gate import evidence as ev
 from gate.checks.base import Measurement
+from gate.contract import evidence as ev
+from gate.contract import keys
 from gate.verdict import Status
 
 KEY = "stop_tokens"  # measurement names: stop_tokens.<token id>
-PASSES = (ev.SAMPLE, ev.GREEDY)
-STOP = ev.FINISH_NAMES.index("stop")
+PASSES = (keys.SAMPLE, keys.GREEDY)
+STOP = keys.FINISH_NAMES.index("stop")
 SHOWN = 5  # positions named per passed-over token
 # A stop token ends at least this many, and this share, of an engine's stopped sequences: an
 # ordinary token that happens to end a few of them (and never to sit inside one) is not taken for one.
@@ -49,12 +50,12 @@ def finish_reasons(e: ev.Evidence) -> dict[str, dict[str, int]]:
     """Per pass: how many sequences ended for each reason."""
     out = {}
     for group in PASSES:
-        finish = e.arrays.get(f"{group}_{ev.FINISH}")
+        finish = e.arrays.get(f"{group}_{keys.FINISH}")
         if finish is None:
             continue
-        codes = np.clip(np.asarray(finish, dtype=np.int64), 0, len(ev.FINISH_NAMES) - 1)
-        counts = np.bincount(codes, minlength=len(ev.FINISH_NAMES))
-        out[group] = {name: int(n) for name, n in zip(ev.FINISH_NAMES, counts, strict=True) if n}
+        codes = np.clip(np.asarray(finish, dtype=np.int64), 0, len(keys.FINISH_NAMES) - 1)
+        counts = np.bincount(codes, minlength=len(keys.FINISH_NAMES))
+        out[group] = {name: int(n) for name, n in zip(keys.FINISH_NAMES, counts, strict=True) if n}
     return out
 
 
@@ -70,8 +71,8 @@ def _passes(e: ev.Evidence) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
     """(pass, offsets, token ids) of the sampled and greedy passes the evidence holds."""
     for group in PASSES:
         offsets, ids = (
-            e.arrays.get(f"{group}_{ev.OFFSETS}"),
-            e.arrays.get(f"{group}_{ev.TOKEN_IDS}"),
+            e.arrays.get(f"{group}_{keys.OFFSETS}"),
+            e.arrays.get(f"{group}_{keys.TOKEN_IDS}"),
         )
         if offsets is not None and ids is not None:
             yield group, offsets, ids
@@ -88,7 +89,7 @@ def honoured(e: ev.Evidence, caps: dict[str, int] | None = None) -> dict[int, in
     for group, offsets, ids in _passes(e):
         seen_inside.update(np.unique(ids[_inside(offsets, len(ids))]).tolist())
         lengths = np.diff(offsets)
-        finish = e.arrays.get(f"{group}_{ev.FINISH}")
+        finish = e.arrays.get(f"{group}_{keys.FINISH}")
         if finish is not None:
             is_stop = np.asarray(finish) == STOP
         elif caps is not None and group in caps:
@@ -134,7 +135,7 @@ def reference(ctx) -> tuple[ev.Evidence | None, str, dict[str, int]]:
     ):
         return None, "", {}
     caps = {group: (base.manifest.get(section) or {}).get("max_tokens")
-            for group, section in ((ev.SAMPLE, "sampling"), (ev.GREEDY, "greedy"))}  # fmt: skip
+            for group, section in ((keys.SAMPLE, "sampling"), (keys.GREEDY, "greedy"))}  # fmt: skip
     return base.evidence, "baseline", {g: int(c) for g, c in caps.items() if isinstance(c, int)}
 
 

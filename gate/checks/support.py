@@ -23,10 +23,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gate import evidence as ev
+from gate.contract import evidence as ev
+from gate.contract import keys
 
-TEMPERED = f"{ev.SAMPLE}_{ev.TRAINER_TEMPERED}"
-PROCESSED = f"{ev.SAMPLE}_{ev.TRAINER_PROCESSED}"
+TEMPERED = f"{keys.SAMPLE}_{keys.TRAINER_TEMPERED}"
+PROCESSED = f"{keys.SAMPLE}_{keys.TRAINER_PROCESSED}"
 # The logprobs_mode whose sampled logprobs are normalised over the kept tokens.
 KEPT_MODES = ("processed_logprobs",)
 
@@ -71,4 +72,4 @@ def kept_mass(e: ev.Evidence, clip_eps: float) -> KeptMass | None:
 
 def applies(e: ev.Evidence) -> bool:
     """The engine's sampled logprobs are normalised over the kept tokens (processed_logprobs)."""
-    return (e.engine.get("effective") or {}).get("logprobs_mode") in KEPT_MODES
+    return e.engine.effective.get("logprobs_mode") in KEPT_MODES

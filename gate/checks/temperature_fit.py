@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gate import evidence as ev
+from gate.contract import evidence as ev
+from gate.contract import keys
 
 
 @dataclass(frozen=True)
@@ -99,21 +100,21 @@ def logit_noise(
 
 
 def _fit_inputs(e: ev.Evidence) -> tuple[np.ndarray, np.ndarray] | None:
-    g = ev.SAMPLE
+    g = keys.SAMPLE
     # Penalties act before temperature: with them on, the trainer's side is the penalised logprobs.
-    penalised = f"{g}_{ev.TRAINER_TOPK_PENALISED}" in e.arrays
-    topk, sampled = ((ev.TRAINER_TOPK_PENALISED, ev.TRAINER_PENALISED) if penalised
-                     else (ev.TRAINER_TOPK_RAW, ev.TRAINER_RAW))  # fmt: skip
+    penalised = f"{g}_{keys.TRAINER_TOPK_PENALISED}" in e.arrays
+    topk, sampled = ((keys.TRAINER_TOPK_PENALISED, keys.TRAINER_PENALISED) if penalised
+                     else (keys.TRAINER_TOPK_RAW, keys.TRAINER_RAW))  # fmt: skip
     trainer = e.arrays.get(f"{g}_{topk}")
-    engine = e.arrays.get(f"{g}_{ev.TOPK_LOGPROBS}")
+    engine = e.arrays.get(f"{g}_{keys.TOPK_LOGPROBS}")
     if trainer is None or engine is None or trainer.shape != engine.shape:
         return None
     if f"{g}_{sampled}" not in e.arrays:
         return None
     # The sampled token adds one more pair at positions where it lies outside the engine's top-k.
-    sampled_e = e[f"{g}_{ev.ENGINE_LOGPROB}"][:, None]
+    sampled_e = e[f"{g}_{keys.ENGINE_LOGPROB}"][:, None]
     sampled_r = e[f"{g}_{sampled}"][:, None]
-    in_topk = (e[f"{g}_{ev.TOPK_IDS}"] == e[f"{g}_{ev.TOKEN_IDS}"][:, None]).any(axis=1)
+    in_topk = (e[f"{g}_{keys.TOPK_IDS}"] == e[f"{g}_{keys.TOKEN_IDS}"][:, None]).any(axis=1)
     sampled_r = np.where(in_topk[:, None], np.nan, sampled_r)
     return np.hstack([engine, sampled_e]), np.hstack([trainer, sampled_r])
 

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from gate import evidence as ev
 from gate.checks.base import CheckResult, CheckSpec, Limit, Measurement, Threshold
-from gate.request import ENGINE_FILE
+from gate.contract import evidence as ev
+from gate.contract import keys
+from gate.contract.request import ENGINE_FILE
 from gate.verdict import Status, worst
 
 ID = "tokenization"
@@ -37,8 +38,8 @@ THRESHOLDS = {
 
 
 def differing_prompts(a: ev.Evidence, b: ev.Evidence) -> list[int]:
-    if np.array_equal(a[ev.PROMPT_OFFSETS], b[ev.PROMPT_OFFSETS]) and np.array_equal(
-        a[ev.PROMPT_TOKEN_IDS], b[ev.PROMPT_TOKEN_IDS]
+    if np.array_equal(a[keys.PROMPT_OFFSETS], b[keys.PROMPT_OFFSETS]) and np.array_equal(
+        a[keys.PROMPT_TOKEN_IDS], b[keys.PROMPT_TOKEN_IDS]
     ):
         return []
     if a.n_prompts != b.n_prompts:
@@ -90,8 +91,8 @@ def run(ctx, settings) -> CheckResult:
 
 def round_trip(e: ev.Evidence) -> dict | None:
     """One engine's sampled ids through text (None: evidence from before it was recorded)."""
-    mismatch = e.arrays.get(f"{ev.SAMPLE}_{ev.TEXT_MISMATCH}")
-    at = e.arrays.get(f"{ev.SAMPLE}_{ev.RETOKENIZED_AT}")
+    mismatch = e.arrays.get(f"{keys.SAMPLE}_{keys.TEXT_MISMATCH}")
+    at = e.arrays.get(f"{keys.SAMPLE}_{keys.RETOKENIZED_AT}")
     if mismatch is None or at is None:
         return None
     off = np.flatnonzero(mismatch)
@@ -99,12 +100,12 @@ def round_trip(e: ev.Evidence) -> dict | None:
     return {
         "sequences": len(mismatch),
         "text_mismatch": len(off),
-        "text_mismatch_at": e.sequence_labels(ev.SAMPLE, off[:SHOWN].tolist()),
+        "text_mismatch_at": e.sequence_labels(keys.SAMPLE, off[:SHOWN].tolist()),
         "retokenized": len(drift),
         "retokenized_at": [
             f"{where} token {int(at[s])}"
             for where, s in zip(
-                e.sequence_labels(ev.SAMPLE, drift[:SHOWN].tolist()), drift, strict=False
+                e.sequence_labels(keys.SAMPLE, drift[:SHOWN].tolist()), drift, strict=False
             )
         ],
     }
@@ -113,7 +114,7 @@ def round_trip(e: ev.Evidence) -> dict | None:
 def prompt_ids_record(e: ev.Evidence) -> dict | None:
     """engine.json ``prompt_ids`` (the worker's replay.prompt_ids_record), checked: evidence may come
     from a cache or an artifact. None: evidence from before it was recorded."""
-    rec = e.engine.get("prompt_ids")
+    rec = e.engine.prompt_ids
     if rec is None:
         return None
     found = rec.get("unlike_trainer") if isinstance(rec, dict) else None
@@ -177,7 +178,7 @@ def _diagnosis(ctx, details: dict, status: Status) -> str:
         for label, d in details.items()
         if label not in ("round_trip", "unlike_trainer")
     ):
-        versions = {n: e.engine.get("identity", {}).get("transformers") for n, e in ctx.engines()}
+        versions = {n: e.engine.identity.transformers for n, e in ctx.engines()}
         out.append(
             f"Prompts tokenize differently (transformers {versions}); the trainer and the engine no longer see the same "
             "tokens. Pin the tokenizer / chat template (model.tokenizer in the config, or the tokenizer files), or the "

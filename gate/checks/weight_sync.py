@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from gate.checks.base import CheckResult, CheckSpec, Measurement
+from gate.contract import keys
 from gate.verdict import Status
 
 ID = "weight-sync"
@@ -104,11 +105,11 @@ def push_failure(
 
 def run(ctx, settings) -> CheckResult:
     e = ctx.new
-    failed = push_failure(e.engine.get("weight_sync") or {}, ID, TITLE, "The weight-sync probe")
+    failed = push_failure(e.engine.weight_sync, ID, TITLE, "The weight-sync probe")
     if failed is not None:
         return failed
-    if "ws_engine_logprob" not in e.arrays:
-        unsupported = (e.engine.get("weight_sync") or {}).get("unsupported")
+    if keys.WS_ENGINE_LOGPROB not in e.arrays:
+        unsupported = e.engine.weight_sync.get("unsupported")
         if unsupported:  # asked for, but the engine offers no push gate knows: it cannot judge
             return CheckResult(ID, TITLE, Status.ERROR, "the weight-sync probe could not push weights into this engine",
                                f"{unsupported[:1].upper()}{unsupported[1:]}.", details={"unsupported": unsupported})  # fmt: skip
@@ -116,13 +117,13 @@ def run(ctx, settings) -> CheckResult:
             ID, TITLE, Status.SKIP, "the weight-sync probe did not run (weight_sync.enabled: false)"
         )
     opts = settings.options
-    prefix = e["ws_is_prefix"]
+    prefix = e[keys.WS_IS_PREFIX]
     eng, new_lp, old_lp = (
-        e["ws_engine_logprob"],
-        e["ws_trainer_new_logprob"],
-        e["ws_trainer_old_logprob"],
+        e[keys.WS_ENGINE_LOGPROB],
+        e[keys.WS_TRAINER_NEW_LOGPROB],
+        e[keys.WS_TRAINER_OLD_LOGPROB],
     )
-    d_pre = _mean_abs(e["ws_before_engine_logprob"], e["ws_before_trainer_logprob"])
+    d_pre = _mean_abs(e[keys.WS_BEFORE_ENGINE_LOGPROB], e[keys.WS_BEFORE_TRAINER_LOGPROB])
     values = {
         "pre_update_mismatch": d_pre,
         "control_vs_new": _mean_abs(eng[~prefix], new_lp[~prefix]),
@@ -130,21 +131,21 @@ def run(ctx, settings) -> CheckResult:
         "prefix_vs_new": _mean_abs(eng[prefix], new_lp[prefix]),
         "prefix_vs_old": _mean_abs(eng[prefix], old_lp[prefix]),
     }
-    if "ws_again_engine_logprob" in e.arrays:  # control prompts only: no cache entry to mask it
-        control = ~e["ws_again_is_prefix"]
+    if keys.WS_AGAIN_ENGINE_LOGPROB in e.arrays:  # control prompts only: no cache entry to mask it
+        control = ~e[keys.WS_AGAIN_IS_PREFIX]
         values["second_push_vs_new"] = _mean_abs(
-            e["ws_again_engine_logprob"][control], e["ws_again_trainer_new_logprob"][control]
+            e[keys.WS_AGAIN_ENGINE_LOGPROB][control], e[keys.WS_AGAIN_TRAINER_NEW_LOGPROB][control]
         )
-    if "ws_wake_engine_logprob" in e.arrays:
-        control = ~e["ws_wake_is_prefix"]
+    if keys.WS_WAKE_ENGINE_LOGPROB in e.arrays:
+        control = ~e[keys.WS_WAKE_IS_PREFIX]
         values["after_wake_vs_new"] = _mean_abs(
-            e["ws_wake_engine_logprob"][control], e["ws_wake_trainer_new_logprob"][control]
+            e[keys.WS_WAKE_ENGINE_LOGPROB][control], e[keys.WS_WAKE_TRAINER_NEW_LOGPROB][control]
         )
     limit = max(opts["factor"] * d_pre, opts["floor"])
-    meta = e.engine.get("weight_sync") or {}
+    meta = e.engine.weight_sync
     digests = meta.get("digests") or {}
     counts = byte_findings(digests)
-    caching = e.engine.get("effective", {}).get("enable_prefix_caching")
+    caching = e.engine.effective.get("enable_prefix_caching")
     verdict = output_verdict(values, limit, caching)
     left_behind = counts.get("not_moved") or counts.get("round_trip_mismatch")
     if verdict in ("ok", "stale-cache") and left_behind:
@@ -214,7 +215,7 @@ def run(ctx, settings) -> CheckResult:
         "serves other weights",
     }.get(verdict, f"{label.capitalize()} after an in-place update")
     tied = tied_groups(meta.get("tied_names"))
-    device = (e.engine.get("identity") or {}).get("device_kind")
+    device = e.engine.device_kind
     missed = tied_tensor_missed(tied, digests)
     if missed:
         details["tied_tensor_missed"] = missed

@@ -11,6 +11,7 @@ from gate.commands.common import (
     Subparsers,
     add_config_args,
     config_from_args,
+    ready_for_engines,
     route_to_gate_image,
     run_path,
 )
@@ -67,6 +68,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from gate.calibrate import calibrate, default_runs
 
     cfg = config_from_args(args)
+    ready_for_engines(cfg)
     out = run_path(args.out, cfg)
     runs = args.runs or default_runs()
     route = ImageRoute(("calibrate", "--out", str(out), "--runs", str(runs)), writable=(out.parent,),
@@ -96,6 +98,8 @@ def cmd_baseline(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"{out}: baseline already exists; `gate baseline update` overwrites it on purpose"
         )
+    if not args.from_run:  # it calibrates: engines start
+        ready_for_engines(cfg)
     code = route_to_gate_image(cfg, baseline_image_route(args, cfg, out))
     if code is not None:
         return code

@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from gate.commands.common import Subparsers, config_from_args
+from gate.commands.common import Subparsers, config_from_args, ready_for_engines
 from gate.config import BUILTIN_CONFIG, GateConfig
 from gate.errors import EXIT_ERROR, EXIT_OK, ConfigError
 from gate.runners.base import stderr_log
@@ -84,6 +84,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     ).resolve()
     if out.exists():
         raise ConfigError(f"{out}: already exists; choose another --out")
+    ready_for_engines(cfg)
     out.mkdir(parents=True)
     result = bisect.bisect(
         cfg, bad, good.text, bad.text, candidates, target, out, stderr_log, args.reruns

@@ -17,7 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeAlias
 
-from gate.config import BUILTIN_CONFIG, RUNNER_KINDS, GateConfig, check_no_credentials, load_config
+from gate.config import (
+    BUILTIN_CONFIG,
+    RUNNER_KINDS,
+    GateConfig,
+    check_gpus_fit,
+    check_no_credentials,
+    load_config,
+)
 from gate.docker import bundle
 from gate.render.escape import no_workflow_commands
 from gate.runners.base import stderr_log
@@ -39,7 +46,11 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> GateConfig:
-    """The config ``--config`` names (or the built-in one) with the command line's overrides applied."""
+    """The config ``--config`` names (or the built-in one) with the command line's overrides applied.
+
+    No side effects (no process, no file): a command that starts engines calls
+    :func:`ready_for_engines` before it does.
+    """
     cfg = load_config(args.config or BUILTIN_CONFIG)
     engines = dict(cfg.engines)
     for name, spec in (("old", args.old), ("new", args.new)):
@@ -52,9 +63,20 @@ def config_from_args(args: argparse.Namespace) -> GateConfig:
     cfg = dataclasses.replace(cfg, engines=engines)
     if getattr(args, "fail_on", None):
         cfg = dataclasses.replace(cfg, fail_on=args.fail_on)
-    if cfg.model.builtin is not None:
-        materialize_builtin_model(cfg)
     return cfg
+
+
+def ready_for_engines(cfg: GateConfig) -> None:
+    """What this machine must have before a command installs or starts an engine: every engine's
+    ranks fit the GPUs it will see (nvidia-smi), and ``model.builtin``'s folder.
+
+    A command that re-runs in the gate image (:func:`route_to_gate_image`) converts the model
+    there, so no engine venv is built on this host for it; the GPU check is cheap and refuses
+    before an image is built.
+    """
+    check_gpus_fit(cfg)
+    if cfg.model.builtin is not None and not bundle.uses_gate_image(cfg):
+        materialize_builtin_model(cfg)
 
 
 def materialize_builtin_model(cfg: GateConfig) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from gate.commands.common import Subparsers
 from gate.errors import EXIT_OK, ConfigError
+from gate.host import repository_root
 
 GATE_YAML = "gate.yaml"
 HOOK_FILE = "gate_hook.py"
@@ -71,7 +72,7 @@ def cmd_init(args: argparse.Namespace) -> int:
                      + "; gate's built-in push stands (docs/adopt.md)")  # fmt: skip
     targets = [out / t for t in [GATE_YAML] + ([HOOK_FILE] if recipe else [])
                + ([PROMPTS_FILE] if args.dataset else [])]  # fmt: skip
-    root = workflow.repository_root(out) or out
+    root = repository_root(out) or out
     if args.cpu:
         notes.append("workflow: not written under --cpu (the gate runs on a GPU runner); "
                      "run gate init without --cpu for .github/workflows/vllm-gate.yml")  # fmt: skip

@@ -11,6 +11,7 @@ from gate.commands.common import (
     Subparsers,
     add_config_args,
     config_from_args,
+    ready_for_engines,
     route_to_gate_image,
 )
 from gate.errors import ConfigError
@@ -45,6 +46,7 @@ def add_repeat(sub: Subparsers) -> None:
 
 def cmd_repeat(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
+    ready_for_engines(cfg)
     if args.seed_list:
         seeds = parse_seed_list(args.seed_list)
     else:

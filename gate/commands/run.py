@@ -14,6 +14,8 @@ from gate.commands.common import (
     add_config_args,
     config_from_args,
     indent,
+    materialize_builtin_model,
+    ready_for_engines,
     route_to_gate_image,
     run_path,
 )
@@ -82,6 +84,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from gate.replay import default_jobs, run_gate
 
     cfg = config_from_args(args)
+    ready_for_engines(cfg)
     jobs = default_jobs(cfg, args.only)
     plan = memory_plan_for(cfg, jobs, check=not args.no_memory_check)
     out = run_path(args.out, cfg)
@@ -129,6 +132,7 @@ def memory_plan_for(cfg: GateConfig, jobs: list[EngineJob], check: bool) -> dict
 def run_image_route(args: argparse.Namespace, out: Path) -> ImageRoute:
     """``gate run`` in the gate image: it writes ``out``, and a whole run shares the evidence cache."""
     from gate.evidence_cache import cache_dir
+    from gate.host import EVIDENCE_DIR_ENV
 
     command = ["run", "--out", str(out), *(["--only", args.only] if args.only else [])]
     command += [
@@ -140,7 +144,7 @@ def run_image_route(args: argparse.Namespace, out: Path) -> ImageRoute:
     if not args.only:  # the host's evidence cache, at its own path: the image and the host share it
         evidence = cache_dir().resolve()
         writable.append(evidence)
-        environment["GATE_EVIDENCE_DIR"] = str(evidence)
+        environment[EVIDENCE_DIR_ENV] = str(evidence)
     return ImageRoute(tuple(command), tuple(writable), engine_runs=1 if args.only else 2,
                       environment=environment)  # fmt: skip
 
@@ -152,6 +156,8 @@ def cmd_key(args: argparse.Namespace) -> int:
     from gate.replay import default_jobs, evidence_key_groups, load_prompts
 
     cfg = config_from_args(args)
+    if cfg.model.builtin is not None:  # its fingerprint is part of the key
+        materialize_builtin_model(cfg)
     prompt_sets, prompts = load_prompts(cfg)
     groups = evidence_key_groups(
         cfg, default_jobs(cfg, "old")[0], prompt_sets, prompts, model_fingerprint(cfg.model.path)
@@ -197,6 +203,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     from gate.replay import EngineJob, PreparedEngine
 
     cfg = config_from_args(args)
+    ready_for_engines(cfg)
     # In the image, `gate prepare` builds (or reuses) it, then finds both engine venvs in it.
     code = route_to_gate_image(cfg, ImageRoute(("prepare",), engine_runs=0))
     if code is not None:

@@ -12,7 +12,7 @@
 """
 
 from gate.config.credentials import check_no_credentials
-from gate.config.load import load_config, parse_config
+from gate.config.load import check_gpus_fit, load_config, parse_config
 from gate.config.schema import json_schema
 from gate.config.sections import (
     BUILTIN_CONFIG,
@@ -64,6 +64,7 @@ __all__ = [
     "TeacherForcedConfig",
     "WeightSyncConfig",
     "WeightUpdateConfig",
+    "check_gpus_fit",
     "check_no_credentials",
     "json_schema",
     "load_config",

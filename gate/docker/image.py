@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shlex
 import shutil
@@ -22,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gate import __version__
+from gate import __version__, host
 from gate.config import GateConfig, check_no_credentials
 from gate.errors import ConfigError, DockerError
+from gate.host import cache_root
 from gate.runners.venv import gate_package_dir, gate_source_hash
-from gate.runners.venv_build import cache_root
 
 REPOSITORY = "gate-engines"
 LABEL_PREFIX = "io.github.vllm-upgrade-gate"
@@ -108,7 +107,7 @@ def _sha256(path: Path) -> str:
 def source_root() -> Path:
     """The gate checkout holding the Dockerfile: $GATE_SOURCE_DIR (the Action sets it to its own
     checkout), else the folder above the imported package (a checkout or an editable install)."""
-    root = Path(os.environ.get("GATE_SOURCE_DIR") or gate_package_dir().parent)
+    root = host.settings().source_dir or gate_package_dir().parent
     if not (root / "Dockerfile").is_file() or not (root / "pyproject.toml").is_file():
         raise DockerError(
             f"no gate Dockerfile in {root}; point GATE_SOURCE_DIR at a gate checkout, or build the image "

@@ -95,14 +95,6 @@ def find_comments(
     return sorted(ours, key=_age)
 
 
-def find_comment(
-    client: GitHubClient, repo: str, number: int, gate_id: str, author: str
-) -> dict[str, Any] | None:
-    """The oldest comment of ``author`` whose first line is the gate's marker, or None."""
-    ours = find_comments(client, repo, number, gate_id, author)
-    return ours[0] if ours else None
-
-
 def _age(comment: dict[str, Any]) -> tuple[str, int]:
     # Ids grow with time; created_at first, so the order does not hang on that alone.
     cid = comment.get("id")

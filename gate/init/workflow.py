@@ -51,14 +51,6 @@ def _scalar(value: str) -> str:
     return value if plain else json.dumps(value)
 
 
-def repository_root(start: Path) -> Path | None:
-    """The nearest folder at or above ``start`` that holds a ``.git``; None outside a repository."""
-    for folder in (start.resolve(), *start.resolve().parents):
-        if (folder / ".git").exists():
-            return folder
-    return None
-
-
 def main() -> int:
     """Write the example from the template: after the template changes, review the diff and commit."""
     if not EXAMPLE.parent.is_dir():

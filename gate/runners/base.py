@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gate.config import EngineConfig
+from gate.contract.request import PROGRESS_PREFIX
 from gate.errors import EngineError
-from gate.request import PROGRESS_PREFIX
 from gate.runners.venv_build import redact_credentials
 
 LOG_TAIL_LINES = 25

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from gate.config import DockerConfig, EngineConfig
+from gate.contract.request import WorkerRequest
 from gate.errors import DockerError, EngineError
-from gate.request import WorkerRequest
 from gate.runners.base import OutputLog, Runner, WorkerOutcome
 from gate.runners.venv import gate_package_dir
 

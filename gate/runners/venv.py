@@ -19,7 +19,7 @@ from pathlib import Path
 
 from gate.config import EngineConfig
 from gate.errors import EngineError
-from gate.files import exclusive_lock
+from gate.files import exclusive_lock, recover_swap, staged_folder
 from gate.runners.base import Runner, run_logged, stderr_log
 from gate.runners.venv_build import (
     STAMP,
@@ -137,16 +137,14 @@ def _sync_gate_package(path: Path) -> Path:
     """
     digest = gate_source_hash()
     src = path / "gate-src" / digest
+    recover_swap(src)
     if not (src / "gate" / "__init__.py").is_file():
-        tmp = src.with_name(f"{digest}.copying")
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(
-            gate_package_dir(),
-            tmp / "gate",
-            ignore=shutil.ignore_patterns("__pycache__", "assets", "*.pyc"),
-        )
-        shutil.rmtree(src, ignore_errors=True)
-        tmp.rename(src)
+        with staged_folder(src) as tmp:
+            shutil.copytree(
+                gate_package_dir(),
+                tmp / "gate",
+                ignore=shutil.ignore_patterns("__pycache__", "assets", "*.pyc"),
+            )
         _prune_old_copies(src.parent, keep=src, max_kept=4)
     pth = Path(json.loads((path / STAMP).read_text())["site_packages"]) / "gate-src.pth"
     if (

@@ -29,17 +29,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from gate.request import GrpoRequest
+from gate.contract import keys
+from gate.contract.request import GrpoRequest
 from gate.worker.policy_loss import PolicyLoss, advantages, policy_loss
 from gate.worker.trainable import TrainableSet
 
-METRICS = (
-    "reward", "k3_kl", "clip_frac", "entropy", "mean_abs_diff", "token_mult_prob_error", "response_length",
-    "step_s", "push_s",
-)  # fmt: skip
-# Metrics whose per-step standard error is recorded too (``grpo_<metric>_se``): the check's band
-# margins come from them rather than from fixed numbers.
-WITH_SE = METRICS[:7]
 _LAST_INT = re.compile(r"-?\d+")
 
 
@@ -122,7 +116,7 @@ def run_grpo(
     # Frozen weights as the engine holds them; trained ones get fp32 masters.
     dtype = dtype if dtype is not None else engine_dtype(llm)
     rollout = rollout if rollout is not None else offline_rollout(llm)
-    names = (*METRICS, *(f"{m}_se" for m in WITH_SE))
+    names = (*keys.GRPO_METRICS, *(f"{m}_se" for m in keys.GRPO_WITH_SE))
     results = {m: np.zeros((len(request.seeds), request.steps)) for m in names}
     for s_idx, seed in enumerate(request.seeds):
         torch.manual_seed(seed)
@@ -163,7 +157,7 @@ def run_grpo(
         "loss": objective.name,
         "clip_band": [objective.eps_low, objective.eps_high],
     }
-    return GrpoRun({f"grpo_{m}": v for m, v in results.items()}, record)
+    return GrpoRun({keys.grpo_key(m): v for m, v in results.items()}, record)
 
 
 def _step(

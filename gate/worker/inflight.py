@@ -41,7 +41,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from gate.request import InflightRequest
+from gate.contract import keys
+from gate.contract.request import InflightRequest
 from gate.worker.weight_push import load_hook
 
 UpdateFn = Callable[[Any, dict[str, torch.Tensor]], None]
@@ -526,12 +527,15 @@ def evidence(trainer, old_sd, new_sd, runs: list[UpdateRun], request: InflightRe
             for key, value in row.items():
                 per_sequence[key].append(value)
     lengths = per_sequence.pop("length")
-    arrays = {"wsi_offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)}
+    arrays = {keys.WSI_OFFSETS: np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)}
     for key, parts in per_token.items():
         dtype = np.int64 if key == "token_ids" else np.float32
-        arrays[f"wsi_{key}"] = np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
+        arrays[keys.pass_key(keys.WSI, key)] = (
+            np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
+        )
     arrays |= {
-        f"wsi_{key}": np.asarray(values, dtype=np.int64) for key, values in per_sequence.items()
+        keys.pass_key(keys.WSI, key): np.asarray(values, dtype=np.int64)
+        for key, values in per_sequence.items()
     }
     meta = {
         "requests": len(runs[0].streams) if runs else 0,

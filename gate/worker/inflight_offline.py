@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from gate.request import InflightRequest
+from gate.contract.request import InflightRequest
 from gate.worker.inflight import (
     OLD_VERSION,
     CallRecord,

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from gate.request import InflightRequest
+from gate.contract.request import InflightRequest
 from gate.worker import server_replay as http
 from gate.worker.inflight import (
     CallRecord,

@@ -13,17 +13,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from gate.cpu_list import cpu_list
+from gate.host import parallel_ranks
 
 MULTIPROCESS_BACKENDS = ("mp", "ray")
 THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"
 CHUNKED_PREFILL = "enable_chunked_prefill"
-
-
-def parallel_ranks(engine_args: Mapping[str, Any]) -> int:
-    """Tensor x pipeline parallel ranks the engine arguments ask for (each one process on one device)."""
-    tp = int(engine_args.get("tensor_parallel_size") or 1)
-    pp = int(engine_args.get("pipeline_parallel_size") or 1)
-    return tp * pp
 
 
 def runs_workers_in_processes(engine_args: Mapping[str, Any]) -> bool:

@@ -29,9 +29,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gate import evidence as ev
+from gate.contract import evidence as ev
+from gate.contract import keys
+from gate.contract.engine_record import EngineRecord
+from gate.contract.request import (
+    ENGINE_FILE,
+    EVIDENCE_FILE,
+    PROGRESS_PREFIX,
+    TEXTS_FILE,
+    WorkerRequest,
+)
 from gate.files import atomic_write_bytes
-from gate.request import ENGINE_FILE, EVIDENCE_FILE, PROGRESS_PREFIX, TEXTS_FILE, WorkerRequest
 from gate.worker import hub, layout, replay, vllm_cache
 from gate.worker.engine_failure import ENGINE_ERROR_LINE, EngineFailed, error_line
 from gate.worker.log_tail import OutputTail
@@ -187,8 +195,8 @@ def run_batch(requests: Sequence[WorkerRequest]) -> None:
             own[i].values["reference_load_s"] = load_s
             arrays, n_scored = _reference_arrays(ref, req, tok.prompt_ids, out, own[i])
         if (trip := replay.text_round_trip(tokenizer, out.sampled)) is not None:
-            arrays[f"{ev.SAMPLE}_{ev.TEXT_MISMATCH}"] = trip.text_mismatch
-            arrays[f"{ev.SAMPLE}_{ev.RETOKENIZED_AT}"] = trip.retokenized_at
+            arrays[f"{keys.SAMPLE}_{keys.TEXT_MISMATCH}"] = trip.text_mismatch
+            arrays[f"{keys.SAMPLE}_{keys.RETOKENIZED_AT}"] = trip.retokenized_at
         out.meta["reference"] = ref.placement_record()
         out.meta["memory_peaks"] = peaks.as_dict()
         arrays.update(out.rl_arrays)
@@ -493,7 +501,11 @@ def _write_outputs(request: WorkerRequest, prompt_ids: list[list[int]], out: Eng
             "reference_scored_tokens": n_scored,
         },
     }
+    # Both through the contract: an array or an engine.json key it does not declare fails here,
+    # in the worker, rather than reaching a check that reads another name.
+    record = EngineRecord.from_worker(meta)
     out_dir = Path(request.output_dir)
+    ev.check_layout(arrays, out_dir / EVIDENCE_FILE)
     out_dir.mkdir(parents=True, exist_ok=True)
     named: dict[str, Any] = dict(arrays)  # numpy's stub would match the names against savez's flags
     atomic_write_bytes(out_dir / EVIDENCE_FILE, lambda fh: np.savez(fh, **named))
@@ -503,7 +515,7 @@ def _write_outputs(request: WorkerRequest, prompt_ids: list[list[int]], out: Eng
     # engine.json last: its presence marks the output complete.
     atomic_write_bytes(
         out_dir / ENGINE_FILE,
-        lambda fh: fh.write(json.dumps(meta, indent=2, sort_keys=True).encode()),
+        lambda fh: fh.write(json.dumps(record.to_json(), indent=2, sort_keys=True).encode()),
     )
 
 
@@ -567,14 +579,14 @@ def _reference_arrays(ref: ReferenceModel, request: WorkerRequest, prompt_ids: l
     untransformed = SamplingTransform(temperature=0.0, top_k=0, top_p=1.0)
 
     arrays = {
-        ev.PROMPT_OFFSETS: _offsets([len(p) for p in prompt_ids]),
-        ev.PROMPT_TOKEN_IDS: _flat(prompt_ids),
+        keys.PROMPT_OFFSETS: _offsets([len(p) for p in prompt_ids]),
+        keys.PROMPT_TOKEN_IDS: _flat(prompt_ids),
     }
     n_scored = 0
     with timings.measure("reference_score_s"):
         for prefix, comp, transform in (
-            (ev.SAMPLE, out.sampled, rollout),
-            (ev.GREEDY, out.greedy, untransformed),
+            (keys.SAMPLE, out.sampled, rollout),
+            (keys.GREEDY, out.greedy, untransformed),
         ):
             if comp is None:
                 continue
@@ -582,7 +594,7 @@ def _reference_arrays(ref: ReferenceModel, request: WorkerRequest, prompt_ids: l
             # differences before temperature at the engine's top-k. Penalties move them per token,
             # so with penalties on they are the penalised ones, and the sampled token's own joins
             # them as a last column (its raw logprob is before the penalties).
-            fit = prefix == ev.SAMPLE and comp.topk_ids.shape[1]
+            fit = prefix == keys.SAMPLE and comp.topk_ids.shape[1]
             also = None
             if fit:
                 also = comp.topk_ids
@@ -640,31 +652,31 @@ def _completion_arrays(
     prefix: str, comp: Completions, scored: ScoredTokens, penalised: bool = False
 ) -> dict[str, np.ndarray]:
     arrays = {
-        f"{prefix}_{ev.PROMPT_INDEX}": comp.prompt_index,
-        f"{prefix}_{ev.SAMPLE_INDEX}": comp.sample_index,
-        f"{prefix}_{ev.OFFSETS}": comp.offsets,
-        f"{prefix}_{ev.TOKEN_IDS}": comp.token_ids,
-        f"{prefix}_{ev.ENGINE_LOGPROB}": comp.logprob,
-        f"{prefix}_{ev.ENGINE_RANK}": comp.rank,
-        f"{prefix}_{ev.TOPK_IDS}": comp.topk_ids,
-        f"{prefix}_{ev.TOPK_LOGPROBS}": comp.topk_logprobs,
-        f"{prefix}_{ev.FINISH}": comp.finish,
-        f"{prefix}_{ev.TRAINER_RAW}": scored.raw,
-        f"{prefix}_{ev.TRAINER_PROCESSED}": scored.processed,
-        f"{prefix}_{ev.TRAINER_RAW_BF16_HEAD}": scored.raw_bf16_head,
-        f"{prefix}_{ev.TRAINER_AT_BOUNDARY}": scored.at_boundary,
+        f"{prefix}_{keys.PROMPT_INDEX}": comp.prompt_index,
+        f"{prefix}_{keys.SAMPLE_INDEX}": comp.sample_index,
+        f"{prefix}_{keys.OFFSETS}": comp.offsets,
+        f"{prefix}_{keys.TOKEN_IDS}": comp.token_ids,
+        f"{prefix}_{keys.ENGINE_LOGPROB}": comp.logprob,
+        f"{prefix}_{keys.ENGINE_RANK}": comp.rank,
+        f"{prefix}_{keys.TOPK_IDS}": comp.topk_ids,
+        f"{prefix}_{keys.TOPK_LOGPROBS}": comp.topk_logprobs,
+        f"{prefix}_{keys.FINISH}": comp.finish,
+        f"{prefix}_{keys.TRAINER_RAW}": scored.raw,
+        f"{prefix}_{keys.TRAINER_PROCESSED}": scored.processed,
+        f"{prefix}_{keys.TRAINER_RAW_BF16_HEAD}": scored.raw_bf16_head,
+        f"{prefix}_{keys.TRAINER_AT_BOUNDARY}": scored.at_boundary,
     }
     if scored.also_raw is not None and penalised:
-        arrays[f"{prefix}_{ev.TRAINER_TOPK_PENALISED}"] = scored.also_raw[:, :-1]
-        arrays[f"{prefix}_{ev.TRAINER_PENALISED}"] = scored.also_raw[:, -1]
+        arrays[f"{prefix}_{keys.TRAINER_TOPK_PENALISED}"] = scored.also_raw[:, :-1]
+        arrays[f"{prefix}_{keys.TRAINER_PENALISED}"] = scored.also_raw[:, -1]
     elif scored.also_raw is not None:
-        arrays[f"{prefix}_{ev.TRAINER_TOPK_RAW}"] = scored.also_raw
+        arrays[f"{prefix}_{keys.TRAINER_TOPK_RAW}"] = scored.also_raw
     if scored.boundary_gap is not None:
-        arrays[f"{prefix}_{ev.TRAINER_BOUNDARY_GAP}"] = scored.boundary_gap
+        arrays[f"{prefix}_{keys.TRAINER_BOUNDARY_GAP}"] = scored.boundary_gap
     if scored.mass_above is not None:
-        arrays[f"{prefix}_{ev.TRAINER_MASS_ABOVE}"] = scored.mass_above
+        arrays[f"{prefix}_{keys.TRAINER_MASS_ABOVE}"] = scored.mass_above
     if scored.tempered is not None:
-        arrays[f"{prefix}_{ev.TRAINER_TEMPERED}"] = scored.tempered
+        arrays[f"{prefix}_{keys.TRAINER_TEMPERED}"] = scored.tempered
     return arrays
 
 
@@ -676,14 +688,14 @@ def _teacher_forced_arrays(
         [np.arange(1, len(s)) >= pl for s, pl in zip(tf.seqs, prompt_lens, strict=True)]
     )
     return {
-        f"{ev.TF}_{ev.PROMPT_INDEX}": np.asarray(tf.rows, dtype=np.int32),
-        f"{ev.TF}_input_offsets": _offsets([len(s) for s in tf.seqs]),
-        f"{ev.TF}_input_ids": _flat(tf.seqs),
-        f"{ev.TF}_{ev.OFFSETS}": _offsets([len(s) - 1 for s in tf.seqs]),
-        f"{ev.TF}_{ev.ENGINE_LOGPROB}": tf.scores.logprob,
-        f"{ev.TF}_{ev.TRAINER_RAW}": scored.raw,
-        f"{ev.TF}_{ev.TRAINER_RAW_BF16_HEAD}": scored.raw_bf16_head,
-        f"{ev.TF}_is_reference": is_reference,
+        f"{keys.TF}_{keys.PROMPT_INDEX}": np.asarray(tf.rows, dtype=np.int32),
+        f"{keys.TF}_input_offsets": _offsets([len(s) for s in tf.seqs]),
+        f"{keys.TF}_input_ids": _flat(tf.seqs),
+        f"{keys.TF}_{keys.OFFSETS}": _offsets([len(s) - 1 for s in tf.seqs]),
+        f"{keys.TF}_{keys.ENGINE_LOGPROB}": tf.scores.logprob,
+        f"{keys.TF}_{keys.TRAINER_RAW}": scored.raw,
+        f"{keys.TF}_{keys.TRAINER_RAW_BF16_HEAD}": scored.raw_bf16_head,
+        f"{keys.TF}_is_reference": is_reference,
     }
 
 

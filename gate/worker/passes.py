@@ -19,7 +19,6 @@ torch, transformers) load inside the passes that need them.
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import threading
@@ -34,8 +33,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gate import evidence as ev
-from gate.request import WorkerRequest
+from gate import host
+from gate.contract import keys
+from gate.contract.request import WorkerRequest
 from gate.worker import replay
 from gate.worker.replay import Completions, PromptScores
 
@@ -153,7 +153,7 @@ RL_PASSES = (
     "weight_sync_inflight",
     "grpo",
 )  # they push weights; a failure there costs only their own checks
-PHASE_TIMEOUT_ENV = "GATE_WORKER_PHASE_TIMEOUT_S"
+PHASE_TIMEOUT_ENV = host.PHASE_TIMEOUT_ENV
 
 
 class PhaseTimeout(TimeoutError):
@@ -161,14 +161,7 @@ class PhaseTimeout(TimeoutError):
 
 
 def phase_timeout_s() -> float | None:
-    raw = os.environ.get(PHASE_TIMEOUT_ENV)
-    if not raw:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{PHASE_TIMEOUT_ENV}={raw!r}: expected a number of seconds") from None
-    return value if value > 0 else None
+    return host.settings().worker_phase_timeout_s  # a malformed value: ValueError naming it
 
 
 @contextmanager
@@ -314,7 +307,9 @@ def rescore_greedy(inp: PassInput, out: PassResults,
     seqs, starts = rescoring_input(inp.tokenized.prompt_ids, out.greedy, max_model_len)
     inp.say(f"prefill-decode pass: {len(seqs)} greedy sequence(s) scored again by prefill")
     scores = score(seqs, replay.submission_order(len(seqs), inp.request.order_seed))
-    out.arrays[f"{ev.GREEDY}_{ev.PREFILL_LOGPROB}"] = decode_positions(scores, starts, out.greedy)
+    out.arrays[f"{keys.GREEDY}_{keys.PREFILL_LOGPROB}"] = decode_positions(
+        scores, starts, out.greedy
+    )
 
 
 def _teacher_forced(inp: PassInput, out: PassResults) -> None:

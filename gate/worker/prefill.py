@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gate.evidence import token_ranges
+from gate.contract.evidence import token_ranges
 from gate.worker.replay import Completions, PromptScores
 
 

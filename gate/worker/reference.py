@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from gate.evidence import token_ranges
-from gate.request import Penalties
+from gate.contract.evidence import token_ranges
+from gate.contract.request import Penalties
 from gate.worker.matmul_precision import full_fp32_matmul
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -100,7 +100,7 @@ def output_counts(ids: torch.Tensor, seq_of_row: torch.Tensor, target_pos: torch
     """[rows, vocab]: per row, how often each token occurs in its sequence's completion before the
     row's target, ``ids[b, starts[b] : target_pos]``.
 
-    Rows of one sequence are consecutive with rising positions (:func:`gate.evidence.token_ranges`),
+    Rows of one sequence are consecutive with rising positions (:func:`gate.contract.evidence.token_ranges`),
     so the counts are a running sum of each row's previous token, restarted per sequence; the
     first row of a sequence that starts mid-completion (a block split inside it) is seeded with the
     tokens before it.

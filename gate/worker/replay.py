@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gate.request import PromptItem, SamplingRequest
+from gate.contract.request import PromptItem, SamplingRequest
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from gate.files import atomic_write_text
+from gate.host import parallel_ranks
 from gate.worker.layout import (
     GateSetting,
     engine_environment,
     env_settings,
     one_step_prefill,
-    parallel_ranks,
     with_engine_args,
 )
 from gate.worker.server import SERVER_MODULE, executor_in_engine_core, server_command

@@ -75,11 +75,6 @@ def free_port(host: str = HOST) -> int:
         return int(sock.getsockname()[1])
 
 
-def port_is_taken(port: int, host: str = HOST) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        return sock.connect_ex((host, port)) == 0
-
-
 def engine_arg_flags(engine_args: Mapping[str, Any]) -> list[str]:
     """Engine arguments as the server's flags: ``max_model_len: 256`` -> ``--max-model-len 256``.
 

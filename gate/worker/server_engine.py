@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from gate.request import ServerRequest
+from gate.contract.request import ServerRequest
 from gate.worker import replay
 from gate.worker import server_replay as http
 from gate.worker.passes import EnginePass, PassInput, PassResults, inflight_enabled, rescore_greedy

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from gate.request import PromptItem, SamplingRequest
+from gate.contract.request import PromptItem, SamplingRequest
 from gate.worker.replay import FINISH_CODES, FINISH_OTHER, Completions, PromptScores
 from gate.worker.server import SERVED_MODEL_NAME, ServerError
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from gate import host
 from gate.worker.layout import MULTIPROCESS_BACKENDS
 
 UpdateFn = Callable[[Any, dict[str, torch.Tensor]], None]
@@ -77,8 +78,8 @@ class PushFailed(RuntimeError):
 
 # -- calls into the engine's workers, each with a timeout ------------------------------------------
 
-RPC_TIMEOUT_ENV = "GATE_WORKER_RPC_TIMEOUT_S"
-DEFAULT_RPC_TIMEOUT_S = 600.0
+RPC_TIMEOUT_ENV = host.RPC_TIMEOUT_ENV
+DEFAULT_RPC_TIMEOUT_S = host.DEFAULT_RPC_TIMEOUT_S
 
 
 def rpc_timeout_s() -> float:
@@ -88,14 +89,7 @@ def rpc_timeout_s() -> float:
     peers never enter does not answer at all, and without a limit the run would sit silent until
     the orchestrator's timeout killed it, evidence and all.
     """
-    raw = os.environ.get(RPC_TIMEOUT_ENV)
-    try:
-        value = float(raw) if raw else DEFAULT_RPC_TIMEOUT_S
-    except ValueError:
-        raise ValueError(f"{RPC_TIMEOUT_ENV}={raw!r}: expected a number of seconds") from None
-    if value <= 0:
-        raise ValueError(f"{RPC_TIMEOUT_ENV}={raw!r}: must be > 0")
-    return value
+    return host.settings().worker_rpc_timeout_s  # a malformed value: ValueError naming it
 
 
 class WorkerCallTimeout(TimeoutError):
@@ -317,7 +311,7 @@ def v0_load_weights_push(llm, state_dict: dict[str, torch.Tensor]) -> None:
 # -- the push across processes: a safetensors folder, read by each rank ------------------------------
 
 SHARED_MEMORY = Path("/dev/shm")
-PUSH_DIR_ENV = "GATE_PUSH_DIR"  # a folder every rank can read (multi-node: a shared filesystem)
+PUSH_DIR_ENV = host.PUSH_DIR_ENV  # a folder every rank can read (multi-node: a shared filesystem)
 WEIGHTS_FILE = "model.safetensors"
 _ROOM_MARGIN_BYTES = 64 * 2**20  # safetensors' header and the filesystem's own blocks
 
@@ -347,8 +341,8 @@ def tensor_bytes(tensors: dict[str, torch.Tensor]) -> int:
 def staging_roots(beside: Path | None) -> tuple[Path, ...]:
     """Where a push folder may go, in order: ``GATE_PUSH_DIR``, then /dev/shm (tmpfs: no disk write),
     then ``beside`` (a folder next to the engine's output dir, on its filesystem)."""
-    explicit = os.environ.get(PUSH_DIR_ENV)
-    roots = [Path(explicit)] if explicit else []
+    explicit = host.settings().push_dir
+    roots = [explicit] if explicit else []
     roots.append(SHARED_MEMORY)
     if beside is not None:
         roots.append(beside)

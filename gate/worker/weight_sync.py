@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from gate.request import WeightSyncRequest
+from gate.contract import keys
+from gate.contract.request import WeightSyncRequest
 from gate.worker.policy_weights import alias_key, host_state_dict, perturbed, tied_name_groups
 from gate.worker.weight_digests import EngineDigests, offline_reader, summarise, trainer_digests
 from gate.worker.weight_push import (
@@ -283,32 +284,36 @@ def probe(engine: ProbeTarget, model_path: str, prompt_ids, reference_ids, reque
     again_new = _score(trainer, new_sd, seq_again, starts_again, device)
     post_old = _score(trainer, old_sd, seq_after, starts_after, device)
     arrays = {
-        "ws_is_prefix": np.repeat(np.arange(len(probes)) >= len(control), np.diff(after.offsets)),
-        "ws_offsets": after.offsets,
-        "ws_token_ids": after.token_ids,
-        "ws_engine_logprob": after.logprob,
-        "ws_trainer_new_logprob": post_new,
-        "ws_trainer_old_logprob": post_old,
-        "ws_before_is_prefix": np.repeat(
+        keys.WS_IS_PREFIX: np.repeat(
+            np.arange(len(probes)) >= len(control), np.diff(after.offsets)
+        ),
+        keys.WS_OFFSETS: after.offsets,
+        keys.WS_TOKEN_IDS: after.token_ids,
+        keys.WS_ENGINE_LOGPROB: after.logprob,
+        keys.WS_TRAINER_NEW_LOGPROB: post_new,
+        keys.WS_TRAINER_OLD_LOGPROB: post_old,
+        keys.WS_BEFORE_IS_PREFIX: np.repeat(
             np.arange(len(probes)) >= len(control), np.diff(before.offsets)
         ),
-        "ws_before_engine_logprob": before.logprob,
-        "ws_before_trainer_logprob": pre_old,
-        "ws_again_is_prefix": np.repeat(
+        keys.WS_BEFORE_ENGINE_LOGPROB: before.logprob,
+        keys.WS_BEFORE_TRAINER_LOGPROB: pre_old,
+        keys.WS_AGAIN_IS_PREFIX: np.repeat(
             np.arange(len(probes)) >= len(control), np.diff(again.offsets)
         ),
-        "ws_again_token_ids": again.token_ids,
-        "ws_again_engine_logprob": again.logprob,
-        "ws_again_trainer_new_logprob": again_new,
+        keys.WS_AGAIN_TOKEN_IDS: again.token_ids,
+        keys.WS_AGAIN_ENGINE_LOGPROB: again.logprob,
+        keys.WS_AGAIN_TRAINER_NEW_LOGPROB: again_new,
     }
     if wake is not None:
         seq_wake, starts_wake = _continuations(probes, wake)
         arrays |= {
-            "ws_wake_is_prefix": np.repeat(
+            keys.WS_WAKE_IS_PREFIX: np.repeat(
                 np.arange(len(probes)) >= len(control), np.diff(wake.offsets)
             ),
-            "ws_wake_engine_logprob": wake.logprob,
-            "ws_wake_trainer_new_logprob": _score(trainer, new_sd, seq_wake, starts_wake, device),
+            keys.WS_WAKE_ENGINE_LOGPROB: wake.logprob,
+            keys.WS_WAKE_TRAINER_NEW_LOGPROB: _score(
+                trainer, new_sd, seq_wake, starts_wake, device
+            ),
         }
     meta = {
         "adapter": adapter.name,

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gate import evidence as ev
 from gate.config import BUILTIN_CONFIG
+from gate.contract import evidence as ev
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -28,8 +28,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gate import evidence as ev
 from gate.config import load_config
+from gate.contract import evidence as ev
+from gate.contract import keys
 from gate.docker.client import managed_containers
 from gate.docker.image import recipe_for, source_root
 from gate.runners.venv_build import venv_path
@@ -90,10 +91,10 @@ def gate_image_replay(docker_client, tmp_path_factory) -> tuple[Replay, Path]:
 
 def _assert_same_evidence(a: ev.Evidence, b: ev.Evidence) -> None:
     """Same tokens, logprobs within 1e-5 (issue 7's bar for two runners of one engine)."""
-    for key in (f"{ev.SAMPLE}_{ev.TOKEN_IDS}", f"{ev.GREEDY}_{ev.TOKEN_IDS}", f"{ev.SAMPLE}_{ev.OFFSETS}"):
+    for key in (f"{keys.SAMPLE}_{keys.TOKEN_IDS}", f"{keys.GREEDY}_{keys.TOKEN_IDS}", f"{keys.SAMPLE}_{keys.OFFSETS}"):
         np.testing.assert_array_equal(a.arrays[key], b.arrays[key], err_msg=key)
-    for key in (f"{ev.SAMPLE}_{ev.ENGINE_LOGPROB}", f"{ev.SAMPLE}_{ev.TRAINER_PROCESSED}",
-                f"{ev.GREEDY}_{ev.ENGINE_LOGPROB}", f"{ev.TF}_{ev.ENGINE_LOGPROB}"):  # fmt: skip
+    for key in (f"{keys.SAMPLE}_{keys.ENGINE_LOGPROB}", f"{keys.SAMPLE}_{keys.TRAINER_PROCESSED}",
+                f"{keys.GREEDY}_{keys.ENGINE_LOGPROB}", f"{keys.TF}_{keys.ENGINE_LOGPROB}"):  # fmt: skip
         np.testing.assert_allclose(a.arrays[key], b.arrays[key], rtol=0, atol=1e-5, err_msg=key)
 
 
@@ -106,7 +107,7 @@ def test_gate_image_runs_the_full_gate_and_matches_the_venv_runner(gate_image_re
         _assert_same_evidence(run.evidence(engine), default_replay.evidence(engine))
     # the container ran as this user: the run directory is ours, not root's
     assert (run.run_dir / "report.json").stat().st_uid == os.getuid()
-    assert run.evidence("new").engine["grpo"] is not None and run.evidence("new").engine["weight_sync"] is not None
+    assert run.evidence("new").engine.grpo is not None and run.evidence("new").engine.weight_sync is not None
 
 
 def test_gate_image_labels_and_reuse(gate_image_replay, docker_client, tmp_path):

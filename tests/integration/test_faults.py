@@ -214,10 +214,10 @@ def test_weights_lost_across_sleep_and_wake_are_caught_and_a_clean_cycle_passes(
     log = (run.run_dir / "engines" / "new" / "worker.log").read_text()
     assert "[gate-fault] sleep_discards_weights: level 2 zeroed" in log, log[-2000:]
     control = run.evidence("old")
-    assert control.engine["weight_sync"]["sleep"]["level"] == 2
+    assert control.engine.weight_sync["sleep"]["level"] == 2
     wake_off = np.abs(control["ws_wake_engine_logprob"] - control["ws_wake_trainer_new_logprob"])
     assert float(wake_off[~control["ws_wake_is_prefix"]].mean()) < 1e-4, wake_off.max()
-    assert control.engine["weight_sync"]["digests"]["wake_changed"]["count"] == 0
+    assert control.engine.weight_sync["digests"]["wake_changed"]["count"] == 0
     check = run.check("weight-sync")
     values = {m["name"]: m["value"] for m in check["measurements"]}
     assert check["details"]["verdict"] == "sleep-wake", check

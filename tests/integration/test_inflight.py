@@ -44,13 +44,13 @@ def test_the_default_run_keeps_the_kv_on_both_engines(default_replay):
     assert all(16 <= s == e for s, e in zip(keep["switch_start"], keep["switch_end"], strict=True))
     assert keep["switch_lower"] == keep["switch_upper"] == keep["switch_start"] and keep["steps_inside"] == 0
     for engine in ("old", "new"):
-        meta = default_replay.evidence(engine).engine["weight_sync_inflight"]
+        meta = default_replay.evidence(engine).engine.weight_sync_inflight
         assert meta["updates"][0]["calls"][0] == "pause(keep, clear_cache=False)"
         assert meta["updates"][0]["switch_exact"] is True
     # 0.32 returns its weight-version spans: its label changes exactly where the update ran; 0.31 returns none.
     assert keep["version_switch"] == keep["switch_start"] and keep["versions_agree"] is True
     assert keep["behaviour_old_engine"] == "STALE"
-    old = default_replay.evidence("old").engine["weight_sync_inflight"]
+    old = default_replay.evidence("old").engine.weight_sync_inflight
     assert old["weight_versions"].startswith("this release returns no weight-version spans")
 
 
@@ -111,7 +111,7 @@ def test_an_update_that_lands_after_every_request_runs_again_earlier(inflight_re
     nothing after its switch to attribute, so the phase pushes the old weights back and runs it
     again, started earlier by the lag it saw: it landed at token 48, 32 past the switch at 16, so
     the second run starts it at the first token."""
-    meta = inflight_replay.evidence("new").engine["weight_sync_inflight"]
+    meta = inflight_replay.evidence("new").engine.weight_sync_inflight
     [late] = [u for u in meta["updates"] if u["name"].endswith(":slow_first_time")]
     assert (late["attempts"], late["switch_after"]) == (2, 1), late
     found = inflight_replay.check("inflight-update")["details"]["updates"][f"{HOOKS}:slow_first_time"]
@@ -127,5 +127,5 @@ def test_a_hook_that_never_resumes_is_an_error_bounded_by_the_timeout(tmp_path):
     assert "still paused" in check["summary"] and "timeout_s" in check["summary"]
     # The replay's evidence stands: every other check is judged.
     assert run.check("weight-sync")["status"] == "PASS"
-    assert run.evidence("new").engine["weight_sync_inflight"]["error"]["message"].startswith("InflightTimeout")
+    assert run.evidence("new").engine.weight_sync_inflight["error"]["message"].startswith("InflightTimeout")
     verify("30d", run.report)

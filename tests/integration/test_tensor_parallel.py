@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 import yaml
 
-from gate import evidence as ev
 from gate.config import load_config
+from gate.contract import keys
 from gate.errors import ConfigError
 from tests import scheduling
 
@@ -83,15 +83,15 @@ def test_the_cpu_default_passes_at_tp2(tp2_replay):
 @pytest.mark.engine
 def test_tp2_evidence_equals_tp1(tp2_replay, default_replay):
     tp1, tp2 = default_replay.evidence("new"), tp2_replay.evidence("new")
-    for prefix in (ev.SAMPLE, ev.GREEDY):
+    for prefix in (keys.SAMPLE, keys.GREEDY):
         np.testing.assert_array_equal(
-            tp2[f"{prefix}_{ev.TOKEN_IDS}"], tp1[f"{prefix}_{ev.TOKEN_IDS}"]
+            tp2[f"{prefix}_{keys.TOKEN_IDS}"], tp1[f"{prefix}_{keys.TOKEN_IDS}"]
         )
         gap = np.abs(
-            tp2[f"{prefix}_{ev.ENGINE_LOGPROB}"] - tp1[f"{prefix}_{ev.ENGINE_LOGPROB}"]
+            tp2[f"{prefix}_{keys.ENGINE_LOGPROB}"] - tp1[f"{prefix}_{keys.ENGINE_LOGPROB}"]
         ).max()
         assert gap <= LOGPROB_TOLERANCE, (prefix, gap)
-    tf_gap = np.abs(tp2[f"{ev.TF}_{ev.ENGINE_LOGPROB}"] - tp1[f"{ev.TF}_{ev.ENGINE_LOGPROB}"]).max()
+    tf_gap = np.abs(tp2[f"{keys.TF}_{keys.ENGINE_LOGPROB}"] - tp1[f"{keys.TF}_{keys.ENGINE_LOGPROB}"]).max()
     assert tf_gap <= LOGPROB_TOLERANCE, tf_gap
     np.testing.assert_array_equal(
         tp2["ws_token_ids"], tp1["ws_token_ids"]

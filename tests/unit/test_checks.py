@@ -14,7 +14,7 @@ from gate.checks.context import Context
 from gate.errors import ConfigError
 from gate.verdict import Status, worst
 
-from ..factory import RUN, make_evidence
+from ..factory import RUN, make_evidence, with_engine, with_identity
 
 
 def _settings(**raw):
@@ -258,7 +258,7 @@ def test_generation_defaults_are_compared(tmp_path, clean):
     meta = json.loads((folder / "engine.json").read_text())
     meta["default_sampling_params"]["repetition_penalty"] = 1.1
     (folder / "engine.json").write_text(json.dumps(meta))
-    from gate import evidence as ev
+    from gate.contract import evidence as ev
 
     clean.new = ev.load(folder)
     r = _results(clean)["config-parity"]
@@ -373,7 +373,7 @@ def _digests(not_moved=(), mismatch=(), second=(), unchanged=None, readable=7):
 
 def test_weight_sync_names_the_tensors_a_push_left_behind_when_the_outputs_pass(clean):
     norms = [f"tp0:model.layers.{i}.input_layernorm.weight" for i in range(2)]
-    clean.new.engine["weight_sync"]["digests"] = _digests(not_moved=norms, mismatch=norms)
+    clean.new.engine.weight_sync["digests"] = _digests(not_moved=norms, mismatch=norms)
     r = _results(clean)["weight-sync"]
     assert r.status == Status.FAIL and r.details["verdict"] == "bytes-not-moved"
     assert r.summary.startswith("tensors the push did not move")
@@ -385,7 +385,7 @@ def test_weight_sync_names_the_tensors_a_push_left_behind_when_the_outputs_pass(
 
 
 def test_weight_sync_bytes_changed_by_a_second_push_are_a_second_update(clean):
-    clean.new.engine["weight_sync"]["digests"] = _digests(second=["tp0:model.embed_tokens.weight"])
+    clean.new.engine.weight_sync["digests"] = _digests(second=["tp0:model.embed_tokens.weight"])
     r = _results(clean)["weight-sync"]
     assert r.status == Status.FAIL and r.details["verdict"] == "second-update"
     assert "changed when the same weights were pushed again (tp0:model.embed_tokens.weight)" in r.diagnosis
@@ -394,10 +394,10 @@ def test_weight_sync_bytes_changed_by_a_second_push_are_a_second_update(clean):
 def test_a_stale_cache_the_bytes_contradict_is_tensors_left_behind_and_a_partial_update_stays(tmp_path, clean):
     norms = ["tp0:model.norm.weight"]
     clean.new = make_evidence(tmp_path / "cache", seed=2, weight_sync="stale-cache", effective={"enable_prefix_caching": True})
-    clean.new.engine["weight_sync"]["digests"] = _digests(not_moved=norms, mismatch=norms)
+    clean.new.engine.weight_sync["digests"] = _digests(not_moved=norms, mismatch=norms)
     assert _results(clean)["weight-sync"].details["verdict"] == "bytes-not-moved"
     clean.new = make_evidence(tmp_path / "partial", seed=2, weight_sync="partial")
-    clean.new.engine["weight_sync"]["digests"] = _digests(not_moved=norms, mismatch=norms)
+    clean.new.engine.weight_sync["digests"] = _digests(not_moved=norms, mismatch=norms)
     r = _results(clean)["weight-sync"]
     assert r.details["verdict"] == "partial-update" and "(tp0:model.norm.weight)" in r.diagnosis
 
@@ -405,7 +405,7 @@ def test_a_stale_cache_the_bytes_contradict_is_tensors_left_behind_and_a_partial
 def test_stale_weights_keep_their_verdict_and_gain_the_frozen_bytes(tmp_path, clean):
     clean.new = make_evidence(tmp_path / "stale", seed=2, weight_sync="stale")
     every = [f"tp0:t{i}" for i in range(7)]
-    clean.new.engine["weight_sync"]["digests"] = _digests(not_moved=every, mismatch=every)
+    clean.new.engine.weight_sync["digests"] = _digests(not_moved=every, mismatch=every)
     r = _results(clean)["weight-sync"]
     assert r.details["verdict"] == "stale-weights"
     assert "all 7 readable tensors hold the bytes they had before the push" in r.diagnosis
@@ -416,7 +416,7 @@ def test_outputs_near_the_old_weights_with_some_bytes_moved_are_a_partial_update
     old weights, but the bytes show part of the push landed: not "never reached the engine"."""
     clean.new = make_evidence(tmp_path / "stale", seed=2, weight_sync="stale")
     left = [f"tp0:t{i}" for i in range(5)]  # 2 of 7 readable tensors moved
-    clean.new.engine["weight_sync"]["digests"] = _digests(not_moved=left, mismatch=left)
+    clean.new.engine.weight_sync["digests"] = _digests(not_moved=left, mismatch=left)
     r = _results(clean)["weight-sync"]
     assert r.details["verdict"] == "partial-update" and "only part of the state dict" in r.diagnosis
     assert "never reached the engine" not in r.diagnosis
@@ -427,16 +427,16 @@ TIED = ["lm_head.weight", "model.embed_tokens.weight"]
 
 def test_a_tied_tensor_the_push_left_stale_is_named_as_the_tie(tmp_path, clean):
     clean.new = make_evidence(tmp_path / "tied", seed=2, weight_sync="partial")
-    clean.new.engine["weight_sync"]["tied_names"] = [TIED]
+    clean.new.engine.weight_sync["tied_names"] = [TIED]
     embedding = ["model.embed_tokens.weight"]
-    clean.new.engine["weight_sync"]["digests"] = _digests(not_moved=embedding, mismatch=embedding)
+    clean.new.engine.weight_sync["digests"] = _digests(not_moved=embedding, mismatch=embedding)
     r = _results(clean)["weight-sync"]
     assert r.details["verdict"] == "partial-update" and r.details["tied_tensor_missed"] == TIED
     assert ("lm_head.weight and model.embed_tokens.weight are one tensor in the trainer's model "
             "(tie_word_embeddings)") in r.diagnosis  # fmt: skip
     assert "untied view" in r.diagnosis and "Push the trainer's one tensor under both names" in r.diagnosis
     # The same finding on a rank-prefixed name (several ranks) names the same tensor.
-    clean.new.engine["weight_sync"]["digests"] = _digests(mismatch=["tp0:model.embed_tokens.weight"])
+    clean.new.engine.weight_sync["digests"] = _digests(mismatch=["tp0:model.embed_tokens.weight"])
     assert _results(clean)["weight-sync"].details["tied_tensor_missed"] == TIED
 
 
@@ -451,8 +451,8 @@ def test_a_tied_tensor_the_push_left_stale_is_named_as_the_tie(tmp_path, clean):
 )  # fmt: skip
 def test_the_tie_is_named_only_where_a_tied_tensor_alone_was_missed(tmp_path, clean, tied_names, missed, unchanged):
     clean.new = make_evidence(tmp_path / "tied", seed=2, weight_sync="partial")
-    clean.new.engine["weight_sync"]["tied_names"] = tied_names
-    clean.new.engine["weight_sync"]["digests"] = _digests(not_moved=missed, mismatch=missed, unchanged=unchanged)
+    clean.new.engine.weight_sync["tied_names"] = tied_names
+    clean.new.engine.weight_sync["digests"] = _digests(not_moved=missed, mismatch=missed, unchanged=unchanged)
     r = _results(clean)["weight-sync"]
     assert r.status == Status.FAIL and "tied_tensor_missed" not in r.details
     assert "tie_word_embeddings" not in r.diagnosis
@@ -461,25 +461,25 @@ def test_the_tie_is_named_only_where_a_tied_tensor_alone_was_missed(tmp_path, cl
 def test_a_tied_model_whose_compared_bytes_are_right_and_outputs_wrong_points_at_the_heads_copy(tmp_path, clean):
     """Row 25b's shape: every compared tensor the trainer's new one, the outputs a partial update."""
     clean.new = make_evidence(tmp_path / "tied", seed=2, weight_sync="partial")
-    clean.new.engine["weight_sync"]["digests"] = _digests(unchanged=[])
+    clean.new.engine.weight_sync["digests"] = _digests(unchanged=[])
     r = _results(clean)["weight-sync"]
     assert "tie_word_embeddings" not in r.diagnosis and "repacked" not in r.diagnosis  # untied: no such copy
-    clean.new.engine["weight_sync"]["tied_names"] = [TIED]
+    clean.new.engine.weight_sync["tied_names"] = [TIED]
     r = _results(clean)["weight-sync"]
     assert r.details["verdict"] == "partial-update" and "tied_tensor_missed" not in r.details
     assert "The digests compared 7 tensors and found each the trainer's new one" in r.diagnosis
     assert "repacked (oneDNN) copy of the embedding" in r.diagnosis
     assert "under model.embed_tokens.weight alone moves the embedding and leaves the head behind" in r.diagnosis
-    clean.new.engine["identity"]["device_kind"] = "cuda"  # a GPU head reads the parameter: no such copy
+    with_identity(clean.new, device_kind="cuda")  # a GPU head reads the parameter: no such copy
     assert "repacked" not in _results(clean)["weight-sync"].diagnosis
 
 
 def test_weight_sync_passes_with_clean_bytes_and_says_what_it_compared(clean):
-    clean.new.engine["weight_sync"]["digests"] = _digests(unchanged=[])
+    clean.new.engine.weight_sync["digests"] = _digests(unchanged=[])
     r = _results(clean)["weight-sync"]
     assert r.status == Status.PASS
     assert "bytes: 7 of 15 tensors compared with the trainer's, 0 of 7 readable unchanged" in r.summary
-    clean.new.engine["weight_sync"]["digests"] = {"source": None, "reason": "the server offers no /weight_checker"}
+    clean.new.engine.weight_sync["digests"] = {"source": None, "reason": "the server offers no /weight_checker"}
     r = _results(clean)["weight-sync"]
     assert r.status == Status.PASS and r.summary.endswith("; weight digests not read")
     assert not [m for m in r.measurements if m.name.startswith("tensors_")]
@@ -500,7 +500,7 @@ def _sleep_cycle(evidence, off: float) -> None:
     a["ws_wake_is_prefix"] = a["ws_is_prefix"]
     a["ws_wake_trainer_new_logprob"] = a["ws_trainer_new_logprob"]
     a["ws_wake_engine_logprob"] = (a["ws_trainer_new_logprob"] + off).astype(np.float32)
-    evidence.engine["weight_sync"]["sleep"] = {"level": 2, "sleep_s": 0.1, "wake_and_push_s": 0.2}
+    evidence.engine.weight_sync["sleep"] = {"level": 2, "sleep_s": 0.1, "wake_and_push_s": 0.2}
 
 
 def test_weights_lost_across_sleep_and_wake_are_their_own_verdict(clean):
@@ -508,14 +508,14 @@ def test_weights_lost_across_sleep_and_wake_are_their_own_verdict(clean):
     r = _results(clean)["weight-sync"]
     assert r.status == Status.PASS and "after sleep and wake: 0.00e+00 vs new" in r.summary
     _sleep_cycle(clean.new, 0.5)  # every control token 0.5 nats off after the cycle
-    clean.new.engine["weight_sync"]["digests"] = _digests(unchanged=[])
+    clean.new.engine.weight_sync["digests"] = _digests(unchanged=[])
     r = _results(clean)["weight-sync"]
     assert r.status == Status.FAIL and r.details["verdict"] == "sleep-wake"
     assert r.diagnosis.startswith("After sleep level 2, wake and the push the engine serves other weights")
     assert "TRL #5312" in r.diagnosis
     assert {m.name: m.value for m in r.measurements}["after_wake_vs_new"] == pytest.approx(0.5)
     # with the wake reading in the digests and no tensor changed, the loss is named as outside them
-    clean.new.engine["weight_sync"]["digests"]["wake_changed"] = {"count": 0, "names": []}
+    clean.new.engine.weight_sync["digests"]["wake_changed"] = {"count": 0, "names": []}
     r = _results(clean)["weight-sync"]
     assert "what was lost lies outside the parameters the checker reads" in r.diagnosis
 
@@ -524,14 +524,14 @@ def test_bytes_changed_across_sleep_and_wake_are_named(clean):
     _sleep_cycle(clean.new, 0.0)
     digests = _digests(unchanged=[])
     digests["wake_changed"] = {"count": 1, "names": ["model.norm.weight"]}
-    clean.new.engine["weight_sync"]["digests"] = digests
+    clean.new.engine.weight_sync["digests"] = digests
     r = _results(clean)["weight-sync"]
     assert r.status == Status.FAIL and r.details["verdict"] == "sleep-wake"
     assert "1 tensor(s) are not what the first push left after sleep, wake and the same push (model.norm.weight)" in r.diagnosis
 
 
 def test_a_sleep_cycle_not_run_says_why(clean):
-    clean.new.engine["weight_sync"]["sleep"] = {"level": 2, "not_run": "server mode: gate drives the sleep/wake cycle offline only"}
+    clean.new.engine.weight_sync["sleep"] = {"level": 2, "not_run": "server mode: gate drives the sleep/wake cycle offline only"}
     r = _results(clean)["weight-sync"]
     assert r.status == Status.PASS and r.summary.endswith("; sleep/wake not run (server mode: gate drives the sleep/wake cycle offline only)")
 
@@ -564,10 +564,10 @@ def test_a_grpo_run_without_a_weight_push_is_an_error_with_the_reason(clean):
     # The worker found no push for this engine: GRPO asked for but not run is not a SKIP.
     for key in [k for k in clean.new.arrays if k.startswith("grpo_")]:
         del clean.new.arrays[key]
-    clean.new.engine["grpo"] = {"adapter": None, "unsupported": "no reload_weights and no model runner load_weights"}
+    with_engine(clean.new, grpo={"adapter": None, "unsupported": "no reload_weights and no model runner load_weights"})
     r = _results(clean)["grpo-trajectory"]
     assert r.status == Status.ERROR and r.diagnosis == "No reload_weights and no model runner load_weights."
-    clean.new.engine["grpo"] = None
+    with_engine(clean.new, grpo={})
     assert _results(clean)["grpo-trajectory"].status == Status.SKIP
 
 

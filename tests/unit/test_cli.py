@@ -42,7 +42,7 @@ def test_existing_run_directory_is_never_overwritten(minimal_config, tmp_path, c
 
 def test_orchestrator_imports_no_engine_libraries():
     code = (
-        "import sys, gate.cli, gate.replay, gate.runners.venv, gate.runners.local, gate.evidence; "
+        "import sys, gate.cli, gate.replay, gate.runners.venv, gate.runners.local, gate.contract.evidence; "
         "bad = [m for m in ('torch', 'vllm', 'transformers') if m in sys.modules]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )

@@ -18,6 +18,7 @@ from gate.config import (
     load_config,
     parse_config,
 )
+from gate.contract.request import WorkerRequest
 from gate.docker.bundle import uses_gate_image
 from gate.docker.container import (
     HF_CACHE,
@@ -33,7 +34,6 @@ from gate.docker.container import (
 from gate.docker.image import LABEL_NEW, LABEL_OLD, ImageRecipe, check_labels
 from gate.docker.mounts import Mount, as_volumes, config_paths, normalize
 from gate.errors import ConfigError
-from gate.request import WorkerRequest
 from gate.runners import get_runner
 from gate.runners.docker import WORKER_ROOT, DockerRunner, worker_mounts
 

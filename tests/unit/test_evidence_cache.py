@@ -174,13 +174,14 @@ def test_worker_code_hash_covers_what_the_worker_imports_and_nothing_else(tmp_pa
     package = tmp_path / "gate"
     shutil.copytree(PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__", "assets"))
     modules = {str(p.relative_to(package)) for p in ec.worker_modules(package)}
-    assert {"worker/main.py", "worker/replay.py", "request.py", "evidence.py"} <= modules
+    assert {"worker/main.py", "worker/replay.py", "contract/request.py", "contract/evidence.py",
+            "contract/keys.py", "contract/engine_record.py"} <= modules
     assert not any(m.startswith(("checks/", "render/", "github/", "runners/", "docker/")) for m in modules)
     base = ec.worker_code_hash(package)
     assert base == ec.worker_code_hash(PACKAGE)
     (package / "checks" / "semantics.py").write_text("# an orchestrator-only edit\n", encoding="utf-8")
     assert ec.worker_code_hash(package) == base
-    with open(package / "evidence.py", "a", encoding="utf-8") as fh:  # imported by the worker
+    with open(package / "contract" / "evidence.py", "a", encoding="utf-8") as fh:  # imported by the worker
         fh.write("\n# an edit the worker sees\n")
     assert ec.worker_code_hash(package) != base
 

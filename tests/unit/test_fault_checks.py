@@ -7,9 +7,10 @@ import copy
 import numpy as np
 import pytest
 
-from gate import evidence as ev
 from gate.checks import parse_settings, run_checks
 from gate.checks.context import Context, per_prompt, sampled_pairs
+from gate.contract import evidence as ev
+from gate.contract import keys
 from gate.repeat import subset_evidence
 from gate.verdict import Status
 
@@ -48,7 +49,7 @@ def test_sampled_pairs_drop_masked_tokens_and_reindex_sequences(tmp_path):
     # per-prompt means over the kept tokens: prompt 0 = mean of its two sequences' kept-token means
     d = np.abs(pairs.trainer.astype(float) - pairs.engine)
     expected = (d[0:6].mean() + d[6:14].mean()) / 2
-    assert per_prompt(e, ev.SAMPLE, d, pairs.offsets)[0] == pytest.approx(expected)
+    assert per_prompt(e, keys.SAMPLE, d, pairs.offsets)[0] == pytest.approx(expected)
     clean = sampled_pairs(make_evidence(tmp_path / "c", seed=2))
     assert clean.masked == 0 and len(clean.trainer) == 320
 
@@ -144,7 +145,7 @@ def _trainer_logits_off_by(ctx, rng, most: float) -> None:
     temperature = ctx.run["sampling"]["temperature"]
     engine_topk = ctx.new["sample_topk_logprobs"].astype(np.float64)
     noise = rng.uniform(-most, most, engine_topk.shape)
-    ctx.new.arrays[f"{ev.SAMPLE}_{ev.TRAINER_TOPK_RAW}"] = (engine_topk * temperature + noise).astype(np.float32)
+    ctx.new.arrays[f"{keys.SAMPLE}_{keys.TRAINER_TOPK_RAW}"] = (engine_topk * temperature + noise).astype(np.float32)
 
 
 def test_tokens_nearer_the_nucleus_edge_than_the_logit_noise_are_undecidable(ctx):
@@ -158,12 +159,12 @@ def test_tokens_nearer_the_nucleus_edge_than_the_logit_noise_are_undecidable(ctx
     gap = np.full(t, -1.0, dtype=np.float32)  # kept tokens: inside, a negative gap
     gap[masked[:5]] = 0.01  # nearly tied with the smallest kept logit
     gap[masked[5:]] = 1.0
-    ctx.new.arrays[f"{ev.SAMPLE}_{ev.TRAINER_BOUNDARY_GAP}"] = gap
+    ctx.new.arrays[f"{keys.SAMPLE}_{keys.TRAINER_BOUNDARY_GAP}"] = gap
     r = _results(ctx)["logprob-semantics"]
     assert r.details["tokens_outside_transform"]["new"] == 3
     edge = next(m for m in r.measurements if m.name == "tokens_at_transform_boundary" and m.engine == "new")
     assert edge.value == pytest.approx(5 / 320) and "measured logit noise band (0.1" in edge.note  # 2 x its 99th percentile
-    ctx.new.arrays[f"{ev.SAMPLE}_{ev.TRAINER_BOUNDARY_GAP}"] = np.where(gap > 0, 1.0, gap).astype(np.float32)
+    ctx.new.arrays[f"{keys.SAMPLE}_{keys.TRAINER_BOUNDARY_GAP}"] = np.where(gap > 0, 1.0, gap).astype(np.float32)
     assert _results(ctx)["logprob-semantics"].details["tokens_outside_transform"]["new"] == 8
 
 
@@ -175,10 +176,10 @@ def test_tokens_just_past_the_top_p_cut_by_probability_are_undecidable(ctx):
     _trainer_logits_off_by(ctx, rng, 0.05)
     masked = list(range(0, 320, 40))
     ctx.new = _mask(ctx.new, masked)
-    ctx.new.arrays[f"{ev.SAMPLE}_{ev.TRAINER_BOUNDARY_GAP}"] = np.where(np.isin(np.arange(t), masked), 1.5, -1.0).astype(np.float32)
+    ctx.new.arrays[f"{keys.SAMPLE}_{keys.TRAINER_BOUNDARY_GAP}"] = np.where(np.isin(np.arange(t), masked), 1.5, -1.0).astype(np.float32)
     mass = rng.uniform(0.0, 0.7, t).astype(np.float32)
     mass[masked[:3]], mass[masked[3:]] = 0.805, 0.95
-    ctx.new.arrays[f"{ev.SAMPLE}_{ev.TRAINER_MASS_ABOVE}"] = mass
+    ctx.new.arrays[f"{keys.SAMPLE}_{keys.TRAINER_MASS_ABOVE}"] = mass
     assert _results(ctx)["logprob-semantics"].details["tokens_outside_transform"]["new"] == 5
 
 
@@ -189,13 +190,13 @@ def test_tokens_on_the_transform_boundary_are_undecidable_not_outside(ctx):
     edge = np.zeros(320, dtype=bool)
     edge[masked[:6]] = True
     edge[[3, 4]] = True  # on the boundary but kept by the reference: not counted anywhere
-    ctx.new.arrays[f"{ev.SAMPLE}_{ev.TRAINER_AT_BOUNDARY}"] = edge
+    ctx.new.arrays[f"{keys.SAMPLE}_{keys.TRAINER_AT_BOUNDARY}"] = edge
     r = _results(ctx)["logprob-semantics"]
     outside = next(m for m in r.measurements if m.name == "tokens_outside_transform" and m.engine == "new")
     assert outside.note == "2 of 320 sampled tokens" and r.details["tokens_outside_transform"]["new"] == 2
     boundary = next(m for m in r.measurements if m.name == "tokens_at_transform_boundary" and m.engine == "new")
     assert boundary.value == pytest.approx(6 / 320) and boundary.status == Status.PASS
-    ctx.new.arrays[f"{ev.SAMPLE}_{ev.TRAINER_AT_BOUNDARY}"] = np.zeros(320, dtype=bool)
+    ctx.new.arrays[f"{keys.SAMPLE}_{keys.TRAINER_AT_BOUNDARY}"] = np.zeros(320, dtype=bool)
     assert _results(ctx)["logprob-semantics"].details["tokens_outside_transform"]["new"] == 8
 
 
@@ -212,7 +213,7 @@ def test_the_nucleus_edge_band_is_twice_the_measured_noise_quantile(ctx):
     _trainer_logits_off_by(ctx, rng, 0.05)
     masked = list(range(0, 320, 40))
     ctx.new = _mask(ctx.new, masked)
-    ctx.new.arrays[f"{ev.SAMPLE}_{ev.TRAINER_BOUNDARY_GAP}"] = np.where(np.isin(np.arange(t), masked), 5.0, -1.0).astype(np.float32)
+    ctx.new.arrays[f"{keys.SAMPLE}_{keys.TRAINER_BOUNDARY_GAP}"] = np.where(np.isin(np.arange(t), masked), 5.0, -1.0).astype(np.float32)
     q99 = evidence_logit_noise(ctx.new)
     top_p = 0.8
     sampling = {**ctx.run["sampling"], "top_p": top_p}
@@ -223,7 +224,7 @@ def test_the_nucleus_edge_band_is_twice_the_measured_noise_quantile(ctx):
     mass = rng.uniform(0.0, 0.7, t).astype(np.float64)
     mass[masked[:4]] = mass_at(1.5)  # past one quantile, inside the band
     mass[masked[4:]] = mass_at(EDGE_MARGIN + 0.5)
-    ctx.new.arrays[f"{ev.SAMPLE}_{ev.TRAINER_MASS_ABOVE}"] = mass.astype(np.float32)
+    ctx.new.arrays[f"{keys.SAMPLE}_{keys.TRAINER_MASS_ABOVE}"] = mass.astype(np.float32)
     undecidable, band = undecidable_outside(ctx.new, sampling)
     assert band == pytest.approx(EDGE_MARGIN * q99) and undecidable == 4
 

@@ -141,7 +141,7 @@ class _FakeEngine:
 
 
 def test_a_grpo_run_trains_the_subset_and_pushes_the_whole_state_dict(tmp_path, monkeypatch):
-    from gate.request import GrpoRequest
+    from gate.contract.request import GrpoRequest
     from gate.worker import replay
     from gate.worker.grpo import run_grpo
 

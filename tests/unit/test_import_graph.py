@@ -15,11 +15,12 @@ COMMAND_LAYER = ("gate.cli", "gate.commands")
 
 # The worker runs inside each engine's environment (a venv or container with vllm and torch), where
 # the orchestrator's dependencies (yaml, httpx, docker, jinja2) need not be installed. It may use the
-# request it is handed (gate.request), the evidence format it writes (gate.evidence), file writing
-# (gate.files), CPU lists for vLLM's rank binding (gate.cpu_list, shared with the docker runner's
-# cpuset) and what those import (gate.errors), and nothing else of gate.
-WORKER_MAY_IMPORT = ("gate.worker", "gate.request", "gate.evidence", "gate.files", "gate.errors",
-                     "gate.cpu_list")  # fmt: skip
+# seam's contract (gate.contract: the request it is handed, the evidence and engine record it writes),
+# file writing (gate.files), CPU lists for vLLM's rank binding (gate.cpu_list, shared with the docker runner's
+# cpuset), host facts (gate.host: the GATE_* variables it reads, its parallel ranks; standard library
+# only) and what those import (gate.errors), and nothing else of gate.
+WORKER_MAY_IMPORT = ("gate.worker", "gate.contract", "gate.files", "gate.errors", "gate.cpu_list",
+                     "gate.host")  # fmt: skip
 
 
 def module_name(path: Path, package_dir: Path) -> str:

@@ -9,7 +9,8 @@ import pytest
 
 from gate.checks import default_settings, inflight
 from gate.checks.context import Context
-from gate.evidence import Evidence
+from gate.contract.engine_record import EngineRecord
+from gate.contract.evidence import Evidence
 from gate.verdict import Status
 
 from ..factory import RUN
@@ -155,7 +156,7 @@ def test_an_idle_push_that_missed_the_new_weights_does_not_widen_the_tolerance()
 def _evidence(a: dict[str, np.ndarray], section: dict | None, idle_gap: float = 1e-5) -> Evidence:
     idle = {"ws_before_engine_logprob": np.full(10, idle_gap, np.float32), "ws_before_trainer_logprob": np.zeros(10),
             "ws_engine_logprob": np.zeros(10, np.float32), "ws_trainer_new_logprob": np.zeros(10)}  # fmt: skip
-    engine = {} if section is None else {"weight_sync_inflight": section}
+    engine = EngineRecord(weight_sync_inflight=section or {})
     return Evidence(Path("."), {**idle, **a} if a else {}, engine, {})
 
 

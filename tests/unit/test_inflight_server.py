@@ -18,7 +18,14 @@ pytest.importorskip("torch")
 httpx = pytest.importorskip("httpx")
 
 from gate.worker import inflight_server as srv  # noqa: E402
-from gate.worker.inflight import LATE_ATTEMPTS, Stream, earlier_switch, landed_late, run_landing, switch_points  # noqa: E402
+from gate.worker.inflight import (  # noqa: E402
+    LATE_ATTEMPTS,
+    Stream,
+    earlier_switch,
+    landed_late,
+    run_landing,
+    switch_points,
+)
 from gate.worker.server import ServerError  # noqa: E402
 from gate.worker.server_replay import Client  # noqa: E402
 from gate.worker.weight_push import Adapter  # noqa: E402

@@ -8,10 +8,10 @@ import json
 import numpy as np
 import pytest
 
-from gate import evidence as ev
 from gate.checks import parse_settings, run_checks
 from gate.checks.context import Context
 from gate.checks.logprob_integrity import top_list_findings
+from gate.contract import evidence as ev
 from gate.verdict import Status
 
 from ..factory import RUN, make_evidence

@@ -383,7 +383,7 @@ def test_together_names_a_combination_when_no_knob_alone_fits(llama8b: ModelShap
 
 
 def test_prompt_lengths_bound_tokens_by_characters() -> None:
-    from gate.request import PromptItem
+    from gate.contract.request import PromptItem
 
     items = [PromptItem(id="a", prompt="12+34=", reference="7;#46"),
              PromptItem(id="b", messages=[{"role": "user", "content": "hello"}])]  # fmt: skip

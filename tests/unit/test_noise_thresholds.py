@@ -20,7 +20,7 @@ from gate.checks.forward_drift import NOISY_AA
 from gate.checks.greedy import THRESHOLDS, match_threshold
 from gate.verdict import Status
 
-from ..factory import RUN, make_evidence
+from ..factory import RUN, make_evidence, with_identity
 
 # The noisy baseline (sigma=0.01 emulation): mean drift 2.9e-3, max 0.06.
 NOISY = {"mean_abs_drift": 2.9e-3, "max_abs_drift": 0.06}
@@ -30,11 +30,11 @@ def _drift(tmp_path: Path, shift: float, noise: dict | None = None, comparable: 
            device: str = "cpu"):  # fmt: skip
     old = make_evidence(tmp_path / "old", seed=1)
     new = make_evidence(tmp_path / "new", seed=2, tf_offset=shift)
-    new.engine["identity"]["device_kind"] = device
+    with_identity(new, device_kind=device)
     baseline = None
     if noise is not None:
         baseline = Baseline(
-            path=tmp_path, manifest={"engine": old.engine}, evidence=old, noise=noise
+            path=tmp_path, manifest={"engine": old.engine.to_json()}, evidence=old, noise=noise
         )
     ctx = Context(
         new=new, old=old, run=copy.deepcopy(RUN), baseline=baseline, baseline_comparable=comparable,
@@ -105,14 +105,14 @@ def test_the_calibration_applies_to_another_sampling_seed_but_not_another_setup(
     # `gate repeat` samples with other seeds: its samples are not the baseline's, its noise is.
     new = make_evidence(tmp_path / "new", seed=2)
     run = copy.deepcopy(RUN) | {"model": {"sha256": "m"}, "prompt_sets": [{"name": "p", "sha256": "s"}]}
-    base = Baseline(path=tmp_path, manifest=_manifest(run, new.engine["identity"]["device_kind"]),
+    base = Baseline(path=tmp_path, manifest=_manifest(run, new.engine.device_kind),
                     evidence=new, noise=NOISY)  # fmt: skip
     other_seed = run | {"sampling": run["sampling"] | {"seed": run["sampling"]["seed"] + 80}}
     assert noise_applies(base, other_seed, new) and not comparable(base, other_seed)
     other_temperature = run | {"sampling": run["sampling"] | {"temperature": 1.0}}
     assert not noise_applies(base, other_temperature, new)
     assert not noise_applies(base, run | {"model": {"sha256": "other"}}, new)
-    new.engine["identity"]["device_kind"] = "cuda"  # a CPU calibration says nothing of a GPU's noise
+    with_identity(new, device_kind="cuda")  # a CPU calibration says nothing of a GPU's noise
     assert not noise_applies(base, run, new)
 
 
@@ -124,7 +124,7 @@ def test_greedy_bounds_scale_with_the_calibrated_a_a_mismatch(tmp_path):
     new = make_evidence(tmp_path / "new", seed=2, greedy_tokens=tokens)
 
     def greedy(noise):
-        base = Baseline(path=tmp_path, manifest={"engine": old.engine}, evidence=old, noise=noise)
+        base = Baseline(path=tmp_path, manifest={"engine": old.engine.to_json()}, evidence=old, noise=noise)
         ctx = Context(new=new, old=old, run=copy.deepcopy(RUN), baseline=base, noise_applicable=True)
         r = next(r for r in run_checks(ctx, parse_settings({}, "gate.yaml")) if r.id == "greedy-and-length")
         return next(m for m in r.measurements if m.name == "greedy_exact_match_rate")

@@ -9,15 +9,15 @@ import math
 import numpy as np
 import pytest
 
-from gate import evidence as ev
 from gate.checks import parse_settings, run_checks
 from gate.checks.context import Context
 from gate.checks.prefill_decode import compare
+from gate.contract import evidence as ev
 from gate.verdict import Status
 from gate.worker.prefill import decode_positions, rescoring_input
 from gate.worker.replay import Completions, PromptScores
 
-from ..factory import RUN, make_evidence
+from ..factory import RUN, make_evidence, with_engine
 
 
 def _greedy(tokens: list[list[int]]) -> Completions:
@@ -77,7 +77,7 @@ def test_no_rescored_pass_or_logits_mode_is_not_compared(pair):
     old, new = pair
     assert compare(new) is None  # evidence from before the pass
     e = copy.copy(old)
-    e.engine = {**old.engine, "effective": {**old.engine["effective"], "logprobs_mode": "raw_logits"}}
+    with_engine(e, effective={**old.engine.effective, "logprobs_mode": "raw_logits"})
     assert compare(e) is None
 
 

@@ -9,12 +9,12 @@ import pytest
 
 from gate.checks import parse_settings, tokenization
 from gate.checks.context import Context
-from gate.evidence import EvidenceError
-from gate.request import PromptItem
+from gate.contract.evidence import EvidenceError
+from gate.contract.request import PromptItem
 from gate.verdict import Status
 from gate.worker.replay import prompt_ids_record, tokenize_prompts
 from gate.worker.server_replay import SampledOverHttp, _completion_prompt_ids
-from tests.factory import RUN, make_evidence
+from tests.factory import RUN, make_evidence, with_engine
 
 
 def test_the_record_counts_checked_prompts_and_says_where_the_first_departs():
@@ -54,8 +54,8 @@ def test_token_ids_go_as_given_and_ids_outside_the_vocabulary_are_refused():
 
 
 def _with_record(e, count: int, ids: list[str], first: dict | None):
-    e.engine["prompt_ids"] = {"source": "server: 4 from response.prompt_token_ids", "checked": 8,
-                              "unlike_trainer": {"count": count, "ids": ids, "first": first}}  # fmt: skip
+    with_engine(e, prompt_ids={"source": "server: 4 from response.prompt_token_ids", "checked": 8,
+                               "unlike_trainer": {"count": count, "ids": ids, "first": first}})  # fmt: skip
     return e
 
 
@@ -97,6 +97,6 @@ def test_only_the_old_engine_unlike_the_trainer_is_a_warning_and_a_clean_record_
 ])  # fmt: skip
 def test_a_malformed_record_is_refused_naming_the_file_and_field(tmp_path, broken):
     e = make_evidence(tmp_path / "new")
-    e.engine["prompt_ids"] = broken
+    with_engine(e, prompt_ids=broken)
     with pytest.raises(EvidenceError, match=r"engine\.json: prompt_ids: expected source, checked"):
         tokenization.prompt_ids_record(e)

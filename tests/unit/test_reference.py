@@ -8,8 +8,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from gate.evidence import token_ranges  # noqa: E402
-from gate.request import Penalties  # noqa: E402
+from gate.contract.evidence import token_ranges  # noqa: E402
+from gate.contract.request import Penalties  # noqa: E402
 from gate.worker import matmul_precision  # noqa: E402
 from gate.worker.reference import (  # noqa: E402
     ReferenceModel,

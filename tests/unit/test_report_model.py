@@ -219,6 +219,7 @@ def test_unknown_schema_majors_are_refused(report):
 def test_report_paths_are_relative_to_the_repository(tmp_path, monkeypatch):
     from gate import report
     from gate.config import BUILTIN_CONFIG, load_config
+    from gate.host import repository_root
 
     repo = tmp_path / "checkout"
     (repo / ".git").mkdir(parents=True)
@@ -226,7 +227,9 @@ def test_report_paths_are_relative_to_the_repository(tmp_path, monkeypatch):
     config = repo / "ci" / "my gate.yaml"
     config.write_text(BUILTIN_CONFIG.read_text(encoding="utf-8"), encoding="utf-8")
     monkeypatch.chdir(tmp_path)  # the runner's working directory is not the checkout
-    assert report.repository_root(config.parent) == repo.resolve()
+    assert repository_root(config.parent) == repo.resolve()
+    assert repository_root(tmp_path) is None  # outside a checkout: each caller has its fallback
+    assert report._paths_root(str(tmp_path / "gate.yaml")) == tmp_path.resolve()  # report: the cwd
     assert report.shown_path(str(repo / "baselines" / "x"), repo.resolve()) == "baselines/x"
     assert report.shown_path("/opt/runner/_work/runs/r1", repo.resolve()) == "r1"  # only the name
     cfg = load_config(BUILTIN_CONFIG)

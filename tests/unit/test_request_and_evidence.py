@@ -4,8 +4,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gate import evidence as ev
-from gate.request import PromptItem, ReferenceRequest, SamplingRequest, WorkerRequest
+from gate.contract import evidence as ev
+from gate.contract import keys
+from gate.contract.request import PromptItem, ReferenceRequest, SamplingRequest, WorkerRequest
 
 
 def _request(tmp_path) -> WorkerRequest:
@@ -44,8 +45,8 @@ def test_stale_worker_schema_is_refused(tmp_path):
 
 def _write_evidence(folder, **overrides):
     arrays = {
-        ev.PROMPT_OFFSETS: np.array([0, 2, 5]),
-        ev.PROMPT_TOKEN_IDS: np.arange(5, dtype=np.int32),
+        keys.PROMPT_OFFSETS: np.array([0, 2, 5]),
+        keys.PROMPT_TOKEN_IDS: np.arange(5, dtype=np.int32),
         "sample_offsets": np.array([0, 3, 4]),
         "sample_token_ids": np.array([1, 2, 3, 4], dtype=np.int32),
         "sample_engine_logprob": np.array([-0.1, -0.2, -0.3, -0.4], dtype=np.float32),
@@ -96,7 +97,7 @@ def test_missing_file(tmp_path):
 def test_a_server_mode_request_roundtrips(tmp_path):
     import dataclasses
 
-    from gate.request import ServerRequest
+    from gate.contract.request import ServerRequest
 
     req = dataclasses.replace(_request(tmp_path), mode="server",
                               server=ServerRequest(request_fields=["temperature"], args=["--x"]))  # fmt: skip

@@ -2,8 +2,8 @@ import sys
 
 import pytest
 
+from gate.contract.request import PROGRESS_PREFIX
 from gate.errors import EngineError
-from gate.request import PROGRESS_PREFIX
 from gate.runners import venv as venv_mod
 from gate.runners.base import run_logged
 

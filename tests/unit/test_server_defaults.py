@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 from gate.checks.server_defaults import findings
+from gate.contract.engine_record import EngineRecord
 from gate.verdict import Status
 
 SAMPLING = {"n": 4, "temperature": 0.7, "top_p": 1.0, "top_k": 0, "max_tokens": 32}
 
 
-def _meta(applied: dict, confirmed: bool = True) -> dict:
-    return {"server": {"applied_defaults": applied, "effective_confirmed": confirmed,
-                       "reported_defaults_source": "the model's `generation_config.json`"}}  # fmt: skip
+def _meta(applied: dict, confirmed: bool = True) -> EngineRecord:
+    return EngineRecord(mode="server", server={"applied_defaults": applied, "effective_confirmed": confirmed,
+                        "reported_defaults_source": "the model's `generation_config.json`"})  # fmt: skip
 
 
 def test_offline_engines_give_no_rows():
-    assert findings({}, {}, SAMPLING) == []
+    assert findings(EngineRecord(), EngineRecord(), SAMPLING) == []
 
 
 def test_a_default_the_trainer_does_not_apply_fails_naming_generation_config_and_the_fix():

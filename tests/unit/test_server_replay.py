@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gate.request import SamplingRequest
+from gate.contract.request import SamplingRequest
 from gate.worker import server_replay as http
 
 COMPLETION_CHOICE = {

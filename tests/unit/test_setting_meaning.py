@@ -22,6 +22,7 @@ from gate.checks.setting_meaning import (
     parse_version,
     restore_advice,
 )
+from gate.contract.engine_record import EngineRecord
 from gate.verdict import Status
 
 from ..factory import RUN, make_evidence
@@ -187,7 +188,7 @@ def _evidence(folder: Path, meta: dict, seed: int):
     e = make_evidence(folder, seed=seed)
     full = json.loads((folder / "engine.json").read_text())
     full.update(meta)
-    e.engine = full
+    e.engine = EngineRecord.from_json(full, folder / "engine.json")
     return e
 
 
@@ -270,7 +271,7 @@ def test_kv_auto_equals_the_model_dtype(tmp_path):
 
 
 def test_compare_lists_every_raw_difference():
-    diffs = compare(_meta(effective={"seed": 0}), _meta(effective={"seed": 1}))
+    diffs = compare(*(EngineRecord.from_json(_meta(effective={"seed": s})) for s in (0, 1)))
     assert [(d.key, d.same_meaning) for d in diffs] == [("seed", False)]
 
 

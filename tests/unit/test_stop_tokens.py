@@ -7,10 +7,10 @@ import copy
 import numpy as np
 import pytest
 
-from gate import evidence as ev
 from gate.checks import parse_settings, run_checks
 from gate.checks.context import Context
 from gate.checks.stop_tokens import finish_reasons, honoured, passed_over
+from gate.contract import evidence as ev
 
 from ..factory import RUN, make_evidence
 

@@ -10,18 +10,19 @@ import math
 import numpy as np
 import pytest
 
-from gate import evidence as ev
 from gate.checks import parse_settings, run_checks
 from gate.checks.context import Context
 from gate.checks.support import kept_mass
 from gate.config.sections import ReferenceConfig
+from gate.contract import evidence as ev
+from gate.contract import keys
 from gate.errors import ConfigError
 from gate.verdict import Status
 
 from ..factory import RUN, make_evidence
 
-TEMPERED = f"{ev.SAMPLE}_{ev.TRAINER_TEMPERED}"
-PROCESSED = f"{ev.SAMPLE}_{ev.TRAINER_PROCESSED}"
+TEMPERED = f"{keys.SAMPLE}_{keys.TRAINER_TEMPERED}"
+PROCESSED = f"{keys.SAMPLE}_{keys.TRAINER_PROCESSED}"
 
 
 def _with_kept_mass(e: ev.Evidence, mass: np.ndarray) -> ev.Evidence:

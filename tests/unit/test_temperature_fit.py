@@ -7,10 +7,11 @@ import copy
 import numpy as np
 import pytest
 
-from gate import evidence as ev
 from gate.checks import parse_settings, run_checks
 from gate.checks.context import Context
 from gate.checks.temperature_fit import fit_evidence, fit_temperature
+from gate.contract import evidence as ev
+from gate.contract import keys
 from gate.verdict import Status
 
 from ..factory import RUN, make_evidence
@@ -71,12 +72,12 @@ def test_nothing_to_fit():
 
 def _evidence(folder, t_engine: float, seed: int, noise: float = 0.0) -> ev.Evidence:
     e = make_evidence(folder, seed=seed)
-    n = len(e[f"{ev.SAMPLE}_{ev.TOKEN_IDS}"])
+    n = len(e[f"{keys.SAMPLE}_{keys.TOKEN_IDS}"])
     engine, trainer, ids = _topk(n, t_engine, seed=seed, noise=noise)
-    ids[:, 0] = e[f"{ev.SAMPLE}_{ev.TOKEN_IDS}"]  # the sampled token heads the top-k: no extra pair
-    e.arrays[f"{ev.SAMPLE}_{ev.TOPK_IDS}"] = ids.astype(np.int32)
-    e.arrays[f"{ev.SAMPLE}_{ev.TOPK_LOGPROBS}"] = engine.astype(np.float32)
-    e.arrays[f"{ev.SAMPLE}_{ev.TRAINER_TOPK_RAW}"] = trainer.astype(np.float32)
+    ids[:, 0] = e[f"{keys.SAMPLE}_{keys.TOKEN_IDS}"]  # the sampled token heads the top-k: no extra pair
+    e.arrays[f"{keys.SAMPLE}_{keys.TOPK_IDS}"] = ids.astype(np.int32)
+    e.arrays[f"{keys.SAMPLE}_{keys.TOPK_LOGPROBS}"] = engine.astype(np.float32)
+    e.arrays[f"{keys.SAMPLE}_{keys.TRAINER_TOPK_RAW}"] = trainer.astype(np.float32)
     return e
 
 
@@ -139,27 +140,27 @@ def test_with_penalties_the_fit_reads_the_penalised_logprobs(tmp_path):
     # Penalties act before temperature: the engine's differences are the penalised ones over T. The
     # raw ones (what trainer_topk_raw would hold) are other numbers; the fit must not read them.
     e = _evidence(tmp_path / "e", 0.7, seed=3)
-    topk = e.arrays.pop(f"{ev.SAMPLE}_{ev.TRAINER_TOPK_RAW}")
-    e.arrays[f"{ev.SAMPLE}_{ev.TRAINER_TOPK_PENALISED}"] = topk
+    topk = e.arrays.pop(f"{keys.SAMPLE}_{keys.TRAINER_TOPK_RAW}")
+    e.arrays[f"{keys.SAMPLE}_{keys.TRAINER_TOPK_PENALISED}"] = topk
     # the sampled token heads the top-k (no extra pair): its raw logprob is left far off on purpose
-    e.arrays[f"{ev.SAMPLE}_{ev.TRAINER_PENALISED}"] = topk[:, 0].copy()
-    e.arrays[f"{ev.SAMPLE}_{ev.TRAINER_RAW}"] = topk[:, 0] - 5.0
+    e.arrays[f"{keys.SAMPLE}_{keys.TRAINER_PENALISED}"] = topk[:, 0].copy()
+    e.arrays[f"{keys.SAMPLE}_{keys.TRAINER_RAW}"] = topk[:, 0] - 5.0
     ev.validate(e)
     assert fit_evidence(e).temperature == pytest.approx(0.7, rel=1e-5)
     # the sampled token outside the engine's top-k is a pair, read after the penalties (a pair read
     # from trainer_logprob_raw, 5 nats off, would move the fit)
-    e.arrays[f"{ev.SAMPLE}_{ev.ENGINE_LOGPROB}"] = e[f"{ev.SAMPLE}_{ev.TOPK_LOGPROBS}"][:, 0].copy()
-    e.arrays[f"{ev.SAMPLE}_{ev.TOPK_IDS}"][:, 0] = -1
-    e.arrays[f"{ev.SAMPLE}_{ev.TOPK_LOGPROBS}"][:, 0] = np.nan
+    e.arrays[f"{keys.SAMPLE}_{keys.ENGINE_LOGPROB}"] = e[f"{keys.SAMPLE}_{keys.TOPK_LOGPROBS}"][:, 0].copy()
+    e.arrays[f"{keys.SAMPLE}_{keys.TOPK_IDS}"][:, 0] = -1
+    e.arrays[f"{keys.SAMPLE}_{keys.TOPK_LOGPROBS}"][:, 0] = np.nan
     assert fit_evidence(e).temperature == pytest.approx(0.7, rel=1e-5)
-    del e.arrays[f"{ev.SAMPLE}_{ev.TRAINER_PENALISED}"]
+    del e.arrays[f"{keys.SAMPLE}_{keys.TRAINER_PENALISED}"]
     assert fit_evidence(e) is None  # half the inputs: no fit, rather than raw pairs mixed in
 
 
 def test_reference_scores_the_extra_ids(tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from gate.request import Penalties
+    from gate.contract.request import Penalties
     from gate.worker.reference import ReferenceModel, SamplingTransform
 
     cfg = transformers.LlamaConfig(

@@ -7,9 +7,10 @@ import copy
 import numpy as np
 import pytest
 
-from gate import evidence as ev
 from gate.checks import parse_settings, tokenization
 from gate.checks.context import Context
+from gate.contract import evidence as ev
+from gate.contract import keys
 from gate.verdict import Status
 from tests.factory import RUN, make_evidence
 
@@ -72,14 +73,14 @@ def test_the_round_trip_by_hand(bpe):
 
 
 def _with_trip(e: ev.Evidence, mismatch: list[int], at: dict[int, int]) -> ev.Evidence:
-    sequences = len(e[f"{ev.SAMPLE}_{ev.OFFSETS}"]) - 1
+    sequences = len(e[f"{keys.SAMPLE}_{keys.OFFSETS}"]) - 1
     flags = np.zeros(sequences, bool)
     flags[mismatch] = True
     positions = np.full(sequences, -1, np.int32)
     for seq, pos in at.items():
         positions[seq] = pos
-    e.arrays[f"{ev.SAMPLE}_{ev.TEXT_MISMATCH}"] = flags
-    e.arrays[f"{ev.SAMPLE}_{ev.RETOKENIZED_AT}"] = positions
+    e.arrays[f"{keys.SAMPLE}_{keys.TEXT_MISMATCH}"] = flags
+    e.arrays[f"{keys.SAMPLE}_{keys.RETOKENIZED_AT}"] = positions
     return e
 
 
@@ -122,8 +123,8 @@ def test_evidence_from_before_the_round_trip_is_judged_as_before(tmp_path):
 
 def test_a_round_trip_array_of_the_wrong_length_is_refused(tmp_path):
     e = make_evidence(tmp_path / "e")
-    e.arrays[f"{ev.SAMPLE}_{ev.TEXT_MISMATCH}"] = np.zeros(3, bool)
-    with pytest.raises(ev.EvidenceError, match="sample_text_mismatch: shape"):
+    e.arrays[f"{keys.SAMPLE}_{keys.TEXT_MISMATCH}"] = np.zeros(3, bool)
+    with pytest.raises(ev.EvidenceError, match="sample_text_mismatch: 3 rows, expected 40"):
         ev.validate(e)
 
 

@@ -20,9 +20,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gate import evidence as ev  # noqa: E402
 from gate.checks import parse_settings, run_checks  # noqa: E402
 from gate.checks.context import Context  # noqa: E402
+from gate.contract import evidence as ev  # noqa: E402
 from gate.verdict import Status  # noqa: E402
 from gate.worker import policy_weights as pw  # noqa: E402
 from gate.worker import weight_push as wp  # noqa: E402
@@ -362,7 +362,7 @@ def _prompts(bos: bool) -> tuple[list[list[int]], list[list[int]]]:
     Without BOS they are the same prompts minus their leading ``<s>``, so each starts with a real
     token, as Qwen's do (its template opens with ``<|im_start|>``).
     """
-    from gate.request import PromptItem
+    from gate.contract.request import PromptItem
     from gate.worker import replay
 
     tokenizer = _tokenizer(bos=True)

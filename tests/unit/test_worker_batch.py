@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from gate.request import (
+from gate.contract.request import (
     GrpoRequest,
     PromptItem,
     ReferenceRequest,

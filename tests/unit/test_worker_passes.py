@@ -15,7 +15,7 @@ from types import ModuleType, SimpleNamespace
 import numpy as np
 import pytest
 
-from gate.request import (
+from gate.contract.request import (
     GrpoRequest,
     InflightRequest,
     PromptItem,

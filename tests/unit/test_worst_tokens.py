@@ -9,10 +9,11 @@ import json
 import numpy as np
 import pytest
 
-from gate import evidence as ev
 from gate.checks import mismatch
 from gate.checks.base import CheckSettings
 from gate.checks.context import Context
+from gate.contract import evidence as ev
+from gate.contract import keys
 from gate.metrics import largest_abs_diff
 
 from ..factory import RUN, make_evidence
@@ -42,9 +43,9 @@ def _evidence(folder, token_text=TEXT, shift=0.0):
     engine = np.full(16, -1.0, dtype=np.float32)
     engine[[5, 0, 12, 15, 3]] = [-1.9, -1.7, -0.5, -1.5, -9.0]
     trainer[3] = -np.inf
-    e.arrays[f"{ev.SAMPLE}_{ev.TOKEN_IDS}"] = np.arange(30, 46, dtype=np.int32)
-    e.arrays[f"{ev.SAMPLE}_{ev.TRAINER_PROCESSED}"] = trainer
-    e.arrays[f"{ev.SAMPLE}_{ev.ENGINE_LOGPROB}"] = (engine + shift).astype(np.float32)
+    e.arrays[f"{keys.SAMPLE}_{keys.TOKEN_IDS}"] = np.arange(30, 46, dtype=np.int32)
+    e.arrays[f"{keys.SAMPLE}_{keys.TRAINER_PROCESSED}"] = trainer
+    e.arrays[f"{keys.SAMPLE}_{keys.ENGINE_LOGPROB}"] = (engine + shift).astype(np.float32)
     return e
 
 
@@ -67,7 +68,7 @@ def test_largest_abs_diff_is_ordered_deterministic_and_skips_non_finite():
 
 
 def test_worst_tokens_against_hand_computed_rows(tmp_path):
-    rows = mismatch.worst_tokens(_evidence(tmp_path), "new", ev.TRAINER_PROCESSED, 4)
+    rows = mismatch.worst_tokens(_evidence(tmp_path), "new", keys.TRAINER_PROCESSED, 4)
     assert rows == [
         # token 35: position 1 of sequence 1; context = p0's prompt, then token 34
         _row(1, "p0", 1, 1, 35, SPECIAL, "<s>a=t34", "t36t37", -1.9),
@@ -92,10 +93,10 @@ def test_context_is_a_few_tokens_before_and_after(tmp_path):
     trainer = np.zeros(20, dtype=np.float32)
     engine = np.zeros(20, dtype=np.float32)
     engine[10] = -2.0
-    e.arrays[f"{ev.SAMPLE}_{ev.TOKEN_IDS}"] = np.arange(20, dtype=np.int32) + 50
-    e.arrays[f"{ev.SAMPLE}_{ev.TRAINER_PROCESSED}"] = trainer
-    e.arrays[f"{ev.SAMPLE}_{ev.ENGINE_LOGPROB}"] = engine
-    (row,) = mismatch.worst_tokens(e, "new", ev.TRAINER_PROCESSED, 1)
+    e.arrays[f"{keys.SAMPLE}_{keys.TOKEN_IDS}"] = np.arange(20, dtype=np.int32) + 50
+    e.arrays[f"{keys.SAMPLE}_{keys.TRAINER_PROCESSED}"] = trainer
+    e.arrays[f"{keys.SAMPLE}_{keys.ENGINE_LOGPROB}"] = engine
+    (row,) = mismatch.worst_tokens(e, "new", keys.TRAINER_PROCESSED, 1)
     assert row.context == "".join(f"<{i}>" for i in range(52, 60))  # CONTEXT_BEFORE tokens
     assert row.context_after == "".join(f"<{i}>" for i in range(61, 65))  # CONTEXT_AFTER tokens
     assert row.token == "<60>" and row.position == 10
@@ -103,7 +104,7 @@ def test_context_is_a_few_tokens_before_and_after(tmp_path):
 
 def test_evidence_without_token_text_shows_ids(tmp_path):
     rows = mismatch.worst_tokens(
-        _evidence(tmp_path, token_text=None), "new", ev.TRAINER_PROCESSED, 1
+        _evidence(tmp_path, token_text=None), "new", keys.TRAINER_PROCESSED, 1
     )
     assert rows[0].token == "⟨id 35⟩"
     assert rows[0].context == "⟨id 1⟩⟨id 10⟩⟨id 20⟩⟨id 34⟩"

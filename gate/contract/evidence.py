@@ -1,9 +1,10 @@
-"""Per-engine evidence: the array layout of ``evidence.npz`` and its validation.
+"""Per-engine evidence: one engine's output folder loaded and validated.
 
-Ragged data is stored flat with offsets (CSR style): sequence ``i`` owns ``x[offsets[i]:offsets[i+1]]``.
-Groups share a prefix: ``sample_`` (the rollout pass), ``greedy_`` (temperature 0) and ``tf_``
-(teacher-forced fixed sequences). docs/evidence.md describes every key. Imported by the worker and
-the orchestrator alike, so numpy and the standard library only.
+``evidence.npz`` holds the arrays :mod:`gate.contract.keys` declares (ragged data flat with
+offsets: sequence ``i`` owns ``x[offsets[i]:offsets[i+1]]``), ``engine.json`` the
+:class:`~gate.contract.engine_record.EngineRecord`, ``texts.json`` decoded text for humans.
+docs/evidence.md describes every key. Imported by the worker and the orchestrator alike, so numpy
+and the standard library only.
 """
 
 from __future__ import annotations
@@ -18,62 +19,24 @@ from typing import Any
 
 import numpy as np
 
-from gate.request import ENGINE_FILE, EVIDENCE_FILE, TEXTS_FILE
-
-# Group prefixes
-SAMPLE = "sample"
-GREEDY = "greedy"
-TF = "tf"
-
-# Prompt-level arrays
-PROMPT_OFFSETS = "prompt_offsets"
-PROMPT_TOKEN_IDS = "prompt_token_ids"
-
-# Per-group suffixes
-PROMPT_INDEX = "prompt_index"
-SAMPLE_INDEX = "sample_index"
-OFFSETS = "offsets"
-TOKEN_IDS = "token_ids"
-ENGINE_LOGPROB = "engine_logprob"
-ENGINE_RANK = "engine_rank"
-TOPK_IDS = "topk_ids"
-TOPK_LOGPROBS = "topk_logprobs"
-FINISH = "finish"
-TRAINER_RAW = "trainer_logprob_raw"
-TRAINER_PROCESSED = "trainer_logprob_processed"
-TRAINER_RAW_BF16_HEAD = "trainer_logprob_raw_bf16_head"
-# The sampled token lies within one ULP of the top-k/top-p boundary (engine dtype): undecidable.
-# Absent in evidence from gate versions before it (read as "none at the boundary").
-TRAINER_AT_BOUNDARY = "trainer_at_boundary"
-# The smallest logit top-k/top-p keeps minus the token's (> 0: outside the transform; NaN: none
-# applies): how far outside the nucleus the reference puts a sampled token. Absent before it was.
-TRAINER_BOUNDARY_GAP = "trainer_boundary_gap"
-# The probability (after temperature and top-k) of the tokens more likely than the sampled one:
-# top-p keeps a token while it is < top_p. NaN where top-p is off; absent before it was recorded.
-TRAINER_MASS_ABOVE = "trainer_mass_above"
-# The reference's log_softmax(logits / T) over the whole vocabulary: what a trainer that does not
-# renormalise over the sampler's kept tokens computes; minus the processed logprob, the log of the
-# kept mass (support-mismatch, in train-inference-mismatch). Absent before it was recorded.
-TRAINER_TEMPERED = "trainer_logprob_tempered"
-# The reference's raw logprobs of the engine's top-k tokens ([tokens, k], NaN where the engine
-# reported fewer): the effective-temperature fit. Absent in evidence from gate versions before it.
-TRAINER_TOPK_RAW = "trainer_topk_raw"
-# With penalties on, the fit's inputs are after the penalties, before temperature: the reference's
-# logprobs of the engine's top-k ([tokens, k]) and of the sampled token ([tokens]), in place of
-# trainer_topk_raw and trainer_logprob_raw. Absent without penalties and before they were recorded.
-TRAINER_TOPK_PENALISED = "trainer_topk_penalised"
-TRAINER_PENALISED = "trainer_logprob_penalised"
-# The engine's own prefill logprob of each greedy token: the greedy sequence scored again as a
-# prompt in the same engine (NaN: not rescored). Absent before it was recorded.
-PREFILL_LOGPROB = "prefill_logprob"
-
-# Per sampled sequence (gate.worker.replay.text_round_trip): the engine's text is not the
-# tokenizer's decoding of its ids; and where encoding that text again first departs from the ids
-# (-1: it gives them back). Absent before they were recorded.
-TEXT_MISMATCH = "text_mismatch"
-RETOKENIZED_AT = "retokenized_at"
-
-FINISH_NAMES = ("stop", "length", "abort", "other")
+from gate.contract import keys
+from gate.contract.engine_record import EngineRecord, EngineRecordError
+from gate.contract.keys import (
+    ENGINE_LOGPROB,
+    GREEDY,
+    OFFSETS,
+    PROMPT_INDEX,
+    PROMPT_OFFSETS,
+    PROMPT_TOKEN_IDS,
+    SAMPLE,
+    SAMPLE_INDEX,
+    TF,
+    TOKEN_IDS,
+    TRAINER_PROCESSED,
+    TRAINER_RAW,
+    Axis,
+)
+from gate.contract.request import ENGINE_FILE, EVIDENCE_FILE, TEXTS_FILE
 
 # texts.json key: the decoded text of every distinct prompt and sampled token id, ``{"123": " the"}``.
 # Absent in evidence from gate versions before it: tokens then show by id (:meth:`Evidence.token_label`).
@@ -105,8 +68,12 @@ class Evidence:
 
     path: Path
     arrays: dict[str, np.ndarray]
-    engine: dict[str, Any]  # engine.json
+    engine: EngineRecord  # engine.json
     texts: dict[str, Any]  # texts.json
+
+    def has(self, key: str) -> bool:
+        """Whether the optional array ``key`` (a name from gate.contract.keys) was recorded."""
+        return key in self.arrays
 
     def __getitem__(self, key: str) -> np.ndarray:
         return self.arrays[key]
@@ -159,10 +126,14 @@ def load(folder: str | Path, allow_nonfinite_engine: bool = False) -> Evidence:
     try:
         with np.load(folder / EVIDENCE_FILE, allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}
-        engine = json.loads((folder / ENGINE_FILE).read_text(encoding="utf-8"))
+        engine_json = json.loads((folder / ENGINE_FILE).read_text(encoding="utf-8"))
         texts = json.loads((folder / TEXTS_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError, zipfile.BadZipFile) as exc:
         raise EvidenceError(f"{folder}: unreadable evidence: {exc}") from None
+    try:
+        engine = EngineRecord.from_json(engine_json, folder / ENGINE_FILE)
+    except EngineRecordError as exc:
+        raise EvidenceError(str(exc)) from None
     evidence = Evidence(path=folder, arrays=arrays, engine=engine, texts=texts)
     validate(evidence, allow_nonfinite_engine=allow_nonfinite_engine)
     _ = evidence.token_text  # malformed token text fails here, naming the file, not in a check
@@ -178,25 +149,7 @@ def validate(
     for key in (PROMPT_OFFSETS, PROMPT_TOKEN_IDS, f"{SAMPLE}_{OFFSETS}", f"{SAMPLE}_{TOKEN_IDS}"):
         if key not in a:
             raise EvidenceError(f"{where}: {key}: missing")
-    _check_offsets(a[PROMPT_OFFSETS], len(a[PROMPT_TOKEN_IDS]), where, PROMPT_OFFSETS)
-    for group in (SAMPLE, GREEDY, TF):
-        if f"{group}_{OFFSETS}" not in a:
-            continue
-        offsets = a[f"{group}_{OFFSETS}"]
-        n_tokens = int(offsets[-1]) if len(offsets) else 0
-        _check_offsets(offsets, n_tokens, where, f"{group}_{OFFSETS}")
-        for key, arr in a.items():
-            if (
-                key.startswith(f"{group}_")
-                and key != f"{group}_{OFFSETS}"
-                and _is_per_token(key)
-                and arr.shape[0] != n_tokens
-            ):
-                raise EvidenceError(f"{where}: {key}: {arr.shape[0]} rows, expected {n_tokens}")
-    sequences = len(a[f"{SAMPLE}_{OFFSETS}"]) - 1
-    for key in (f"{SAMPLE}_{TEXT_MISMATCH}", f"{SAMPLE}_{RETOKENIZED_AT}"):
-        if key in a and a[key].shape != (sequences,):
-            raise EvidenceError(f"{where}: {key}: shape {a[key].shape}, expected ({sequences},)")
+    check_layout(a, where)
     for key in _REFERENCE_FINITE:
         if key in a and not np.all(np.isfinite(a[key])):
             bad = int(np.count_nonzero(~np.isfinite(a[key])))
@@ -229,10 +182,56 @@ def _token_text(raw: Any, where: Path) -> dict[int, str]:
     return table
 
 
-def _is_per_token(key: str) -> bool:
-    per_sequence = (PROMPT_INDEX, SAMPLE_INDEX, FINISH, TEXT_MISMATCH, RETOKENIZED_AT,
-                    "input_offsets", "input_ids")  # fmt: skip
-    return not key.endswith(per_sequence)
+def check_layout(arrays: dict[str, np.ndarray], where: Path) -> None:
+    """Every array is declared (gate.contract.keys) and runs along its pass's axis; the worker
+    calls this before it writes, :func:`validate` after reading."""
+    for key in arrays:
+        if keys.declared(key) is None:
+            raise EvidenceError(
+                f"{where}: {key}: not an evidence key of schema {keys.EVIDENCE_SCHEMA_VERSION}"
+            )
+    for passname in keys.PASSES:
+        _check_pass(arrays, passname, where)
+
+
+def _check_pass(a: dict[str, np.ndarray], passname: str, where: Path) -> None:
+    """Every array of one pass runs along its declared axis: TOKEN arrays have the pass's token
+    count (``offsets[-1]``, or one count they agree on where the pass has no offsets), SEQUENCE
+    arrays its sequence count, input ids their input offsets' end, GRPO arrays one [seeds, steps]."""
+    present = [k for k in keys.keys_of(passname) if k.name in a]
+    if not present:
+        return
+    by_axis: dict[Axis, list[str]] = {}
+    for k in present:
+        by_axis.setdefault(k.axis, []).append(k.name)
+    expected: dict[Axis, int] = {}
+    for name in by_axis.get(Axis.OFFSETS, []):
+        offsets = a[name]
+        if passname == keys.PROMPTS:
+            _check_offsets(offsets, len(a[PROMPT_TOKEN_IDS]), where, name)
+            continue
+        _check_offsets(offsets, int(offsets[-1]) if len(offsets) else 0, where, name)
+        expected = {Axis.TOKEN: int(offsets[-1]), Axis.SEQUENCE: len(offsets) - 1}
+    for name in by_axis.get(Axis.INPUT_OFFSETS, []):
+        n_inputs = len(a[n]) if (n := keys.pass_key(passname, keys.INPUT_IDS)) in a else 0
+        _check_offsets(a[name], n_inputs, where, name)
+    for axis in (Axis.TOKEN, Axis.SEQUENCE):
+        names = by_axis.get(axis, [])
+        if not names:
+            continue
+        want = expected.get(axis, a[names[0]].shape[0] if a[names[0]].ndim else -1)
+        for name in names:
+            rows = a[name].shape[0] if a[name].ndim else -1
+            if rows != want:
+                raise EvidenceError(
+                    f"{where}: {name}: {rows} rows, expected {want} ({axis.value}s)"
+                )
+    grids = {
+        a[n].shape if a[n].ndim == 2 else a[n][None, :].shape
+        for n in by_axis.get(Axis.SEED_STEP, [])
+    }
+    if len(grids) > 1:
+        raise EvidenceError(f"{where}: grpo_*: [seeds, steps] shapes differ: {sorted(grids)}")
 
 
 def _check_offsets(offsets: np.ndarray, total: int, where: Path, key: str) -> None:
