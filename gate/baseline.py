@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from gate import __version__
+from gate.analysis.nucleus_edge import decidably_outside
 from gate.contract import evidence as ev
 from gate.contract import keys
 from gate.contract.engine_record import EngineRecord, EngineRecordError
@@ -290,8 +291,6 @@ def write(
     """Write a baseline from ``run_dir``'s evidence of ``engine``; returns what changed (update)."""
     run = read_run_manifest(run_dir)
     e = ev.load(run_dir / "engines" / engine)
-    from gate.checks.nucleus_edge import decidably_outside  # gate.checks imports this module
-
     # A reference from an engine that ignores top-k/top-p would make every later run look wrong;
     # tokens on the nucleus edge (bf16 rounding, ties) are no sign of that.
     outside = decidably_outside(e, run.get("sampling") or {})

@@ -104,8 +104,10 @@ class TargetSpec:
             return cls(tuple(checks))
         check, sep, name = metric.partition(":")
         if not sep or not name:
-            raise ConfigError(f"bisect: --metric {metric!r}: expected CHECK:MEASUREMENT, e.g. "
-                              "greedy-and-length:same_seed_sample_match_rate")  # fmt: skip
+            raise ConfigError(
+                f"bisect: --metric {metric!r}: expected CHECK:MEASUREMENT, e.g. "
+                "greedy-and-length:same_seed_sample_match_rate"
+            )
         return cls((), (check, name))
 
     def describe(self) -> str:
@@ -136,8 +138,13 @@ class TargetSpec:
         # The comparison with the old engine (the good release here) first: that is the step's change.
         m = next((x for x in measured if x.get("engine") == "vs old"), measured[0])
         bounded = m.get("warn") is not None or m.get("fail") is not None
-        return Reading(m.get("status") or "ERROR", m.get("value"), bounded, _near_bounds([{"measurements": [m]}]),
-                       m.get("noise"))  # fmt: skip
+        return Reading(
+            m.get("status") or "ERROR",
+            m.get("value"),
+            bounded,
+            _near_bounds([{"measurements": [m]}]),
+            m.get("noise"),
+        )
 
 
 def _near_bounds(checks: Sequence[dict[str, Any]]) -> list[str]:
@@ -234,8 +241,18 @@ class BisectResult:
 class Bisector:
     """One bisection: the runs, their readings, the search."""
 
-    def __init__(self, cfg: GateConfig, pin: Pin, good: str, bad: str, releases: Sequence[Release],
-                 target: TargetSpec, out: Path, log: Log, reruns: int = 1) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: GateConfig,
+        pin: Pin,
+        good: str,
+        bad: str,
+        releases: Sequence[Release],
+        target: TargetSpec,
+        out: Path,
+        log: Log,
+        reruns: int = 1,
+    ) -> None:
         self.cfg, self.pin, self.target = cfg, pin, target
         self.out, self.log, self.reruns = out, log, reruns
         self.good_version, self.bad_version = good, bad
@@ -296,8 +313,15 @@ class Bisector:
         self.new_evidence[bad] = result.run_dir / "engines" / "new"
         self.new_evidence[good] = self.good_evidence
         bad_reading = self.target.read(self._judge(result.run_dir, self.step_cfg(bad)))
-        self.steps[bad] = Step(bad, self.pin.at(bad), CHANGED, bad_reading, run_dir=str(result.run_dir),
-                               seconds=round(time.perf_counter() - started, 1), replays=2)  # fmt: skip
+        self.steps[bad] = Step(
+            bad,
+            self.pin.at(bad),
+            CHANGED,
+            bad_reading,
+            run_dir=str(result.run_dir),
+            seconds=round(time.perf_counter() - started, 1),
+            replays=2,
+        )
         good_dir = self._pair_run(
             self.out / "steps" / good, self.good_evidence, self.good_evidence, good
         )
@@ -329,8 +353,10 @@ class Bisector:
             step.reason = (
                 "; ".join(reading.near) or f"the target reads {reading.status}: neither side"
             )
-            self.log(f"bisect: {version} is ambiguous ({step.reason}); "
-                     + ("replaying it again" if attempt < self.reruns else "left undecided"))  # fmt: skip
+            self.log(
+                f"bisect: {version} is ambiguous ({step.reason}); "
+                + ("replaying it again" if attempt < self.reruns else "left undecided")
+            )
         step.seconds = round(time.perf_counter() - started, 1)
         return step
 
@@ -340,11 +366,22 @@ class Bisector:
         cfg = self.step_cfg(version)
         run_dir = RunDirectory.create(out, cfg.gate_id)
         _link_tree(self.good_evidence, run_dir.engine_dir("old"))
-        old_entry = EngineRun("old", self.pin.at(self.good_version), cfg.engines["old"].runner, "ok",
-                              "engines/old", reused={"from": str(self.good_evidence)})  # fmt: skip
+        old_entry = EngineRun(
+            "old",
+            self.pin.at(self.good_version),
+            cfg.engines["old"].runner,
+            "ok",
+            "engines/old",
+            reused={"from": str(self.good_evidence)},
+        )
         env = self.prepare(version)
-        [new] = run_engine(EngineJob("new", cfg.engines["new"]), [Target(cfg, run_dir)], self._prompts, self.log,
-                           prepared=env)  # fmt: skip
+        [new] = run_engine(
+            EngineJob("new", cfg.engines["new"]),
+            [Target(cfg, run_dir)],
+            self._prompts,
+            self.log,
+            prepared=env,
+        )
         if new.worker_s:  # the engine ran (an environment that could not be built replayed nothing)
             self.replays += 1
             self.replay_s += new.worker_s
@@ -365,11 +402,23 @@ class Bisector:
         _link_tree(old, run_dir.engine_dir("old"))
         _link_tree(new, run_dir.engine_dir("new"))
         entries = [
-            EngineRun("old", self.pin.at(old_version or self.good_version), cfg.engines["old"].runner, "ok",
-                      "engines/old", reused={"from": str(old)}),
-            EngineRun("new", self.pin.at(version), cfg.engines["new"].runner, "ok", "engines/new",
-                      reused={"from": str(new)}),
-        ]  # fmt: skip
+            EngineRun(
+                "old",
+                self.pin.at(old_version or self.good_version),
+                cfg.engines["old"].runner,
+                "ok",
+                "engines/old",
+                reused={"from": str(old)},
+            ),
+            EngineRun(
+                "new",
+                self.pin.at(version),
+                cfg.engines["new"].runner,
+                "ok",
+                "engines/new",
+                reused={"from": str(new)},
+            ),
+        ]
         return run_dir.finish(
             run_manifest(cfg, self._prompt_sets, self._fingerprint, time.time(), entries), True
         )
@@ -396,12 +445,17 @@ class Bisector:
             self.prepare(version)  # begun earlier as a lookahead, or now
             for nxt in self._lookahead(lo, hi, pick):  # build both possible next environments now
                 self.prepare(self.versions[nxt])
-            self.log(f"bisect: step {len(self.steps) - 1}: {version} ({hi - lo - 1} release(s) left between "
-                     f"{self.versions[lo]} and {self.versions[hi]})")  # fmt: skip
+            self.log(
+                f"bisect: step {len(self.steps) - 1}: {version} ({hi - lo - 1} release(s) left between "
+                f"{self.versions[lo]} and {self.versions[hi]})"
+            )
             step = self.run_step(version, good, bad)
             self.steps[version] = step
-            self.log(f"bisect: {version}: {step.outcome}"
-                     + (f" ({step.reading.status})" if step.reading else "") + (f": {step.reason}" if step.reason else ""))  # fmt: skip
+            self.log(
+                f"bisect: {version}: {step.outcome}"
+                + (f" ({step.reading.status})" if step.reading else "")
+                + (f": {step.reason}" if step.reason else "")
+            )
             if step.outcome == CHANGED:
                 hi = pick
             elif step.outcome == HELD:
@@ -465,8 +519,11 @@ def _feature_changes(old: str, new: str, log: Log) -> dict[str, Any]:
         except (vllm_source.FetchError, OSError, ValueError) as exc:
             return {"error": f"vLLM {base}'s source could not be read: {_first_line(str(exc))}"}
     labels = {f.key: f.label for f in compat.FEATURES}
-    changed = [{"feature": labels.get(k, k), "key": k, old: found[old].get(k), new: found[new].get(k)}
-               for k in sorted(set(found[old]) | set(found[new])) if found[old].get(k) != found[new].get(k)]  # fmt: skip
+    changed = [
+        {"feature": labels.get(k, k), "key": k, old: found[old].get(k), new: found[new].get(k)}
+        for k in sorted(set(found[old]) | set(found[new]))
+        if found[old].get(k) != found[new].get(k)
+    ]
     return {"changed": changed}
 
 
@@ -485,14 +542,32 @@ def _first_line(text: str) -> str:
 # -- the whole command --------------------------------------------------------------------------------
 
 
-def bisect(cfg: GateConfig, pin: Pin, good: str, bad: str, releases: Sequence[Release], target: TargetSpec,
-           out: Path, log: Log, reruns: int = 1) -> BisectResult:  # fmt: skip
+def bisect(
+    cfg: GateConfig,
+    pin: Pin,
+    good: str,
+    bad: str,
+    releases: Sequence[Release],
+    target: TargetSpec,
+    out: Path,
+    log: Log,
+    reruns: int = 1,
+) -> BisectResult:
     """Bisect ``releases`` (strictly between ``good`` and ``bad``, oldest first) for ``target``."""
     started = time.perf_counter()
     if not releases:  # adjacent releases: the bad one is the answer, no replay needed
         log(f"bisect: no release lies between {good} and {bad}: {bad} is the one")
-        return BisectResult(pin.project, pin.at(good), pin.at(bad), target.describe(), [], [], "adjacent",
-                            first_changed=bad, last_held=good)  # fmt: skip
+        return BisectResult(
+            pin.project,
+            pin.at(good),
+            pin.at(bad),
+            target.describe(),
+            [],
+            [],
+            "adjacent",
+            first_changed=bad,
+            last_held=good,
+        )
     b = Bisector(cfg, pin, good, bad, releases, target, out, log, reruns)
     result = BisectResult(
         pin.project, pin.at(good), pin.at(bad), target.describe(), b.candidates, [], "inconclusive"
@@ -504,8 +579,10 @@ def bisect(cfg: GateConfig, pin: Pin, good: str, bad: str, releases: Sequence[Re
         good_reading, bad_reading = b.run_ends()
         if not changes_at_all(good_reading, bad_reading):
             result.status = "no-change"
-            log(f"bisect: {target.describe()} reads {bad_reading.status} at {bad} and {good_reading.status} where "
-                "nothing changed: nothing to bisect")  # fmt: skip
+            log(
+                f"bisect: {target.describe()} reads {bad_reading.status} at {bad} and {good_reading.status} where "
+                "nothing changed: nothing to bisect"
+            )
         else:
             lo, hi = b.search(good_reading, bad_reading)
             result.last_held, result.first_changed = b.versions[lo], b.versions[hi]

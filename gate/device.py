@@ -69,10 +69,12 @@ def bf16_emulation_note(dtypes: Iterable[str], isa: str, gpus: list[str]) -> str
         return None
     # Measured: one GRPO step of examples/smollm2-cpu.yaml took 263 s on a 2-core AVX2-only EPYC,
     # a median 13 s (11-44) on the 2-core machine that recorded baselines/smollm2-cpu (grpo_step_s).
-    return (f"warning: bf16 on a CPU without native bf16 or AVX-512 ({isa}; native needs AMX, AVX512-BF16 or Arm BF16): "
-            "the engine and the trainer emulate it through fp32, up to ~20x slower (a SmolLM2 GRPO step: "
-            "263 s on 2 AVX2 cores, a median 13 s where its baseline was recorded), and a baseline recorded on "
-            "a CPU with native bf16 may not hold here")  # fmt: skip
+    return (
+        f"warning: bf16 on a CPU without native bf16 or AVX-512 ({isa}; native needs AMX, AVX512-BF16 or Arm BF16): "
+        "the engine and the trainer emulate it through fp32, up to ~20x slower (a SmolLM2 GRPO step: "
+        "263 s on 2 AVX2 cores, a median 13 s where its baseline was recorded), and a baseline recorded on "
+        "a CPU with native bf16 may not hold here"
+    )
 
 
 REDUCED_PRECISION = frozenset({"bfloat16", "bf16", "float16", "fp16", "half"})
@@ -100,8 +102,10 @@ def numerics_difference(recorded: dict | None, current: dict | None, dtype: obje
     isa, base_isa = (str(d.get("isa"))[:32] for d in (current, recorded))
     if isa == base_isa:
         return None
-    return (f"CPU class {isa} != baseline {base_isa}: {dtype} kernels round differently on another vector "
-            "extension (re-record the baseline on this runner class)")  # fmt: skip
+    return (
+        f"CPU class {isa} != baseline {base_isa}: {dtype} kernels round differently on another vector "
+        "extension (re-record the baseline on this runner class)"
+    )
 
 
 def visible_gpus() -> list[str]:

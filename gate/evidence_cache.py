@@ -174,15 +174,24 @@ def lookup(key: EvidenceKey, log: Log, root: Path | None = None) -> CachedEviden
         log(f"[old] warning: ignoring cached evidence {path}: unreadable entry ({exc})")
         return None
     if stale or damaged or extra:
-        what = (f"key groups {stale} differ" if stale else
-                f"files changed since stored: {sorted(damaged + extra)}")  # fmt: skip
+        what = (
+            f"key groups {stale} differ"
+            if stale
+            else f"files changed since stored: {sorted(damaged + extra)}"
+        )
         log(f"[old] warning: ignoring cached evidence {path}: {what}")
         return None
     return result
 
 
-def store(key: EvidenceKey, engine_dir: Path, run_entry: dict[str, Any], source_run: Path, log: Log,
-          root: Path | None = None) -> Path:  # fmt: skip
+def store(
+    key: EvidenceKey,
+    engine_dir: Path,
+    run_entry: dict[str, Any],
+    source_run: Path,
+    log: Log,
+    root: Path | None = None,
+) -> Path:
     """Keep ``engine_dir`` as the entry for ``key`` (replacing a damaged or older one)."""
     root = root or cache_dir()
     root.mkdir(parents=True, exist_ok=True)

@@ -158,8 +158,12 @@ def probe_gpus(smi: str | None = None) -> list[Gpu] | None:
     if smi is None:
         return None
     try:
-        out = subprocess.run([smi, f"--query-gpu={_SMI_FIELDS}", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30)  # fmt: skip
+        out = subprocess.run(
+            [smi, f"--query-gpu={_SMI_FIELDS}", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if out.returncode != 0:
@@ -212,9 +216,13 @@ def cuda_visible(gpus: Sequence[Gpu], devices: str | None) -> list[Gpu] | None:
     return seen
 
 
-def engine_gpus(gpus: Sequence[Gpu], runner: str, docker_gpus: str | Sequence[str],
-                engine_env: Mapping[str, str], environ: Mapping[str, str] | None = None,
-                ) -> list[Gpu] | None:  # fmt: skip
+def engine_gpus(
+    gpus: Sequence[Gpu],
+    runner: str,
+    docker_gpus: str | Sequence[str],
+    engine_env: Mapping[str, str],
+    environ: Mapping[str, str] | None = None,
+) -> list[Gpu] | None:
     """The GPUs of ``gpus`` (:func:`probe_gpus`) an engine will see; None where it cannot be told.
 
     ``runner`` docker: ``docker_gpus`` ("all", "none" or device ids) gives the container its GPUs

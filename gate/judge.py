@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from gate import baseline as bl
-from gate.checks import run_checks
-from gate.checks.base import CheckResult
+from gate.checks import registry
+from gate.checks.base import CheckResult, CheckSettings
 from gate.checks.context import Context
+from gate.checks.logprob_integrity import engines_with_nonfinite
 from gate.config import GateConfig
+from gate.config.checks_section import default_settings
 from gate.contract import evidence as ev
 from gate.files import read_run_manifest
 from gate.verdict import Status, exit_code, worst
@@ -33,9 +35,14 @@ class BaselineStatus:
     noise_floors: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "status": self.status.value, "message": self.message,
-                "differences": self.differences, "manifest": self.manifest,
-                "noise_floors": self.noise_floors}  # fmt: skip
+        return {
+            "path": self.path,
+            "status": self.status.value,
+            "message": self.message,
+            "differences": self.differences,
+            "manifest": self.manifest,
+            "noise_floors": self.noise_floors,
+        }
 
 
 @dataclass
@@ -129,3 +136,38 @@ def _baseline(
         else "; token-level baseline comparisons skipped (different model, prompts, settings or CPU class)"
     )
     return BaselineStatus(cfg.baseline, mismatch_status, message, diffs, base.manifest), base
+
+
+def run_checks(ctx: Context, settings: dict[str, CheckSettings]) -> list[CheckResult]:
+    unusable = engines_with_nonfinite(ctx)
+    results = []
+    for spec in registry():
+        s = settings.get(spec.id) or default_settings(spec)
+        if s.mode == "off":
+            results.append(
+                CheckResult(spec.id, spec.title, Status.SKIP, "turned off in the config")
+            )
+            continue
+        if unusable and spec.compares_engine_logprobs:
+            why = f"not judged: the {' and '.join(unusable)} engine's logprobs hold NaN/inf (logprob-integrity)"
+            results.append(CheckResult(spec.id, spec.title, Status.SKIP, why))
+            continue
+        missing = spec.requires and [
+            n for n, e in ctx.engines() if spec.requires[0] not in e.arrays
+        ]
+        if spec.requires and missing:
+            why = f"not judged: the {' and '.join(missing)} engine's evidence has no {spec.requires[0]} ({spec.requires[1]})"
+            results.append(CheckResult(spec.id, spec.title, Status.SKIP, why))
+            continue
+        try:
+            result = spec.run(ctx, s)
+        except Exception as exc:
+            result = CheckResult(
+                spec.id, spec.title, Status.ERROR, f"check crashed: {type(exc).__name__}: {exc}"
+            )
+        if s.mode == "warn" and result.status == Status.FAIL:
+            result = dataclasses.replace(
+                result, status=Status.WARN, summary=result.summary + " (capped at WARN by config)"
+            )
+        results.append(result)
+    return results

@@ -108,8 +108,9 @@ def config_parameters(config: Mapping[str, Any]) -> int:
     return sum(_shape_from_config(config, parameters=0).modules().values())
 
 
-def _shape_from_config(config: Mapping[str, Any], parameters: int | None = None,
-                       source: str = "config.json") -> ModelShape:  # fmt: skip
+def _shape_from_config(
+    config: Mapping[str, Any], parameters: int | None = None, source: str = "config.json"
+) -> ModelShape:
     text = config.get("text_config")
     if isinstance(text, Mapping):  # multimodal wrappers keep the language model's shape here
         config = {**config, **text}
@@ -257,8 +258,9 @@ class PlanSettings:
     grpo_completion_tokens: int = 24  # grpo.max_tokens: the positions the head runs at
 
     @classmethod
-    def from_config(cls, cfg: GateConfig, engine: EngineConfig, lengths: PromptLengths,
-                    shape: ModelShape) -> PlanSettings:  # fmt: skip
+    def from_config(
+        cls, cfg: GateConfig, engine: EngineConfig, lengths: PromptLengths, shape: ModelShape
+    ) -> PlanSettings:
         """The settings of ``engine`` for prompts of ``lengths``."""
         args = engine.engine_args
         dtype = str(args.get("dtype") or "auto")
@@ -266,8 +268,11 @@ class PlanSettings:
             dtype = shape.dtype
         max_len = int(args.get("max_model_len") or 4096)
         prompt_tokens = lengths.longest_prompt
-        completion = max(cfg.sampling.max_tokens, cfg.greedy.max_tokens if cfg.greedy.enabled else 0,
-                         lengths.longest_reference if cfg.teacher_forced.enabled else 0)  # fmt: skip
+        completion = max(
+            cfg.sampling.max_tokens,
+            cfg.greedy.max_tokens if cfg.greedy.enabled else 0,
+            lengths.longest_reference if cfg.teacher_forced.enabled else 0,
+        )
         kv_space = engine.env.get("VLLM_CPU_KVCACHE_SPACE", "")
         kv = args.get("kv_cache_memory_bytes")
         if kv_space.strip() and int(kv_space) > 0:
@@ -353,19 +358,24 @@ class EnginePlan:
         return None if worst is None else (worst[0], worst[1] + worst[0].available_bytes, worst[2])
 
 
-def plan_engine(shape: ModelShape, s: PlanSettings, devices: Sequence[Device],
-                names: tuple[str, ...] = ()) -> EnginePlan:  # fmt: skip
+def plan_engine(
+    shape: ModelShape, s: PlanSettings, devices: Sequence[Device], names: tuple[str, ...] = ()
+) -> EnginePlan:
     """Every phase's bytes per device for one engine's settings."""
     problems = []
     cuda = devices[0].is_cuda
     if cuda and s.tensor_parallel_size > len(devices):
-        problems.append(f"engine_args.tensor_parallel_size {s.tensor_parallel_size} needs "
-                        f"{s.tensor_parallel_size} GPUs; {len(devices)} visible")  # fmt: skip
+        problems.append(
+            f"engine_args.tensor_parallel_size {s.tensor_parallel_size} needs "
+            f"{s.tensor_parallel_size} GPUs; {len(devices)} visible"
+        )
     if shape.heads % s.tensor_parallel_size:
         # vLLM refuses it at engine start (ModelConfig.verify_with_parallel_config), after the
         # environment is built: SmolLM2's 9 heads cannot run at TP 2.
-        problems.append(f"engine_args.tensor_parallel_size {s.tensor_parallel_size} does not divide the "
-                        f"model's {shape.heads} attention heads (vLLM refuses it)")  # fmt: skip
+        problems.append(
+            f"engine_args.tensor_parallel_size {s.tensor_parallel_size} does not divide the "
+            f"model's {shape.heads} attention heads (vLLM refuses it)"
+        )
     ranks = list(devices[: s.tensor_parallel_size]) if cuda else [devices[0]]
     engine = _engine_components(shape, s, ranks, cuda)
     first = devices[0].name
@@ -385,55 +395,80 @@ def plan_engine(shape: ModelShape, s: PlanSettings, devices: Sequence[Device],
     phases.append(PhasePlan("reference", _reference_components(shape, s, devices, cuda)))
     if cuda and s.tensor_parallel_size > 1:  # our own process holds a context beside the ranks'
         ctx = Component("worker CUDA context", CUDA_CONTEXT_BYTES, "estimate")
-        phases = [PhasePlan(p.name, _plus(p.devices, first, [ctx])) if p.name != "reference" else p
-                  for p in phases]  # fmt: skip
+        phases = [
+            PhasePlan(p.name, _plus(p.devices, first, [ctx])) if p.name != "reference" else p
+            for p in phases
+        ]
     for p in phases:
         for name, parts in p.devices.items():
             if any(c.bytes < 0 for c in parts):
-                problems.append(f"{p.name} on {name}: the engine's weights and activations exceed "
-                                f"engine_args.gpu_memory_utilization {s.gpu_memory_utilization}")  # fmt: skip
+                problems.append(
+                    f"{p.name} on {name}: the engine's weights and activations exceed "
+                    f"engine_args.gpu_memory_utilization {s.gpu_memory_utilization}"
+                )
                 break
     return EnginePlan(names, s, tuple(devices), tuple(phases), tuple(dict.fromkeys(problems)))
 
 
-def _plus(base: Mapping[str, tuple[Component, ...]], device: str,
-          extra: Iterable[Component]) -> dict[str, tuple[Component, ...]]:  # fmt: skip
+def _plus(
+    base: Mapping[str, tuple[Component, ...]], device: str, extra: Iterable[Component]
+) -> dict[str, tuple[Component, ...]]:
     out = dict(base)
     out[device] = (*out.get(device, ()), *extra)
     return out
 
 
-def _with_copies(base: Mapping[str, tuple[Component, ...]], device: str, copies: TrainerCopies,
-                 staged: Iterable[Component]) -> dict[str, tuple[Component, ...]]:  # fmt: skip
+def _with_copies(
+    base: Mapping[str, tuple[Component, ...]],
+    device: str,
+    copies: TrainerCopies,
+    staged: Iterable[Component],
+) -> dict[str, tuple[Component, ...]]:
     """The engine plus an RL phase's trainer on ``device`` and its host-side copies on the host."""
     out = _plus(base, device, [*copies.device, *staged])
     return _plus(out, HOST, copies.host) if copies.host else out
 
 
-def _engine_components(shape: ModelShape, s: PlanSettings, ranks: Sequence[Device],
-                       cuda: bool) -> dict[str, tuple[Component, ...]]:  # fmt: skip
+def _engine_components(
+    shape: ModelShape, s: PlanSettings, ranks: Sequence[Device], cuda: bool
+) -> dict[str, tuple[Component, ...]]:
     tp = s.tensor_parallel_size
     dtype_bytes = DTYPE_BYTES.get(s.engine_dtype, 2)
     weights = shape.parameters * dtype_bytes // (tp if cuda else 1)
     tokens = s.max_num_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS["cuda" if cuda else "cpu"]
-    activations = (tokens * _inference_width(shape) * dtype_bytes // (tp if cuda else 1)
-                   + s.max_num_seqs * shape.vocab * 4 * 2)  # fmt: skip
-    w = Component("engine weights", weights, f"{shape.parameters:,} params x {dtype_bytes} B"
-                  + (f" / TP {tp}" if cuda and tp > 1 else ""))  # fmt: skip
-    a = Component("engine activations", activations,
-                  f"estimate: {tokens} batched tokens x (3 intermediate + 4 hidden) + logits")  # fmt: skip
+    activations = (
+        tokens * _inference_width(shape) * dtype_bytes // (tp if cuda else 1)
+        + s.max_num_seqs * shape.vocab * 4 * 2
+    )
+    w = Component(
+        "engine weights",
+        weights,
+        f"{shape.parameters:,} params x {dtype_bytes} B"
+        + (f" / TP {tp}" if cuda and tp > 1 else ""),
+    )
+    a = Component(
+        "engine activations",
+        activations,
+        f"estimate: {tokens} batched tokens x (3 intermediate + 4 hidden) + logits",
+    )
     if not cuda:
         processes = 1 + (tp if tp > 1 else 0)  # TP ranks are processes of their own on CPU
-        runtime = Component("runtime", CPU_RUNTIME_BYTES * processes,
-                            f"measured: {CPU_RUNTIME_BYTES / GiB:.2f} GiB x {processes} process(es)")  # fmt: skip
+        runtime = Component(
+            "runtime",
+            CPU_RUNTIME_BYTES * processes,
+            f"measured: {CPU_RUNTIME_BYTES / GiB:.2f} GiB x {processes} process(es)",
+        )
         if s.kv_cache_bytes is not None:
             kv = Component(
                 "KV cache", s.kv_cache_bytes * tp, f"{s.kv_cache_bytes / GiB:g} GiB x {tp} rank(s)"
             )
         else:  # vLLM's CPU worker: gpu_memory_utilization x total memory, less what is in use
             budget = int(s.gpu_memory_utilization * ranks[0].total_bytes)
-            kv = Component("KV cache", budget - runtime.bytes - weights - activations,
-                           f"gpu_memory_utilization {s.gpu_memory_utilization} x host memory, less the rest")  # fmt: skip
+            kv = Component(
+                "KV cache",
+                budget - runtime.bytes - weights - activations,
+                f"gpu_memory_utilization {s.gpu_memory_utilization} x host memory, less the rest",
+            )
         return {ranks[0].name: (runtime, w, kv, a)}
     out: dict[str, tuple[Component, ...]] = {}
     for d in ranks:
@@ -442,8 +477,11 @@ def _engine_components(shape: ModelShape, s: PlanSettings, ranks: Sequence[Devic
         if s.kv_cache_bytes is not None:
             kv = Component("KV cache", s.kv_cache_bytes, "kv_cache_memory_bytes")
         else:  # vLLM sizes the KV cache to fill its budget after weights and the profiled peak
-            kv = Component("KV cache", budget - weights - activations - ctx.bytes,
-                           f"gpu_memory_utilization {s.gpu_memory_utilization} x {d.total_bytes / GiB:.0f} GiB, less the rest")  # fmt: skip
+            kv = Component(
+                "KV cache",
+                budget - weights - activations - ctx.bytes,
+                f"gpu_memory_utilization {s.gpu_memory_utilization} x {d.total_bytes / GiB:.0f} GiB, less the rest",
+            )
         out[d.name] = (ctx, w, kv, a)
     return out
 
@@ -490,8 +528,11 @@ def _weight_sync_copies(shape: ModelShape, s: PlanSettings, cuda: bool) -> Train
     dtype_bytes = DTYPE_BYTES.get(s.engine_dtype, 2)
     one = shape.parameters * dtype_bytes
     model = Component("weight-sync trainer", one, f"{shape.parameters:,} params x {dtype_bytes} B")
-    dicts = Component("weight-sync old + new state dicts", 2 * one,
-                      f"2 x {dtype_bytes} B per param" + (", pinned host memory" if cuda else ""))  # fmt: skip
+    dicts = Component(
+        "weight-sync old + new state dicts",
+        2 * one,
+        f"2 x {dtype_bytes} B per param" + (", pinned host memory" if cuda else ""),
+    )
     return TrainerCopies((model,), (dicts,)) if cuda else TrainerCopies((model, dicts))
 
 
@@ -510,14 +551,25 @@ def _grpo_copies(shape: ModelShape, s: PlanSettings) -> TrainerCopies:
     # The head runs at the completion positions only (gate.worker.grpo._trainer_logprobs).
     completions = s.grpo_sequences * s.grpo_completion_tokens
     activations = tokens * _training_width(shape) * 4 * layers + completions * shape.vocab * 4 * 4
-    return TrainerCopies((
-        Component("trainer weights", shape.parameters * dtype_bytes,
-                  f"{shape.parameters:,} params x {dtype_bytes} B ({s.engine_dtype})"),
-        Component("masters + gradients + optimizer + initial copy", trainable * per_trained,
-                  f"{trainable:,} trainable x ({master} + 4 + {state} + {dtype_bytes}) B ({s.grpo_optimizer})"),
-        Component(TRAINER_ACTIVATIONS, activations,
-                  f"estimate: {tokens} tokens x saved tensors of {layers} layer(s) + logits of {completions}"),
-    ))  # fmt: skip
+    return TrainerCopies(
+        (
+            Component(
+                "trainer weights",
+                shape.parameters * dtype_bytes,
+                f"{shape.parameters:,} params x {dtype_bytes} B ({s.engine_dtype})",
+            ),
+            Component(
+                "masters + gradients + optimizer + initial copy",
+                trainable * per_trained,
+                f"{trainable:,} trainable x ({master} + 4 + {state} + {dtype_bytes}) B ({s.grpo_optimizer})",
+            ),
+            Component(
+                TRAINER_ACTIVATIONS,
+                activations,
+                f"estimate: {tokens} tokens x saved tensors of {layers} layer(s) + logits of {completions}",
+            ),
+        )
+    )
 
 
 def cpu_kept_after_release(shape: ModelShape, s: PlanSettings) -> int:
@@ -532,8 +584,10 @@ def cpu_kept_after_release(shape: ModelShape, s: PlanSettings) -> int:
     engine = 0
     if s.tensor_parallel_size == 1:  # TP ranks are processes of their own: they exit at shutdown
         engine = shape.parameters * DTYPE_BYTES.get(s.engine_dtype, 2)
-    extra = max(_weight_sync_copies(shape, s, cuda=False).held if s.weight_sync else 0,
-                _grpo_copies(shape, s).held if s.grpo else 0)  # fmt: skip
+    extra = max(
+        _weight_sync_copies(shape, s, cuda=False).held if s.weight_sync else 0,
+        _grpo_copies(shape, s).held if s.grpo else 0,
+    )
     return engine + extra
 
 
@@ -543,8 +597,9 @@ def _layers_with_grad(shape: ModelShape, trainable: str | Mapping[str, int]) -> 
     return 0 if trainable == "lm_head" else shape.layers
 
 
-def _reference_components(shape: ModelShape, s: PlanSettings, devices: Sequence[Device],
-                          cuda: bool) -> dict[str, tuple[Component, ...]]:  # fmt: skip
+def _reference_components(
+    shape: ModelShape, s: PlanSettings, devices: Sequence[Device], cuda: bool
+) -> dict[str, tuple[Component, ...]]:
     # gate.worker.reference.ReferenceModel: loaded in fp32, the head kept as an fp32 copy, the trunk
     # cast to reference.dtype; on CPU the fp32 load is the peak when the trunk is cast down.
     dtype_bytes = DTYPE_BYTES[s.reference_dtype]
@@ -567,17 +622,37 @@ def _reference_components(shape: ModelShape, s: PlanSettings, devices: Sequence[
     )
     out: dict[str, tuple[Component, ...]] = {}
     for name, nbytes in placed.items():
-        base = (Component("CUDA context", CUDA_CONTEXT_BYTES, "estimate") if cuda else
-                Component("runtime", CPU_RUNTIME_BYTES, "measured"))  # fmt: skip
-        parts = [base, Component("reference trunk", nbytes, f"{s.reference_dtype}"
-                                 + (" (fp32 while loading)" if not cuda else ""))]  # fmt: skip
+        base = (
+            Component("CUDA context", CUDA_CONTEXT_BYTES, "estimate")
+            if cuda
+            else Component("runtime", CPU_RUNTIME_BYTES, "measured")
+        )
+        parts = [
+            base,
+            Component(
+                "reference trunk",
+                nbytes,
+                f"{s.reference_dtype}" + (" (fp32 while loading)" if not cuda else ""),
+            ),
+        ]
         if not cuda:
-            parts.insert(1, Component("kept after the engine's release", cpu_kept_after_release(shape, s),
-                                      "measured on CPU: engine weights + the largest RL phase's copies"))  # fmt: skip
+            parts.insert(
+                1,
+                Component(
+                    "kept after the engine's release",
+                    cpu_kept_after_release(shape, s),
+                    "measured on CPU: engine weights + the largest RL phase's copies",
+                ),
+            )
         if name == last:
-            parts += [Component("reference lm_head (fp32)", head_bytes, "always kept in fp32"),
-                      Component("scoring activations", trunk_act + head_act,
-                                f"estimate: {tokens} tokens x one layer + head chunks")]  # fmt: skip
+            parts += [
+                Component("reference lm_head (fp32)", head_bytes, "always kept in fp32"),
+                Component(
+                    "scoring activations",
+                    trunk_act + head_act,
+                    f"estimate: {tokens} tokens x one layer + head chunks",
+                ),
+            ]
         out[name] = tuple(parts)
     return out
 
@@ -593,8 +668,14 @@ def _place(
     if isinstance(device_map, Mapping):
         out: dict[str, int] = {}
         for module, nbytes in modules.items():
-            target = next((device_map[k] for k in sorted(device_map, key=len, reverse=True)
-                           if module == k or module.startswith(k + ".")), 0)  # fmt: skip
+            target = next(
+                (
+                    device_map[k]
+                    for k in sorted(device_map, key=len, reverse=True)
+                    if module == k or module.startswith(k + ".")
+                ),
+                0,
+            )
             key = target if isinstance(target, str) and not target.isdigit() else f"cuda:{target}"
             out[key] = out.get(key, 0) + nbytes
         return out
@@ -621,8 +702,17 @@ def _max_memory(max_memory: Mapping[str, str] | None, d: Device) -> float:
 
 def parse_size(text: str) -> int:
     """ "20GiB", "20GB", "512MiB", "1000" (bytes) as accelerate writes them."""
-    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 10**3, "mb": 10**6,
-             "gb": 10**9, "tb": 10**12, "b": 1}  # fmt: skip
+    units = {
+        "kib": 2**10,
+        "mib": 2**20,
+        "gib": 2**30,
+        "tib": 2**40,
+        "kb": 10**3,
+        "mb": 10**6,
+        "gb": 10**9,
+        "tb": 10**12,
+        "b": 1,
+    }
     low = text.strip().lower()
     for unit, factor in units.items():
         if low.endswith(unit):
@@ -672,18 +762,24 @@ class RunMemoryPlan:
         if self.shape is None:
             return f"memory plan: not computed ({self.skipped})"
         s = self.shape
-        lines = [f"memory plan: {self.model}: {s.parameters / 1e6:,.1f}M parameters ({s.source}), "
-                 f"{s.layers} layers, hidden {s.hidden}, vocab {s.vocab}, {s.dtype}"]  # fmt: skip
+        lines = [
+            f"memory plan: {self.model}: {s.parameters / 1e6:,.1f}M parameters ({s.source}), "
+            f"{s.layers} layers, hidden {s.hidden}, vocab {s.vocab}, {s.dtype}"
+        ]
         for p in self.engines:
-            lines.append(f"  engine(s) {', '.join(p.engines)}: TP {p.settings.tensor_parallel_size}, "
-                         f"engine {p.settings.engine_dtype}, reference {p.settings.reference_dtype}")  # fmt: skip
+            lines.append(
+                f"  engine(s) {', '.join(p.engines)}: TP {p.settings.tensor_parallel_size}, "
+                f"engine {p.settings.engine_dtype}, reference {p.settings.reference_dtype}"
+            )
             for d in p.devices:
                 need, worst = p.peak(d.name)
                 if not need:
                     continue
                 mark = "fits" if need <= d.available_bytes else "DOES NOT FIT"
-                lines.append(f"  {d.name}: peak {_gib(need)} in {worst} of {_gib(d.available_bytes)} free "
-                             f"({_gib(d.total_bytes)} total): {mark}")  # fmt: skip
+                lines.append(
+                    f"  {d.name}: peak {_gib(need)} in {worst} of {_gib(d.available_bytes)} free "
+                    f"({_gib(d.total_bytes)} total): {mark}"
+                )
                 lines += _phase_rows(p, d.name)
             for name in _unlisted_devices(p):  # the host beside GPUs: shown, not checked
                 need, worst = p.peak(name)
@@ -737,14 +833,16 @@ def _engine_dict(p: EnginePlan) -> dict[str, Any]:
         "peak_phase": {d.name: p.peak(d.name)[1] for d in p.devices},
         "phases": {
             phase.name: {
-                device: {"total_bytes": phase.total(device),
-                         "components": [dataclasses.asdict(c) for c in parts]}
+                device: {
+                    "total_bytes": phase.total(device),
+                    "components": [dataclasses.asdict(c) for c in parts],
+                }
                 for device, parts in phase.devices.items()
             }
             for phase in p.phases
         },
         "problems": list(p.problems),
-    }  # fmt: skip
+    }
 
 
 def _gib(n: int) -> str:
@@ -776,9 +874,16 @@ def knob_trials(s: PlanSettings, devices: Sequence[Device]) -> list[KnobTrial]:
         s.grpo and s.grpo_sequences > 1
     ):  # the trainer's logits grow with the batch: [rows x completion tokens, vocab]
         half = max(1, s.grpo_prompts_per_step // 2)
-        trials.append((f"grpo.prompts_per_step: {half}",
-                       lambda x: r(x, grpo_sequences=x.grpo_sequences * half // max(1, x.grpo_prompts_per_step),
-                                   grpo_prompts_per_step=half)))  # fmt: skip
+        trials.append(
+            (
+                f"grpo.prompts_per_step: {half}",
+                lambda x: r(
+                    x,
+                    grpo_sequences=x.grpo_sequences * half // max(1, x.grpo_prompts_per_step),
+                    grpo_prompts_per_step=half,
+                ),
+            )
+        )
     if s.grpo:
         trials.append(("grpo.enabled: false", lambda x: r(x, grpo=False)))
     if s.weight_sync:
@@ -837,8 +942,10 @@ def fitting_combination(shape: ModelShape, p: EnginePlan, rounds: int = 6) -> tu
         if over is None:
             return tuple(chosen)
         device = over[0].name
-        trials = [(setting, plan_engine(shape, change(p.settings), p.devices, p.engines))
-                  for setting, change in knob_trials(p.settings, p.devices)]  # fmt: skip
+        trials = [
+            (setting, plan_engine(shape, change(p.settings), p.devices, p.engines))
+            for setting, change in knob_trials(p.settings, p.devices)
+        ]
         if not trials:
             break
         setting, best = min(trials, key=lambda t: t[1].peak(device)[0])
@@ -895,8 +1002,11 @@ def plan_run(
     for engine in engines:
         settings = PlanSettings.from_config(cfg, engine, lengths, shape)
         devices = tuple(engine_devices(engine, cfg.docker))
-        key = json.dumps([dataclasses.asdict(settings), [dataclasses.asdict(d) for d in devices]],
-                         sort_keys=True, default=str)  # fmt: skip
+        key = json.dumps(
+            [dataclasses.asdict(settings), [dataclasses.asdict(d) for d in devices]],
+            sort_keys=True,
+            default=str,
+        )
         groups.setdefault(key, (settings, devices, []))[2].append(engine.name)
     plans = tuple(plan_engine(shape, s, d, tuple(names)) for s, d, names in groups.values())
     knobs: list[Knob] = []

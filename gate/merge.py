@@ -55,8 +55,10 @@ def merge_reports(reports: Sequence[Report]) -> dict[str, Any]:
     ids = [p.gate_id or "?" for p in parts]
     starts = [p.run.started for p in parts if p.run and p.run.started]
     ends = [p.run.finished for p in parts if p.run and p.run.finished]
-    baseline_worst = max(((p.baseline.status if p.baseline else None) or "SKIP" for p in parts),
-                         key=lambda s: RANK.get(s, 0))  # fmt: skip
+    baseline_worst = max(
+        ((p.baseline.status if p.baseline else None) or "SKIP" for p in parts),
+        key=lambda s: RANK.get(s, 0),
+    )
     commands: dict[str, str] = {}
     for key in ("reproduce", "regenerate_baseline"):
         lines = [c for p in parts if p.commands and (c := getattr(p.commands, key))]

@@ -236,8 +236,12 @@ def _converter_tools(model: BuiltinModel, log: Log) -> Path:
 
 def _convert(python: str, gate_src: Path, tools: Path, gguf: Path, out: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(gate_src), str(tools)])}
-    proc = subprocess.run([python, "-m", "gate.worker.convert_gguf", str(gguf), str(out)],
-                          capture_output=True, text=True, env=env)  # fmt: skip
+    proc = subprocess.run(
+        [python, "-m", "gate.worker.convert_gguf", str(gguf), str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-30:])
         last = tail.splitlines()[-1] if tail else f"exit code {proc.returncode}"
@@ -245,6 +249,9 @@ def _convert(python: str, gate_src: Path, tools: Path, gguf: Path, out: Path) ->
 
 
 def _write_sums(folder: Path) -> None:
-    lines = [f"{sha256_file(p)}  {p.relative_to(folder)}" for p in sorted(folder.rglob("*"))
-             if p.is_file() and p.name != SUMS_FILE]  # fmt: skip
+    lines = [
+        f"{sha256_file(p)}  {p.relative_to(folder)}"
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != SUMS_FILE
+    ]
     (folder / SUMS_FILE).write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -121,8 +121,13 @@ def list_releases(
     return sorted(releases, key=lambda r: r.version)
 
 
-def between(releases: Iterable[Release], good: Version, bad: Version, pre: bool = False,
-            yanked: bool = False) -> list[Release]:  # fmt: skip
+def between(
+    releases: Iterable[Release],
+    good: Version,
+    bad: Version,
+    pre: bool = False,
+    yanked: bool = False,
+) -> list[Release]:
     """Releases strictly between ``good`` and ``bad``, oldest first, without pre-/dev releases and
     yanked ones unless asked for."""
     low, high = sorted((good, bad))
@@ -189,8 +194,10 @@ def _index_files(url: str, fetch: Fetch) -> list[tuple[str, str | None]]:
             raise IndexReadError(f"{url}: not a PEP 691 project page: {exc}") from None
     found = []
     for anchor in _ANCHOR.finditer(body):
-        attrs = {m["key"].lower(): html.unescape(m["dq"] if m["dq"] is not None else m["sq"] or "")
-                 for m in _ATTR.finditer(anchor["attrs"])}  # fmt: skip
+        attrs = {
+            m["key"].lower(): html.unescape(m["dq"] if m["dq"] is not None else m["sq"] or "")
+            for m in _ATTR.finditer(anchor["attrs"])
+        }
         filename = html.unescape(anchor["text"]).strip() or attrs.get("href", "").split("#")[0]
         found.append((filename, attrs.get("data-yanked") if "data-yanked" in attrs else None))
     return found

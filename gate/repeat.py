@@ -46,12 +46,10 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
+from typing import Any
 
 from gate.config import EngineConfig, GateConfig
-from gate.contract import evidence, keys
+from gate.contract import evidence
 from gate.contract.request import PromptItem, WorkerRequest
 from gate.errors import EXIT_ERROR, EXIT_OK, ConfigError
 from gate.files import REPEAT_FILE, RUN_FILE, write_json
@@ -67,9 +65,6 @@ from gate.replay import (
 )
 from gate.rundir import RunDirectory
 from gate.verdict import Status, worst
-
-if TYPE_CHECKING:
-    from gate.baseline import Baseline
 
 SCHEMA = "gate-repeat/1"
 ENGINES = ("old", "new")
@@ -215,8 +210,13 @@ def run_variants(
         )
         outcomes.append(outcome)
         log(summary_line(outcome))
-    result = RepeatResult(out, [v.cfg.sampling.seed for v in variants], outcomes, engines_meta,
-                          round(time.perf_counter() - started, 1))  # fmt: skip
+    result = RepeatResult(
+        out,
+        [v.cfg.sampling.seed for v in variants],
+        outcomes,
+        engines_meta,
+        round(time.perf_counter() - started, 1),
+    )
     write_summary(result, cfg)
     return result
 
@@ -233,8 +233,16 @@ def judge_seed(run_dir: Path, cfg: GateConfig, seed: int, out: Path) -> SeedOutc
         worst([c.status for c in judgment.checks]).value if judgment.checks else Status.ERROR.value
     )
     status = "ok" if not judgment.errors else "error"
-    return SeedOutcome(seed, str(run_dir.relative_to(out)), status, judgment.verdict.value, checks_verdict, checks,
-                       judgment.baseline.status.value, list(judgment.errors))  # fmt: skip
+    return SeedOutcome(
+        seed,
+        str(run_dir.relative_to(out)),
+        status,
+        judgment.verdict.value,
+        checks_verdict,
+        checks,
+        judgment.baseline.status.value,
+        list(judgment.errors),
+    )
 
 
 def _unjudged(run_dir: Path, seed: int, out: Path, results: list[EngineRun]) -> SeedOutcome:
@@ -423,122 +431,3 @@ def _link_or_copy(src: str, dst: str) -> None:
         os.link(src, dst)  # evidence files are never modified in place: a hard link is a safe copy
     except OSError:
         shutil.copy2(src, dst)
-
-
-# -- offline re-judging on fewer prompts / shorter completions -----------------------------------
-
-
-def subset_evidence(
-    e: evidence.Evidence, prompts: np.ndarray, max_tokens: int | None = None
-) -> evidence.Evidence:
-    """The evidence a replay of only ``prompts`` (indices, in this order) with ``max_tokens`` would give.
-
-    Exact, not an approximation: per-prompt sampling seeds make a prompt's samples independent of
-    which other prompts ran, and every per-token value (engine and trainer logprobs, ranks, top-k)
-    of a position depends only on the tokens before it, so the first T tokens of a completion are
-    what ``max_tokens=T`` would have produced (a cut sequence finishes with "length"). Teacher-forced
-    sequences are kept whole for the chosen prompts. Arrays of the RL passes (``ws_``, ``grpo_``) do
-    not belong to prompts and are dropped, and so is the text round trip of a pass whose sequences
-    were cut (the engine's text of a cut sequence was never produced).
-    """
-    prompts = np.asarray(prompts, dtype=np.int64)
-    a = e.arrays
-    new_index = np.full(e.n_prompts, -1, dtype=np.int64)
-    new_index[prompts] = np.arange(len(prompts))
-    arrays = _prompt_arrays(a, prompts)
-    for group, limit in (
-        (keys.SAMPLE, max_tokens),
-        (keys.GREEDY, max_tokens),
-        (keys.TF, None),
-    ):
-        if f"{group}_{keys.OFFSETS}" in a:
-            arrays.update(_group_subset(a, group, new_index, limit))
-    return evidence.Evidence(path=e.path, arrays=arrays, engine=e.engine, texts={})
-
-
-def _prompt_arrays(a: dict[str, np.ndarray], prompts: np.ndarray) -> dict[str, np.ndarray]:
-    off = a[keys.PROMPT_OFFSETS]
-    lengths = off[prompts + 1] - off[prompts]
-    return {
-        keys.PROMPT_OFFSETS: np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-        keys.PROMPT_TOKEN_IDS: a[keys.PROMPT_TOKEN_IDS][
-            evidence.token_ranges(off[prompts], lengths)
-        ],
-    }
-
-
-def _group_subset(
-    a: dict[str, np.ndarray], group: str, new_index: np.ndarray, limit: int | None
-) -> dict[str, np.ndarray]:
-    """One pass's arrays for the kept prompts' sequences (in the new prompt order), cut to ``limit``."""
-    g = f"{group}_"
-    off = a[g + keys.OFFSETS]
-    prompt_of = new_index[a[g + keys.PROMPT_INDEX]]
-    seqs = np.flatnonzero(prompt_of >= 0)
-    seqs = seqs[np.argsort(prompt_of[seqs], kind="stable")]  # sequences follow the new prompt order
-    lengths = off[seqs + 1] - off[seqs]
-    kept = lengths if limit is None else np.minimum(lengths, limit)
-    tokens = evidence.token_ranges(off[seqs], kept)
-    text_trip = (g + keys.TEXT_MISMATCH, g + keys.RETOKENIZED_AT)  # per sequence
-    out = {g + keys.OFFSETS: np.concatenate([[0], np.cumsum(kept)]).astype(np.int64),
-           g + keys.PROMPT_INDEX: prompt_of[seqs].astype(a[g + keys.PROMPT_INDEX].dtype)}  # fmt: skip
-    for key, arr in a.items():
-        if not key.startswith(g) or key in out or key == g + keys.OFFSETS:
-            continue
-        if key in (g + keys.SAMPLE_INDEX, g + keys.FINISH) or key in text_trip:
-            out[key] = arr[seqs]
-        elif key == f"{keys.TF}_input_offsets":
-            seq_len = arr[seqs + 1] - arr[seqs]
-            out[key] = np.concatenate([[0], np.cumsum(seq_len)]).astype(arr.dtype)
-        elif key == f"{keys.TF}_input_ids":
-            starts = a[f"{keys.TF}_input_offsets"]
-            out[key] = arr[evidence.token_ranges(starts[seqs], starts[seqs + 1] - starts[seqs])]
-        else:
-            out[key] = arr[tokens]
-    if np.any(kept < lengths):
-        # the engine's text of a cut sequence was never produced: its round trip is not known
-        for key in text_trip:
-            out.pop(key, None)
-    finish = g + keys.FINISH
-    if finish in out:
-        out[finish] = np.where(
-            kept < lengths, keys.FINISH_NAMES.index("length"), out[finish]
-        ).astype(out[finish].dtype)
-    return out
-
-
-def rejudge_subset(
-    run_dir: Path,
-    cfg: GateConfig,
-    prompts: np.ndarray,
-    max_tokens: int | None = None,
-    baseline: Baseline | None = None,
-) -> dict[str, str]:
-    """Check statuses for ``run_dir``'s old/new evidence cut to ``prompts`` and ``max_tokens``.
-
-    The same checks and settings ``gate check`` runs (gate.checks.run_checks); the baseline, when
-    given, only contributes its noise floors and engine settings, since a subset is never
-    token-comparable with it. Returns check id -> status.
-    """
-    from gate.checks import run_checks
-    from gate.checks.context import Context
-
-    run = json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8"))
-    old, new = (
-        subset_evidence(
-            evidence.load(run_dir / "engines" / n, allow_nonfinite_engine=True), prompts, max_tokens
-        )
-        for n in ENGINES
-    )
-    run = run | {"sampling": run["sampling"] | ({"max_tokens": max_tokens} if max_tokens else {})}
-    ctx = Context(
-        new=new,
-        old=old,
-        run=run,
-        baseline=baseline,
-        baseline_comparable=False,
-        noise_applicable=baseline is not None,
-        acknowledge=frozenset(cfg.acknowledge),
-        trainer_normalize=cfg.reference.normalize,
-    )
-    return {c.id: c.status.value for c in run_checks(ctx, cfg.check_settings)}

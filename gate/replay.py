@@ -160,9 +160,14 @@ def _server_request(engine: EngineConfig, sampling: dict[str, Any]) -> ServerReq
     fields = s.request_fields
     if fields is None:  # all the usual fields, and the penalties the sampling section turns on
         fields = SERVER_REQUEST_FIELDS + tuple(p for p in SERVER_PENALTY_FIELDS if p in sampling)
-    return ServerRequest(request_fields=list(fields), args=list(s.args), startup_timeout_s=s.startup_timeout_s,
-                         request_timeout_s=s.request_timeout_s, max_in_flight=s.max_in_flight,
-                         dev_mode=s.dev_mode)  # fmt: skip
+    return ServerRequest(
+        request_fields=list(fields),
+        args=list(s.args),
+        startup_timeout_s=s.startup_timeout_s,
+        request_timeout_s=s.request_timeout_s,
+        max_in_flight=s.max_in_flight,
+        dev_mode=s.dev_mode,
+    )
 
 
 def _grpo_request(cfg: GateConfig, seeds: tuple[int, ...] | None) -> GrpoRequest | None:
@@ -171,10 +176,19 @@ def _grpo_request(cfg: GateConfig, seeds: tuple[int, ...] | None) -> GrpoRequest
         return None
     eps_low, eps_high = g.clip_band()
     return GrpoRequest(
-        steps=g.steps, prompts_per_step=g.prompts_per_step, group_size=g.group_size, max_tokens=g.max_tokens,
-        temperature=g.temperature, lr=g.lr, clip_eps=eps_low, seeds=list(seeds if seeds is not None else (g.seed,)),
-        trainable=g.trainable, optimizer=g.optimizer, loss=g.loss, clip_eps_high=eps_high,
-    )  # fmt: skip
+        steps=g.steps,
+        prompts_per_step=g.prompts_per_step,
+        group_size=g.group_size,
+        max_tokens=g.max_tokens,
+        temperature=g.temperature,
+        lr=g.lr,
+        clip_eps=eps_low,
+        seeds=list(seeds if seeds is not None else (g.seed,)),
+        trainable=g.trainable,
+        optimizer=g.optimizer,
+        loss=g.loss,
+        clip_eps_high=eps_high,
+    )
 
 
 def _weight_sync_request(cfg: GateConfig, engine: EngineConfig) -> WeightSyncRequest | None:
@@ -184,12 +198,23 @@ def _weight_sync_request(cfg: GateConfig, engine: EngineConfig) -> WeightSyncReq
     i = w.inflight
     inflight = None
     if i.enabled:
-        inflight = InflightRequest(updates=list(i.updates), requests=i.requests, max_tokens=i.max_tokens,
-                                   switch_after=i.switch_after, timeout_s=i.timeout_s,
-                                   perturbation=w.perturbation if i.perturbation is None else i.perturbation)  # fmt: skip
-    return WeightSyncRequest(perturbation=w.perturbation, seed=w.seed, probes=w.probes, max_tokens=w.max_tokens,
-                             hook=cfg.weight_update.hook, inflight=inflight,
-                             sleep_level=w.sleep_level_for(engine.engine_args))  # fmt: skip
+        inflight = InflightRequest(
+            updates=list(i.updates),
+            requests=i.requests,
+            max_tokens=i.max_tokens,
+            switch_after=i.switch_after,
+            timeout_s=i.timeout_s,
+            perturbation=w.perturbation if i.perturbation is None else i.perturbation,
+        )
+    return WeightSyncRequest(
+        perturbation=w.perturbation,
+        seed=w.seed,
+        probes=w.probes,
+        max_tokens=w.max_tokens,
+        hook=cfg.weight_update.hook,
+        inflight=inflight,
+        sleep_level=w.sleep_level_for(engine.engine_args),
+    )
 
 
 @dataclass(frozen=True)
@@ -313,8 +338,15 @@ def evidence_key_groups(
 class OldEvidenceCache:
     """The old engine of one ``gate run``: evidence from the cache when its key matches, else a replay that refills it."""
 
-    def __init__(self, cfg: GateConfig, job: EngineJob, prompt_sets: list[PromptSet], fingerprint: dict,
-                 prompts: list[PromptItem], log: Callable[[str], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: GateConfig,
+        job: EngineJob,
+        prompt_sets: list[PromptSet],
+        fingerprint: dict,
+        prompts: list[PromptItem],
+        log: Callable[[str], None],
+    ) -> None:
         self.job, self.prompts, self.log = job, prompts, log
         self.config = evidence_key_groups(cfg, job, prompt_sets, prompts, fingerprint)
 
@@ -356,8 +388,15 @@ class OldEvidenceCache:
         ).write(out_dir / "request.json")
         evidence_cache.restore(cached, out_dir)
         stored = cached.run_entry
-        result = EngineRun(self.job.name, env.engine.spec, env.engine.runner, "ok", str(target.run_dir.relative(out_dir)),
-                           prepare_s=env.prepare_s, reused=cached.provenance() | {"worker_s": stored.get("worker_s")})  # fmt: skip
+        result = EngineRun(
+            self.job.name,
+            env.engine.spec,
+            env.engine.runner,
+            "ok",
+            str(target.run_dir.relative(out_dir)),
+            prepare_s=env.prepare_s,
+            reused=cached.provenance() | {"worker_s": stored.get("worker_s")},
+        )
         try:
             evidence.load(out_dir, allow_nonfinite_engine=True)
         except evidence.EvidenceError as exc:
@@ -366,8 +405,10 @@ class OldEvidenceCache:
             )
             shutil.rmtree(out_dir)
             return None
-        self.log(f"[{self.job.name}] reusing its evidence from {cached.created} (run {cached.source_run}, key {cached.digest[:12]}); "
-                 "--no-reuse replays it")  # fmt: skip
+        self.log(
+            f"[{self.job.name}] reusing its evidence from {cached.created} (run {cached.source_run}, key {cached.digest[:12]}); "
+            "--no-reuse replays it"
+        )
         return result
 
 

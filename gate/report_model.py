@@ -434,8 +434,13 @@ def check_version(data: Any, where: str = "report") -> None:
 
 def describe(value: Any, limit: int = 40) -> str:
     """A value as one short line for an error message: its JSON type and a JSON-quoted excerpt."""
-    kind = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
-        type(value), "a number" if _is_number(value) else type(value).__name__)  # fmt: skip
+    kind = {
+        dict: "an object",
+        list: "a list",
+        str: "a string",
+        bool: "a boolean",
+        type(None): "null",
+    }.get(type(value), "a number" if _is_number(value) else type(value).__name__)
     if isinstance(value, (dict, list)):
         return kind
     text = json.dumps(

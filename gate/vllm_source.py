@@ -100,8 +100,13 @@ def ensure_source(version: str, cache_dir: str | os.PathLike | None = None) -> P
     ):
         wheel = _download_wheel(version, Path(tmp) / "wheel")
         files = _extract(wheel, staged)
-        manifest = {"format": CACHE_FORMAT, "version": version, "wheel": wheel.name,
-                    "wheel_sha256": sha256_file(wheel), "files": files}  # fmt: skip
+        manifest = {
+            "format": CACHE_FORMAT,
+            "version": version,
+            "wheel": wheel.name,
+            "wheel_sha256": sha256_file(wheel),
+            "files": files,
+        }
         (staged / "MANIFEST.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
         wheel.unlink()  # 500 MB: gone before the next release is fetched
         if cached_source(version, cache_dir) is not None:  # another process finished first
@@ -132,8 +137,12 @@ def ensure_sources(
             found[version] = path
     missing = [v for v in wanted if v not in found]
     if missing:
-        print(f"[vllm-source] fetching {len(missing)} release(s) into {cache_root(cache_dir)}, "
-              f"{workers} at a time: {' '.join(missing)}", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"[vllm-source] fetching {len(missing)} release(s) into {cache_root(cache_dir)}, "
+            f"{workers} at a time: {' '.join(missing)}",
+            file=sys.stderr,
+            flush=True,
+        )
         with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
             found |= dict(zip(missing, pool.map(one, missing), strict=True))
     return {v: found[v] for v in wanted}
@@ -142,8 +151,22 @@ def ensure_sources(
 def _download_wheel(version: str, into: Path) -> Path:
     # --no-cache-dir: pip's HTTP cache would keep every 500 MB wheel. --python-version: old releases
     # cap Requires-Python; the .py files read here do not depend on the interpreter that fetches them.
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir",
-           "--python-version", "3.12", "--disable-pip-version-check", "--quiet", f"vllm=={version}", "-d", str(into)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--no-cache-dir",
+        "--python-version",
+        "3.12",
+        "--disable-pip-version-check",
+        "--quiet",
+        f"vllm=={version}",
+        "-d",
+        str(into),
+    ]
     try:
         proc = subprocess.run(
             cmd, check=False, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S
@@ -468,9 +491,15 @@ FORWARD_CLASSES = {"model_runner": "GPUModelRunner"}
 
 def _forward_target(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
     for node in ast.walk(fn):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == fn.name
-                and isinstance(node.func.value, ast.Attribute) and isinstance(node.func.value.value, ast.Name)
-                and node.func.value.value.id == "self" and any(k.arg is None for k in node.keywords)):  # fmt: skip
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == fn.name
+            and isinstance(node.func.value, ast.Attribute)
+            and isinstance(node.func.value.value, ast.Name)
+            and node.func.value.value.id == "self"
+            and any(k.arg is None for k in node.keywords)
+        ):
             return FORWARD_CLASSES.get(node.func.value.attr)
     return None
 

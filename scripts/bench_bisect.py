@@ -42,11 +42,15 @@ def main(argv: list[str] | None = None) -> int:
         result = json.loads((out / "bisect.json").read_text())
     wall, replay = result["wall_s"], result["replay_s"]
     ratio = wall / replay if replay else float("inf")
-    print(f"{result['good']} -> {result['bad']}: {result['status']}, first changed {result['first_changed']}")
+    print(
+        f"{result['good']} -> {result['bad']}: {result['status']}, first changed {result['first_changed']}"
+    )
     print(f"wall {wall:.1f} s, {result['replays']} replays taking {replay:.1f} s: {ratio:.2f}x "
           f"(budget {WALL_BUDGET_S:.0f} s and {RATIO_BUDGET}x)")  # fmt: skip
     for step in result["steps"]:
-        print(f"  {step['version']:<12} {step['outcome']:<9} {step['seconds']:6.1f} s  {step['replays']} replay(s)")
+        print(
+            f"  {step['version']:<12} {step['outcome']:<9} {step['seconds']:6.1f} s  {step['replays']} replay(s)"
+        )
     over = wall > WALL_BUDGET_S or ratio > RATIO_BUDGET
     return 1 if args.check and over else 0
 

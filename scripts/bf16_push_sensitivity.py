@@ -27,7 +27,11 @@ QUESTIONS = ["What is the capital of France?", "Name a fruit.", "Tell me about t
 
 def _picked(logits: torch.Tensor, seq: list[int], start: int) -> torch.Tensor:
     logp = torch.log_softmax(logits.float(), dim=-1)
-    return logp[start - 1 : len(seq) - 1].gather(-1, torch.tensor(seq[start:]).unsqueeze(-1)).squeeze(-1)
+    return (
+        logp[start - 1 : len(seq) - 1]
+        .gather(-1, torch.tensor(seq[start:]).unsqueeze(-1))
+        .squeeze(-1)
+    )
 
 
 def main() -> None:
@@ -41,7 +45,9 @@ def main() -> None:
     checkpoint = {k: v.detach().clone() for k, v in bf16.state_dict().items()}
     prompts = []
     for q in QUESTIONS:
-        ids = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
+        ids = tok.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True
+        )
         prompts.append(list(ids["input_ids"]) if hasattr(ids, "keys") else list(ids))
     print("scale  head-only  trunk-only  total   (mean |d|, nats)")
     for scale in args.scales:
@@ -51,7 +57,9 @@ def main() -> None:
         head, trunk, total = [], [], []
         with torch.no_grad():
             for prompt in prompts:
-                seq = bf16.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[0].tolist()
+                seq = bf16.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[
+                    0
+                ].tolist()
                 ids, start = torch.tensor([seq]), len(prompt)
                 h16 = bf16.get_decoder()(ids).last_hidden_state[0]
                 h32 = fp32.get_decoder()(ids).last_hidden_state[0]

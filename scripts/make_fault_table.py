@@ -330,9 +330,7 @@ def real_model_section(
     return parts
 
 
-def real_sensitivity_section(
-    result: dict[str, Any], tiny: dict[str, Any] | None
-) -> list[str]:
+def real_sensitivity_section(result: dict[str, Any], tiny: dict[str, Any] | None) -> list[str]:
     """The sensitivity sweep on SmolLM2 (scripts/sensitivity_sweep.py --model smollm2)."""
     d = result["default"]
     n = len(result["seeds"])

@@ -55,8 +55,10 @@ def main() -> None:
         print(f"## {title}\n")
         print(f"settings: {dataclasses.asdict(settings)}\n")
         print(run.table())
-        print(f"\nfits: {run.fits()}; knobs: {[k.setting for k in run.knobs]}; "
-              f"together: {list(run.together)}\n")
+        print(
+            f"\nfits: {run.fits()}; knobs: {[k.setting for k in run.knobs]}; "
+            f"together: {list(run.together)}\n"
+        )
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ Outputs:
 - detection: per sigma, how many of the N seeds any check flags (WARN or FAIL) and which checks;
   the smallest sigma flagged in >= 19 of 20 seeds while A/A is flagged in 0;
 - scaling: the same judgment re-run offline on fewer prompts and shorter completions, cut from the
-  same evidence (gate.repeat.subset_evidence: exact, see there) and judged by the same checks;
+  same evidence (scripts/evidence_subset.py: exact, see there) and judged by the same checks;
 - GRPO: the mini GRPO run (3 seeds, the baseline's band seeds) through the noisy engine at a few
   larger sigmas, each seed judged by the grpo-trajectory check against the committed baseline's
   band: the first sigma whose reward curve leaves the band;
@@ -54,6 +54,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
+from evidence_subset import rejudge_subset  # noqa: E402
 from noise_study import SMOLLM2_EXAMPLE, _smollm2_raw, record_study_baseline  # noqa: E402
 
 from gate import baseline as bl  # noqa: E402
@@ -63,7 +64,7 @@ from gate.config import BUILTIN_CONFIG, GateConfig, load_config  # noqa: E402
 from gate.contract import evidence as ev  # noqa: E402
 from gate.contract import keys  # noqa: E402
 from gate.device import cpu_isa  # noqa: E402
-from gate.repeat import REPEAT_FILE, load_summary, rejudge_subset, repetition_seeds, run_repeat  # noqa: E402
+from gate.repeat import REPEAT_FILE, load_summary, repetition_seeds, run_repeat  # noqa: E402
 from gate.replay import EngineJob, load_prompts, run_gate  # noqa: E402
 from gate.runners.base import stderr_log  # noqa: E402
 
@@ -430,7 +431,9 @@ def _grpo_judgment(folder: Path, sigma: float) -> dict[str, Any]:
     }
 
 
-def _result(args, sweep, seeds, n_prompts, points, grpo, timings, work, need: int) -> dict[str, Any]:
+def _result(
+    args, sweep, seeds, n_prompts, points, grpo, timings, work, need: int
+) -> dict[str, Any]:
     default_t = max(TOKEN_LIMITS)
     thresholds = [
         {"prompts": p, "max_tokens": t, "sampled_tokens": _sampled_tokens(work / _name(args.sigmas[0]), p, t, n_prompts),

@@ -60,11 +60,14 @@ def pytest_configure(config: pytest.Config) -> None:
         )
 
 
-
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     """A test marked ``all_cpus`` runs, fixtures included, on every CPU its xdist worker was given."""
-    cpus = item.config.stash.get(_ALL_CPUS, None) if item.get_closest_marker(scheduling.ALL_CPUS) else None
+    cpus = (
+        item.config.stash.get(_ALL_CPUS, None)
+        if item.get_closest_marker(scheduling.ALL_CPUS)
+        else None
+    )
     with scheduling.on_cpus(cpus):
         return (yield)
 
@@ -78,12 +81,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """A slow test's time as it ends (in the process that reports: xdist's controller, or the one
-    process without xdist), whatever pytest's progress output is: the record of a run cut short."""
-    if report.when == "call" and report.duration >= SLOW_TEST_S and "PYTEST_XDIST_WORKER" not in os.environ:
+    """A slow test's time as it ends, and a failure or error as it happens (in the process that
+    reports: xdist's controller, or the one process without xdist), whatever pytest's progress output
+    is: the record of a run cut short, and a broken unit test named in the first minutes of the full
+    suite (tests/scheduling.py hands the unit tests out first), not only in its final summary."""
+    slow = report.when == "call" and report.duration >= SLOW_TEST_S
+    if (slow or report.failed) and "PYTEST_XDIST_WORKER" not in os.environ:
         worker = getattr(getattr(report, "node", None), "gateway", None)
         where = f" [{worker.id}]" if worker is not None else ""
-        print(f"\n{report.duration:6.0f}s {report.outcome:<7} {report.nodeid}{where}", file=sys.stderr, flush=True)
+        outcome = report.outcome if report.when == "call" else "error"
+        print(
+            f"\n{report.duration:6.0f}s {outcome:<7} {report.nodeid}{where}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -112,7 +123,9 @@ def _engine_test_leaves_no_process(request: pytest.FixtureRequest):
     before = set(isolation.live_descendants())
     yield
     if left := isolation.leftover_processes(before, LEFTOVER_WAIT_S):
-        pytest.fail(f"processes still running {LEFTOVER_WAIT_S:g}s after the test (killed now): {left}")
+        pytest.fail(
+            f"processes still running {LEFTOVER_WAIT_S:g}s after the test (killed now): {left}"
+        )
 
 
 @pytest.fixture

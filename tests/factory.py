@@ -5,15 +5,19 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
+import importlib.util
 import json
+import sys
 import zipfile
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
 from gate.contract import evidence as ev
 from gate.contract import keys
 
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 EFFECTIVE = {
     "logprobs_mode": "processed_logprobs",
     "enable_prefix_caching": False,
@@ -140,6 +144,18 @@ def make_evidence(
         texts[ev.TOKEN_TEXT] = {str(k): v for k, v in token_text.items()}
     (folder / "texts.json").write_text(json.dumps(texts))
     return ev.load(folder)
+
+
+def script(name: str) -> ModuleType:
+    """scripts/<name>.py imported as a module (research code the package does not ship)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def with_engine(e: ev.Evidence, **fields) -> ev.Evidence:

@@ -83,7 +83,11 @@ class FakeGitHub:
     """``with FakeGitHub() as gh: ... gh.url ...``; tokens maps token -> :class:`Token`."""
 
     def __init__(self, tokens: dict[str, Token] | None = None) -> None:
-        self.tokens = tokens if tokens is not None else {"user-token": Token("gate-bot"), "app-token": Token(None)}
+        self.tokens = (
+            tokens
+            if tokens is not None
+            else {"user-token": Token("gate-bot"), "app-token": Token(None)}
+        )
         self.state = _State()
         self.requests: list[Recorded] = []
         self.injections: list[Injection] = []
@@ -97,7 +101,9 @@ class FakeGitHub:
         handler = type("Handler", (_Handler,), {"gh": self})
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.02,), name="fake-github", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.02,), name="fake-github", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -127,7 +133,11 @@ class FakeGitHub:
             self.state.issues.add((repo, number))
             self.state.pulls[(repo, number)] = {
                 "number": number,
-                "head": {"sha": head_sha, "ref": head_ref, "repo": {"full_name": head_repo or repo}},
+                "head": {
+                    "sha": head_sha,
+                    "ref": head_ref,
+                    "repo": {"full_name": head_repo or repo},
+                },
             }
 
     def add_comment(self, repo: str, number: int, body: str, login: str) -> dict:
@@ -143,7 +153,11 @@ class FakeGitHub:
                message: str = "Server Error", after: bool = False) -> None:  # fmt: skip
         """The next ``times`` requests matching ``method`` and the ``path`` regex get ``status``."""
         with self._lock:
-            self.injections.append(Injection(method.upper(), re.compile(path), status, times, headers or {}, message, after))
+            self.injections.append(
+                Injection(
+                    method.upper(), re.compile(path), status, times, headers or {}, message, after
+                )
+            )
 
     def before(self, method: str, path: str, fn: Any) -> None:
         """Call ``fn(self)`` once, before the next request matching ``method`` and the ``path`` regex is processed."""
@@ -155,7 +169,9 @@ class FakeGitHub:
                 if (method is None or r.method == method) and (path is None or re.search(path, r.path))]  # fmt: skip
 
     # -- internals -------------------------------------------------------------------------------
-    def _create(self, repo: str, number: int, body: str, login: str, app: str | None = None) -> dict:
+    def _create(
+        self, repo: str, number: int, body: str, login: str, app: str | None = None
+    ) -> dict:
         self.state.next_id += 1
         cid = self.state.next_id
         comment = {
@@ -232,7 +248,11 @@ class _Handler(BaseHTTPRequestHandler):
         scheme, _, token = auth.partition(" ")
         tok = self.gh.tokens.get(token) if scheme.lower() in ("bearer", "token") else None
         if tok is None:
-            return self._send(record, 401, {"message": "Bad credentials", "documentation_url": "https://docs.github.com/rest"})
+            return self._send(
+                record,
+                401,
+                {"message": "Bad credentials", "documentation_url": "https://docs.github.com/rest"},
+            )
         record.authorized = True
 
         hook = self.gh._take_hook(method, path)
@@ -246,9 +266,15 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(record, inj.status, {"message": inj.message}, inj.headers)
         self._send(record, status, payload, headers)
 
-    def _route(self, method: str, path: str, query: dict, body: Any, tok: Token) -> tuple[int, Any, dict]:
+    def _route(
+        self, method: str, path: str, query: dict, body: Any, tok: Token
+    ) -> tuple[int, Any, dict]:
         gh = self.gh
-        not_found = (404, {"message": "Not Found", "documentation_url": "https://docs.github.com/rest"}, {})
+        not_found = (
+            404,
+            {"message": "Not Found", "documentation_url": "https://docs.github.com/rest"},
+            {},
+        )
         if path == "/user" and method == "GET":
             if tok.login is None:
                 return 403, {"message": "Resource not accessible by integration"}, {}
@@ -257,9 +283,15 @@ class _Handler(BaseHTTPRequestHandler):
         app = None if tok.login else tok.app
         if path == "/graphql" and method == "POST":
             query = body.get("query") if isinstance(body, dict) else None
-            if isinstance(query, str) and re.fullmatch(r"\s*(query\s*)?\{\s*viewer\s*\{\s*login\s*\}\s*\}\s*", query):
+            if isinstance(query, str) and re.fullmatch(
+                r"\s*(query\s*)?\{\s*viewer\s*\{\s*login\s*\}\s*\}\s*", query
+            ):
                 return 200, {"data": {"viewer": {"login": tok.viewer or login}}}, {}
-            return 200, {"errors": [{"message": "this fake answers only `query { viewer { login } }`"}]}, {}
+            return (
+                200,
+                {"errors": [{"message": "this fake answers only `query { viewer { login } }`"}]},
+                {},
+            )
 
         m = re.fullmatch(r"/repos/([^/]+/[^/]+)/issues/(\d+)/comments", path) or \
             re.fullmatch(r"/repositories/(\d+)/issues/(\d+)/comments", path)  # fmt: skip
@@ -275,7 +307,7 @@ class _Handler(BaseHTTPRequestHandler):
                     return 403, {"message": "Resource not accessible by integration"}, {}
                 text = body.get("body") if isinstance(body, dict) else None
                 if not isinstance(text, str):
-                    return 422, {"message": "Invalid request.\n\n\"body\" wasn't supplied."}, {}
+                    return 422, {"message": 'Invalid request.\n\n"body" wasn\'t supplied.'}, {}
                 if len(text) > BODY_LIMIT:
                     return 422, _too_long(), {}
                 with gh._lock:
@@ -328,7 +360,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _repo(self, key: str) -> str | None:
         if key.isdigit():
-            return next((name for name, rid in self.gh.state.repos.items() if rid == int(key)), None)
+            return next(
+                (name for name, rid in self.gh.state.repos.items() if rid == int(key)), None
+            )
         return key if key in self.gh.state.repos else None
 
     def _list(self, repo: str, number: int, query: dict) -> tuple[int, Any, dict]:
@@ -339,7 +373,7 @@ class _Handler(BaseHTTPRequestHandler):
             return 422, {"message": "Invalid request."}, {}
         items = [_public(c) for c in self.gh.comments(repo, number)]
         last = max(1, -(-len(items) // per_page))
-        chunk = items[(page - 1) * per_page: page * per_page]
+        chunk = items[(page - 1) * per_page : page * per_page]
         rid = self.gh.state.repos[repo]
         base = f"{self.gh.url}/repositories/{rid}/issues/{number}/comments"
         links = []
@@ -351,7 +385,9 @@ class _Handler(BaseHTTPRequestHandler):
                       f'<{base}?per_page={per_page}&page=1>; rel="first"']  # fmt: skip
         return 200, chunk, ({"Link": ", ".join(links)} if links else {})
 
-    def _send(self, record: Recorded, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
+    def _send(
+        self, record: Recorded, status: int, payload: Any, headers: dict[str, str] | None = None
+    ) -> None:
         record.status = status
         data = b"" if status == 204 else json.dumps(payload).encode("utf-8")
         self.send_response(status)
@@ -367,7 +403,13 @@ class _Handler(BaseHTTPRequestHandler):
 def _too_long() -> dict:
     return {
         "message": "Validation Failed",
-        "errors": [{"resource": "IssueComment", "code": "custom", "field": "body",
-                    "message": "body is too long (maximum is 65536 characters)"}],  # fmt: skip
+        "errors": [
+            {
+                "resource": "IssueComment",
+                "code": "custom",
+                "field": "body",
+                "message": "body is too long (maximum is 65536 characters)",
+            }
+        ],
         "documentation_url": "https://docs.github.com/rest/issues/comments#create-an-issue-comment",
     }

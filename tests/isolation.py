@@ -50,10 +50,17 @@ def live_descendants(root: int | None = None) -> dict[int, str]:
     found: dict[int, str] = {}
     frontier = {root}
     while frontier:
-        frontier = {pid for pid, parent in parents.items() if parent in frontier and pid not in found}
+        frontier = {
+            pid for pid, parent in parents.items() if parent in frontier and pid not in found
+        }
         for pid in frontier:
             with contextlib.suppress(OSError):
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                cmd = (
+                    Path(f"/proc/{pid}/cmdline")
+                    .read_bytes()
+                    .replace(b"\0", b" ")
+                    .decode(errors="replace")
+                )
                 found[pid] = cmd.strip()[:300]
     return found
 

@@ -11,12 +11,15 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from gate.errors import ConfigError
 from gate.verdict import Status
+
+if TYPE_CHECKING:
+    from gate.checks.context import Context
 
 _NUMBER = re.compile(r"^\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*$")
 _RELATIVE = re.compile(r"^\s*([0-9.eE+-]+)\s*x\s*noise\s*$")
@@ -192,7 +195,7 @@ class CheckSettings:
 class CheckSpec:
     id: str
     title: str
-    run: Callable[[Any, CheckSettings], CheckResult]  # (Context, settings)
+    run: Callable[[Context, CheckSettings], CheckResult]
     thresholds: dict[str, Threshold] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
     # It compares the engine's logprobs with a reference: an engine whose logprobs hold NaN/inf

@@ -2,7 +2,7 @@
 
 Upgrades change defaults silently (vLLM V1 turned on prefix caching and async scheduling, and
 returns raw logprobs unless told otherwise; generation defaults may come from the model's
-generation_config.json). Settings are compared by meaning (gate/checks/setting_meaning.py): top-k
+generation_config.json). Settings are compared by meaning (gate/analysis/setting_meaning.py): top-k
 -1 and 0 both mean "off", a V0 engine reports processed logprobs without a ``logprobs_mode``, a
 release without a setting behaves as that release did. Each changed meaning gets the status its
 policy gives; where a meaning cannot be known the setting is "not comparable" and at most WARNs. A
@@ -14,9 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gate.checks import server_defaults, stop_tokens
-from gate.checks.base import CheckResult, CheckSpec, Measurement
-from gate.checks.setting_meaning import EngineFacts, Meaning, meaning, restore_advice
+from gate.analysis import server_defaults, stop_tokens
+from gate.analysis.setting_meaning import EngineFacts, Meaning, meaning, restore_advice
+from gate.checks.base import CheckResult, CheckSettings, CheckSpec, Measurement
+from gate.checks.context import Context
 from gate.contract.engine_record import EngineRecord
 from gate.verdict import Status, worst
 
@@ -137,7 +138,7 @@ def _spelled_differently(d: SettingDiff) -> bool:
     return (d.old_value, d.new_value) != (d.old.value, d.new.value)
 
 
-def run(ctx, settings) -> CheckResult:
+def run(ctx: Context, settings: CheckSettings) -> CheckResult:
     # Against the old engine when it ran; else against the settings the baseline's engine recorded.
     if ctx.old is not None:
         reference, label = ctx.old.engine, "old"
@@ -154,7 +155,7 @@ def run(ctx, settings) -> CheckResult:
         measurements.append(Measurement(d.key, None, status, note=note))
         if problem:
             problems.append(problem)
-    # Server mode: the sampling defaults each server fills in (gate/checks/server_defaults.py).
+    # Server mode: the sampling defaults each server fills in (gate/analysis/server_defaults.py).
     old_meta = ctx.old.engine if ctx.old is not None else None
     for found in server_defaults.findings(old_meta, ctx.new.engine, ctx.sampling):
         measurements.append(found.measurement)

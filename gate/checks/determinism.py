@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gate.checks.base import CheckResult, CheckSpec, Measurement
+from gate.checks.base import CheckResult, CheckSettings, CheckSpec, Measurement
+from gate.checks.context import Context
 from gate.verdict import Status
 
 ID = "determinism-parity"
@@ -43,18 +44,26 @@ def _measurement(engine: str, record: dict[str, Any]) -> Measurement:
     )
 
 
-def run(ctx, settings) -> CheckResult:
+def run(ctx: Context, settings: CheckSettings) -> CheckResult:
     new = ctx.new.engine.batch_invariance
     old = ctx.old.engine.batch_invariance if ctx.old is not None else None
     if new is None and old is None:
-        return CheckResult(ID, TITLE, Status.SKIP,
-                           "not measured: no engine ran in vLLM's batch-invariant mode and "
-                           "teacher_forced.batch_invariance is off")  # fmt: skip
+        return CheckResult(
+            ID,
+            TITLE,
+            Status.SKIP,
+            "not measured: no engine ran in vLLM's batch-invariant mode and "
+            "teacher_forced.batch_invariance is off",
+        )
     if new is None or old is None:
         missing = "new" if new is None else "old"
-        return CheckResult(ID, TITLE, Status.SKIP,
-                           f"not measured on the {missing} engine (not replayed, server mode, or its "
-                           "teacher-forced pass did not run)")  # fmt: skip
+        return CheckResult(
+            ID,
+            TITLE,
+            Status.SKIP,
+            f"not measured on the {missing} engine (not replayed, server mode, or its "
+            "teacher-forced pass did not run)",
+        )
     measurements = [_measurement(name, r) for name, r in (("old", old), ("new", new))]
     details = {"old": old, "new": new}
     if not old["bitwise"]:

@@ -20,7 +20,16 @@ from typing import Any
 import numpy as np
 
 from gate.baseline import design_statement
-from gate.checks.base import CheckResult, CheckSpec, Limit, Measurement, Threshold, measure
+from gate.checks.base import (
+    CheckResult,
+    CheckSettings,
+    CheckSpec,
+    Limit,
+    Measurement,
+    Threshold,
+    measure,
+)
+from gate.checks.context import Context
 from gate.contract import evidence as ev
 from gate.contract import keys
 from gate.verdict import Status, worst
@@ -118,7 +127,7 @@ def aligned_teacher_forced(
     )
 
 
-def run(ctx, settings) -> CheckResult:
+def run(ctx: Context, settings: CheckSettings) -> CheckResult:
     th = settings.thresholds
     refs = ctx.references()
     if not refs:
@@ -147,8 +156,13 @@ def run(ctx, settings) -> CheckResult:
             m = measure(name, value, th[name], noise, engine=f"vs {label}")
             m.note = f"noise {noise:.2g}: {source}" if noise is not None else source
             measurements.append(m)
-        details[label] = {"sequences": compared, "skipped_sequences": skipped, "tokens": len(diff),
-                          "mean_abs_drift": float(diff.mean()), "max_abs_drift": float(diff.max())}  # fmt: skip
+        details[label] = {
+            "sequences": compared,
+            "skipped_sequences": skipped,
+            "tokens": len(diff),
+            "mean_abs_drift": float(diff.mean()),
+            "max_abs_drift": float(diff.max()),
+        }
     status = worst(m.status for m in measurements)
     first = measurements[0]
     summary = (

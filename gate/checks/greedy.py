@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from gate.checks.base import CheckResult, CheckSpec, Limit, Threshold, measure
-from gate.checks.context import sequences
+from gate.checks.base import CheckResult, CheckSettings, CheckSpec, Limit, Threshold, measure
+from gate.checks.context import Context, sequences
 from gate.contract import evidence as ev
 from gate.contract import keys
 from gate.metrics import greedy_agreement, length_ratio, length_ratio_se
@@ -66,11 +66,14 @@ def match_threshold(th: Threshold, noise_mismatch: float | None) -> Threshold:
             return limit
         return Limit(min(limit.value, 1.0 - k * noise_mismatch))
 
-    return dataclasses.replace(th, warn=lowered(th.warn, MISMATCH_MULTIPLES["warn"]),
-                               fail=lowered(th.fail, MISMATCH_MULTIPLES["fail"]))  # fmt: skip
+    return dataclasses.replace(
+        th,
+        warn=lowered(th.warn, MISMATCH_MULTIPLES["warn"]),
+        fail=lowered(th.fail, MISMATCH_MULTIPLES["fail"]),
+    )
 
 
-def run(ctx, settings) -> CheckResult:
+def run(ctx: Context, settings: CheckSettings) -> CheckResult:
     th = settings.thresholds
     refs = ctx.references()
     if not refs:
@@ -80,17 +83,27 @@ def run(ctx, settings) -> CheckResult:
     for label, ref in refs:
         entry: dict[str, Any] = {}  # JSON details: the agreement's figures and the length ratio
         if f"{g}_{keys.OFFSETS}" in ctx.new.arrays and f"{g}_{keys.OFFSETS}" in ref.arrays:
-            agree = greedy_agreement(ctx.new[f"{g}_{keys.TOKEN_IDS}"], ctx.new[f"{g}_{keys.OFFSETS}"],
-                                     ref[f"{g}_{keys.TOKEN_IDS}"], ref[f"{g}_{keys.OFFSETS}"])  # fmt: skip
+            agree = greedy_agreement(
+                ctx.new[f"{g}_{keys.TOKEN_IDS}"],
+                ctx.new[f"{g}_{keys.OFFSETS}"],
+                ref[f"{g}_{keys.TOKEN_IDS}"],
+                ref[f"{g}_{keys.OFFSETS}"],
+            )
             noise = ctx.noise("greedy_mismatch_rate")
-            m = measure("greedy_exact_match_rate", agree.exact_match_rate,
-                        match_threshold(th["greedy_exact_match_rate"], noise), engine=f"vs {label}")  # fmt: skip
+            m = measure(
+                "greedy_exact_match_rate",
+                agree.exact_match_rate,
+                match_threshold(th["greedy_exact_match_rate"], noise),
+                engine=f"vs {label}",
+            )
             if noise:
                 m.note = f"A/A greedy mismatch {noise:.2g} (calibrated)"
             measurements.append(m)
             diverged = np.flatnonzero(agree.first_divergence >= 0)
-            entry["greedy"] = {**{k: v for k, v in agree.to_dict().items() if k != "first_divergence"},
-                               "diverging_prompts": diverged[:20].tolist()}  # fmt: skip
+            entry["greedy"] = {
+                **{k: v for k, v in agree.to_dict().items() if k != "first_divergence"},
+                "diverging_prompts": diverged[:20].tolist(),
+            }
             if len(diverged):
                 entry["examples"] = _examples(
                     ctx.new, ref, diverged[:EXAMPLES], agree.first_divergence
@@ -110,8 +123,13 @@ def run(ctx, settings) -> CheckResult:
         se = length_ratio_se(ctx.new[f"{s}_{keys.OFFSETS}"], ref[f"{s}_{keys.OFFSETS}"])
         calibrated = ctx.noise("length_ratio_deviation")
         noise = max(calibrated, se) if calibrated is not None else (se or None)
-        length = measure("length_ratio_deviation", abs(ratio - 1.0), th["length_ratio_deviation"],
-                         noise, engine=f"vs {label}")  # fmt: skip
+        length = measure(
+            "length_ratio_deviation",
+            abs(ratio - 1.0),
+            th["length_ratio_deviation"],
+            noise,
+            engine=f"vs {label}",
+        )
         if se > (calibrated or 0.0):
             length.note = f"sampling standard error {se:.2g} (the bounds scale with it)"
         measurements.append(length)
@@ -123,8 +141,10 @@ def run(ctx, settings) -> CheckResult:
     summary = f"greedy match {first.value:.0%} {first.engine}, length x{details[refs[0][0]]['length_ratio']:.3f}"
     same_seed = details[refs[0][0]].get("same_seed_sample_match_rate")
     if same_seed is not None and same_seed < 1.0:
-        summary += (f"; same-seed samples {same_seed:.0%} identical (the sampler's random stream changed: judged by "
-                    "distribution, not token by token)")  # fmt: skip
+        summary += (
+            f"; same-seed samples {same_seed:.0%} identical (the sampler's random stream changed: judged by "
+            "distribution, not token by token)"
+        )
     diagnosis = ""
     if status in (Status.WARN, Status.FAIL):
         diagnosis = (
@@ -163,12 +183,14 @@ def _examples(
     out = []
     for i in which.tolist():
         p = int(prompt_of[i])
-        out.append({
-            "prompt_id": names[p] if isinstance(names, list) and p < len(names) else p,
-            "first_divergence": int(first[i]),
-            "reference": ref.decode(ref_seqs[i].tolist()),
-            "new": new.decode(new_seqs[i].tolist()),
-        })  # fmt: skip
+        out.append(
+            {
+                "prompt_id": names[p] if isinstance(names, list) and p < len(names) else p,
+                "first_divergence": int(first[i]),
+                "reference": ref.decode(ref_seqs[i].tolist()),
+                "new": new.decode(new_seqs[i].tolist()),
+            }
+        )
     return out
 
 

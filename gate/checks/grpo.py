@@ -21,7 +21,8 @@ from __future__ import annotations
 import numpy as np
 
 from gate import baseline as bl
-from gate.checks.base import CheckResult, CheckSpec, Measurement
+from gate.checks.base import CheckResult, CheckSettings, CheckSpec, Measurement
+from gate.checks.context import Context
 from gate.checks.weight_sync import push_failure
 from gate.contract import keys
 from gate.verdict import Status, worst
@@ -86,7 +87,7 @@ def _trajectories(e) -> dict[str, np.ndarray] | None:
     }
 
 
-def run(ctx, settings) -> CheckResult:
+def run(ctx: Context, settings: CheckSettings) -> CheckResult:
     failed = (
         push_failure(ctx.new.engine.grpo, ID, TITLE, "The GRPO run")
         if ctx.new is not None
@@ -97,8 +98,14 @@ def run(ctx, settings) -> CheckResult:
     new = _trajectories(ctx.new)
     unsupported = ctx.new.engine.grpo.get("unsupported") if ctx.new is not None else None
     if new is None and unsupported:  # asked for, but the engine offers no weight push gate knows
-        return CheckResult(ID, TITLE, Status.ERROR, "the GRPO run could not run: no weight push for this engine",
-                           f"{unsupported[:1].upper()}{unsupported[1:]}.", details={"unsupported": unsupported})  # fmt: skip
+        return CheckResult(
+            ID,
+            TITLE,
+            Status.ERROR,
+            "the GRPO run could not run: no weight push for this engine",
+            f"{unsupported[:1].upper()}{unsupported[1:]}.",
+            details={"unsupported": unsupported},
+        )
     if new is None:
         return CheckResult(ID, TITLE, Status.SKIP, "the GRPO run did not run (grpo.enabled: false)")
     # a band recorded under other GRPO settings (another loss, lr, ...) is not this run's band
@@ -174,18 +181,25 @@ def run(ctx, settings) -> CheckResult:
     rise = float(reward[-k:].mean() - reward[:k].mean())
     status = worst(m.status for m in measurements)
     summary = f"reward {reward[0]:.2f} -> {reward[-1]:.2f} over {steps} steps; " + (
-        "every metric inside the " + label + " band" if status == Status.PASS
-        else ", ".join(f"{m} leaves the band at step {s}" for m, s in exits.items() if s is not None)
-    )  # fmt: skip
+        "every metric inside the " + label + " band"
+        if status == Status.PASS
+        else ", ".join(
+            f"{m} leaves the band at step {s}" for m, s in exits.items() if s is not None
+        )
+    )
     diagnosis = ""
     if status in (Status.WARN, Status.FAIL):
         early = [m for m, s in exits.items() if s == 0 and BANDS[m][2] == Status.FAIL]
         diagnosis = (
             "The RL trajectory through the new engine leaves the reference band. "
-            + ("Mismatch metrics are out from step 0: the engine's reported logprobs are not those of the distribution it "
-               "sampled from (check logprobs_mode and precision). " if early else "")
+            + (
+                "Mismatch metrics are out from step 0: the engine's reported logprobs are not those of the distribution it "
+                "sampled from (check logprobs_mode and precision). "
+                if early
+                else ""
+            )
             + "A KL or clip rate that grows step after step points at the weight-update path (stale weights or caches)."
-        )  # fmt: skip
+        )
     details = {
         "steps": steps,
         "compared_with": label,

@@ -29,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from gate.checks.base import CheckResult, CheckSpec, Measurement
+from gate.checks.base import CheckResult, CheckSettings, CheckSpec, Measurement
+from gate.checks.context import Context
 from gate.checks.weight_sync import push_failure
 from gate.contract import keys
 from gate.verdict import Status
@@ -137,8 +138,13 @@ def idle_push_took(e) -> bool:
     )
 
 
-def attribute(arrays: dict[str, np.ndarray], names: list[str], tol: float,
-              max_tokens: int | None = None, steps_inside: list[int | None] | None = None) -> list[Attribution]:  # fmt: skip
+def attribute(
+    arrays: dict[str, np.ndarray],
+    names: list[str],
+    tol: float,
+    max_tokens: int | None = None,
+    steps_inside: list[int | None] | None = None,
+) -> list[Attribution]:
     """Label every token of every request, per update (``names``: the updates in run order;
     ``max_tokens``: what each request was asked for, so a shorter one counts as lost;
     ``steps_inside``: per update, engine steps between its first and last call, where recorded)."""
@@ -213,8 +219,9 @@ def _per_row(
     return arrays[fallback][rows].tolist() if fallback else [-1] * len(rows)
 
 
-def _lost(arrays: dict[str, np.ndarray], rows: np.ndarray, lengths: np.ndarray,
-          max_tokens: int | None) -> list[str]:  # fmt: skip
+def _lost(
+    arrays: dict[str, np.ndarray], rows: np.ndarray, lengths: np.ndarray, max_tokens: int | None
+) -> list[str]:
     """Why each lost request of ``rows`` is lost: aborted, cut short, or without logprobs."""
     eng, offsets = arrays[keys.WSI_ENGINE_LOGPROB], arrays[keys.WSI_OFFSETS]
     found = []
@@ -243,8 +250,11 @@ def findings(a: Attribution, torn_share: float) -> list[str]:
     torn = a.counts.get("NEITHER", 0) > torn_limit(a, torn_share)
     if torn:
         # Steps inside the update: they ran on half-pushed weights. None inside: what arrived was partial.
-        spans = (a.steps_inside > 0 if a.steps_inside is not None
-                 else any(e > s for s, e in zip(a.switch_start, a.switch_end, strict=True)))  # fmt: skip
+        spans = (
+            a.steps_inside > 0
+            if a.steps_inside is not None
+            else any(e > s for s, e in zip(a.switch_start, a.switch_end, strict=True))
+        )
         kinds.append("torn" if spans else "partial")
     if a.lost:
         kinds.append("lost")
@@ -257,15 +267,21 @@ def findings(a: Attribution, torn_share: float) -> list[str]:
 def inconclusive(a: Attribution, pre_share: float, min_decisive: int) -> str | None:
     """Why the labels of ``a`` cannot be trusted, or None."""
     if a.pre_tokens and a.pre_not_old > pre_share * a.pre_tokens:
-        return (f"{a.pre_not_old} of {a.pre_tokens} tokens before the switch do not match the old weights "
-                "within the idle probe's tolerance")  # fmt: skip
+        return (
+            f"{a.pre_not_old} of {a.pre_tokens} tokens before the switch do not match the old weights "
+            "within the idle probe's tolerance"
+        )
     if not a.post_tokens and not a.lost:
-        return ("no request generated a token after the update's first call (it ran after every request had "
-                "finished, or made no call into the engine): raise weight_sync.inflight.max_tokens")  # fmt: skip
+        return (
+            "no request generated a token after the update's first call (it ran after every request had "
+            "finished, or made no call into the engine): raise weight_sync.inflight.max_tokens"
+        )
     decisive = sum(a.counts.get(k, 0) for k in ("OLD", "STALE", "REC"))
     if a.post_tokens and decisive < min_decisive:
-        return (f"only {decisive} of {a.post_tokens} tokens after the switch fit exactly one of OLD / STALE / REC "
-                f"(at least {min_decisive} needed): raise weight_sync.inflight.perturbation to separate them")  # fmt: skip
+        return (
+            f"only {decisive} of {a.post_tokens} tokens after the switch fit exactly one of OLD / STALE / REC "
+            f"(at least {min_decisive} needed): raise weight_sync.inflight.perturbation to separate them"
+        )
     return None
 
 
@@ -305,7 +321,7 @@ def _skip_reason(e) -> str | None:
     return "the in-flight phase did not run (weight_sync.inflight.enabled: false, or an older gate's evidence)"
 
 
-def run(ctx, settings) -> CheckResult:
+def run(ctx: Context, settings: CheckSettings) -> CheckResult:
     e, opts = ctx.new, settings.options
     failed = push_failure(_section(e), ID, TITLE, "The in-flight update phase")
     if failed is not None:
@@ -316,9 +332,14 @@ def run(ctx, settings) -> CheckResult:
     errors = [u for u in _section(e).get("updates") or [] if u.get("error")]
     if errors:
         first = errors[0]
-        return CheckResult(ID, TITLE, Status.ERROR, f"the in-flight update {shown(first['name'])} raised: {first['error']}"[:300],
-                           "The update's own code raised while requests were running; its tokens are not judged.",
-                           details={"errors": {u["name"]: u["error"] for u in errors}})  # fmt: skip
+        return CheckResult(
+            ID,
+            TITLE,
+            Status.ERROR,
+            f"the in-flight update {shown(first['name'])} raised: {first['error']}"[:300],
+            "The update's own code raised while requests were running; its tokens are not judged.",
+            details={"errors": {u["name"]: u["error"] for u in errors}},
+        )
     new, why, tol = _attributions(e, opts)
     if new is None:
         return CheckResult(ID, TITLE, Status.SKIP, f"inconclusive: {why}")
@@ -374,14 +395,18 @@ def _changed(a: Attribution, before: Attribution | None) -> str | None:
     """A WARN's diagnosis: the behaviour moved between the engines, or is not what the path asks for."""
     now = a.behaviour
     if before is not None and before.behaviour and now and before.behaviour != now:
-        return (f"{shown(a.name)}: the release changed what this update does to running requests: the old engine "
-                f"{MEANING[before.behaviour]}, the new one {MEANING[now]}. Correct either way, but the rollout "
-                "logprobs after an update now come from other weights' KV; check the pause's clear_cache "
-                "setting and the release's pause_generation notes.")  # fmt: skip
+        return (
+            f"{shown(a.name)}: the release changed what this update does to running requests: the old engine "
+            f"{MEANING[before.behaviour]}, the new one {MEANING[now]}. Correct either way, but the rollout "
+            "logprobs after an update now come from other weights' KV; check the pause's clear_cache "
+            "setting and the release's pause_generation notes."
+        )
     wanted = EXPECTED.get(a.name)
     if wanted and now and now != wanted:
-        return (f"{shown(a.name)}: asks for requests that {MEANING[wanted]}, but this engine {MEANING[now]} "
-                "(pause_generation's clear_cache is what decides it).")  # fmt: skip
+        return (
+            f"{shown(a.name)}: asks for requests that {MEANING[wanted]}, but this engine {MEANING[now]} "
+            "(pause_generation's clear_cache is what decides it)."
+        )
     return None
 
 
@@ -395,10 +420,12 @@ def _versions_off(a: Attribution) -> str | None:
         if v >= 0 and v != s
     ]
     i, v, s = off[0]
-    return (f"{shown(a.name)}: the engine's weight-version spans label tokens from {v} on as the new version "
-            f"(request {i}), but the weights changed at token {s}; a stack that reads the spans to tell which "
-            "policy sampled a token (prime-rl's per-sample span, AReaL's per-token version) attributes "
-            f"{abs(v - s)} token(s) to the wrong policy.")  # fmt: skip
+    return (
+        f"{shown(a.name)}: the engine's weight-version spans label tokens from {v} on as the new version "
+        f"(request {i}), but the weights changed at token {s}; a stack that reads the spans to tell which "
+        "policy sampled a token (prime-rl's per-sample span, AReaL's per-token version) attributes "
+        f"{abs(v - s)} token(s) to the wrong policy."
+    )
 
 
 def _describe(kind: str, a: Attribution) -> str:
@@ -412,13 +439,28 @@ def _describe(kind: str, a: Attribution) -> str:
 def _measurements(a: Attribution, torn_share: float) -> list[Measurement]:
     neither, limit = a.counts.get("NEITHER", 0), torn_limit(a, torn_share)
     return [
-        Measurement(f"{shown(a.name)}: tokens fitting no weights", neither,
-                    Status.FAIL if neither > limit else Status.PASS, fail=limit, engine="new"),
-        Measurement(f"{shown(a.name)}: requests lost", len(a.lost), Status.FAIL if a.lost else Status.PASS, fail=0,
-                    engine="new"),
-        Measurement(f"{shown(a.name)}: old-weight tokens after the update", a.stale_after_update,
-                    Status.FAIL if a.stale_after_update else Status.PASS, fail=0, engine="new"),
-    ]  # fmt: skip
+        Measurement(
+            f"{shown(a.name)}: tokens fitting no weights",
+            neither,
+            Status.FAIL if neither > limit else Status.PASS,
+            fail=limit,
+            engine="new",
+        ),
+        Measurement(
+            f"{shown(a.name)}: requests lost",
+            len(a.lost),
+            Status.FAIL if a.lost else Status.PASS,
+            fail=0,
+            engine="new",
+        ),
+        Measurement(
+            f"{shown(a.name)}: old-weight tokens after the update",
+            a.stale_after_update,
+            Status.FAIL if a.stale_after_update else Status.PASS,
+            fail=0,
+            engine="new",
+        ),
+    ]
 
 
 def _detail(a: Attribution, before: Attribution | None) -> dict[str, Any]:

@@ -19,7 +19,7 @@ catches reliably:
 All comparisons are exact: the sampled token's logprob and the list are read from one tensor in
 every vLLM release since V1, so a tolerance would only hide the bug.
 
-A third, measured against the engine itself (gate/checks/prefill_decode.py):
+A third, measured against the engine itself (gate/analysis/prefill_decode.py):
 
 - **Decode against prefill.** NeMo-RL #2100 / #4243: vLLM's decode disagreed with its own prefill
   on 15-20% of sequences. Each greedy sequence is scored again as a prompt in the same engine; a
@@ -32,8 +32,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gate.checks.base import CheckResult, CheckSpec, Limit, Measurement, Threshold, measure
-from gate.checks.prefill_decode import SEQUENCE_ERROR_BAR, PrefillDecode, compare
+from gate.analysis.prefill_decode import SEQUENCE_ERROR_BAR, PrefillDecode, compare
+from gate.checks.base import (
+    CheckResult,
+    CheckSettings,
+    CheckSpec,
+    Limit,
+    Measurement,
+    Threshold,
+    measure,
+)
+from gate.checks.context import Context
 from gate.contract import evidence as ev
 from gate.contract import keys
 from gate.verdict import Status, worst
@@ -99,8 +108,14 @@ class ListFindings:
         return out
 
 
-def top_list_findings(ids: np.ndarray, values: np.ndarray, token: np.ndarray, logprob: np.ndarray,
-                      rank: np.ndarray | None, vocab: int | None) -> ListFindings:  # fmt: skip
+def top_list_findings(
+    ids: np.ndarray,
+    values: np.ndarray,
+    token: np.ndarray,
+    logprob: np.ndarray,
+    rank: np.ndarray | None,
+    vocab: int | None,
+) -> ListFindings:
     """Structural faults of [tokens, k] top lists; ``ids == -1`` pads a list the engine cut short.
 
     A rank is consistent when it lies in [1 + listed values above the sampled one, listed values at
@@ -169,8 +184,10 @@ def _where(e: ev.Evidence, group: str, flat: np.ndarray) -> list[str]:
         return [f"token {int(i)}" for i in flat[:SHOWN_POSITIONS]]
     shown = flat[:SHOWN_POSITIONS].tolist()
     seq = (np.searchsorted(offsets, shown, side="right") - 1).tolist()
-    return [f"{label} token {i - int(offsets[s])}"
-            for label, i, s in zip(e.sequence_labels(group, seq), shown, seq, strict=True)]  # fmt: skip
+    return [
+        f"{label} token {i - int(offsets[s])}"
+        for label, i, s in zip(e.sequence_labels(group, seq), shown, seq, strict=True)
+    ]
 
 
 def _group_of(key: str) -> str:
@@ -181,8 +198,11 @@ def _engine_result(name: str, e: ev.Evidence, settings) -> tuple[list[Measuremen
     bad = nonfinite_positions(e)
     found: dict[str, dict] = {}
     for key, flat in bad.items():
-        found[ENGINE_LOGPROBS[key]] = {"count": int(flat.size), "total": int(e.arrays[key].size),
-                                       "positions": _where(e, _group_of(key), flat)}  # fmt: skip
+        found[ENGINE_LOGPROBS[key]] = {
+            "count": int(flat.size),
+            "total": int(e.arrays[key].size),
+            "positions": _where(e, _group_of(key), flat),
+        }
     kinds = dict.fromkeys(KINDS, 0)
     malformed = positions = 0
     examples: list[str] = []
@@ -190,13 +210,21 @@ def _engine_result(name: str, e: ev.Evidence, settings) -> tuple[list[Measuremen
         ids = e.arrays.get(f"{group}_{keys.TOPK_IDS}")
         if ids is None or ids.ndim != 2 or ids.shape[1] == 0:
             continue
-        lists = top_list_findings(ids, e[f"{group}_{keys.TOPK_LOGPROBS}"], e[f"{group}_{keys.TOKEN_IDS}"],
-                                  e[f"{group}_{keys.ENGINE_LOGPROB}"], e.arrays.get(f"{group}_{keys.ENGINE_RANK}"),
-                                  _vocab(e))  # fmt: skip
+        lists = top_list_findings(
+            ids,
+            e[f"{group}_{keys.TOPK_LOGPROBS}"],
+            e[f"{group}_{keys.TOKEN_IDS}"],
+            e[f"{group}_{keys.ENGINE_LOGPROB}"],
+            e.arrays.get(f"{group}_{keys.ENGINE_RANK}"),
+            _vocab(e),
+        )
         if lists.nonfinite_values.any():
             flat = np.flatnonzero(lists.nonfinite_values)
-            found[f"{group} top-list values"] = {"count": int(flat.size), "total": len(ids),
-                                                 "positions": _where(e, group, flat)}  # fmt: skip
+            found[f"{group} top-list values"] = {
+                "count": int(flat.size),
+                "total": len(ids),
+                "positions": _where(e, group, flat),
+            }
         for kind, mask in lists.faults.items():
             kinds[kind] += int(mask.sum())
         bad_rows = np.flatnonzero(lists.malformed)
@@ -211,14 +239,33 @@ def _engine_result(name: str, e: ev.Evidence, settings) -> tuple[list[Measuremen
         measure("nonfinite_logprobs", float(count), t["nonfinite_logprobs"], engine=name)
     ]
     if positions:
-        measurements.append(measure("malformed_top_list_fraction", malformed / positions,
-                                    t["malformed_top_list_fraction"], engine=name))  # fmt: skip
-    details = {"nonfinite": found, "malformed_top_lists": {"count": malformed, "positions": positions,
-               "kinds": {k: v for k, v in kinds.items() if v}, "examples": examples}}  # fmt: skip
+        measurements.append(
+            measure(
+                "malformed_top_list_fraction",
+                malformed / positions,
+                t["malformed_top_list_fraction"],
+                engine=name,
+            )
+        )
+    details = {
+        "nonfinite": found,
+        "malformed_top_lists": {
+            "count": malformed,
+            "positions": positions,
+            "kinds": {k: v for k, v in kinds.items() if v},
+            "examples": examples,
+        },
+    }
     pd = compare(e)
     if pd is not None and pd.sequences:
-        measurements.append(measure("prefill_decode_disagreeing_sequences", pd.disagreeing_fraction,
-                                    t["prefill_decode_disagreeing_sequences"], engine=name))  # fmt: skip
+        measurements.append(
+            measure(
+                "prefill_decode_disagreeing_sequences",
+                pd.disagreeing_fraction,
+                t["prefill_decode_disagreeing_sequences"],
+                engine=name,
+            )
+        )
         details["prefill_decode"] = _prefill_details(e, pd)
     return measurements, details
 
@@ -230,13 +277,19 @@ def _prefill_details(e: ev.Evidence, pd: PrefillDecode) -> dict:
     for s in pd.disagreeing[:SHOWN_POSITIONS].tolist():
         p = int(prompts[s]) if prompts is not None and s < len(prompts) else s
         shown.append(names[p] if isinstance(names, list) and p < len(names) else f"#{p}")
-    return {"sequences": pd.sequences, "disagreeing": len(pd.disagreeing), "examples": shown,
-            "tokens": pd.tokens, "not_compared": pd.not_compared, "mean_abs_diff": pd.mean_abs,
-            "max_abs_diff": pd.max_abs,
-            "max_sequence_error": float(pd.sequence_error.max()) if pd.sequences else None}  # fmt: skip
+    return {
+        "sequences": pd.sequences,
+        "disagreeing": len(pd.disagreeing),
+        "examples": shown,
+        "tokens": pd.tokens,
+        "not_compared": pd.not_compared,
+        "mean_abs_diff": pd.mean_abs,
+        "max_abs_diff": pd.max_abs,
+        "max_sequence_error": float(pd.sequence_error.max()) if pd.sequences else None,
+    }
 
 
-def run(ctx, settings) -> CheckResult:
+def run(ctx: Context, settings: CheckSettings) -> CheckResult:
     measurements: list[Measurement] = []
     details: dict[str, dict] = {}
     for name, e in ctx.engines():
@@ -248,16 +301,19 @@ def run(ctx, settings) -> CheckResult:
     for name, d in details.items():
         nonfinite = sum(v["count"] for v in d["nonfinite"].values())
         lists = d["malformed_top_lists"]
-        part = (f"{name}: {nonfinite} non-finite logprob(s), "
-                f"{lists['count']} of {lists['positions']} top lists malformed")  # fmt: skip
+        part = (
+            f"{name}: {nonfinite} non-finite logprob(s), "
+            f"{lists['count']} of {lists['positions']} top lists malformed"
+        )
         if "prefill_decode" in d:
             pd = d["prefill_decode"]
             part += (
                 f", decode off prefill in {pd['disagreeing']} of {pd['sequences']} greedy sequences"
             )
         parts.append(part)
-    return CheckResult(ID, TITLE, status, "; ".join(parts), _diagnosis(details, status),
-                       measurements, details)  # fmt: skip
+    return CheckResult(
+        ID, TITLE, status, "; ".join(parts), _diagnosis(details, status), measurements, details
+    )
 
 
 def _diagnosis(details: dict[str, dict], status: Status) -> str:
@@ -266,8 +322,10 @@ def _diagnosis(details: dict[str, dict], status: Status) -> str:
     out = []
     for name, d in details.items():
         if d["nonfinite"]:
-            where = "; ".join(f"{kind} {v['count']} of {v['total']} (at {', '.join(v['positions'])})"
-                              for kind, v in d["nonfinite"].items())  # fmt: skip
+            where = "; ".join(
+                f"{kind} {v['count']} of {v['total']} (at {', '.join(v['positions'])})"
+                for kind, v in d["nonfinite"].items()
+            )
             out.append(
                 f"The {name} engine returned non-finite (NaN/inf) logprobs: {where}. An RL loss over a batch "
                 "holding one is NaN, and the comparisons with the reference are not judged for this engine. "

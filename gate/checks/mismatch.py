@@ -21,7 +21,7 @@ per engine, new first; 0 lists none), each with its prompt, position and a few t
 so a reader sees where the engines diverge. Token text comes from the worker (texts.json) and is
 untrusted: it is carried verbatim and the renderer escapes it.
 
-The support measurements (gate/checks/support.py) add what d leaves out: under top-k / top-p a
+The support measurements (gate/analysis/support.py) add what d leaves out: under top-k / top-p a
 trainer that normalises over the whole vocabulary (``reference.normalize: full``) sees a ratio of
 the kept mass S on every token, however close the numbers are. ``support_k3_kl`` (the k3 KL of
 that bias alone) and ``support_clip_frac`` (the share of sampled tokens with S < 1 - clip_eps) are
@@ -35,10 +35,18 @@ from typing import Any
 
 import numpy as np
 
-from gate.checks.base import CheckResult, CheckSpec, Limit, Measurement, Threshold, measure
+from gate.analysis.support import KeptMass, applies, kept_mass
+from gate.checks.base import (
+    CheckResult,
+    CheckSettings,
+    CheckSpec,
+    Limit,
+    Measurement,
+    Threshold,
+    measure,
+)
 from gate.checks.context import Context, per_prompt, sampled_pairs
 from gate.checks.semantics import penalties_cause
-from gate.checks.support import KeptMass, applies, kept_mass
 from gate.contract import keys
 from gate.contract.evidence import Evidence
 from gate.metrics import bootstrap_mean_diff_ci, largest_abs_diff, mismatch
@@ -105,7 +113,7 @@ def _d_stats(pairs, clip_eps: float):
     return mismatch(pairs.trainer, pairs.engine, pairs.offsets, clip_eps=clip_eps)
 
 
-def run(ctx, settings) -> CheckResult:
+def run(ctx: Context, settings: CheckSettings) -> CheckResult:
     opts, th = settings.options, settings.thresholds
     trainer_key = (
         keys.TRAINER_PROCESSED if opts["trainer_logprob"] == "processed" else keys.TRAINER_RAW
@@ -170,8 +178,10 @@ def run(ctx, settings) -> CheckResult:
     if n_worst:
         # New engine first: a comment shows only the first rows, and the new engine is what changed.
         details["worst_tokens"] = [
-            asdict(row) for name, e in reversed(ctx.engines()) for row in worst_tokens(e, name, trainer_key, n_worst)
-        ]  # fmt: skip
+            asdict(row)
+            for name, e in reversed(ctx.engines())
+            for row in worst_tokens(e, name, trainer_key, n_worst)
+        ]
 
     status = worst(m.status for m in measurements)
     new = stats["new"]
@@ -271,8 +281,15 @@ def _support_measurements(
             elif not applies(e):
                 m.status, m.note = Status.PASS, f"reported only: {_NOT_KEPT}"
             out.append(m)
-        out.append(Measurement("support_mean_ratio", k.mean, Status.PASS, engine=name,
-                               note=f"exp(mean log kept mass) over {k.truncated:.0%} truncated tokens"))  # fmt: skip
+        out.append(
+            Measurement(
+                "support_mean_ratio",
+                k.mean,
+                Status.PASS,
+                engine=name,
+                note=f"exp(mean log kept mass) over {k.truncated:.0%} truncated tokens",
+            )
+        )
     return out
 
 
@@ -339,19 +356,21 @@ def worst_tokens(e: Evidence, engine: str, trainer_key: str, n: int) -> list[Wor
         before = token_ids[max(start, t - CONTEXT_BEFORE) : t].tolist()
         if len(before) < CONTEXT_BEFORE:  # near the start: the prompt's last tokens lead into it
             before = e.prompt_tokens(prompt)[len(before) - CONTEXT_BEFORE :].tolist() + before
-        rows.append(WorstToken(
-            engine=engine,
-            rank=rank,
-            prompt_id=prompt_names[prompt] if prompt < len(prompt_names) else prompt,
-            sample=None if sample_index is None else int(sample_index[s]),
-            position=t - start,
-            token_id=int(token_ids[t]),
-            token=e.token_label(int(token_ids[t])),
-            context=e.decode(before),
-            context_after=e.decode(token_ids[t + 1 : min(end, t + 1 + CONTEXT_AFTER)].tolist()),
-            engine_logprob=float(engine_lp[t]),
-            trainer_logprob=float(trainer[t]),
-        ))  # fmt: skip
+        rows.append(
+            WorstToken(
+                engine=engine,
+                rank=rank,
+                prompt_id=prompt_names[prompt] if prompt < len(prompt_names) else prompt,
+                sample=None if sample_index is None else int(sample_index[s]),
+                position=t - start,
+                token_id=int(token_ids[t]),
+                token=e.token_label(int(token_ids[t])),
+                context=e.decode(before),
+                context_after=e.decode(token_ids[t + 1 : min(end, t + 1 + CONTEXT_AFTER)].tolist()),
+                engine_logprob=float(engine_lp[t]),
+                trainer_logprob=float(trainer[t]),
+            )
+        )
     return rows
 
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gate.checks.base import CheckResult, CheckSpec, Measurement
+from gate.checks.base import CheckResult, CheckSettings, CheckSpec, Measurement
+from gate.checks.context import Context
 from gate.contract import keys
 from gate.verdict import Status
 
@@ -67,7 +68,7 @@ def logit_grid(topk_logprobs: np.ndarray | None) -> LogitGrid:
     return LogitGrid(on_grid, len(gaps), verdict)
 
 
-def run(ctx, settings) -> CheckResult:
+def run(ctx: Context, settings: CheckSettings) -> CheckResult:
     opts = settings.options
     expect = opts["expect_lm_head"]
     found, measurements, grids = {}, [], {}
@@ -78,8 +79,12 @@ def run(ctx, settings) -> CheckResult:
         grid = logit_grid(e.arrays.get(f"{keys.GREEDY}_{keys.TOPK_LOGPROBS}"))
         emulated = classify(d_fp32, d_bf16, opts["decisive_ratio"])
         found[name] = emulated if emulated != "inconclusive" else grid.verdict
-        grids[name] = {"fraction_on_bf16_grid": grid.on_grid, "gaps": grid.gaps, "verdict": grid.verdict,
-                       "emulation": emulated}  # fmt: skip
+        grids[name] = {
+            "fraction_on_bf16_grid": grid.on_grid,
+            "gaps": grid.gaps,
+            "verdict": grid.verdict,
+            "emulation": emulated,
+        }
         measurements += [
             Measurement("mean_abs_diff_fp32_head", d_fp32, Status.PASS, engine=name),
             Measurement("mean_abs_diff_bf16_head", d_bf16, Status.PASS, engine=name),

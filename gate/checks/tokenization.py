@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from gate.checks.base import CheckResult, CheckSpec, Limit, Measurement, Threshold
+from gate.checks.base import CheckResult, CheckSettings, CheckSpec, Limit, Measurement, Threshold
+from gate.checks.context import Context
 from gate.contract import evidence as ev
 from gate.contract import keys
 from gate.contract.request import ENGINE_FILE
@@ -49,7 +50,7 @@ def differing_prompts(a: ev.Evidence, b: ev.Evidence) -> list[int]:
     ]
 
 
-def run(ctx, settings) -> CheckResult:
+def run(ctx: Context, settings: CheckSettings) -> CheckResult:
     measurements: list[Measurement] = []
     details: dict[str, dict] = {}
     parts: list[str] = []
@@ -71,22 +72,27 @@ def run(ctx, settings) -> CheckResult:
     rendered = {name: rec for name, e in ctx.engines() if (rec := prompt_ids_record(e))}
     for name, rec in rendered.items():
         measurements.append(_unlike_trainer_measurement(name, rec))
-        parts.append(f"{name}: {rec['unlike_trainer']['count']} of {rec['checked']} prompt(s) run on "
-                     "other ids than the trainer's")  # fmt: skip
+        parts.append(
+            f"{name}: {rec['unlike_trainer']['count']} of {rec['checked']} prompt(s) run on "
+            "other ids than the trainer's"
+        )
     if rendered:
         details["unlike_trainer"] = rendered
     trips = {name: trip for name, e in ctx.engines() if (trip := round_trip(e)) is not None}
     for name, trip in trips.items():
         measurements += _round_trip_measurements(name, trip, settings)
-        parts.append(f"{name}: text off its ids in {trip['text_mismatch']} of {trip['sequences']} "
-                     f"samples, {trip['retokenized']} re-tokenize to other ids")  # fmt: skip
+        parts.append(
+            f"{name}: text off its ids in {trip['text_mismatch']} of {trip['sequences']} "
+            f"samples, {trip['retokenized']} re-tokenize to other ids"
+        )
     if not measurements:
         return CheckResult(ID, TITLE, Status.SKIP, "no old engine or baseline to compare with")
     if trips:
         details["round_trip"] = trips
     status = worst(m.status for m in measurements)
-    return CheckResult(ID, TITLE, status, "; ".join(parts), _diagnosis(ctx, details, status),
-                       measurements, details)  # fmt: skip
+    return CheckResult(
+        ID, TITLE, status, "; ".join(parts), _diagnosis(ctx, details, status), measurements, details
+    )
 
 
 def round_trip(e: ev.Evidence) -> dict | None:
@@ -126,9 +132,15 @@ def prompt_ids_record(e: ev.Evidence) -> dict | None:
         and _count(found.get("count"))
         and isinstance(found.get("ids"), list)
         and all(isinstance(i, str) for i in found["ids"])
-        and (first is None or (isinstance(first, dict) and isinstance(first.get("id"), str)
-                               and all(_count(first.get(k)) for k in ("at", "trainer_tokens", "engine_tokens"))))
-    )  # fmt: skip
+        and (
+            first is None
+            or (
+                isinstance(first, dict)
+                and isinstance(first.get("id"), str)
+                and all(_count(first.get(k)) for k in ("at", "trainer_tokens", "engine_tokens"))
+            )
+        )
+    )
     if not ok:
         raise ev.EvidenceError(
             f"{e.path / ENGINE_FILE}: prompt_ids: expected source, checked and unlike_trainer "
@@ -146,9 +158,14 @@ def _unlike_trainer_measurement(name: str, rec: dict) -> Measurement:
     are how the stack runs today, not what the upgrade changed."""
     count = int(rec["unlike_trainer"]["count"])
     status = Status.PASS if count == 0 else Status.FAIL if name == "new" else Status.WARN
-    return Measurement("prompts_unlike_trainer", float(count), status, engine=name,
-                       note=f"prompts the engine ran on other token ids than the trainer holds for them "
-                       f"(engine's ids: {rec['source']})")  # fmt: skip
+    return Measurement(
+        "prompts_unlike_trainer",
+        float(count),
+        status,
+        engine=name,
+        note=f"prompts the engine ran on other token ids than the trainer holds for them "
+        f"(engine's ids: {rec['source']})",
+    )
 
 
 def _round_trip_measurements(name: str, trip: dict, settings) -> list[Measurement]:
@@ -160,13 +177,25 @@ def _round_trip_measurements(name: str, trip: dict, settings) -> list[Measuremen
         status = Status.WARN
     drift = trip["retokenized"] / n
     return [
-        Measurement("text_mismatch_fraction", share, status, warn, fail, engine=name,
-                    note="the engine's text against the tokenizer's decoding of the ids it sampled"),
-        Measurement("retokenization_drift", drift, Status.PASS, engine=name,
-                    note=f"{trip['retokenized']} of {trip['sequences']} sampled sequences encode back to other "
-                    "ids from their text: what a stack that passes rollouts on as text trains on instead "
-                    "(reported, not judged: a property of the tokenizer on sampled text)"),
-    ]  # fmt: skip
+        Measurement(
+            "text_mismatch_fraction",
+            share,
+            status,
+            warn,
+            fail,
+            engine=name,
+            note="the engine's text against the tokenizer's decoding of the ids it sampled",
+        ),
+        Measurement(
+            "retokenization_drift",
+            drift,
+            Status.PASS,
+            engine=name,
+            note=f"{trip['retokenized']} of {trip['sequences']} sampled sequences encode back to other "
+            "ids from their text: what a stack that passes rollouts on as text trains on instead "
+            "(reported, not judged: a property of the tokenizer on sampled text)",
+        ),
+    ]
 
 
 def _diagnosis(ctx, details: dict, status: Status) -> str:
@@ -194,8 +223,10 @@ def _diagnosis(ctx, details: dict, status: Status) -> str:
                 f"{trip['sequences']} sequences (e.g. {', '.join(trip['text_mismatch_at'])}): its detokenizer "
                 "loses or alters text. A stack that reads the text (rewards, stop strings, the next turn of a "
                 "multi-turn rollout) acts on other tokens than the ones it trains on (TRL #5238, prime-rl #1637); "
-                "keep token ids end to end, or pin the release whose detokenizer agrees." + _OLD_SIDE * (name != "new")
-            )  # fmt: skip
+                "keep token ids end to end, or pin the release whose detokenizer agrees."
+                + _OLD_SIDE
+                * (name != "new")
+            )
     return " ".join(out)
 
 

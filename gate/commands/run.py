@@ -45,10 +45,16 @@ def add_run(sub: Subparsers) -> None:
         choices=FAIL_ON,
         help="exit 1 on this verdict or worse (default: config)",
     )
-    run.add_argument("--no-reuse", action="store_true",
-                     help="replay the old engine even when its stored evidence matches (it is stored afresh)")  # fmt: skip
-    run.add_argument("--no-memory-check", action="store_true",
-                     help="run even when the memory plan says the run does not fit (it is still printed)")  # fmt: skip
+    run.add_argument(
+        "--no-reuse",
+        action="store_true",
+        help="replay the old engine even when its stored evidence matches (it is stored afresh)",
+    )
+    run.add_argument(
+        "--no-memory-check",
+        action="store_true",
+        help="run even when the memory plan says the run does not fit (it is still printed)",
+    )
     run.set_defaults(func=cmd_run)
 
 
@@ -145,8 +151,9 @@ def run_image_route(args: argparse.Namespace, out: Path) -> ImageRoute:
         evidence = cache_dir().resolve()
         writable.append(evidence)
         environment[EVIDENCE_DIR_ENV] = str(evidence)
-    return ImageRoute(tuple(command), tuple(writable), engine_runs=1 if args.only else 2,
-                      environment=environment)  # fmt: skip
+    return ImageRoute(
+        tuple(command), tuple(writable), engine_runs=1 if args.only else 2, environment=environment
+    )
 
 
 def cmd_key(args: argparse.Namespace) -> int:

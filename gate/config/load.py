@@ -20,7 +20,7 @@ import msgspec
 import yaml
 
 from gate import host
-from gate.checks import parse_settings
+from gate.config.checks_section import parse_settings
 from gate.config.credentials import check_no_credentials
 from gate.config.decode import Invalid, convert
 from gate.config.schema import gate_file
@@ -80,7 +80,7 @@ def parse_config(raw: Any, path: Path) -> GateConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: top level must be a mapping")
     _check_engine_names(raw.get("engines"), where)
-    # The checks section has its own wording (gate.checks.parse_settings); the rest decodes here.
+    # The checks section has its own wording (gate.config.checks_section.parse_settings); the rest decodes here.
     data = _with_shared_engine_settings({k: v for k, v in raw.items() if k != "checks"})
     try:
         # A generated Struct: its fields are GateConfig's, which mypy cannot see.
@@ -139,8 +139,12 @@ def _check_penalties_sent(engine: EngineConfig, sampling: dict[str, Any], where:
     if engine.mode != "server" or listed is None:
         return
     for name in SERVER_PENALTY_FIELDS:
-        require(name not in sampling or name in listed, f"{where}: engines.{engine.name}.server",
-                "request_fields", f"sampling.{name} is set, so the requests must send {name!r}")  # fmt: skip
+        require(
+            name not in sampling or name in listed,
+            f"{where}: engines.{engine.name}.server",
+            "request_fields",
+            f"sampling.{name} is set, so the requests must send {name!r}",
+        )
 
 
 def _ranks(engine_args: dict[str, Any], where: str) -> int:

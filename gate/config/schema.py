@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from gate.checks import settings_schema
+from gate.config.checks_section import settings_schema
 from gate.config.sections import INTERNAL, YAML_TYPE, EngineConfig, GateConfig, ServerConfig
 
 SCHEMA_FILE = Path(__file__).resolve().parents[2] / "docs" / "gate.schema.json"

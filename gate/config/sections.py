@@ -170,30 +170,50 @@ class ReferenceConfig:
             self.dtype in REFERENCE_DTYPES, where, "dtype", f"must be one of {REFERENCE_DTYPES}"
         )
         require(self.batch_tokens >= 256, where, "batch_tokens", "must be >= 256")
-        require(self.normalize in REFERENCE_NORMALIZE, where, "normalize",
-                f"must be one of {REFERENCE_NORMALIZE}")  # fmt: skip
+        require(
+            self.normalize in REFERENCE_NORMALIZE,
+            where,
+            "normalize",
+            f"must be one of {REFERENCE_NORMALIZE}",
+        )
         _validate_device_map(self.device_map, where)
         if self.max_memory is None:
             return self
         require(self.device_map is not None, where, "max_memory", "only used with device_map")
         max_memory = {str(k): v for k, v in self.max_memory.items()}
         for key, size in max_memory.items():
-            require(key.isdigit() or key in MAX_MEMORY_HOSTS, where, f"max_memory.{key}",
-                    f"a device is a GPU index or one of {MAX_MEMORY_HOSTS}")  # fmt: skip
-            require(_is_memory_size(size), where, f"max_memory.{key}",
-                    f"expected a size such as 20GiB or 512MB, or bytes, got {size!r}")  # fmt: skip
+            require(
+                key.isdigit() or key in MAX_MEMORY_HOSTS,
+                where,
+                f"max_memory.{key}",
+                f"a device is a GPU index or one of {MAX_MEMORY_HOSTS}",
+            )
+            require(
+                _is_memory_size(size),
+                where,
+                f"max_memory.{key}",
+                f"expected a size such as 20GiB or 512MB, or bytes, got {size!r}",
+            )
         return dataclasses.replace(self, max_memory=max_memory)
 
 
 def _validate_device_map(device_map: str | dict[str, int | str] | None, where: str) -> None:
     if isinstance(device_map, str):
-        require(device_map in DEVICE_MAP_STRATEGIES, where, "device_map",
-                f"must be one of {DEVICE_MAP_STRATEGIES} or a mapping of module -> device")  # fmt: skip
+        require(
+            device_map in DEVICE_MAP_STRATEGIES,
+            where,
+            "device_map",
+            f"must be one of {DEVICE_MAP_STRATEGIES} or a mapping of module -> device",
+        )
     elif device_map is not None:
         require(bool(device_map), where, "device_map", "an explicit map needs at least one module")
         for module, device in device_map.items():
-            require(_is_device(device), where, f"device_map.{module}",
-                    f"expected a GPU index, 'cpu' or 'cuda:N', got {device!r}")  # fmt: skip
+            require(
+                _is_device(device),
+                where,
+                f"device_map.{module}",
+                f"expected a GPU index, 'cpu' or 'cuda:N', got {device!r}",
+            )
 
 
 def _is_device(device: int | str) -> bool:
@@ -234,14 +254,26 @@ class InflightConfig:
 
     def validate(self, where: str) -> None:
         require(bool(self.updates), where, "updates", "needs at least one update")
-        require(self.perturbation is None or self.perturbation > 0, where, "perturbation",
-                "must be > 0 (or null: weight_sync.perturbation)")  # fmt: skip
+        require(
+            self.perturbation is None or self.perturbation > 0,
+            where,
+            "perturbation",
+            "must be > 0 (or null: weight_sync.perturbation)",
+        )
         for i, entry in enumerate(self.updates):
-            require(entry in INFLIGHT_BUILTIN_UPDATES or ":" in entry, where, f"updates[{i}]",
-                    f"{entry!r} is neither one of {INFLIGHT_BUILTIN_UPDATES} nor a hook 'module:function'")  # fmt: skip
+            require(
+                entry in INFLIGHT_BUILTIN_UPDATES or ":" in entry,
+                where,
+                f"updates[{i}]",
+                f"{entry!r} is neither one of {INFLIGHT_BUILTIN_UPDATES} nor a hook 'module:function'",
+            )
         require(self.requests >= 1, where, "requests", "must be >= 1")
-        require(1 <= self.switch_after < self.max_tokens, where, "switch_after",
-                f"must be >= 1 and below max_tokens ({self.max_tokens})")  # fmt: skip
+        require(
+            1 <= self.switch_after < self.max_tokens,
+            where,
+            "switch_after",
+            f"must be >= 1 and below max_tokens ({self.max_tokens})",
+        )
         require(self.timeout_s > 0, where, "timeout_s", "must be > 0")
 
 
@@ -302,15 +334,28 @@ class GrpoConfig:
 
     def validate(self, where: str) -> None:
         if isinstance(self.trainable, str):
-            require(self.trainable in GRPO_TRAINABLE, where, "trainable",
-                    f"must be one of {GRPO_TRAINABLE} or {{last_layers: N}}")  # fmt: skip
+            require(
+                self.trainable in GRPO_TRAINABLE,
+                where,
+                "trainable",
+                f"must be one of {GRPO_TRAINABLE} or {{last_layers: N}}",
+            )
         else:
-            require(set(self.trainable) == {"last_layers"}, where, "trainable",
-                    f"a mapping takes one key, last_layers (got {sorted(self.trainable)})")  # fmt: skip
-            require(self.trainable["last_layers"] >= 1, where, "trainable.last_layers",
-                    "must be >= 1")  # fmt: skip
-        require(self.optimizer in GRPO_OPTIMIZERS, where, "optimizer",
-                f"must be one of {GRPO_OPTIMIZERS}")  # fmt: skip
+            require(
+                set(self.trainable) == {"last_layers"},
+                where,
+                "trainable",
+                f"a mapping takes one key, last_layers (got {sorted(self.trainable)})",
+            )
+            require(
+                self.trainable["last_layers"] >= 1, where, "trainable.last_layers", "must be >= 1"
+            )
+        require(
+            self.optimizer in GRPO_OPTIMIZERS,
+            where,
+            "optimizer",
+            f"must be one of {GRPO_OPTIMIZERS}",
+        )
         require(
             self.loss in GRPO_LOSS_CLIP, where, "loss", f"must be one of {tuple(GRPO_LOSS_CLIP)}"
         )
@@ -318,8 +363,12 @@ class GrpoConfig:
             eps = getattr(self, name)
             require(eps is None or 0 < eps < 1, where, name, f"must be in (0, 1) (got {eps})")
         low, high = GRPO_LOSS_CLIP[self.loss]
-        require(self.clip_eps is None or self.clip_eps_high is not None or low == high, where, "clip_eps_high",
-                f"set it beside clip_eps: {self.loss}'s band is asymmetric ({low:g} / {high:g})")  # fmt: skip
+        require(
+            self.clip_eps is None or self.clip_eps_high is not None or low == high,
+            where,
+            "clip_eps_high",
+            f"set it beside clip_eps: {self.loss}'s band is asymmetric ({low:g} / {high:g})",
+        )
 
     def clip_band(self) -> tuple[float, float]:
         """(eps_low, eps_high): what is set, else the loss's own band; a symmetric loss's upper edge
@@ -370,8 +419,12 @@ class ServerConfig:
         require(self.request_timeout_s > 0, where, "request_timeout_s", "must be > 0")
         require(self.max_in_flight >= 1, where, "max_in_flight", "must be >= 1")
         for flag in self.args:
-            require(not flag.startswith(("--host", "--port")), where, "args",
-                    f"{flag!r}: the worker chooses the loopback host and a free port itself")  # fmt: skip
+            require(
+                not flag.startswith(("--host", "--port")),
+                where,
+                "args",
+                f"{flag!r}: the worker chooses the loopback host and a free port itself",
+            )
 
 
 @dataclass(frozen=True)
@@ -458,11 +511,19 @@ class DockerConfig:
             "shm_size",
             f"expected a size such as 8g or 512m, got {self.shm_size!r}",
         )
-        require(self.pids_limit is None or self.pids_limit >= 64, where, "pids_limit",
-                 "must be >= 64 (vLLM needs hundreds of threads) or null for no limit")  # fmt: skip
+        require(
+            self.pids_limit is None or self.pids_limit >= 64,
+            where,
+            "pids_limit",
+            "must be >= 64 (vLLM needs hundreds of threads) or null for no limit",
+        )
         if "@" in self.base_image:
-            require(bool(_DIGEST_REF.match(self.base_image)), where, "base_image",
-                     f"a pinned reference is name[:tag]@sha256:<64 hex digits>, got {self.base_image!r}")  # fmt: skip
+            require(
+                bool(_DIGEST_REF.match(self.base_image)),
+                where,
+                "base_image",
+                f"a pinned reference is name[:tag]@sha256:<64 hex digits>, got {self.base_image!r}",
+            )
         return dataclasses.replace(self, gpus=gpus)
 
 

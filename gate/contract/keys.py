@@ -212,8 +212,10 @@ GRPO_REWARD = grpo_key("reward")
 
 
 def _declare() -> dict[str, Key]:
-    keys = [Key(PROMPT_OFFSETS, PROMPTS, Axis.OFFSETS),
-            Key(PROMPT_TOKEN_IDS, PROMPTS, Axis.PROMPT_TOKEN)]  # fmt: skip
+    keys = [
+        Key(PROMPT_OFFSETS, PROMPTS, Axis.OFFSETS),
+        Key(PROMPT_TOKEN_IDS, PROMPTS, Axis.PROMPT_TOKEN),
+    ]
     for passname in (SAMPLE, GREEDY):
         keys += [Key(pass_key(passname, s), passname, a) for s, a in _COMPLETION_SUFFIXES.items()]
     keys += [Key(pass_key(TF, s), TF, a) for s, a in _TF_SUFFIXES.items()]

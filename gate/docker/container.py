@@ -152,9 +152,15 @@ def ipc_for(docker_cfg: DockerConfig, engines: Sequence[EngineConfig] | None) ->
     return "private", ""
 
 
-def plan_for(docker_cfg: DockerConfig, image: str, command: list[str], mounts: list[Mount],
-             environment: dict[str, str], purpose: str,
-             engines: Sequence[EngineConfig] | None = None) -> ContainerPlan:  # fmt: skip
+def plan_for(
+    docker_cfg: DockerConfig,
+    image: str,
+    command: list[str],
+    mounts: list[Mount],
+    environment: dict[str, str],
+    purpose: str,
+    engines: Sequence[EngineConfig] | None = None,
+) -> ContainerPlan:
     """A plan with gate's standard settings: the host user, the shared caches, GPU and IPC settings,
     the pids limit; ``engines`` are those that will run in the container (they decide the IPC mode)."""
     hf_host, vllm_host, inductor_host = cache_dirs(docker_cfg)
@@ -176,10 +182,20 @@ def plan_for(docker_cfg: DockerConfig, image: str, command: list[str], mounts: l
     ]
     ipc, ipc_reason = ipc_for(docker_cfg, engines)
     return ContainerPlan(
-        image=image, command=command, mounts=volumes, environment=env, gpus=docker_cfg.gpus, ipc=ipc,
-        shm_size=docker_cfg.shm_size, memory=docker_cfg.memory, user=f"{os.getuid()}:{os.getgid()}", purpose=purpose,
-        pids_limit=docker_cfg.pids_limit, ipc_reason=ipc_reason, cpuset=allowed_cpuset(),
-    )  # fmt: skip
+        image=image,
+        command=command,
+        mounts=volumes,
+        environment=env,
+        gpus=docker_cfg.gpus,
+        ipc=ipc,
+        shm_size=docker_cfg.shm_size,
+        memory=docker_cfg.memory,
+        user=f"{os.getuid()}:{os.getgid()}",
+        purpose=purpose,
+        pids_limit=docker_cfg.pids_limit,
+        ipc_reason=ipc_reason,
+        cpuset=allowed_cpuset(),
+    )
 
 
 def cache_dirs(docker_cfg: DockerConfig) -> tuple[Path, Path, Path]:

@@ -58,8 +58,15 @@ class ImageRecipe:
             check_no_credentials(engine.spec, cfg.source, f"engines.{engine.name}.spec")
             for i, arg in enumerate(engine.pip_args):
                 check_no_credentials(arg, cfg.source, f"engines.{engine.name}.pip_args[{i}]")
-        return cls(cfg.docker.base_image, old.spec, new.spec, old.pip_args, new.pip_args, cfg.docker.system_packages,
-                   base_image_id)  # fmt: skip
+        return cls(
+            cfg.docker.base_image,
+            old.spec,
+            new.spec,
+            old.pip_args,
+            new.pip_args,
+            cfg.docker.system_packages,
+            base_image_id,
+        )
 
     def build_args(self) -> dict[str, str]:
         return {
@@ -167,9 +174,15 @@ def build_image(
         _write_context(root, Path(context))
         try:
             stream = client.api.build(
-                path=context, tag=tag, buildargs=recipe.build_args(), network_mode=network,
-                rm=True, forcerm=True, pull=False, decode=True,
-            )  # fmt: skip
+                path=context,
+                tag=tag,
+                buildargs=recipe.build_args(),
+                network_mode=network,
+                rm=True,
+                forcerm=True,
+                pull=False,
+                decode=True,
+            )
             for chunk in stream:
                 if "error" in chunk or "errorDetail" in chunk:
                     message = chunk.get("error") or chunk["errorDetail"].get(
@@ -207,8 +220,12 @@ def check_labels(image: Any, recipe: ImageRecipe, source: str) -> None:
     for key, expected in recipe.expected_labels().items():
         found = labels.get(key)
         if found != expected:
-            field = {LABEL_OLD: "engines.old.spec", LABEL_NEW: "engines.new.spec",
-                     LABEL_PIP_OLD: "engines.old.pip_args", LABEL_PIP_NEW: "engines.new.pip_args"}[key]  # fmt: skip
+            field = {
+                LABEL_OLD: "engines.old.spec",
+                LABEL_NEW: "engines.new.spec",
+                LABEL_PIP_OLD: "engines.old.pip_args",
+                LABEL_PIP_NEW: "engines.new.pip_args",
+            }[key]
             raise ConfigError(
                 f"{source}: docker.image: image {image.tags[0] if image.tags else image.short_id} was built with "
                 f"{key.rsplit('.', 1)[-1]}={found!r} but {field} is {expected!r}; rebuild it or drop docker.image"

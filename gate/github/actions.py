@@ -110,8 +110,10 @@ def write_step_summary(
             break
         budget = int(budget * room / len(data) * 0.9)
     if not data or len(data) > room:
-        note = (f"**gate {report.gate_id or ''}: {report.verdict}** — the summary does not fit "
-                "GitHub's 1 MiB limit; see the report artifact.\n").encode()  # fmt: skip
+        note = (
+            f"**gate {report.gate_id or ''}: {report.verdict}** — the summary does not fit "
+            "GitHub's 1 MiB limit; see the report artifact.\n"
+        ).encode()
         data = note if len(note) <= room else b""
     with open(path, "ab") as f:
         if existing:

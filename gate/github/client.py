@@ -140,8 +140,12 @@ class GitHubClient:
                 reason = self.redact(f"{type(exc).__name__}: {exc}") or type(exc).__name__
                 if not retry_5xx or attempt >= self.max_retries:
                     cls = TransientServerError if not retry_5xx else GitHubError
-                    raise cls(f"GitHub API: {method} {shown}: no answer from {self._origin} ({reason})",
-                              None, method, shown) from None  # fmt: skip
+                    raise cls(
+                        f"GitHub API: {method} {shown}: no answer from {self._origin} ({reason})",
+                        None,
+                        method,
+                        shown,
+                    ) from None
                 self._sleep(self.backoff_delay(attempt))
                 attempt += 1
                 continue
@@ -151,8 +155,11 @@ class GitHubClient:
             wait = self._rate_limit_wait(response)
             if wait is not None:
                 if wait > self.max_wait or attempt >= self.max_retries:
-                    why = (f"retry in {wait:.0f}s (more than the {self.max_wait:.0f}s this client waits)"
-                           if wait > self.max_wait else f"gave up after {attempt + 1} attempt(s)")  # fmt: skip
+                    why = (
+                        f"retry in {wait:.0f}s (more than the {self.max_wait:.0f}s this client waits)"
+                        if wait > self.max_wait
+                        else f"gave up after {attempt + 1} attempt(s)"
+                    )
                     raise GitHubError(
                         f"GitHub API: {method} {shown}: {status} rate limited; {why}",
                         status,
@@ -197,8 +204,14 @@ class GitHubClient:
                 if isinstance(errors, list) and errors and isinstance(errors[0], dict)
                 else None
             )
-            raise GitHubError(self.redact(f"GitHub API: POST /graphql: {first or 'no data in the answer'}").replace("\n", " "),
-                              None, "POST", "/graphql")  # fmt: skip
+            raise GitHubError(
+                self.redact(
+                    f"GitHub API: POST /graphql: {first or 'no data in the answer'}"
+                ).replace("\n", " "),
+                None,
+                "POST",
+                "/graphql",
+            )
         return answer["data"]
 
     @property
@@ -294,8 +307,10 @@ class GitHubClient:
         message = _github_message(response)
         head = f"GitHub API: {method} {shown}: {status}" + (f" {message}" if message else "")
         if status == 401:
-            hint = ("the token is missing, wrong or expired; pass a valid token (`github-token` input, "
-                    "or GITHUB_TOKEN in the environment)")  # fmt: skip
+            hint = (
+                "the token is missing, wrong or expired; pass a valid token (`github-token` input, "
+                "or GITHUB_TOKEN in the environment)"
+            )
         elif status == 403:
             hint = (
                 "the token may not write to this repository's pull requests. On a pull request from a fork "
@@ -305,8 +320,10 @@ class GitHubClient:
                 "`permissions: pull-requests: write`"
             )
         elif status == 404:
-            hint = ("not found: check GITHUB_REPOSITORY, the PR number and GITHUB_API_URL; a token that cannot "
-                    "see a private repository also gets 404")  # fmt: skip
+            hint = (
+                "not found: check GITHUB_REPOSITORY, the PR number and GITHUB_API_URL; a token that cannot "
+                "see a private repository also gets 404"
+            )
         elif status == 422:
             body = json_body.get("body") if isinstance(json_body, dict) else None
             if isinstance(body, str) and len(body) > COMMENT_BODY_LIMIT:

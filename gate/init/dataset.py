@@ -28,8 +28,10 @@ def convert(source: Path, out: Path, limit: int, prompt_key: str | None = None) 
     elif source.suffix in (".jsonl", ".json"):
         raws, total = _jsonl_records(source, limit)
     else:
-        raise ConfigError(f"{source}: gate init reads JSONL or Parquet datasets (got "
-                          f"{source.suffix or 'no suffix'}); export the prompts to either and pass it with --dataset")  # fmt: skip
+        raise ConfigError(
+            f"{source}: gate init reads JSONL or Parquet datasets (got "
+            f"{source.suffix or 'no suffix'}); export the prompts to either and pass it with --dataset"
+        )
     ids = set[str]()
     records = [
         _record(raw, where, i, prompt_key, ids, source.stem) for i, (where, raw) in enumerate(raws)
@@ -61,8 +63,10 @@ def _parquet_records(source: Path, limit: int) -> tuple[list[tuple[str, dict]], 
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise ConfigError(f"{source}: reading a Parquet dataset needs pyarrow: "
-                          "python -m pip install 'vllm-upgrade-gate[parquet]'") from None  # fmt: skip
+        raise ConfigError(
+            f"{source}: reading a Parquet dataset needs pyarrow: "
+            "python -m pip install 'vllm-upgrade-gate[parquet]'"
+        ) from None
     try:
         handle = pq.ParquetFile(source)
         total = handle.metadata.num_rows

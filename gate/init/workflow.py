@@ -38,9 +38,12 @@ def render(values: WorkflowValues) -> str:
     # JSON strings are YAML double-quoted scalars: a path or spec cannot break out of its field.
     watched = "\n".join(f"      - {json.dumps(p)}" for p in dict.fromkeys(values.watched))
     text = TEMPLATE.read_text(encoding="utf-8")
-    for blank, value in (("@@WATCHED@@", watched), ("@@CONFIG@@", _scalar(values.config)),
-                         ("@@OLD_SPEC@@", _scalar(values.old_spec)),
-                         ("@@NEW_SPEC@@", _scalar(values.new_spec))):  # fmt: skip
+    for blank, value in (
+        ("@@WATCHED@@", watched),
+        ("@@CONFIG@@", _scalar(values.config)),
+        ("@@OLD_SPEC@@", _scalar(values.old_spec)),
+        ("@@NEW_SPEC@@", _scalar(values.new_spec)),
+    ):
         text = text.replace(blank, value)
     return text
 

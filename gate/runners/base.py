@@ -79,8 +79,13 @@ class OutputLog:
     """Where a worker's (or an install's) output lines go: the log file, a tail for error messages,
     and the ``[gate-worker]`` progress lines echoed to the user. Shared by every runner."""
 
-    def __init__(self, log_file, engine: str, log: Callable[[str], None],
-                 line_hook: Callable[[str], None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        log_file,
+        engine: str,
+        log: Callable[[str], None],
+        line_hook: Callable[[str], None] | None = None,
+    ) -> None:
         self.file = log_file
         self.engine = engine
         self.log = log
@@ -129,9 +134,15 @@ def run_logged(
         log_file.flush()
         output = OutputLog(log_file, engine, log, line_hook)
         proc = subprocess.Popen(
-            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            text=True, errors="replace", start_new_session=True,
-        )  # fmt: skip
+            cmd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
 
         def pump() -> None:
             assert proc.stdout is not None

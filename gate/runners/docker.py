@@ -49,8 +49,13 @@ class DockerRunner(Runner):
 
     def environment(self, engine: EngineConfig) -> dict:
         # The image id is a digest of its content: a re-tagged or rebuilt image is another environment.
-        return {"kind": "docker", "image": engine.image, "image_id": self._client.images.get(engine.image).id,
-                "python": engine.python, "gpus": self.docker_cfg.gpus}  # fmt: skip
+        return {
+            "kind": "docker",
+            "image": engine.image,
+            "image_id": self._client.images.get(engine.image).id,
+            "python": engine.python,
+            "gpus": self.docker_cfg.gpus,
+        }
 
     def worker_env(self, engine: EngineConfig) -> dict[str, str]:
         paths = [
@@ -74,8 +79,15 @@ class DockerRunner(Runner):
         requests = [WorkerRequest.read(p) for p in request_paths]
         env = {**engine.env, **self.worker_env(engine)}
         command = [self.python(engine), "-m", "gate.worker", *map(str, request_paths)]
-        plan = plan_for(self.docker_cfg, engine.image or "", command, worker_mounts(engine, requests, request_paths),
-                        env, purpose=f"worker-{engine.name}", engines=[engine])  # fmt: skip
+        plan = plan_for(
+            self.docker_cfg,
+            engine.image or "",
+            command,
+            worker_mounts(engine, requests, request_paths),
+            env,
+            purpose=f"worker-{engine.name}",
+            engines=[engine],
+        )
         log_path.parent.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
         with open(log_path, "a", encoding="utf-8") as log_file:

@@ -57,8 +57,9 @@ class VenvRunner(Runner):
         return str(venv_path(engine.spec, engine.pip_args) / "bin" / "python")
 
     def prepare(self, engine: EngineConfig, log) -> None:
-        self._gate_src[engine.name] = ensure_venv(engine.name, engine.spec, engine.pip_args, log, engine.installer,
-                                                  self.cancelled)[1]  # fmt: skip
+        self._gate_src[engine.name] = ensure_venv(
+            engine.name, engine.spec, engine.pip_args, log, engine.installer, self.cancelled
+        )[1]
 
     def environment(self, engine: EngineConfig) -> dict:
         path = venv_path(engine.spec, engine.pip_args)

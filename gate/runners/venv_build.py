@@ -131,12 +131,31 @@ def build(
                 "uv venv",
                 None,
             )
-            run([uv, "pip", "install", "--python", py, *settings, spec, *translate_pip_args(pip_args)], env, log_path,
-                f"uv pip install {spec}", UV_MILESTONES)  # fmt: skip
+            run(
+                [
+                    uv,
+                    "pip",
+                    "install",
+                    "--python",
+                    py,
+                    *settings,
+                    spec,
+                    *translate_pip_args(pip_args),
+                ],
+                env,
+                log_path,
+                f"uv pip install {spec}",
+                UV_MILESTONES,
+            )
         else:
             run([sys.executable, "-m", "venv", str(path)], env, log_path, "venv creation", None)
-            run([py, "-m", "pip", "install", "--progress-bar", "off", spec, *pip_args], env, log_path,
-                f"pip install {spec}", PIP_MILESTONES)  # fmt: skip
+            run(
+                [py, "-m", "pip", "install", "--progress-bar", "off", spec, *pip_args],
+                env,
+                log_path,
+                f"pip install {spec}",
+                PIP_MILESTONES,
+            )
         removed = _apply_fixups(py, uv, env, log_path, name, run, log)
         compiled = time.perf_counter()
         log(f"[{name}] compiling bytecode (once: every engine process imports it)")
@@ -150,8 +169,12 @@ def build(
     except BaseException:
         shutil.rmtree(path, ignore_errors=True)
         raise
-    site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    site = subprocess.run(
+        [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     stamp = {
         "spec": spec,
         "pip_args": list(pip_args),
@@ -387,8 +410,12 @@ def compile_bytecode(venv: Path, log: Log, share_from: Sequence[Path] = ()) -> N
         if linked:
             log(f"{linked} .pyc files shared with {other.name}")
     # compileall exits 1 on a source it cannot compile (test data in some wheels): not an error here.
-    subprocess.run([str(venv / "bin" / "python"), "-m", "compileall", "-q", "-j0", str(venv / "lib")],
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)  # fmt: skip
+    subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "compileall", "-q", "-j0", str(venv / "lib")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=False,
+    )
     (venv / BYTECODE_MARK).touch()
 
 
@@ -490,8 +517,15 @@ def main(argv: list[str] | None = None) -> int:
     if not is_built(path):
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            build(args.name, args.spec, args.pip_args, path, run_plain, lambda m: print(m, file=sys.stderr, flush=True),
-                  args.installer)  # fmt: skip
+            build(
+                args.name,
+                args.spec,
+                args.pip_args,
+                path,
+                run_plain,
+                lambda m: print(m, file=sys.stderr, flush=True),
+                args.installer,
+            )
         except VenvBuildError as exc:
             print(f"error: {exc}\n{exc.log_tail}", file=sys.stderr)
             return 3

@@ -105,8 +105,9 @@ def supported_engine_args() -> set[str]:
     return {f.name for f in dataclasses.fields(EngineArgs)}
 
 
-def split_engine_args(requested: dict[str, Any], optional: Sequence[str],
-                      known: set[str] | None = None) -> tuple[dict[str, Any], list[str]]:  # fmt: skip
+def split_engine_args(
+    requested: dict[str, Any], optional: Sequence[str], known: set[str] | None = None
+) -> tuple[dict[str, Any], list[str]]:
     """Drop optional arguments this release does not know (``known``: EngineArgs' fields, read from
     vLLM when not given); unknown required ones raise ValueError."""
     known = supported_engine_args() if known is None else known

@@ -129,18 +129,33 @@ def run_grpo(
         opt = make_optimizer(trained, request.optimizer, request.lr)
         if s_idx == 0:
             objective = policy_loss_of(request)
-            progress(f"grpo trains {trained.trainable_parameters:,} of {trained.total_parameters:,} "
-                     f"parameters ({request.trainable}) with {request.optimizer} on the {objective.name} loss, "
-                     f"clip band [1 - {objective.eps_low:g}, 1 + {objective.eps_high:g}]"
-                     + (" (lm_head is tied: the input embeddings train with it)" if trained.tied_lm_head else ""))  # fmt: skip
+            progress(
+                f"grpo trains {trained.trainable_parameters:,} of {trained.total_parameters:,} "
+                f"parameters ({request.trainable}) with {request.optimizer} on the {objective.name} loss, "
+                f"clip band [1 - {objective.eps_low:g}, 1 + {objective.eps_high:g}]"
+                + (
+                    " (lm_head is tied: the input embeddings train with it)"
+                    if trained.tied_lm_head
+                    else ""
+                )
+            )
         rng = np.random.default_rng(seed)
         for step in range(request.steps):
             start = time.perf_counter()
             batch = rng.choice(
                 usable, size=min(request.prompts_per_step, len(usable)), replace=False
             )
-            metrics = _step(rollout, model, trained, opt, [prompt_ids[i] for i in batch],
-                            [answers[i] for i in batch], request, seed * 100_003 + step, device)  # fmt: skip
+            metrics = _step(
+                rollout,
+                model,
+                trained,
+                opt,
+                [prompt_ids[i] for i in batch],
+                [answers[i] for i in batch],
+                request,
+                seed * 100_003 + step,
+                device,
+            )
             pushed = time.perf_counter()
             push(llm, {k: v.detach() for k, v in model.state_dict().items()})
             metrics["push_s"] = time.perf_counter() - pushed

@@ -17,7 +17,8 @@ def hf_load_kwargs(engine_args: dict[str, Any], for_tokenizer: bool = False) -> 
     if engine_args.get("trust_remote_code"):
         kwargs["trust_remote_code"] = True
     revision = engine_args.get("tokenizer_revision" if for_tokenizer else "revision") or (
-        engine_args.get("revision") if for_tokenizer else None)  # fmt: skip
+        engine_args.get("revision") if for_tokenizer else None
+    )
     if revision:
         kwargs["revision"] = revision
     if engine_args.get("code_revision") and not for_tokenizer:

@@ -161,8 +161,12 @@ class UpdateThread:
     ) -> None:
         self.error: str | None = None
         self.seconds = 0.0
-        self._thread = threading.Thread(target=self._run, args=(update, handle, new_sd),
-                                        name=f"gate-inflight-{name}", daemon=True)  # fmt: skip
+        self._thread = threading.Thread(
+            target=self._run,
+            args=(update, handle, new_sd),
+            name=f"gate-inflight-{name}",
+            daemon=True,
+        )
         self._thread.start()
 
     def _run(self, update: UpdateFn, handle: Any, new_sd: dict[str, torch.Tensor]) -> None:
@@ -189,8 +193,14 @@ class InflightDriver(Protocol):
 
     def push_idle(self, state_dict: dict[str, torch.Tensor]) -> None: ...
 
-    def run_update(self, name: str, update: UpdateFn, prompts: list[list[int]],
-                   request: InflightRequest, new_sd: dict[str, torch.Tensor]) -> UpdateRun: ...  # fmt: skip
+    def run_update(
+        self,
+        name: str,
+        update: UpdateFn,
+        prompts: list[list[int]],
+        request: InflightRequest,
+        new_sd: dict[str, torch.Tensor],
+    ) -> UpdateRun: ...
 
 
 # -- the built-in updates: each mirrors stacks' paths (docs/checks.md keeps the table) ---------------
@@ -306,10 +316,16 @@ class Scores:
 
 
 @torch.inference_mode()
-def attribution_scores(model, old_sd: dict[str, torch.Tensor], new_sd: dict[str, torch.Tensor],
-                       seqs: list[tuple[list[int], list[int]]], lower: Sequence[int],
-                       device: str, upper: Sequence[int] | None = None,
-                       engine: Sequence[Sequence[float]] | None = None) -> Scores:  # fmt: skip
+def attribution_scores(
+    model,
+    old_sd: dict[str, torch.Tensor],
+    new_sd: dict[str, torch.Tensor],
+    seqs: list[tuple[list[int], list[int]]],
+    lower: Sequence[int],
+    device: str,
+    upper: Sequence[int] | None = None,
+    engine: Sequence[Sequence[float]] | None = None,
+) -> Scores:
     """OLD, REC and STALE raw logprobs of each request's generated tokens.
 
     ``seqs``: (prompt, generated) per request; the weights changed once request ``i`` had between
@@ -330,8 +346,12 @@ def attribution_scores(model, old_sd: dict[str, torch.Tensor], new_sd: dict[str,
         old.append(_picked(model(ids).logits[0], ids[0], len(prompt)))
         # The KV the engine held at each candidate switch: a forward of its own over exactly those
         # positions (Cache.crop's meaning differs between transformers releases).
-        caches.append({c: model(ids[:, : len(prompt) + c - 1], use_cache=True).past_key_values
-                       for c in _candidates(lo, hi, len(gen))})  # fmt: skip
+        caches.append(
+            {
+                c: model(ids[:, : len(prompt) + c - 1], use_cache=True).past_key_values
+                for c in _candidates(lo, hi, len(gen))
+            }
+        )
     model.load_state_dict(new_sd)
     rec, stale, chosen = [], [], []
     for i, ((prompt, gen), by_switch) in enumerate(zip(seqs, caches, strict=True)):
@@ -392,8 +412,9 @@ FINISH_CODES = {"stop": 0, "length": 1, "abort": 2}
 FINISH_OTHER = 3
 
 
-def inflight_prompts(prompt_ids: list[list[int]], count: int, max_tokens: int,
-                     max_model_len: int) -> list[list[int]]:  # fmt: skip
+def inflight_prompts(
+    prompt_ids: list[list[int]], count: int, max_tokens: int, max_model_len: int
+) -> list[list[int]]:
     """The first ``count`` distinct prompts that leave room for ``max_tokens`` generated tokens."""
     fits = [p for p in prompt_ids if len(p) > 0 and len(p) + max_tokens <= max_model_len]
     chosen = [list(p) for p in dict.fromkeys(map(tuple, fits))][:count]
@@ -405,9 +426,16 @@ def inflight_prompts(prompt_ids: list[list[int]], count: int, max_tokens: int,
     return chosen
 
 
-def run_probe(driver: InflightDriver, model_path: str, prompt_ids: list[list[int]],
-              request: InflightRequest, perturbation: float, seed: int, progress,
-              hf_kwargs: dict | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:  # fmt: skip
+def run_probe(
+    driver: InflightDriver,
+    model_path: str,
+    prompt_ids: list[list[int]],
+    request: InflightRequest,
+    perturbation: float,
+    seed: int,
+    progress,
+    hf_kwargs: dict | None = None,
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Every update of ``request.updates`` in turn, each from the old weights; (arrays, meta).
 
     The weights are the idle probe's: old = the checkpoint as the trainer loads it, new = it
@@ -431,8 +459,10 @@ def run_probe(driver: InflightDriver, model_path: str, prompt_ids: list[list[int
     ]  # a bad hook fails first
     runs = []
     for entry, update in updates:
-        progress(f"in-flight update {shown(entry)}: {len(prompts)} requests x {request.max_tokens} "
-                 f"tokens, the update once each has {request.switch_after}")  # fmt: skip
+        progress(
+            f"in-flight update {shown(entry)}: {len(prompts)} requests x {request.max_tokens} "
+            f"tokens, the update once each has {request.switch_after}"
+        )
         runs.append(run_landing(driver, entry, update, prompts, request, old_sd, new_sd, progress))
     driver.push_idle(new_sd)  # the engine ends on the new weights, as after the idle probe
     arrays, meta = evidence(trainer, old_sd, new_sd, runs, request, device)
@@ -472,9 +502,16 @@ def earlier_switch(run: UpdateRun, switch_after: int) -> int:
     return max(1, switch_after - max(lag, 1))
 
 
-def run_landing(driver: InflightDriver, name: str, update: UpdateFn, prompts: list[list[int]],
-                request: InflightRequest, old_sd: dict[str, torch.Tensor], new_sd: dict[str, torch.Tensor],
-                progress) -> UpdateRun:  # fmt: skip
+def run_landing(
+    driver: InflightDriver,
+    name: str,
+    update: UpdateFn,
+    prompts: list[list[int]],
+    request: InflightRequest,
+    old_sd: dict[str, torch.Tensor],
+    new_sd: dict[str, torch.Tensor],
+    progress,
+) -> UpdateRun:
     """One update from the old weights (pushed idle first), run again while it
     :func:`landed_late`, starting earlier each time, up to :data:`LATE_ATTEMPTS` runs; the run's
     ``attempts`` counts them and ``switch_after`` is where its update started."""
@@ -488,24 +525,37 @@ def run_landing(driver: InflightDriver, name: str, update: UpdateFn, prompts: li
         attempt += 1
         landed = min(run.records[0].tokens, default=request.max_tokens)
         request = replace(request, switch_after=earlier_switch(run, request.switch_after))
-        progress(f"in-flight update {shown(name)}: its first call came at token {landed} of "
-                 f"{request.max_tokens}, too late to attribute; running it again from the old weights, "
-                 f"the update once each request has {request.switch_after} ({attempt} of {LATE_ATTEMPTS})")  # fmt: skip
+        progress(
+            f"in-flight update {shown(name)}: its first call came at token {landed} of "
+            f"{request.max_tokens}, too late to attribute; running it again from the old weights, "
+            f"the update once each request has {request.switch_after} ({attempt} of {LATE_ATTEMPTS})"
+        )
 
 
-def evidence(trainer, old_sd, new_sd, runs: list[UpdateRun], request: InflightRequest,
-             device: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:  # fmt: skip
+def evidence(
+    trainer, old_sd, new_sd, runs: list[UpdateRun], request: InflightRequest, device: str
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """The ``wsi_*`` arrays and engine.json's ``weight_sync_inflight`` facts of the updates' runs."""
-    per_token: dict[str, list[np.ndarray]] = {k: [] for k in ("token_ids", "engine_logprob",
-                                                              "old_logprob", "rec_logprob", "stale_logprob")}  # fmt: skip
+    per_token: dict[str, list[np.ndarray]] = {
+        k: []
+        for k in ("token_ids", "engine_logprob", "old_logprob", "rec_logprob", "stale_logprob")
+    }
     per_sequence: dict[str, list[Any]] = {k: [] for k in _PER_SEQUENCE}
     exact = []
     for u, run in enumerate(runs):
         points = switch_points(run)
         exact.append(bool(np.array_equal(points.lower, points.upper)))
         seqs = [(s.prompt, s.token_ids) for s in run.streams]
-        scores = attribution_scores(trainer, old_sd, new_sd, seqs, points.lower, device,
-                                    points.upper, [s.logprobs for s in run.streams])  # fmt: skip
+        scores = attribution_scores(
+            trainer,
+            old_sd,
+            new_sd,
+            seqs,
+            points.lower,
+            device,
+            points.upper,
+            [s.logprobs for s in run.streams],
+        )
         per_token["old_logprob"].append(scores.old)
         per_token["rec_logprob"].append(scores.rec)
         per_token["stale_logprob"].append(scores.stale)

@@ -102,8 +102,11 @@ class EngineLoop:
                 done.set_result(fn())
             except BaseException as exc:  # the hook's thread gets it
                 done.set_exception(exc)
-            self.records.append(CallRecord(name, self.tokens(), time.perf_counter() - self._started,
-                                           steps=self.steps))  # fmt: skip
+            self.records.append(
+                CallRecord(
+                    name, self.tokens(), time.perf_counter() - self._started, steps=self.steps
+                )
+            )
 
     def step(self) -> bool:
         """One engine step when there is something to run; False when paused or idle."""
@@ -163,8 +166,10 @@ class InflightEngine:
         their KV; ``abort`` ends them (the caller sees finish reason ``abort``)."""
         if mode == "abort":
             self._run("abort", self._loop_abort)
-        self._run(f"pause({mode}, clear_cache={clear_cache})",
-                  lambda: self._loop.core.pause_scheduler(mode=mode, clear_cache=clear_cache))  # fmt: skip
+        self._run(
+            f"pause({mode}, clear_cache={clear_cache})",
+            lambda: self._loop.core.pause_scheduler(mode=mode, clear_cache=clear_cache),
+        )
 
     def resume(self) -> None:
         self._run("resume", self._loop.core.resume_scheduler)
@@ -172,11 +177,17 @@ class InflightEngine:
     def is_paused(self) -> bool:
         return bool(self._run("is_paused", self._loop.core.is_scheduler_paused))
 
-    def collective_rpc(self, method: str | Callable[..., Any], args: tuple = (),
-                       kwargs: dict[str, Any] | None = None) -> list[Any]:  # fmt: skip
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
         name = method if isinstance(method, str) else getattr(method, "__name__", "function")
-        return self._run(f"collective_rpc({name})",
-                         lambda: call_workers(self._loop.llm, method, "in-flight update", args, kwargs))  # fmt: skip
+        return self._run(
+            f"collective_rpc({name})",
+            lambda: call_workers(self._loop.llm, method, "in-flight update", args, kwargs),
+        )
 
     def push(self, state_dict: dict[str, torch.Tensor]) -> None:
         """The whole state dict through the path gate uses for this engine, as one call."""
@@ -185,8 +196,12 @@ class InflightEngine:
         )
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
-        return bool(self._run("reset_prefix_cache",
-                              lambda: self._loop.core.reset_prefix_cache(reset_running_requests)))  # fmt: skip
+        return bool(
+            self._run(
+                "reset_prefix_cache",
+                lambda: self._loop.core.reset_prefix_cache(reset_running_requests),
+            )
+        )
 
     def set_weight_version(self, version: str) -> bool:
         """Label the weights (``set_weight_version``; vLLM >= 0.32 returns each request's spans);
@@ -224,9 +239,16 @@ class InflightEngine:
             self._loop.add(stream, f"{stream.request_id}.r", prompt, left)
 
 
-def run_update(llm, name: str, update: UpdateFn, adapter: Adapter, prompts: list[list[int]],
-               request: InflightRequest, new_sd: dict[str, torch.Tensor],
-               params_for: Callable[[int], Any]) -> UpdateRun:  # fmt: skip
+def run_update(
+    llm,
+    name: str,
+    update: UpdateFn,
+    adapter: Adapter,
+    prompts: list[list[int]],
+    request: InflightRequest,
+    new_sd: dict[str, torch.Tensor],
+    params_for: Callable[[int], Any],
+) -> UpdateRun:
     """Start ``prompts`` greedily for ``request.max_tokens`` each; once every one has
     ``request.switch_after`` tokens, run ``update`` in its own thread while the loop keeps stepping;
     return when every request has finished and the update has returned.
@@ -268,11 +290,17 @@ def run_update(llm, name: str, update: UpdateFn, adapter: Adapter, prompts: list
             left_paused_message(name, loop.records, thread.error if thread else None)
         )
     records = loop.records
-    return UpdateRun(name=name, streams=streams, records=records, steps=loop.steps,
-                     update_s=thread.seconds if thread else 0.0, total_s=time.monotonic() - start,
-                     error=thread.error if thread else None,
-                     steps_inside=records[-1].steps - records[0].steps if records else 0,
-                     versions_returned=loop.versions_returned)  # fmt: skip
+    return UpdateRun(
+        name=name,
+        streams=streams,
+        records=records,
+        steps=loop.steps,
+        update_s=thread.seconds if thread else 0.0,
+        total_s=time.monotonic() - start,
+        error=thread.error if thread else None,
+        steps_inside=records[-1].steps - records[0].steps if records else 0,
+        versions_returned=loop.versions_returned,
+    )
 
 
 def _timeout_message(name: str, thread: UpdateThread | None, loop: EngineLoop, limit: float) -> str:
@@ -295,8 +323,13 @@ def sampling_params(max_tokens: int):
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=0,
-                          output_kind=RequestOutputKind.DELTA)  # fmt: skip
+    return SamplingParams(
+        temperature=0.0,
+        max_tokens=max_tokens,
+        ignore_eos=True,
+        logprobs=0,
+        output_kind=RequestOutputKind.DELTA,
+    )
 
 
 class OfflineDriver:
@@ -314,7 +347,14 @@ class OfflineDriver:
     def push_idle(self, state_dict: dict[str, torch.Tensor]) -> None:
         push_naming_failures(self.adapter, self.llm, state_dict)
 
-    def run_update(self, name: str, update: UpdateFn, prompts: list[list[int]],
-                   request: InflightRequest, new_sd: dict[str, torch.Tensor]) -> UpdateRun:  # fmt: skip
-        return run_update(self.llm, name, update, self.adapter, prompts, request, new_sd,
-                          sampling_params)  # fmt: skip
+    def run_update(
+        self,
+        name: str,
+        update: UpdateFn,
+        prompts: list[list[int]],
+        request: InflightRequest,
+        new_sd: dict[str, torch.Tensor],
+    ) -> UpdateRun:
+        return run_update(
+            self.llm, name, update, self.adapter, prompts, request, new_sd, sampling_params
+        )

@@ -78,11 +78,22 @@ class ServerStreams:
         for stream, _ in batch:
             if stream not in self.order:
                 self.order.append(stream)
-        body = {"model": SERVED_MODEL_NAME, "prompt": [prompt for _, prompt in batch], "max_tokens": max_tokens,
-                "temperature": 0.0, "ignore_eos": True, "logprobs": 0, "return_tokens_as_token_ids": True}  # fmt: skip
+        body = {
+            "model": SERVED_MODEL_NAME,
+            "prompt": [prompt for _, prompt in batch],
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "logprobs": 0,
+            "return_tokens_as_token_ids": True,
+        }
         streams = [stream for stream, _ in batch]
-        threading.Thread(target=self._read, args=(streams, body), daemon=True,
-                         name=f"gate-inflight-{streams[0].request_id}").start()  # fmt: skip
+        threading.Thread(
+            target=self._read,
+            args=(streams, body),
+            daemon=True,
+            name=f"gate-inflight-{streams[0].request_id}",
+        ).start()
 
     def _read(self, streams: list[Stream], body: dict[str, Any]) -> None:
         try:
@@ -152,8 +163,15 @@ class ServerInflightEngine:
     reaches any other endpoint (``/update_weights`` of a stack's own server, say).
     """
 
-    def __init__(self, streams: ServerStreams, client: http.Client, adapter: Adapter, base_url: str,
-                 deadline: float, has_version_route: bool) -> None:  # fmt: skip
+    def __init__(
+        self,
+        streams: ServerStreams,
+        client: http.Client,
+        adapter: Adapter,
+        base_url: str,
+        deadline: float,
+        has_version_route: bool,
+    ) -> None:
         self._streams, self._client, self._adapter = streams, client, adapter
         self.base_url = base_url
         self._deadline = deadline
@@ -162,8 +180,13 @@ class ServerInflightEngine:
         self._started = time.perf_counter()
         self.records: list[CallRecord] = []
 
-    def _run(self, name: str, fn: Callable[[], Any], paused_after: bool | None = None,
-             at_send: bool = False) -> Any:  # fmt: skip
+    def _run(
+        self,
+        name: str,
+        fn: Callable[[], Any],
+        paused_after: bool | None = None,
+        at_send: bool = False,
+    ) -> Any:
         """One call, recorded with where the streams were (also when it raised): exact while the
         engine is paused, or ``at_send`` (a call of the client alone, which the engine does not see)."""
         if time.monotonic() >= self._deadline:
@@ -206,8 +229,12 @@ class ServerInflightEngine:
     def is_paused(self) -> bool:
         return bool(self._run("is_paused", lambda: self._client.get("/is_paused").get("is_paused")))
 
-    def collective_rpc(self, method: str | Callable[..., Any], args: tuple = (),
-                       kwargs: dict[str, Any] | None = None) -> list[Any]:  # fmt: skip
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
         if not isinstance(method, str):
             raise TypeError(
                 "in server mode collective_rpc takes a worker method's name: HTTP carries no function"
@@ -238,8 +265,10 @@ class ServerInflightEngine:
         """``/update_weight_version``; False where the server has no such endpoint."""
         if not self._has_version_route:
             return False
-        self._run(f"set_weight_version({version})",
-                  lambda: self._client.post("/update_weight_version", {"new_version": version}))  # fmt: skip
+        self._run(
+            f"set_weight_version({version})",
+            lambda: self._client.post("/update_weight_version", {"new_version": version}),
+        )
         return True
 
     def abort(self) -> int:
@@ -271,9 +300,17 @@ class ServerInflightEngine:
         return self._run(getattr(fn, "__name__", "call"), lambda: fn(self.base_url))
 
 
-def run_update(client: http.Client, name: str, update: UpdateFn, adapter: Adapter, base_url: str,
-               prompts: list[list[int]], request: InflightRequest, new_sd: dict[str, torch.Tensor],
-               has_version_route: bool) -> UpdateRun:  # fmt: skip
+def run_update(
+    client: http.Client,
+    name: str,
+    update: UpdateFn,
+    adapter: Adapter,
+    base_url: str,
+    prompts: list[list[int]],
+    request: InflightRequest,
+    new_sd: dict[str, torch.Tensor],
+    has_version_route: bool,
+) -> UpdateRun:
     """Stream ``prompts`` greedily for ``request.max_tokens`` each; once every one has
     ``request.switch_after`` tokens, run ``update`` in its own thread while they keep streaming;
     return when every request has finished and the update has returned.
@@ -300,8 +337,15 @@ def run_update(client: http.Client, name: str, update: UpdateFn, adapter: Adapte
     thread = UpdateThread(name, update, handle, new_sd)
     thread.join(max(deadline - time.monotonic(), 0))
     if thread.is_alive():
-        raise InflightTimeout(_timeout_message(name, f"the update ({shown(name)}) had not returned", handle,
-                                               request.timeout_s, thread.error))  # fmt: skip
+        raise InflightTimeout(
+            _timeout_message(
+                name,
+                f"the update ({shown(name)}) had not returned",
+                handle,
+                request.timeout_s,
+                thread.error,
+            )
+        )
     # Asked of the server, not of the calls seen: a hook may pause through an endpoint of its own.
     # Told at once: were every request done before the pause, no stream would wait for a resume.
     if client.get("/is_paused").get("is_paused"):
@@ -316,17 +360,25 @@ def run_update(client: http.Client, name: str, update: UpdateFn, adapter: Adapte
             (lo - hi for lo, hi in zip(records[-1].lower, records[0].tokens, strict=True)),
             default=0,
         )
-    return UpdateRun(name=name, streams=streams.order, records=records, steps=0,
-                     update_s=thread.seconds, total_s=time.monotonic() - start,
-                     error=thread.error or _stream_error(streams), steps_inside=max(inside, 0))  # fmt: skip
+    return UpdateRun(
+        name=name,
+        streams=streams.order,
+        records=records,
+        steps=0,
+        update_s=thread.seconds,
+        total_s=time.monotonic() - start,
+        error=thread.error or _stream_error(streams),
+        steps_inside=max(inside, 0),
+    )
 
 
 def _stream_error(streams: ServerStreams) -> str | None:
     return f"a stream failed: {streams.errors[0]}" if streams.errors else None
 
 
-def _timeout_message(name: str, what: str, handle: ServerInflightEngine, limit: float,
-                     raised: str | None = None) -> str:  # fmt: skip
+def _timeout_message(
+    name: str, what: str, handle: ServerInflightEngine, limit: float, raised: str | None = None
+) -> str:
     if raised:
         what += f", having raised {raised}"
     calls = ", ".join(r.name for r in handle.records[-5:]) or "none"
@@ -351,16 +403,35 @@ class ServerDriver:
         self.dtype = dtype
         self.has_version_route = "/update_weight_version" in routes
         # Streams and calls at once, apart from the replay's pool.
-        self.client = http.Client(engine.base_url, engine.settings.request_timeout_s, 2 * requests + 4,
-                                  engine.server.lines)  # fmt: skip
+        self.client = http.Client(
+            engine.base_url,
+            engine.settings.request_timeout_s,
+            2 * requests + 4,
+            engine.server.lines,
+        )
 
     def push_idle(self, state_dict: dict[str, torch.Tensor]) -> None:
         push_naming_failures(self.adapter, self.engine.base_url, state_dict)
 
-    def run_update(self, name: str, update: UpdateFn, prompts: list[list[int]],
-                   request: InflightRequest, new_sd: dict[str, torch.Tensor]) -> UpdateRun:  # fmt: skip
-        return run_update(self.client, name, update, self.adapter, self.engine.base_url, prompts, request,
-                          new_sd, self.has_version_route)  # fmt: skip
+    def run_update(
+        self,
+        name: str,
+        update: UpdateFn,
+        prompts: list[list[int]],
+        request: InflightRequest,
+        new_sd: dict[str, torch.Tensor],
+    ) -> UpdateRun:
+        return run_update(
+            self.client,
+            name,
+            update,
+            self.adapter,
+            self.engine.base_url,
+            prompts,
+            request,
+            new_sd,
+            self.has_version_route,
+        )
 
     def close(self) -> None:
         self.client.close()

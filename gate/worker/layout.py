@@ -59,8 +59,9 @@ def cpu_thread_binding(ranks: int, cpus: Sequence[int]) -> str:
     return "|".join(groups)
 
 
-def engine_environment(engine_args: Mapping[str, Any], on_cpu: bool, environ: Mapping[str, str],
-                       cpus: Sequence[int]) -> list[GateSetting]:  # fmt: skip
+def engine_environment(
+    engine_args: Mapping[str, Any], on_cpu: bool, environ: Mapping[str, str], cpus: Sequence[int]
+) -> list[GateSetting]:
     """The environment variables the gate sets for this engine, where the user set none.
 
     On CPU with more than one rank, vLLM binds each rank's OpenMP threads to a list of CPUs; its
@@ -78,8 +79,9 @@ def engine_environment(engine_args: Mapping[str, Any], on_cpu: bool, environ: Ma
     return [GateSetting(THREADS_BIND, cpu_thread_binding(ranks, cpus), reason)]
 
 
-def one_step_prefill(engine_args: Mapping[str, Any], on_cpu: bool,
-                     known: set[str]) -> list[GateSetting]:  # fmt: skip
+def one_step_prefill(
+    engine_args: Mapping[str, Any], on_cpu: bool, known: set[str]
+) -> list[GateSetting]:
     """``enable_chunked_prefill: false`` on the CPU platform, where the user left batching to vLLM.
 
     When a step schedules only part of a prompt (chunked prefill splits it to fit the step's token

@@ -92,9 +92,17 @@ class LineTail:
     match ``watch`` are kept beyond the tail (:class:`_Store`).
     """
 
-    def __init__(self, read_fd: int, sink: Callable[[bytes], None], *, write_fd: int | None = None,
-                 store: _Store | None = None, max_lines: int = 400, watch: re.Pattern[str] | None = None,
-                 name: str = "gate-log-tail") -> None:  # fmt: skip
+    def __init__(
+        self,
+        read_fd: int,
+        sink: Callable[[bytes], None],
+        *,
+        write_fd: int | None = None,
+        store: _Store | None = None,
+        max_lines: int = 400,
+        watch: re.Pattern[str] | None = None,
+        name: str = "gate-log-tail",
+    ) -> None:
         self._read_fd = read_fd
         self._sink = sink
         self.write_fd = write_fd
@@ -173,8 +181,12 @@ class OutputTail:
     is written through unchanged, each stream to where it went before.
     """
 
-    def __init__(self, max_lines: int = 400, fds: Sequence[int] = (1, 2),
-                 watch: re.Pattern[str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        max_lines: int = 400,
+        fds: Sequence[int] = (1, 2),
+        watch: re.Pattern[str] | None = None,
+    ) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         self._restore: list[tuple[int, int]] = []  # (fd, its original, duplicated)
@@ -186,8 +198,15 @@ class OutputTail:
             os.dup2(write_end, fd)
             os.close(write_end)
             self._restore.append((fd, through))
-            self._tails.append(LineTail(read_end, _writer(through), write_fd=fd, store=self._store,
-                                        name=f"gate-output-tail-{fd}"))  # fmt: skip
+            self._tails.append(
+                LineTail(
+                    read_end,
+                    _writer(through),
+                    write_fd=fd,
+                    store=self._store,
+                    name=f"gate-output-tail-{fd}",
+                )
+            )
 
     def lines(self) -> list[str]:
         """The last lines of both streams, each read up to this call."""

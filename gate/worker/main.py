@@ -164,8 +164,10 @@ def run_batch(requests: Sequence[WorkerRequest]) -> None:
 
         peaks = PeakMemory(device=cuda_device_used())  # engine.json memory_peaks
         with shared.measure("tokenize_s"):
-            tokenizer = AutoTokenizer.from_pretrained(first.tokenizer or first.model,
-                                                      **hub.hf_load_kwargs(requested_args, for_tokenizer=True))  # fmt: skip
+            tokenizer = AutoTokenizer.from_pretrained(
+                first.tokenizer or first.model,
+                **hub.hf_load_kwargs(requested_args, for_tokenizer=True),
+            )
             tokenized = [
                 Tokenized(
                     replay.tokenize_prompts(tokenizer, r.prompts),
@@ -212,8 +214,13 @@ def run_batch(requests: Sequence[WorkerRequest]) -> None:
         )
 
 
-def _run_offline(requests: Sequence[WorkerRequest], tokenized: list[Tokenized], requested_args: dict[str, Any],
-                 shared: Timings, peaks: PeakMemory) -> EngineRun:  # fmt: skip
+def _run_offline(
+    requests: Sequence[WorkerRequest],
+    tokenized: list[Tokenized],
+    requested_args: dict[str, Any],
+    shared: Timings,
+    peaks: PeakMemory,
+) -> EngineRun:
     """Offline: decide the engine arguments and environment here, then start ``vllm.LLM`` in this process."""
     from gate.worker import engine as eng
 
@@ -224,8 +231,9 @@ def _run_offline(requests: Sequence[WorkerRequest], tokenized: list[Tokenized], 
     if dropped:
         progress(f"this release has no {dropped}; running without them (recorded in engine.json)")
     on_cpu = eng.on_cpu_platform()
-    gate_settings = layout.engine_environment(engine_args, on_cpu, os.environ,
-                                              sorted(os.sched_getaffinity(0)))  # fmt: skip
+    gate_settings = layout.engine_environment(
+        engine_args, on_cpu, os.environ, sorted(os.sched_getaffinity(0))
+    )
     gate_settings += layout.one_step_prefill(engine_args, on_cpu, known)
     engine_args = layout.with_engine_args(engine_args, gate_settings)
     for setting in gate_settings:
@@ -241,8 +249,17 @@ def _run_offline(requests: Sequence[WorkerRequest], tokenized: list[Tokenized], 
         else None
     )
     try:
-        return _run_engine(requests, tokenized, requested_args, engine_args, dropped, gate_settings,
-                           tail, shared, peaks)  # fmt: skip
+        return _run_engine(
+            requests,
+            tokenized,
+            requested_args,
+            engine_args,
+            dropped,
+            gate_settings,
+            tail,
+            shared,
+            peaks,
+        )
     except Exception as exc:
         if tail is None:  # one process: the exception is the engine's own
             raise
@@ -253,9 +270,17 @@ def _run_offline(requests: Sequence[WorkerRequest], tokenized: list[Tokenized], 
             tail.close()
 
 
-def _run_engine(requests: Sequence[WorkerRequest], tokenized: list[Tokenized], requested_args: dict[str, Any],
-                engine_args: dict[str, Any], dropped: list[str], gate_settings: list[GateSetting],
-                tail: OutputTail | None, shared: Timings, peaks: PeakMemory) -> EngineRun:  # fmt: skip
+def _run_engine(
+    requests: Sequence[WorkerRequest],
+    tokenized: list[Tokenized],
+    requested_args: dict[str, Any],
+    engine_args: dict[str, Any],
+    dropped: list[str],
+    gate_settings: list[GateSetting],
+    tail: OutputTail | None,
+    shared: Timings,
+    peaks: PeakMemory,
+) -> EngineRun:
     """Start the engine, run every request's passes, shut it down."""
     from gate.worker import engine as eng
 
@@ -321,8 +346,15 @@ def _launch_server(
     progress(f"starting server ({len(first.prompts)} prompts)")
     with tempfile.TemporaryDirectory(prefix="gate-serve-") as tmp:
         port = srv.free_port()
-        plan = serve.LaunchPlan(first.model, first.tokenizer, requested_args, list(first.optional_engine_args),
-                                port, list(settings.args), str(Path(tmp) / "facts.json"))  # fmt: skip
+        plan = serve.LaunchPlan(
+            first.model,
+            first.tokenizer,
+            requested_args,
+            list(first.optional_engine_args),
+            port,
+            list(settings.args),
+            str(Path(tmp) / "facts.json"),
+        )
         plan.write(Path(tmp) / "plan.json")
         command = [sys.executable, "-m", serve.__name__, str(Path(tmp) / "plan.json")]
         env = srv.server_environment(os.environ, settings.dev_mode)
@@ -331,8 +363,15 @@ def _launch_server(
             yield _LaunchedServer(server, Path(plan.facts))
 
 
-def _run_server(launched: _LaunchedServer, requests: Sequence[WorkerRequest], tokenized: list[Tokenized],
-                requested_args: dict[str, Any], tokenizer: Any, shared: Timings, peaks: PeakMemory) -> EngineRun:  # fmt: skip
+def _run_server(
+    launched: _LaunchedServer,
+    requests: Sequence[WorkerRequest],
+    tokenized: list[Tokenized],
+    requested_args: dict[str, Any],
+    tokenizer: Any,
+    shared: Timings,
+    peaks: PeakMemory,
+) -> EngineRun:
     """Server mode: wait until the server is healthy, run every request's passes over HTTP."""
     from gate.worker import engine as eng
     from gate.worker import serve
@@ -357,8 +396,9 @@ def _run_server(launched: _LaunchedServer, requests: Sequence[WorkerRequest], to
         if isinstance(decided, str):  # a bad engine argument: the same error as offline
             raise ValueError(decided) from None
         if isinstance(decided, serve.LaunchFacts):  # name the command vLLM ran, not the launcher
-            raise srv.ServerError(f"{exc.reason}; vLLM's command: {' '.join(decided.command)}",
-                                  exc.log_tail) from None  # fmt: skip
+            raise srv.ServerError(
+                f"{exc.reason}; vLLM's command: {' '.join(decided.command)}", exc.log_tail
+            ) from None
         raise
     shared.values["engine_start_s"] = server.started_s
     progress(f"server healthy at {server.base_url} after {server.started_s:.1f}s")
@@ -368,8 +408,10 @@ def _run_server(launched: _LaunchedServer, requests: Sequence[WorkerRequest], to
             "the server is healthy but its launcher recorded no command", server.lines()
         )
     if facts.dropped_engine_args:
-        progress(f"this release has no {facts.dropped_engine_args}; running without them "
-                 "(recorded in engine.json)")  # fmt: skip
+        progress(
+            f"this release has no {facts.dropped_engine_args}; running without them "
+            "(recorded in engine.json)"
+        )
     for setting in facts.gate_settings:
         progress(f"server: setting {setting.name}={setting.value}: {setting.reason}")
     progress(f"server command: {' '.join(facts.command)}")
@@ -377,8 +419,15 @@ def _run_server(launched: _LaunchedServer, requests: Sequence[WorkerRequest], to
     own = [Timings() for _ in requests]
     outputs = []
     for i, (req, tok) in enumerate(zip(requests, tokenized, strict=True)):
-        inp = PassInput(served, req, tok, _prefixed(i, len(requests)), hub.hf_load_kwargs(requested_args),
-                        server.lines, memory=peaks)  # fmt: skip
+        inp = PassInput(
+            served,
+            req,
+            tok,
+            _prefixed(i, len(requests)),
+            hub.hf_load_kwargs(requested_args),
+            server.lines,
+            memory=peaks,
+        )
         outputs.append(
             _server_passes(inp, served, facts.dropped_engine_args, facts.gate_settings, own[i])
         )
@@ -396,8 +445,13 @@ def _import_quietly(module: str) -> None:
         importlib.import_module(module)
 
 
-def _server_passes(inp: PassInput, served: ServedEngine, dropped: list[str], gate_settings: list[GateSetting],
-                   timings: Timings) -> EngineOutputs:  # fmt: skip
+def _server_passes(
+    inp: PassInput,
+    served: ServedEngine,
+    dropped: list[str],
+    gate_settings: list[GateSetting],
+    timings: Timings,
+) -> EngineOutputs:
     """The server-mode passes over one request (server_engine.SERVER_PASSES), and what the server
     says about itself; engine.json has the offline keys plus ``mode`` and ``server``."""
     from gate.worker import engine as eng
@@ -456,16 +510,27 @@ class _ReferenceCache:
         from gate.worker.reference import ReferenceModel
 
         r = request.reference
-        key = (request.model, r.dtype, r.lm_head_fp32,
-               json.dumps([r.device_map, r.max_memory], sort_keys=True))  # fmt: skip
+        key = (
+            request.model,
+            r.dtype,
+            r.lm_head_fp32,
+            json.dumps([r.device_map, r.max_memory], sort_keys=True),
+        )
         if self.model is None or key != self.key:
             self.model = None
             gc.collect()
             progress(f"trainer-side reference ({r.dtype}, lm_head_fp32={r.lm_head_fp32})")
             start = time.perf_counter()
             device = "cuda" if torch.cuda.is_available() else "cpu"
-            self.model = ReferenceModel(request.model, r.dtype, r.lm_head_fp32, device, self.hf_kwargs,
-                                        device_map=r.device_map, max_memory=r.max_memory)  # fmt: skip
+            self.model = ReferenceModel(
+                request.model,
+                r.dtype,
+                r.lm_head_fp32,
+                device,
+                self.hf_kwargs,
+                device_map=r.device_map,
+                max_memory=r.max_memory,
+            )
             self.key, self.load_s = key, time.perf_counter() - start
         return self.model, self.load_s
 
@@ -484,9 +549,15 @@ def _texts(
     }
 
 
-def _write_outputs(request: WorkerRequest, prompt_ids: list[list[int]], out: EngineOutputs,
-                   arrays: dict[str, np.ndarray], texts: dict[str, Any], n_scored: int,
-                   timings: dict[str, float]) -> None:  # fmt: skip
+def _write_outputs(
+    request: WorkerRequest,
+    prompt_ids: list[list[int]],
+    out: EngineOutputs,
+    arrays: dict[str, np.ndarray],
+    texts: dict[str, Any],
+    n_scored: int,
+    timings: dict[str, float],
+) -> None:
     meta = {
         **out.meta,
         "timings": timings,
@@ -519,8 +590,9 @@ def _write_outputs(request: WorkerRequest, prompt_ids: list[list[int]], out: Eng
     )
 
 
-def _engine_passes(inp: PassInput, dropped: list[str], gate_settings: list[GateSetting],
-                   timings: Timings) -> EngineOutputs:  # fmt: skip
+def _engine_passes(
+    inp: PassInput, dropped: list[str], gate_settings: list[GateSetting], timings: Timings
+) -> EngineOutputs:
     """The engine's passes over one request (:data:`~gate.worker.passes.ENGINE_PASSES`), and what
     the live engine says about itself."""
     from gate.worker import engine as eng
@@ -541,8 +613,13 @@ def _engine_passes(inp: PassInput, dropped: list[str], gate_settings: list[GateS
     return _engine_outputs(request, results, dropped, gate_settings, extra | about)
 
 
-def _engine_outputs(request: WorkerRequest, results: PassResults, dropped: list[str],
-                    gate_settings: list[GateSetting], about: dict[str, Any]) -> EngineOutputs:  # fmt: skip
+def _engine_outputs(
+    request: WorkerRequest,
+    results: PassResults,
+    dropped: list[str],
+    gate_settings: list[GateSetting],
+    about: dict[str, Any],
+) -> EngineOutputs:
     """The passes' results and engine.json's metadata, the same keys offline and in server mode
     (``about``: what the engine says about itself, plus what only one mode records)."""
     if results.sampled is None:
@@ -567,15 +644,24 @@ def _engine_outputs(request: WorkerRequest, results: PassResults, dropped: list[
     )
 
 
-def _reference_arrays(ref: ReferenceModel, request: WorkerRequest, prompt_ids: list[list[int]],
-                      out: EngineOutputs, timings: Timings) -> tuple[dict[str, np.ndarray], int]:  # fmt: skip
+def _reference_arrays(
+    ref: ReferenceModel,
+    request: WorkerRequest,
+    prompt_ids: list[list[int]],
+    out: EngineOutputs,
+    timings: Timings,
+) -> tuple[dict[str, np.ndarray], int]:
     """Score every engine token with the trainer-side reference; returns (arrays, tokens scored)."""
     from gate.worker.reference import SamplingTransform
 
     r, s = request.reference, request.sampling
-    rollout = SamplingTransform(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                                mask_dtype=_logits_dtype(out.meta, request.engine_args),
-                                penalties=s.penalties())  # fmt: skip
+    rollout = SamplingTransform(
+        temperature=s.temperature,
+        top_k=s.top_k,
+        top_p=s.top_p,
+        mask_dtype=_logits_dtype(out.meta, request.engine_args),
+        penalties=s.penalties(),
+    )
     untransformed = SamplingTransform(temperature=0.0, top_k=0, top_p=1.0)
 
     arrays = {
@@ -600,8 +686,9 @@ def _reference_arrays(ref: ReferenceModel, request: WorkerRequest, prompt_ids: l
                 also = comp.topk_ids
                 if transform.penalised:
                     also = np.hstack([also, comp.token_ids[:, None].astype(also.dtype)])
-            scored = ref.score(*_continuations(prompt_ids, comp), transform, r.batch_tokens,
-                               also_ids=also)  # fmt: skip
+            scored = ref.score(
+                *_continuations(prompt_ids, comp), transform, r.batch_tokens, also_ids=also
+            )
             arrays.update(_completion_arrays(prefix, comp, scored, transform.penalised))
             n_scored += len(scored.raw)
         tf = out.teacher_forced

@@ -122,8 +122,12 @@ class PhasePeak:
 class PeakMemory:
     """Peak RSS (process tree) and device memory per named phase, sampled in a background thread."""
 
-    def __init__(self, root: int | None = None, interval_s: float = DEFAULT_INTERVAL_S,
-                 device: DeviceReading | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        root: int | None = None,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        device: DeviceReading | None = None,
+    ) -> None:
         self.root = os.getpid() if root is None else root
         self.interval_s = interval_s
         self.device = device

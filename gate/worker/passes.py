@@ -285,8 +285,13 @@ def _sample(inp: PassInput, out: PassResults) -> None:
 
 def _greedy(inp: PassInput, out: PassResults) -> None:
     inp.say("greedy pass")
-    out.greedy = replay.greedy(inp.llm, inp.tokenized.prompt_ids, inp.request.greedy_max_tokens,
-                               inp.request.sampling.logprobs, inp.order)  # fmt: skip
+    out.greedy = replay.greedy(
+        inp.llm,
+        inp.tokenized.prompt_ids,
+        inp.request.greedy_max_tokens,
+        inp.request.sampling.logprobs,
+        inp.order,
+    )
 
 
 def _prefill_decode(inp: PassInput, out: PassResults) -> None:
@@ -295,9 +300,12 @@ def _prefill_decode(inp: PassInput, out: PassResults) -> None:
     )
 
 
-def rescore_greedy(inp: PassInput, out: PassResults,
-                   score: Callable[[list[list[int]], np.ndarray | None], PromptScores],
-                   max_model_len: int) -> None:  # fmt: skip
+def rescore_greedy(
+    inp: PassInput,
+    out: PassResults,
+    score: Callable[[list[list[int]], np.ndarray | None], PromptScores],
+    max_model_len: int,
+) -> None:
     """The greedy sequences scored again as prompts by the same engine (``score``, offline or over
     HTTP): each greedy token's prefill logprob beside its decode one (gate/worker/prefill.py)."""
     from gate.worker.prefill import decode_positions, rescoring_input
@@ -365,9 +373,16 @@ def _weight_sync(inp: PassInput, out: PassResults) -> None:
     from gate.worker.weight_sync import run_probe
 
     assert inp.request.weight_sync is not None  # enabled() says so
-    arrays, out.weight_sync = run_probe(inp.llm, inp.request.model, inp.tokenized.prompt_ids,
-                                        inp.tokenized.reference_ids, inp.request.weight_sync, inp.say,
-                                        inp.hf_kwargs, inp.scratch_dir)  # fmt: skip
+    arrays, out.weight_sync = run_probe(
+        inp.llm,
+        inp.request.model,
+        inp.tokenized.prompt_ids,
+        inp.tokenized.reference_ids,
+        inp.request.weight_sync,
+        inp.say,
+        inp.hf_kwargs,
+        inp.scratch_dir,
+    )
     out.arrays.update(arrays)
 
 
@@ -406,8 +421,16 @@ def run_inflight(
             perturbation = (
                 ws.perturbation if ws.inflight.perturbation is None else ws.inflight.perturbation
             )
-            arrays, meta = inflight.run_probe(driver, inp.request.model, inp.tokenized.prompt_ids, ws.inflight,
-                                              perturbation, ws.seed, inp.say, inp.hf_kwargs)  # fmt: skip
+            arrays, meta = inflight.run_probe(
+                driver,
+                inp.request.model,
+                inp.tokenized.prompt_ids,
+                ws.inflight,
+                perturbation,
+                ws.seed,
+                inp.say,
+                inp.hf_kwargs,
+            )
         finally:
             getattr(driver, "close", lambda: None)()
     except inflight.InflightUnsupported as exc:
@@ -430,8 +453,10 @@ def _grpo(inp: PassInput, out: PassResults) -> None:
         inp.say(f"mini GRPO not run: {exc}")
         out.grpo = {"adapter": None, "unsupported": str(exc), "seeds": g.seeds, "steps": g.steps}
         return
-    inp.say(f"mini GRPO: {len(g.seeds)} seed(s) x {g.steps} steps of {g.prompts_per_step} prompts "
-            f"x {g.group_size}")  # fmt: skip
+    inp.say(
+        f"mini GRPO: {len(g.seeds)} seed(s) x {g.steps} steps of {g.prompts_per_step} prompts "
+        f"x {g.group_size}"
+    )
     answers = [p.answer for p in inp.request.prompts]
     out.grpo = {
         "adapter": adapter.name,
@@ -439,8 +464,16 @@ def _grpo(inp: PassInput, out: PassResults) -> None:
         "steps": g.steps,
     }  # kept if the run fails
     push = partial(push_naming_failures, adapter)
-    run = run_grpo(inp.llm, inp.request.model, inp.tokenized.prompt_ids, answers, g, push, inp.say,
-                   inp.hf_kwargs)  # fmt: skip
+    run = run_grpo(
+        inp.llm,
+        inp.request.model,
+        inp.tokenized.prompt_ids,
+        answers,
+        g,
+        push,
+        inp.say,
+        inp.hf_kwargs,
+    )
     out.arrays.update(run.arrays)
     out.grpo["trainer"] = run.trainer
 

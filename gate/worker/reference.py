@@ -78,8 +78,12 @@ class ScoredTokens:
     tempered: np.ndarray | None = None
 
 
-def penalised(logits: torch.Tensor, transform: SamplingTransform, in_prompt: torch.Tensor,
-              output_counts: torch.Tensor) -> torch.Tensor:  # fmt: skip
+def penalised(
+    logits: torch.Tensor,
+    transform: SamplingTransform,
+    in_prompt: torch.Tensor,
+    output_counts: torch.Tensor,
+) -> torch.Tensor:
     """vLLM's penalties on [rows, vocab] logits (``apply_penalties``, v1/sample/ops/penalties.py).
 
     ``in_prompt`` ([rows, vocab] bool): the token is in the row's prompt; ``output_counts``
@@ -95,8 +99,13 @@ def penalised(logits: torch.Tensor, transform: SamplingTransform, in_prompt: tor
     return out - p.frequency * output_counts - p.presence * (output_counts > 0).float()
 
 
-def output_counts(ids: torch.Tensor, seq_of_row: torch.Tensor, target_pos: torch.Tensor,
-                  starts: torch.Tensor, vocab: int) -> torch.Tensor:  # fmt: skip
+def output_counts(
+    ids: torch.Tensor,
+    seq_of_row: torch.Tensor,
+    target_pos: torch.Tensor,
+    starts: torch.Tensor,
+    vocab: int,
+) -> torch.Tensor:
     """[rows, vocab]: per row, how often each token occurs in its sequence's completion before the
     row's target, ``ids[b, starts[b] : target_pos]``.
 
@@ -110,8 +119,11 @@ def output_counts(ids: torch.Tensor, seq_of_row: torch.Tensor, target_pos: torch
     prev = target_pos - 1
     has_prev = prev >= starts[seq_of_row]
     r = torch.arange(rows, device=ids.device)
-    counts.index_put_((r[has_prev], ids[seq_of_row[has_prev], prev[has_prev]]),
-                      torch.ones(int(has_prev.sum()), device=ids.device), accumulate=True)  # fmt: skip
+    counts.index_put_(
+        (r[has_prev], ids[seq_of_row[has_prev], prev[has_prev]]),
+        torch.ones(int(has_prev.sum()), device=ids.device),
+        accumulate=True,
+    )
     first = torch.ones(rows, dtype=torch.bool, device=ids.device)
     first[1:] = seq_of_row[1:] != seq_of_row[:-1]
     # Seed each segment's first row with its completion's tokens before the previous one.
@@ -123,8 +135,11 @@ def output_counts(ids: torch.Tensor, seq_of_row: torch.Tensor, target_pos: torch
             torch.cumsum(lengths, 0) - lengths, lengths
         )
         positions = starts[seq_of_row[seed_rows]] + within
-        counts.index_put_((seed_rows, ids[seq_of_row[seed_rows], positions]),
-                          torch.ones(len(seed_rows), device=ids.device), accumulate=True)  # fmt: skip
+        counts.index_put_(
+            (seed_rows, ids[seq_of_row[seed_rows], positions]),
+            torch.ones(len(seed_rows), device=ids.device),
+            accumulate=True,
+        )
     running = counts.cumsum(dim=0)
     segment_of_row = torch.cumsum(first.long(), 0) - 1
     before = torch.zeros(len(seg), vocab, device=ids.device)
@@ -288,8 +303,12 @@ def at_boundary(
     return _near_boundary(logits, transform, targets, transform_keep(logits, transform)[1])
 
 
-def _near_boundary(logits: torch.Tensor, transform: SamplingTransform, targets: torch.Tensor,
-                   boundary: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+def _near_boundary(
+    logits: torch.Tensor,
+    transform: SamplingTransform,
+    targets: torch.Tensor,
+    boundary: torch.Tensor | None,
+) -> torch.Tensor:
     if boundary is None:
         return torch.zeros(targets.shape[0], dtype=torch.bool, device=logits.device)
     key = _rounded(logits, transform.mask_dtype).gather(-1, targets).squeeze(-1)
@@ -300,8 +319,12 @@ def _near_boundary(logits: torch.Tensor, transform: SamplingTransform, targets: 
     return (key - boundary).abs() <= ulp
 
 
-def _boundary_gap(logits: torch.Tensor, transform: SamplingTransform, targets: torch.Tensor,
-                  boundary: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+def _boundary_gap(
+    logits: torch.Tensor,
+    transform: SamplingTransform,
+    targets: torch.Tensor,
+    boundary: torch.Tensor | None,
+) -> torch.Tensor:
     if boundary is None:
         return torch.full((targets.shape[0],), math.nan, device=logits.device)
     return boundary - _rounded(logits, transform.mask_dtype).gather(-1, targets).squeeze(-1)
@@ -360,10 +383,16 @@ class _Loaded:
 class ReferenceModel:
     """A transformers causal LM split into trunk and final projection so the head precision is ours."""
 
-    def __init__(self, model_path: str, dtype: str, lm_head_fp32: bool, device: str,
-                 hf_kwargs: dict[str, Any] | None = None,
-                 device_map: str | dict[str, int | str] | None = None,
-                 max_memory: dict[str, str | int] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model_path: str,
+        dtype: str,
+        lm_head_fp32: bool,
+        device: str,
+        hf_kwargs: dict[str, Any] | None = None,
+        device_map: str | dict[str, int | str] | None = None,
+        max_memory: dict[str, str | int] | None = None,
+    ) -> None:
         self.placement = Placement(device, device_map, max_memory)
         trunk_dtype = _DTYPES[dtype]
         loaded = (
@@ -458,9 +487,12 @@ class ReferenceModel:
         for batch in _pack(order, lengths, batch_tokens):
             dest = token_ranges(out_offsets[batch], counts[batch])
             r, p, b, e, a, g, m, t = self._score_batch(
-                [sequences[i] for i in batch], starts[batch], counts[batch], transform,
+                [sequences[i] for i in batch],
+                starts[batch],
+                counts[batch],
+                transform,
                 None if also_ids is None else also_ids[dest],
-            )  # fmt: skip
+            )
             raw[dest], processed[dest], raw_bf16[dest], edge[dest], gap[dest] = r, p, b, e, g
             mass[dest], tempered[dest] = m, t
             if also is not None:
@@ -468,9 +500,16 @@ class ReferenceModel:
             done += len(batch)
             if progress:
                 progress(done, len(sequences))
-        return ScoredTokens(raw=raw, processed=processed, raw_bf16_head=raw_bf16, at_boundary=edge,
-                            boundary_gap=gap, mass_above=mass, also_raw=also,
-                            tempered=tempered)  # fmt: skip
+        return ScoredTokens(
+            raw=raw,
+            processed=processed,
+            raw_bf16_head=raw_bf16,
+            at_boundary=edge,
+            boundary_gap=gap,
+            mass_above=mass,
+            also_raw=also,
+            tempered=tempered,
+        )
 
     def _score_batch(
         self,
@@ -509,8 +548,11 @@ class ReferenceModel:
         outs: tuple[list[torch.Tensor], ...] = ([], [], [], [], [], [], [], [])
         also = None if also_ids is None else torch.from_numpy(also_ids.astype(np.int64))
         step = HEAD_CHUNK_ROWS.get(self.head_device.type, HEAD_CHUNK_ROWS["cuda"])
-        penalties = _Penalties.of(ids, starts, rows, cols, self.head_weight_fp32.shape[0],
-                                  self.head_device) if transform.penalised else None  # fmt: skip
+        penalties = (
+            _Penalties.of(ids, starts, rows, cols, self.head_weight_fp32.shape[0], self.head_device)
+            if transform.penalised
+            else None
+        )
         for chunk in range(0, picked.shape[0], step):
             h = picked[chunk : chunk + step]
             t = targets[chunk : chunk + step]
@@ -543,8 +585,16 @@ class ReferenceModel:
         raw, processed, raw_bf16 = (torch.cat(o).float().cpu().numpy() for o in outs[:3])
         also_raw = torch.cat(outs[4]).float().cpu().numpy() if outs[4] else None
         gaps, masses, tempered = (torch.cat(o).float().cpu().numpy() for o in outs[5:8])
-        return (raw, processed, raw_bf16, torch.cat(outs[3]).cpu().numpy(), also_raw, gaps, masses,
-                tempered)  # fmt: skip
+        return (
+            raw,
+            processed,
+            raw_bf16,
+            torch.cat(outs[3]).cpu().numpy(),
+            also_raw,
+            gaps,
+            masses,
+            tempered,
+        )
 
 
 @dataclass(frozen=True)
@@ -559,8 +609,15 @@ class _Penalties:
     target_pos: torch.Tensor  # [targets]
 
     @classmethod
-    def of(cls, ids: torch.Tensor, starts: np.ndarray, rows: torch.Tensor, cols: torch.Tensor,
-           vocab: int, device: torch.device) -> _Penalties:  # fmt: skip
+    def of(
+        cls,
+        ids: torch.Tensor,
+        starts: np.ndarray,
+        rows: torch.Tensor,
+        cols: torch.Tensor,
+        vocab: int,
+        device: torch.device,
+    ) -> _Penalties:
         ids = ids.to(device)
         starts_t = torch.from_numpy(starts.astype(np.int64)).to(device)
         prompt = torch.arange(ids.shape[1], device=device) < starts_t[:, None]
@@ -577,8 +634,13 @@ class _Penalties:
         return penalised(logits, transform, self.in_prompt[seq], counts)
 
 
-def _tempered(logits: torch.Tensor, transform: SamplingTransform, targets: torch.Tensor,
-              raw: torch.Tensor, processed: torch.Tensor) -> torch.Tensor:  # fmt: skip
+def _tempered(
+    logits: torch.Tensor,
+    transform: SamplingTransform,
+    targets: torch.Tensor,
+    raw: torch.Tensor,
+    processed: torch.Tensor,
+) -> torch.Tensor:
     """log_softmax(logits / T) at the targets, over the whole vocabulary; the logprobs already
     computed stand in where they are the same number (no top-k/top-p: the processed one; T 1 or
     greedy: the raw one)."""
@@ -611,8 +673,13 @@ def _load_on_one_device(
     )
 
 
-def _load_spread(model_path: str, trunk_dtype: torch.dtype, lm_head_fp32: bool,
-                 placement: Placement, hf_kwargs: dict[str, Any]) -> _Loaded:  # fmt: skip
+def _load_spread(
+    model_path: str,
+    trunk_dtype: torch.dtype,
+    lm_head_fp32: bool,
+    placement: Placement,
+    hf_kwargs: dict[str, Any],
+) -> _Loaded:
     """The reference spread over devices by accelerate, loaded straight in the trunk's dtype.
 
     Loaded in that dtype (not fp32, then cast) so that accelerate sizes the shards by the bytes
@@ -625,10 +692,14 @@ def _load_spread(model_path: str, trunk_dtype: torch.dtype, lm_head_fp32: bool,
 
     _require_accelerate()
     try:
-        model = _load_causal_lm(AutoModelForCausalLM, model_path, dtype=trunk_dtype,
-                                device_map=placement.device_map,
-                                max_memory=_accelerate_max_memory(placement.max_memory),
-                                **hf_kwargs).eval()  # fmt: skip
+        model = _load_causal_lm(
+            AutoModelForCausalLM,
+            model_path,
+            dtype=trunk_dtype,
+            device_map=placement.device_map,
+            max_memory=_accelerate_max_memory(placement.max_memory),
+            **hf_kwargs,
+        ).eval()
     except ValueError as exc:
         if "offload" not in str(exc):
             raise
@@ -730,8 +801,9 @@ def _checkpoint_folder(model_path: str, hf_kwargs: dict[str, Any]) -> Path | Non
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(model_path, revision=hf_kwargs.get("revision"),
-                                      local_files_only=True))  # fmt: skip
+        return Path(
+            snapshot_download(model_path, revision=hf_kwargs.get("revision"), local_files_only=True)
+        )
     except Exception:  # not cached: the projection is upcast from the loaded one instead
         return None
 

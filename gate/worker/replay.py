@@ -93,8 +93,9 @@ def token_texts(tokenizer: PreTrainedTokenizerBase, ids: np.ndarray) -> dict[str
     shows as the engine emitted it; a token holding part of a multi-byte character decodes to U+FFFD.
     """
     distinct = np.unique(np.asarray(ids, dtype=np.int64)).tolist()
-    texts = tokenizer.batch_decode([[i] for i in distinct], skip_special_tokens=False,
-                                   clean_up_tokenization_spaces=False)  # fmt: skip
+    texts = tokenizer.batch_decode(
+        [[i] for i in distinct], skip_special_tokens=False, clean_up_tokenization_spaces=False
+    )
     return dict(zip(map(str, distinct), texts, strict=True))
 
 
@@ -127,14 +128,17 @@ def text_round_trip(
     # Each sequence's ids without the special ones: where the sequences start among the kept ids.
     starts = np.concatenate([[0], np.cumsum(keep)])[np.asarray(sampled.offsets, dtype=np.int64)]
     sequences = [part.tolist() for part in np.split(ids[keep], starts[1:-1])]
-    decoded = tokenizer.batch_decode(sequences, skip_special_tokens=True,
-                                     clean_up_tokenization_spaces=False)  # fmt: skip
+    decoded = tokenizer.batch_decode(
+        sequences, skip_special_tokens=True, clean_up_tokenization_spaces=False
+    )
     texts = list(sampled.texts)
     mismatch = np.array(
-        [d != t and not _held_back(tokenizer, seq, d, t)
-         for seq, d, t in zip(sequences, decoded, texts, strict=True)],
+        [
+            d != t and not _held_back(tokenizer, seq, d, t)
+            for seq, d, t in zip(sequences, decoded, texts, strict=True)
+        ],
         dtype=bool,
-    )  # fmt: skip
+    )
     encoded = tokenizer(texts, add_special_tokens=False).input_ids if texts else []
     return TextRoundTrip(
         mismatch,
@@ -307,8 +311,9 @@ def _collect(outputs, k: int) -> Completions:
 SHOWN_PROMPTS = 20
 
 
-def prompt_ids_record(trainer: list[list[int]], engine: list[list[int] | None], names: list[str],
-                      source: str) -> dict[str, Any]:  # fmt: skip
+def prompt_ids_record(
+    trainer: list[list[int]], engine: list[list[int] | None], names: list[str], source: str
+) -> dict[str, Any]:
     """engine.json ``prompt_ids``: the prompts the engine ran on other ids than the trainer holds
     (its tokenizer's chat template, its tokenizer, or the pre-tokenized ids as given), with where
     the first of them departs. ``checked``: prompts whose engine ids are known."""
@@ -323,8 +328,10 @@ def prompt_ids_record(trainer: list[list[int]], engine: list[list[int] | None], 
             continue
         unlike.append(name)
         if first is None:
-            at = next((i for i, (a, b) in enumerate(zip(mine, ran, strict=False)) if a != b),
-                      min(len(mine), len(ran)))  # fmt: skip
+            at = next(
+                (i for i, (a, b) in enumerate(zip(mine, ran, strict=False)) if a != b),
+                min(len(mine), len(ran)),
+            )
             first = {"id": name, "at": at, "trainer_tokens": len(mine), "engine_tokens": len(ran)}
     return {
         "source": source,

@@ -74,8 +74,14 @@ class LaunchFacts:
         return cls(data["command"], data["engine_args"], data["dropped_engine_args"], settings)
 
 
-def decide(plan: LaunchPlan, python: str, known: set[str], on_cpu: bool,
-           environ: Mapping[str, str], cpus: Sequence[int]) -> LaunchFacts:  # fmt: skip
+def decide(
+    plan: LaunchPlan,
+    python: str,
+    known: set[str],
+    on_cpu: bool,
+    environ: Mapping[str, str],
+    cpus: Sequence[int],
+) -> LaunchFacts:
     """The server's flags and the environment the gate sets for it (ValueError: a bad argument)."""
     from gate.worker.engine import split_engine_args
 
@@ -86,8 +92,9 @@ def decide(plan: LaunchPlan, python: str, known: set[str], on_cpu: bool,
         settings.append(GateSetting(*in_core))
     settings += one_step_prefill(engine_args, on_cpu, known)
     engine_args = with_engine_args(engine_args, settings)
-    command = server_command(python, plan.model, plan.tokenizer, engine_args, plan.port,
-                             plan.extra_args)  # fmt: skip
+    command = server_command(
+        python, plan.model, plan.tokenizer, engine_args, plan.port, plan.extra_args
+    )
     return LaunchFacts(command, engine_args, dropped, settings)
 
 
@@ -110,8 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     from gate.worker.engine import on_cpu_platform, supported_engine_args
 
     try:
-        facts = decide(plan, sys.executable, supported_engine_args(), on_cpu_platform(), os.environ,
-                       sorted(os.sched_getaffinity(0)))  # fmt: skip
+        facts = decide(
+            plan,
+            sys.executable,
+            supported_engine_args(),
+            on_cpu_platform(),
+            os.environ,
+            sorted(os.sched_getaffinity(0)),
+        )
     except ValueError as exc:
         atomic_write_text(Path(plan.facts), json.dumps({"error": str(exc)}))
         print(f"gate: {exc}", file=sys.stderr, flush=True)

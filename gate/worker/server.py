@@ -98,8 +98,14 @@ def engine_arg_flags(engine_args: Mapping[str, Any]) -> list[str]:
     return flags
 
 
-def server_command(python: str, model: str, tokenizer: str | None, engine_args: Mapping[str, Any],
-                   port: int, extra_args: Sequence[str] = ()) -> list[str]:  # fmt: skip
+def server_command(
+    python: str,
+    model: str,
+    tokenizer: str | None,
+    engine_args: Mapping[str, Any],
+    port: int,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
     """The exact command the worker runs (recorded in engine.json ``server.command``)."""
     cmd = [python, "-m", SERVER_MODULE, "--model", model]
     if tokenizer:
@@ -174,17 +180,26 @@ class Server:
         self._launched_at = time.perf_counter()
         try:
             self.proc = subprocess.Popen(
-                self.command, env=dict(env), stdout=write_end, stderr=write_end,
-                stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
-            )  # fmt: skip
+                self.command,
+                env=dict(env),
+                stdout=write_end,
+                stderr=write_end,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent,
+            )
         except BaseException:
             for fd in (read_end, write_end):
                 os.close(fd)
             log.close()
             raise
         self._log = log
-        self._tail = LineTail(read_end, _copy_to(log), write_fd=write_end, watch=ENGINE_ERROR_LINE,
-                              name="gate-server-log")  # fmt: skip
+        self._tail = LineTail(
+            read_end,
+            _copy_to(log),
+            write_fd=write_end,
+            watch=ENGINE_ERROR_LINE,
+            name="gate-server-log",
+        )
 
     def lines(self) -> list[str]:
         """The server's last lines, including everything it wrote before this call."""
@@ -198,8 +213,11 @@ class Server:
             code = self.proc.poll()
             if code is not None:
                 self._drain()
-                raise ServerError(f"the server exited with code {code} before it became healthy "
-                                  f"(command: {' '.join(self.command)})", self.lines())  # fmt: skip
+                raise ServerError(
+                    f"the server exited with code {code} before it became healthy "
+                    f"(command: {' '.join(self.command)})",
+                    self.lines(),
+                )
             if _health_ok(self.base_url):
                 self.started_s = time.perf_counter() - self._launched_at
                 return self.started_s
@@ -303,8 +321,9 @@ def stop_on_sigterm() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def started_server(command: Sequence[str], port: int, env: Mapping[str, str], log_path: Path,
-                   say=print) -> Iterator[Server]:  # fmt: skip
+def started_server(
+    command: Sequence[str], port: int, env: Mapping[str, str], log_path: Path, say=print
+) -> Iterator[Server]:
     """Start the server process listening on ``port``, yield it (not yet healthy: the caller waits,
     :meth:`Server.wait_healthy`, when it needs it), and always stop it.
 

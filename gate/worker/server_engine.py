@@ -74,8 +74,9 @@ class ServedEngine:
         return cur
 
 
-def connect(server: Server, command: list[str], settings: ServerRequest,
-            bos_token_id: int | None) -> ServedEngine:  # fmt: skip
+def connect(
+    server: Server, command: list[str], settings: ServerRequest, bos_token_id: int | None
+) -> ServedEngine:
     client = http.Client(
         server.base_url, settings.request_timeout_s, settings.max_in_flight, server.lines
     )
@@ -161,14 +162,24 @@ def probe_push(engine: ServedEngine) -> dict[str, Any]:
     }
 
 
-def server_folder_push(base_url: str, state_dict: dict[str, torch.Tensor], client: http.Client,
-                       candidates: Sequence[Path]) -> None:  # fmt: skip
+def server_folder_push(
+    base_url: str,
+    state_dict: dict[str, torch.Tensor],
+    client: http.Client,
+    candidates: Sequence[Path],
+) -> None:
     """The weights as one safetensors folder, every worker reloads from it (dev-mode
     ``/collective_rpc reload_weights(weights_path)``), then ``/reset_prefix_cache``: only a path
     travels over HTTP."""
     with staged_weights(state_dict, candidates) as folder:
-        client.post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(folder)},
-                                        "timeout": rpc_timeout_s()})  # fmt: skip
+        client.post(
+            "/collective_rpc",
+            {
+                "method": "reload_weights",
+                "kwargs": {"weights_path": str(folder)},
+                "timeout": rpc_timeout_s(),
+            },
+        )
     client.post("/reset_prefix_cache", {})
 
 
@@ -199,8 +210,12 @@ def choose_server_adapter(
     )
 
 
-def _push_with_client(base_url: str, state_dict: dict[str, torch.Tensor], client: http.Client,
-                      candidates: Sequence[Path]) -> None:  # fmt: skip
+def _push_with_client(
+    base_url: str,
+    state_dict: dict[str, torch.Tensor],
+    client: http.Client,
+    candidates: Sequence[Path],
+) -> None:
     server_folder_push(base_url, state_dict, client, candidates)
 
 
@@ -218,9 +233,18 @@ def rollout(engine: ServedEngine):
     def sample(prompts: list[list[int]], n: int, temperature: float, max_tokens: int, seed: int):
         def one(i: int):
             # One seed for the step's every prompt, as the offline rollout's one SamplingParams.
-            body = {"model": SERVED_MODEL_NAME, "prompt": prompts[i], "n": n, "temperature": temperature,
-                    "top_p": 1.0, "top_k": 0, "max_tokens": max_tokens, "seed": seed, "logprobs": 0,
-                    "return_tokens_as_token_ids": True}  # fmt: skip
+            body = {
+                "model": SERVED_MODEL_NAME,
+                "prompt": prompts[i],
+                "n": n,
+                "temperature": temperature,
+                "top_p": 1.0,
+                "top_k": 0,
+                "max_tokens": max_tokens,
+                "seed": seed,
+                "logprobs": 0,
+                "return_tokens_as_token_ids": True,
+            }
             choices = http._choices(
                 engine.client.post(http.COMPLETIONS, body), False, 0, n, f"grpo {i}"
             )
@@ -243,8 +267,10 @@ def _served(inp: PassInput) -> ServedEngine:
 def _sample(inp: PassInput, out: PassResults) -> None:
     engine, s = _served(inp), inp.request.sampling
     fields = engine.settings.request_fields
-    inp.say(f"sampling {len(inp.tokenized.prompt_ids)} prompts x {s.n} over HTTP "
-            f"(sending {', '.join(fields) or 'no sampling field'}; seed={s.seed})")  # fmt: skip
+    inp.say(
+        f"sampling {len(inp.tokenized.prompt_ids)} prompts x {s.n} over HTTP "
+        f"(sending {', '.join(fields) or 'no sampling field'}; seed={s.seed})"
+    )
     trainer_ids = [list(p) for p in inp.tokenized.prompt_ids]
     result = http.sample(engine.client, inp.request.prompts, trainer_ids, s, fields, inp.order)
     out.sampled = result.completions
@@ -253,13 +279,18 @@ def _sample(inp: PassInput, out: PassResults) -> None:
     # (apply_chat_template in this environment), the trainer and the server disagree.
     inp.tokenized.prompt_ids[:] = result.prompt_ids
     out.prompt_ids = replay.prompt_ids_record(
-        trainer_ids, result.engine_prompt_ids, [p.id for p in inp.request.prompts],
-        "server: " + ", ".join(f"{n} from {src}" for src, n in sorted(result.prompt_ids_source.items())),
-    )  # fmt: skip
+        trainer_ids,
+        result.engine_prompt_ids,
+        [p.id for p in inp.request.prompts],
+        "server: "
+        + ", ".join(f"{n} from {src}" for src, n in sorted(result.prompt_ids_source.items())),
+    )
     unlike = out.prompt_ids["unlike_trainer"]
     if unlike["count"]:
-        inp.say(f"warning: the server tokenized {unlike['count']} prompt(s) differently from the trainer-side "
-                f"tokenizer (first: {unlike['ids'][0]})")  # fmt: skip
+        inp.say(
+            f"warning: the server tokenized {unlike['count']} prompt(s) differently from the trainer-side "
+            f"tokenizer (first: {unlike['ids'][0]})"
+        )
     sent = http.sampling_fields(s, fields)
     confirmation = http.confirm_effective(
         engine.client, result.prompt_ids[0], s, fields, engine.defaults
@@ -280,8 +311,13 @@ def _sample(inp: PassInput, out: PassResults) -> None:
 
 def _greedy(inp: PassInput, out: PassResults) -> None:
     inp.say("greedy pass over HTTP")
-    out.greedy = http.greedy(_served(inp).client, inp.tokenized.prompt_ids, inp.request.greedy_max_tokens,
-                             inp.request.sampling.logprobs, inp.order)  # fmt: skip
+    out.greedy = http.greedy(
+        _served(inp).client,
+        inp.tokenized.prompt_ids,
+        inp.request.greedy_max_tokens,
+        inp.request.sampling.logprobs,
+        inp.order,
+    )
 
 
 def _prefill_decode(inp: PassInput, out: PassResults) -> None:
@@ -327,8 +363,15 @@ def _weight_sync(inp: PassInput, out: PassResults) -> None:
             engine.client, (engine.facts.get("push_probe") or {}).get("endpoints") or []
         ),
     )
-    arrays, meta = probe(target, inp.request.model, inp.tokenized.prompt_ids, inp.tokenized.reference_ids, ws,
-                         inp.say, inp.hf_kwargs)  # fmt: skip
+    arrays, meta = probe(
+        target,
+        inp.request.model,
+        inp.tokenized.prompt_ids,
+        inp.tokenized.reference_ids,
+        ws,
+        inp.say,
+        inp.hf_kwargs,
+    )
     out.weight_sync = {**meta, "push_probe": engine.facts.get("push_probe")}
     out.arrays.update(arrays)
 
@@ -345,12 +388,23 @@ def _grpo(inp: PassInput, out: PassResults) -> None:
         inp.say(f"mini GRPO not run: {exc}")
         out.grpo = {"adapter": None, "unsupported": str(exc), "seeds": g.seeds, "steps": g.steps}
         return
-    inp.say(f"mini GRPO over HTTP: {len(g.seeds)} seed(s) x {g.steps} steps of {g.prompts_per_step} prompts "
-            f"x {g.group_size}")  # fmt: skip
+    inp.say(
+        f"mini GRPO over HTTP: {len(g.seeds)} seed(s) x {g.steps} steps of {g.prompts_per_step} prompts "
+        f"x {g.group_size}"
+    )
     out.grpo = {"adapter": adapter.name, "seeds": g.seeds, "steps": g.steps}
-    run = run_grpo(engine.base_url, inp.request.model, inp.tokenized.prompt_ids, [p.answer for p in inp.request.prompts],
-                   g, partial(push_naming_failures, adapter), inp.say, inp.hf_kwargs, rollout=rollout(engine),
-                   dtype=engine_dtype(engine))  # fmt: skip
+    run = run_grpo(
+        engine.base_url,
+        inp.request.model,
+        inp.tokenized.prompt_ids,
+        [p.answer for p in inp.request.prompts],
+        g,
+        partial(push_naming_failures, adapter),
+        inp.say,
+        inp.hf_kwargs,
+        rollout=rollout(engine),
+        dtype=engine_dtype(engine),
+    )
     out.arrays.update(run.arrays)
     out.grpo["trainer"] = run.trainer
 

@@ -58,8 +58,9 @@ class Client:
     """POST/GET JSON against one server; an HTTP error or a broken response is a :class:`ServerError`
     carrying the server's log tail."""
 
-    def __init__(self, base_url: str, timeout_s: float, max_in_flight: int,
-                 log_tail: Callable[[], list[str]]) -> None:  # fmt: skip
+    def __init__(
+        self, base_url: str, timeout_s: float, max_in_flight: int, log_tail: Callable[[], list[str]]
+    ) -> None:
         import httpx
 
         self.base_url = base_url
@@ -68,8 +69,11 @@ class Client:
         # vLLM's server closes a connection idle for 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE); a request
         # sent on one just as it closes fails with "Connection reset by peer" (seen between two
         # passes of a TP=2 server). Dropping idle connections after 2 s here keeps clear of that.
-        limits = httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=max_in_flight,
-                              keepalive_expiry=KEEPALIVE_EXPIRY_S)  # fmt: skip
+        limits = httpx.Limits(
+            max_connections=max_in_flight,
+            max_keepalive_connections=max_in_flight,
+            keepalive_expiry=KEEPALIVE_EXPIRY_S,
+        )
         self._http = httpx.Client(base_url=base_url, timeout=timeout_s, limits=limits)
         self.requests = 0
         self.retried: list[str] = []  # engine.json: each request sent again, and why
@@ -99,13 +103,16 @@ class Client:
                 f"{method} {path}: {type(exc).__name__}: {exc}", self.log_tail()
             ) from exc
         if resp.status_code >= 400:
-            raise ServerError(f"{method} {path} answered HTTP {resp.status_code}: {resp.text[:1000]}",
-                              self.log_tail())  # fmt: skip
+            raise ServerError(
+                f"{method} {path} answered HTTP {resp.status_code}: {resp.text[:1000]}",
+                self.log_tail(),
+            )
         try:
             return resp.json()
         except ValueError:
-            raise ServerError(f"{method} {path}: the answer is not JSON: {resp.text[:300]!r}",
-                              self.log_tail()) from None  # fmt: skip
+            raise ServerError(
+                f"{method} {path}: the answer is not JSON: {resp.text[:300]!r}", self.log_tail()
+            ) from None
 
     def stream_events(self, path: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """POST ``body`` with ``stream: true`` and yield each server-sent event's JSON, until
@@ -117,8 +124,10 @@ class Client:
             with self._http.stream("POST", path, json={**body, "stream": True}) as resp:
                 if resp.status_code >= 400:
                     resp.read()
-                    raise ServerError(f"POST {path} answered HTTP {resp.status_code}: {resp.text[:1000]}",
-                                      self.log_tail())  # fmt: skip
+                    raise ServerError(
+                        f"POST {path} answered HTTP {resp.status_code}: {resp.text[:1000]}",
+                        self.log_tail(),
+                    )
                 for line in resp.iter_lines():
                     data = line.removeprefix("data:").strip() if line.startswith("data:") else None
                     if not data:
@@ -128,8 +137,9 @@ class Client:
                     try:
                         yield json.loads(data)
                     except ValueError:
-                        raise ServerError(f"POST {path}: an event is not JSON: {data[:300]!r}",
-                                          self.log_tail()) from None  # fmt: skip
+                        raise ServerError(
+                            f"POST {path}: an event is not JSON: {data[:300]!r}", self.log_tail()
+                        ) from None
         except httpx.HTTPError as exc:
             raise ServerError(f"POST {path}: {type(exc).__name__}: {exc}", self.log_tail()) from exc
 
@@ -240,8 +250,14 @@ def _top(
     return ranked, (ids.index(sampled) + 1 if sampled in ids else k + 1)
 
 
-def _choice(ids: list[int], lps: list[float], tops: list[list[tuple[int, float]]], k: int,
-            finish: str | None, text: str) -> Choice:  # fmt: skip
+def _choice(
+    ids: list[int],
+    lps: list[float],
+    tops: list[list[tuple[int, float]]],
+    k: int,
+    finish: str | None,
+    text: str,
+) -> Choice:
     n = len(ids)
     rank = np.empty(n, dtype=np.int64)
     tid, tlp = np.full((n, k), -1, dtype=np.int64), np.full((n, k), -np.inf)
@@ -249,8 +265,15 @@ def _choice(ids: list[int], lps: list[float], tops: list[list[tuple[int, float]]
         ranked, rank[t] = _top(entries, tok, k)
         for j, (alt, value) in enumerate(ranked):
             tid[t, j], tlp[t, j] = alt, value
-    return Choice(np.asarray(ids, dtype=np.int64), np.asarray(lps, dtype=np.float64), rank, tid, tlp,
-                  FINISH_CODES.get(finish or "", FINISH_OTHER), text)  # fmt: skip
+    return Choice(
+        np.asarray(ids, dtype=np.int64),
+        np.asarray(lps, dtype=np.float64),
+        rank,
+        tid,
+        tlp,
+        FINISH_CODES.get(finish or "", FINISH_OTHER),
+        text,
+    )
 
 
 def completion_choice(choice: dict[str, Any], k: int) -> Choice:
@@ -261,8 +284,14 @@ def completion_choice(choice: dict[str, Any], k: int) -> Choice:
         [(token_id(t), float(v)) for t, v in (entry or {}).items()]
         for entry in lp.get("top_logprobs") or []
     ]
-    return _choice(ids, [float(v) for v in lp.get("token_logprobs") or []], tops, k,
-                   choice.get("finish_reason"), choice.get("text") or "")  # fmt: skip
+    return _choice(
+        ids,
+        [float(v) for v in lp.get("token_logprobs") or []],
+        tops,
+        k,
+        choice.get("finish_reason"),
+        choice.get("text") or "",
+    )
 
 
 def chat_choice(choice: dict[str, Any], k: int) -> Choice:
@@ -357,15 +386,30 @@ def _restore(results: list[Any], idx: list[int]) -> list[Any]:
     return restored
 
 
-def sample(client: Client, prompts: list[PromptItem], prompt_ids: list[list[int]], s: SamplingRequest,
-           fields: Sequence[str], order: np.ndarray | None = None) -> SampledOverHttp:  # fmt: skip
+def sample(
+    client: Client,
+    prompts: list[PromptItem],
+    prompt_ids: list[list[int]],
+    s: SamplingRequest,
+    fields: Sequence[str],
+    order: np.ndarray | None = None,
+) -> SampledOverHttp:
     """The rollout pass as the stack sends it: ``n`` samples per prompt, seed ``seed + i * n``."""
     sent = sampling_fields(s, fields)
     idx = _in_order(len(prompts), order)
 
     def one(i: int) -> tuple[list[Choice], list[int], str]:
-        item, body = prompts[i], {"model": SERVED_MODEL_NAME, "n": s.n, "seed": s.seed + i * s.n, **sent,
-                                  "return_tokens_as_token_ids": True, "return_token_ids": True}  # fmt: skip
+        item, body = (
+            prompts[i],
+            {
+                "model": SERVED_MODEL_NAME,
+                "n": s.n,
+                "seed": s.seed + i * s.n,
+                **sent,
+                "return_tokens_as_token_ids": True,
+                "return_token_ids": True,
+            },
+        )
         if item.messages is not None:
             body |= {"messages": item.messages, "logprobs": True, "top_logprobs": s.logprobs}
             response = client.post(CHAT, body)
@@ -408,8 +452,10 @@ def _server_prompt_ids(
     ids = response.get("prompt_token_ids")
     if isinstance(ids, list) and ids:
         return [int(t) for t in ids], "response.prompt_token_ids"
-    tokenized = client.post("/tokenize", {"model": SERVED_MODEL_NAME, "messages": item.messages,
-                                          "add_generation_prompt": True})  # fmt: skip
+    tokenized = client.post(
+        "/tokenize",
+        {"model": SERVED_MODEL_NAME, "messages": item.messages, "add_generation_prompt": True},
+    )
     tokens = tokenized.get("tokens")
     if not isinstance(tokens, list):
         raise RuntimeError(
@@ -418,14 +464,28 @@ def _server_prompt_ids(
     return [int(t) for t in tokens], "/tokenize"
 
 
-def greedy(client: Client, prompt_ids: list[list[int]], max_tokens: int, k: int,
-           order: np.ndarray | None = None) -> Completions:  # fmt: skip
+def greedy(
+    client: Client,
+    prompt_ids: list[list[int]],
+    max_tokens: int,
+    k: int,
+    order: np.ndarray | None = None,
+) -> Completions:
     """Temperature 0, one sample, every field set: the greedy pass must not depend on defaults."""
     idx = _in_order(len(prompt_ids), order)
 
     def one(i: int) -> list[Choice]:
-        body = {"model": SERVED_MODEL_NAME, "prompt": prompt_ids[i], "n": 1, "temperature": 0.0, "top_p": 1.0,
-                "top_k": 0, "max_tokens": max_tokens, "logprobs": k, "return_tokens_as_token_ids": True}  # fmt: skip
+        body = {
+            "model": SERVED_MODEL_NAME,
+            "prompt": prompt_ids[i],
+            "n": 1,
+            "temperature": 0.0,
+            "top_p": 1.0,
+            "top_k": 0,
+            "max_tokens": max_tokens,
+            "logprobs": k,
+            "return_tokens_as_token_ids": True,
+        }
         return _choices(client.post(COMPLETIONS, body), False, k, 1, f"greedy {i}")
 
     return completions_of(_restore(client.map(one, idx), idx), k)
@@ -439,8 +499,14 @@ def score_sequences(
 
     def one(i: int) -> np.ndarray:
         seq = sequences[i]
-        body = {"model": SERVED_MODEL_NAME, "prompt": seq, "n": 1, "temperature": 0.0, "max_tokens": 1,
-                "prompt_logprobs": 0}  # fmt: skip
+        body = {
+            "model": SERVED_MODEL_NAME,
+            "prompt": seq,
+            "n": 1,
+            "temperature": 0.0,
+            "max_tokens": 1,
+            "prompt_logprobs": 0,
+        }
         response = client.post(COMPLETIONS, body)
         choices = response.get("choices") or [{}]
         entries = choices[0].get("prompt_logprobs") or response.get("prompt_logprobs")
@@ -458,8 +524,13 @@ def score_sequences(
     return PromptScores(offsets=offsets, logprob=logprob)
 
 
-def confirm_effective(client: Client, prompt_ids: list[int], s: SamplingRequest, fields: Sequence[str],
-                      defaults: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+def confirm_effective(
+    client: Client,
+    prompt_ids: list[int],
+    s: SamplingRequest,
+    fields: Sequence[str],
+    defaults: dict[str, Any],
+) -> dict[str, Any]:
     """Check the effective parameters read for a request: the same prompt and seed, once as the stack
     sends it and once with every field set to those values, must give the same tokens and logprobs.
 
@@ -471,8 +542,14 @@ def confirm_effective(client: Client, prompt_ids: list[int], s: SamplingRequest,
     explicit = {k: v for k, v in effective.items() if k != "max_tokens"} | {
         "max_tokens": s.max_tokens
     }
-    base = {"model": SERVED_MODEL_NAME, "prompt": prompt_ids, "n": 1, "seed": s.seed, "logprobs": 1,
-            "return_tokens_as_token_ids": True}  # fmt: skip
+    base = {
+        "model": SERVED_MODEL_NAME,
+        "prompt": prompt_ids,
+        "n": 1,
+        "seed": s.seed,
+        "logprobs": 1,
+        "return_tokens_as_token_ids": True,
+    }
     as_sent = completion_choice(
         client.post(COMPLETIONS, base | sent | {"max_tokens": s.max_tokens})["choices"][0], 1
     )

@@ -56,7 +56,7 @@ def _worker_digests(worker) -> dict[str, str]:
         if hasattr(worker.model_runner, "get_model")
         else worker.model_runner.model
     )
-    return {f"tp0:{name}": tensor_digest(p) for name, p in model.named_parameters()}  # fmt: skip
+    return {f"tp0:{name}": tensor_digest(p) for name, p in model.named_parameters()}
 
 
 def _merge(per_worker: list[dict[str, str]], source: str) -> EngineDigests:
@@ -79,8 +79,11 @@ def offline_reader(llm) -> Callable[[], EngineDigests]:
                 call_workers(llm, CHECKER_METHOD, "weight checksums"), f"vLLM {CHECKER_METHOD}"
             )
         if shape.multiprocess:
-            return EngineDigests(None, reason=f"the workers ({shape.worker_cls}) have no {CHECKER_METHOD} "
-                                 "(vLLM < 0.32) and run in other processes, where gate sends no function")  # fmt: skip
+            return EngineDigests(
+                None,
+                reason=f"the workers ({shape.worker_cls}) have no {CHECKER_METHOD} "
+                "(vLLM < 0.32) and run in other processes, where gate sends no function",
+            )
         return _merge(
             call_workers(llm, _worker_digests, "weight checksums"), "gate digest via collective_rpc"
         )
@@ -128,9 +131,14 @@ def _names(keys: list[str], single_rank: bool) -> dict[str, Any]:
     return {"count": len(keys), "names": sorted(shown)[:MAX_NAMES]}
 
 
-def summarise(before: EngineDigests, after: EngineDigests, again: EngineDigests,
-              old: dict[str, set[str]], new: dict[str, set[str]],
-              wake: EngineDigests | None = None) -> dict[str, Any]:  # fmt: skip
+def summarise(
+    before: EngineDigests,
+    after: EngineDigests,
+    again: EngineDigests,
+    old: dict[str, set[str]],
+    new: dict[str, set[str]],
+    wake: EngineDigests | None = None,
+) -> dict[str, Any]:
     """What the three readings (before the push, after it, after the same push again) and the
     trainer's old and new tensors say, as engine.json records it.
 
@@ -151,9 +159,10 @@ def summarise(before: EngineDigests, after: EngineDigests, again: EngineDigests,
     readable = [k for k, v in before.tensors.items() if v != EMPTY_DIGEST]
     ranks = {k[: -len(param_name(k))] for k in before.tensors}
     comparable = [
-        k for k in readable
+        k
+        for k in readable
         if len(ranks) == 1 and before.tensors[k] in old.get(param_name(k), set())
-    ]  # fmt: skip
+    ]
     changed_by_trainer = [k for k in comparable if not (new[param_name(k)] & old[param_name(k)])]
     names = partial(_names, single_rank=len(ranks) == 1)
     found = {
@@ -178,4 +187,4 @@ def summarise(before: EngineDigests, after: EngineDigests, again: EngineDigests,
         found["wake_changed"] = names(
             [k for k in readable if wake.tensors.get(k) != after.tensors.get(k)]
         )
-    return found  # fmt: skip
+    return found

@@ -96,8 +96,13 @@ class WorkerCallTimeout(TimeoutError):
     """A collective_rpc got no answer from every worker in time; the message names the phase."""
 
 
-def call_workers(llm, method: str | Callable[..., Any], phase: str, args: tuple = (),
-                 kwargs: dict[str, Any] | None = None) -> list[Any]:  # fmt: skip
+def call_workers(
+    llm,
+    method: str | Callable[..., Any],
+    phase: str,
+    args: tuple = (),
+    kwargs: dict[str, Any] | None = None,
+) -> list[Any]:
     """``llm.collective_rpc`` with :func:`rpc_timeout_s` (``timeout=`` exists in every V1 release)."""
     timeout = rpc_timeout_s()
     name = method if isinstance(method, str) else getattr(method, "__name__", repr(method))
@@ -139,8 +144,10 @@ def executor_shape(llm) -> ExecutorShape:
     return ExecutorShape(
         world_size=int(getattr(parallel, "world_size", 1) or 1),
         backend=backend if backend is None or isinstance(backend, str) else _dotted_name(backend),
-        worker_cls=worker_cls if worker_cls is None or isinstance(worker_cls, str) else _dotted_name(worker_cls),
-    )  # fmt: skip
+        worker_cls=worker_cls
+        if worker_cls is None or isinstance(worker_cls, str)
+        else _dotted_name(worker_cls),
+    )
 
 
 def _dotted_name(obj: Any) -> str:
@@ -251,10 +258,11 @@ def probe_push_paths(llm) -> PushPaths | None:
         return PushPaths(
             reload_weights_iterator=False,  # tensors cannot travel to another process
             runner_load_weights=False,  # nor a function that reaches the model
-            reload_weights_path=worker_cls is not None and accepts_keyword(worker_cls, "weights_path"),
+            reload_weights_path=worker_cls is not None
+            and accepts_keyword(worker_cls, "weights_path"),
             multiprocess=True,
             worker_cls=shape.worker_cls,
-        )  # fmt: skip
+        )
     per_worker = call_workers(llm, _probe_worker, "weight-push probe")
 
     def agreed(key: str) -> bool:
@@ -388,8 +396,9 @@ def staged_weights(
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def folder_reload_push(llm, state_dict: dict[str, torch.Tensor],
-                       candidates: Sequence[Path] = (SHARED_MEMORY,)) -> None:  # fmt: skip
+def folder_reload_push(
+    llm, state_dict: dict[str, torch.Tensor], candidates: Sequence[Path] = (SHARED_MEMORY,)
+) -> None:
     """vLLM 0.16+, workers in other processes: write the weights once, then every rank reloads from
     the folder by method name (``reload_weights(weights_path=...)``), then drop stale cache entries.
 
@@ -415,8 +424,9 @@ FOLDER_RELOAD = Adapter(
 )
 
 
-def pick_adapter(paths: PushPaths | None, has_v0_driver_model: bool,
-                 staging: Sequence[Path] = (SHARED_MEMORY,)) -> Adapter:  # fmt: skip
+def pick_adapter(
+    paths: PushPaths | None, has_v0_driver_model: bool, staging: Sequence[Path] = (SHARED_MEMORY,)
+) -> Adapter:
     """Workers in other processes: reload_weights(weights_path) from a folder in ``staging``, else
     :class:`UnsupportedEngine`. In-process workers: reload_weights with a weights_iterator parameter
     -> that; else the model runner's load_weights -> that; else the V0 driver worker's load_weights
@@ -448,8 +458,10 @@ def pick_adapter(paths: PushPaths | None, has_v0_driver_model: bool,
             "Worker.reload_weights takes no weights_iterator and Worker.model_runner.model has no load_weights"
         )
     )
-    raise UnsupportedEngine(f"this engine offers no in-place weight-update path gate knows ({found}); "
-                            "configure weight_update.hook with your trainer's update function")  # fmt: skip
+    raise UnsupportedEngine(
+        f"this engine offers no in-place weight-update path gate knows ({found}); "
+        "configure weight_update.hook with your trainer's update function"
+    )
 
 
 def push_naming_failures(adapter: Adapter, llm, state_dict: dict[str, torch.Tensor]) -> None:

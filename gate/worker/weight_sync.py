@@ -71,9 +71,15 @@ def control_prompt(ids: list[int], block_size: int, bos_token_id: int | None) ->
     return lead + body[-keep:]
 
 
-def probe_prompts(prompt_ids: list[list[int]], reference_ids: list[list[int] | None], block_size: int,
-                  max_model_len: int, n: int, max_tokens: int,
-                  bos_token_id: int | None) -> tuple[list[list[int]], list[list[int]]]:  # fmt: skip
+def probe_prompts(
+    prompt_ids: list[list[int]],
+    reference_ids: list[list[int] | None],
+    block_size: int,
+    max_model_len: int,
+    n: int,
+    max_tokens: int,
+    bos_token_id: int | None,
+) -> tuple[list[list[int]], list[list[int]]]:
     """(control, prefix) prompts: ``n`` questions alone (no cache hit possible) and behind a shared
     prefix of whole KV blocks (cached with the old weights when prefix caching is on).
 
@@ -202,8 +208,16 @@ def offline_sleep_cycle(llm, level: int, push: Callable[[], None]) -> dict[str, 
     }
 
 
-def run_probe(llm, model_path: str, prompt_ids, reference_ids, request: WeightSyncRequest, progress,
-              hf_kwargs: dict | None = None, scratch_dir: Path | None = None) -> tuple[dict, dict]:  # fmt: skip
+def run_probe(
+    llm,
+    model_path: str,
+    prompt_ids,
+    reference_ids,
+    request: WeightSyncRequest,
+    progress,
+    hf_kwargs: dict | None = None,
+    scratch_dir: Path | None = None,
+) -> tuple[dict, dict]:
     """Returns (arrays, meta) for weight_sync.npz / engine.json.
 
     An engine without an update path gives no arrays and ``meta["unsupported"]``, the reason. A push
@@ -214,21 +228,44 @@ def run_probe(llm, model_path: str, prompt_ids, reference_ids, request: WeightSy
     except UnsupportedEngine as exc:
         progress(f"weight-sync probe not run: {exc}")
         return {}, {"adapter": None, "unsupported": str(exc)}
-    return probe(offline_target(llm, adapter), model_path, prompt_ids, reference_ids, request, progress,
-                 hf_kwargs)  # fmt: skip
+    return probe(
+        offline_target(llm, adapter),
+        model_path,
+        prompt_ids,
+        reference_ids,
+        request,
+        progress,
+        hf_kwargs,
+    )
 
 
-def probe(engine: ProbeTarget, model_path: str, prompt_ids, reference_ids, request: WeightSyncRequest,
-          progress, hf_kwargs: dict | None = None) -> tuple[dict, dict]:  # fmt: skip
+def probe(
+    engine: ProbeTarget,
+    model_path: str,
+    prompt_ids,
+    reference_ids,
+    request: WeightSyncRequest,
+    progress,
+    hf_kwargs: dict | None = None,
+) -> tuple[dict, dict]:
     """The probe on any running engine (:class:`ProbeTarget`): greedy before, push, greedy after."""
     from transformers import AutoModelForCausalLM
 
     adapter, block_size, bos_token_id = engine.adapter, engine.block_size, engine.bos_token_id
-    control, prefixed = probe_prompts(prompt_ids, reference_ids, block_size, engine.max_model_len,
-                                      request.probes, request.max_tokens, bos_token_id)  # fmt: skip
+    control, prefixed = probe_prompts(
+        prompt_ids,
+        reference_ids,
+        block_size,
+        engine.max_model_len,
+        request.probes,
+        request.max_tokens,
+        bos_token_id,
+    )
     probes = control + prefixed
-    progress(f"weight-sync probe: {len(control)} control + {len(prefixed)} shared-prefix prompts "
-             f"(KV block {block_size}), push via {adapter.name}")  # fmt: skip
+    progress(
+        f"weight-sync probe: {len(control)} control + {len(prefixed)} shared-prefix prompts "
+        f"(KV block {block_size}), push via {adapter.name}"
+    )
 
     before = engine.greedy(probes, request.max_tokens)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -271,8 +308,14 @@ def probe(engine: ProbeTarget, model_path: str, prompt_ids, reference_ids, reque
     bytes_wake = read_bytes() if wake is not None else None
     start = time.perf_counter()
     dtypes = {engine.dtype, torch.float32}  # an fp32 head beside a bf16 trunk
-    digests = summarise(bytes_before, bytes_after, bytes_again, trainer_digests(old_sd, dtypes),
-                        trainer_digests(new_sd, dtypes), bytes_wake)  # fmt: skip
+    digests = summarise(
+        bytes_before,
+        bytes_after,
+        bytes_again,
+        trainer_digests(old_sd, dtypes),
+        trainer_digests(new_sd, dtypes),
+        bytes_wake,
+    )
     digests["engine_read_s"] = round(sum(read_s), 3)
     digests["trainer_s"] = round(time.perf_counter() - start, 3)
 
@@ -352,8 +395,13 @@ def _sleep_cycle(engine: ProbeTarget, request: WeightSyncRequest, new_sd, probes
     return timings, engine.greedy(probes, request.max_tokens)
 
 
-def _load_trainer(auto_cls, model_path: str, device: str, hf_kwargs: dict | None = None,
-                  dtype: torch.dtype = torch.float32):  # fmt: skip
+def _load_trainer(
+    auto_cls,
+    model_path: str,
+    device: str,
+    hf_kwargs: dict | None = None,
+    dtype: torch.dtype = torch.float32,
+):
     """The trainer's copy of the model in ``dtype``, loaded as the engine loaded it (remote code, revision)."""
     from gate.worker.reference import _load_causal_lm
 

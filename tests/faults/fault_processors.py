@@ -35,7 +35,9 @@ class LogitNoise(_Fault):
     def __init__(self, vllm_config, device, is_pin_memory):
         super().__init__(vllm_config, device, is_pin_memory)
         self.sigma = float(os.environ.get("GATE_FAULT_SIGMA", "0.05"))
-        self.generator = torch.Generator(device="cpu").manual_seed(int(os.environ.get("GATE_FAULT_SEED", "0")))
+        self.generator = torch.Generator(device="cpu").manual_seed(
+            int(os.environ.get("GATE_FAULT_SEED", "0"))
+        )
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         noise = torch.randn(logits.shape, generator=self.generator, dtype=torch.float32)

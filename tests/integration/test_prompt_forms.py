@@ -34,8 +34,14 @@ TEMPLATE = (
     "{% else %}{{ raise_exception('unsupported role: ' + message['role']) }}{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
 )
-REASONING = ["turns-reasoning-0", "turns-reasoning-1"]  # vLLM's new field name: the server renders it
-TOKEN_IN = {"token-in-4": [25, 26, 19, 31, 37], "token-in-5": [1, 27, 30, 19, 29, 24, 37]}  # 4: no BOS
+REASONING = [
+    "turns-reasoning-0",
+    "turns-reasoning-1",
+]  # vLLM's new field name: the server renders it
+TOKEN_IN = {
+    "token-in-4": [25, 26, 19, 31, 37],
+    "token-in-5": [1, 27, 30, 19, 29, 24, 37],
+}  # 4: no BOS
 
 
 def _run(tmp: Path, mode: str) -> Replay:
@@ -43,7 +49,9 @@ def _run(tmp: Path, mode: str) -> Replay:
     if not model.exists():
         shutil.copytree((BUILTIN_CONFIG.parent / "../assets/models/tiny-arith").resolve(), model)
         config = json.loads((model / "tokenizer_config.json").read_text())
-        (model / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
+        (model / "tokenizer_config.json").write_text(
+            json.dumps({**config, "chat_template": TEMPLATE})
+        )
     path = variant_config(tmp, name=f"{mode}.yaml", mode=mode, prompts=[str(PROMPTS)], baseline=None,
                           greedy={"enabled": False}, teacher_forced={"enabled": False},
                           grpo={"enabled": False}, weight_sync={"enabled": False})  # fmt: skip
@@ -67,8 +75,13 @@ def test_a_server_that_renders_reasoning_the_trainer_leaves_out_is_caught(runs):
     assert record["checked"] == 6 and record["unlike_trainer"]["ids"] == REASONING, record
     first = record["unlike_trainer"]["first"]
     # <s><|system|>You add numbers.\n<|user|>12+7=\n<|assistant|>: 1 + 1 + 16 + 1 + 1 + 5 + 1 + 1
-    assert first["at"] == 27 and first["engine_tokens"] - first["trainer_tokens"] == len("<think>2+7=9;1+0=1;#19</think>")
-    assert "vLLM #33616" in check["diagnosis"] and "turns-reasoning-0 departs at token 27" in check["diagnosis"]
+    assert first["at"] == 27 and first["engine_tokens"] - first["trainer_tokens"] == len(
+        "<think>2+7=9;1+0=1;#19</think>"
+    )
+    assert (
+        "vLLM #33616" in check["diagnosis"]
+        and "turns-reasoning-0 departs at token 27" in check["diagnosis"]
+    )
     [m] = [m for m in check["measurements"] if m["name"] == "prompts_unlike_trainer"]
     assert (m["value"], m["status"], m["engine"]) == (2, "FAIL", "new")
     # The same messages stored with reasoning_content render the same on both sides; token ids go as
@@ -78,7 +91,9 @@ def test_a_server_that_renders_reasoning_the_trainer_leaves_out_is_caught(runs):
     for name, given in TOKEN_IN.items():
         assert e.prompt_tokens(ids.index(name)).tolist() == given
     assert run.evidence("new").engine.server["prompt_ids_source"] == {
-        "response.prompt_token_ids": 4, "response.choices.prompt_token_ids": 2}
+        "response.prompt_token_ids": 4,
+        "response.choices.prompt_token_ids": 2,
+    }
     verify("26k", run.report)
 
 

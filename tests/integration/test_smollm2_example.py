@@ -60,7 +60,9 @@ def test_without_the_committed_baseline_it_is_not_a_fail_either(smol_run, tmp_pa
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((run_dir / "report.json").read_text())
     statuses = {c["id"]: c["status"] for c in report["checks"]}
-    assert "FAIL" not in statuses.values() and statuses["grpo-trajectory"] in ("PASS", "WARN"), statuses
+    assert "FAIL" not in statuses.values() and statuses["grpo-trajectory"] in ("PASS", "WARN"), (
+        statuses
+    )
 
 
 def _judged_again(smol_run, tmp_path, edit) -> dict:
@@ -86,21 +88,31 @@ def test_a_full_vocabulary_trainer_at_top_p_is_told_its_ratios_are_cut(smol_run,
     own = smol_run.check("train-inference-mismatch")
     support = {m["engine"]: m for m in own["measurements"] if m["name"] == "support_k3_kl"}
     assert support["new"]["status"] == "PASS" and "normalize: kept" in support["new"]["note"]
-    report = _judged_again(smol_run, tmp_path, lambda raw: raw["reference"].update(normalize="full"))
+    report = _judged_again(
+        smol_run, tmp_path, lambda raw: raw["reference"].update(normalize="full")
+    )
     record = verify("26e", report)
     judged = next(c for c in report["checks"] if c["id"] == "train-inference-mismatch")
     again = {m["engine"]: m for m in judged["measurements"] if m["name"] == "support_k3_kl"}
     # Measured: mean kept mass 0.932, k3 3.0e-3 on both releases; top_p keeps >= 0.9, so none clipped.
-    assert again["new"]["status"] == "WARN" and again["new"]["value"] == support["new"]["value"] > 1e-3, record
+    assert (
+        again["new"]["status"] == "WARN" and again["new"]["value"] == support["new"]["value"] > 1e-3
+    ), record
     details = judged["details"]["new"]["support"]
-    assert 0.9 < details["mean_ratio"] < 0.97 and details["truncated"] > 0.9 and details["clip_frac"] == 0, details
+    assert (
+        0.9 < details["mean_ratio"] < 0.97
+        and details["truncated"] > 0.9
+        and details["clip_frac"] == 0
+    ), details
 
 
 def test_tokens_at_the_nucleus_edge_are_undecidable_not_outside(smol_run):
     check = smol_run.check("logprob-semantics")
     assert check["status"] == "PASS", check["summary"]
     edge = [m for m in check["measurements"] if m["name"] == "tokens_at_transform_boundary"]
-    assert edge and all("measured logit noise" in m["note"] for m in edge)  # bf16: some do sit there
+    assert edge and all(
+        "measured logit noise" in m["note"] for m in edge
+    )  # bf16: some do sit there
     assert check["details"]["tokens_outside_transform"] == {"old": 0, "new": 0}
 
 
@@ -111,7 +123,9 @@ def test_decode_agrees_with_prefill_on_the_real_model(smol_run):
     assert check["status"] == "PASS", check["summary"]
     for engine in ("old", "new"):
         found = check["details"][engine]["prefill_decode"]
-        assert found["sequences"] == 56 and found["disagreeing"] == 0 and found["not_compared"] == 0, found
+        assert (
+            found["sequences"] == 56 and found["disagreeing"] == 0 and found["not_compared"] == 0
+        ), found
         assert found["max_sequence_error"] < 1.03, found  # well inside the bar, not just under it
 
 
@@ -123,9 +137,13 @@ def test_each_engines_text_is_the_text_of_its_ids_on_the_real_tokenizer(smol_run
     assert check["status"] == "PASS", check["summary"]
     trips = check["details"]["round_trip"]
     for engine in ("old", "new"):
-        assert trips[engine]["sequences"] == 224 and trips[engine]["text_mismatch"] == 0, trips[engine]
+        assert trips[engine]["sequences"] == 224 and trips[engine]["text_mismatch"] == 0, trips[
+            engine
+        ]
         assert trips[engine]["retokenized"] < 0.1 * 224, trips[engine]
-    assert trips["old"]["retokenized"] + trips["new"]["retokenized"] > 0  # a real BPE drifts; tiny-arith cannot
+    assert (
+        trips["old"]["retokenized"] + trips["new"]["retokenized"] > 0
+    )  # a real BPE drifts; tiny-arith cannot
 
 
 def test_a_correct_inflight_update_on_the_real_model_is_quiet(smol_run):

@@ -35,7 +35,9 @@ LOGPROB_TOLERANCE = 1e-4  # |TP=2 - TP=1| per token, engine logprobs; tokens mus
 
 # Every test here runs on all the CPUs its xdist worker was given (tests/scheduling.py).
 pytestmark = pytest.mark.all_cpus
-needs_two_cpus = pytest.mark.skipif(len(scheduling.given_cpus()) < 2, reason="TP=2 on CPU needs 2 CPUs")
+needs_two_cpus = pytest.mark.skipif(
+    len(scheduling.given_cpus()) < 2, reason="TP=2 on CPU needs 2 CPUs"
+)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +51,9 @@ def tp2_replay(tmp_path_factory):
 
 def _hook_run(tmp_path_factory, name: str, hook: str, expect=(0, 1)):
     tmp = tmp_path_factory.mktemp(name)
-    config = variant_config(tmp, TP2, weight_update={"hook": f"{HOOKS}:{hook}"}, grpo={"enabled": False})
+    config = variant_config(
+        tmp, TP2, weight_update={"hook": f"{HOOKS}:{hook}"}, grpo={"enabled": False}
+    )
     return replay(tmp / "run", "-c", str(config), "--only", "new", expect=expect)
 
 
@@ -66,7 +70,10 @@ def test_the_cpu_default_passes_at_tp2(tp2_replay):
     assert binding.count("|") == 1 and binding.split("|")[0].startswith(
         str(min(os.sched_getaffinity(0)))
     )
-    assert [s["name"] for s in engine["gate_settings"]] == ["VLLM_CPU_OMP_THREADS_BIND", "enable_chunked_prefill"]
+    assert [s["name"] for s in engine["gate_settings"]] == [
+        "VLLM_CPU_OMP_THREADS_BIND",
+        "enable_chunked_prefill",
+    ]
     folder_push = (
         "collective_rpc reload_weights(weights_path) from a safetensors folder + reset_prefix_cache"
     )
@@ -91,7 +98,9 @@ def test_tp2_evidence_equals_tp1(tp2_replay, default_replay):
             tp2[f"{prefix}_{keys.ENGINE_LOGPROB}"] - tp1[f"{prefix}_{keys.ENGINE_LOGPROB}"]
         ).max()
         assert gap <= LOGPROB_TOLERANCE, (prefix, gap)
-    tf_gap = np.abs(tp2[f"{keys.TF}_{keys.ENGINE_LOGPROB}"] - tp1[f"{keys.TF}_{keys.ENGINE_LOGPROB}"]).max()
+    tf_gap = np.abs(
+        tp2[f"{keys.TF}_{keys.ENGINE_LOGPROB}"] - tp1[f"{keys.TF}_{keys.ENGINE_LOGPROB}"]
+    ).max()
     assert tf_gap <= LOGPROB_TOLERANCE, tf_gap
     np.testing.assert_array_equal(
         tp2["ws_token_ids"], tp1["ws_token_ids"]
@@ -121,8 +130,15 @@ def test_a_hook_failing_on_one_rank_is_exit_3_with_the_rank_and_the_log_tail(tmp
     assert "fail_on_rank_1" in check["summary"] and "Engine log (tail):" in check["diagnosis"]
     assert "(Worker_TP1 pid=" in check["diagnosis"]
     # The RL passes after the failed push did not run: the engine's weights were unknown.
-    assert run.check("inflight-update")["status"] == "ERROR" and "did not run" in run.check("inflight-update")["summary"]
-    judged = [c for c in run.report["checks"] if c["id"] not in ("weight-sync", "inflight-update", "grpo-trajectory")]
+    assert (
+        run.check("inflight-update")["status"] == "ERROR"
+        and "did not run" in run.check("inflight-update")["summary"]
+    )
+    judged = [
+        c
+        for c in run.report["checks"]
+        if c["id"] not in ("weight-sync", "inflight-update", "grpo-trajectory")
+    ]
     assert all(c["status"] in ("PASS", "WARN", "SKIP") for c in judged), {
         c["id"]: c["status"] for c in judged
     }
@@ -146,9 +162,14 @@ def test_more_cpu_ranks_than_cpus_is_a_config_error(tmp_path):
 
 def test_ray_on_the_cpu_platform_is_a_config_error(tmp_path):
     """vllm-cpu's platform has no Ray device: refused before any install, not after an engine start."""
-    with pytest.raises(ConfigError, match=r"distributed_executor_backend: ray needs a GPU platform") as info:
+    with pytest.raises(
+        ConfigError, match=r"distributed_executor_backend: ray needs a GPU platform"
+    ) as info:
         load_config(_config_with(tmp_path, {**TP2, "distributed_executor_backend": "ray"}))
-    assert info.value.exit_code == 2 and "engines.old.engine_args.distributed_executor_backend" in str(info.value)
+    assert (
+        info.value.exit_code == 2
+        and "engines.old.engine_args.distributed_executor_backend" in str(info.value)
+    )
 
 
 def test_more_gpu_ranks_than_the_docker_gpus_is_a_config_error(tmp_path):
@@ -197,9 +218,13 @@ def test_tp2_inflight_updates_keep_tear_and_reach_one_rank(tp2_inflight_replay):
     torn = updates[f"{INFLIGHT_HOOKS}:per_layer_folders_without_pause"]
     assert torn["steps_inside"] > 0, torn
     assert str(INFLIGHT_HOOKS.parent) not in check["summary"]  # hooks are shown by file name
-    assert "inflight_update.py:per_layer_folders_without_pause: torn" in check["summary"], check["summary"]
+    assert "inflight_update.py:per_layer_folders_without_pause: torn" in check["summary"], check[
+        "summary"
+    ]
     partial = updates[f"{INFLIGHT_HOOKS}:rank0_only"]
-    assert partial["steps_inside"] == 0 and partial["switch_start"] == partial["switch_end"]  # paused
+    assert (
+        partial["steps_inside"] == 0 and partial["switch_start"] == partial["switch_end"]
+    )  # paused
     assert "inflight_update.py:rank0_only: partial" in check["summary"], check["summary"]
     lost = updates[f"{INFLIGHT_HOOKS}:abort_without_resubmit"]
     assert len(lost["lost"]) == 4 and all("aborted after" in why for why in lost["lost"])

@@ -90,13 +90,19 @@ def _digest_findings(run: Replay, engine: str) -> dict:
 
 def test_the_tied_head_sent_as_lm_head_alone_reaches_the_engine(tmp_path):
     run = replay(
-        tmp_path / "run", "-c", str(smol_fp32_config(tmp_path, "send_tied_head_as_lm_head_only")),
-        "--only", "new",
+        tmp_path / "run",
+        "-c",
+        str(smol_fp32_config(tmp_path, "send_tied_head_as_lm_head_only")),
+        "--only",
+        "new",
     )
     check = run.check("weight-sync")
     assert check["status"] == "PASS", check["summary"]
     meta = run.evidence("new").engine.weight_sync
-    assert meta["tied_names"] == [TIED] and meta["distinct_tensors_pushed"] == meta["tensors_pushed"] - 1
+    assert (
+        meta["tied_names"] == [TIED]
+        and meta["distinct_tensors_pushed"] == meta["tensors_pushed"] - 1
+    )
     digests = _digest_findings(run, "new")
     # the embedding's parameter is readable on the CPU (the head's packed copy is made beside it)
     # and is the trainer's new tensor
@@ -132,8 +138,11 @@ def test_the_tied_head_sent_as_the_embedding_alone_leaves_the_cpu_head_behind(tm
     """Row 25b: the digests find every compared tensor right, the embedding among them; the
     outputs find a partial update; the diagnosis points at the head's repacked copy."""
     run = replay(
-        tmp_path / "run", "-c", str(smol_fp32_config(tmp_path, "send_tied_head_as_embedding_only")),
-        "--only", "new",
+        tmp_path / "run",
+        "-c",
+        str(smol_fp32_config(tmp_path, "send_tied_head_as_embedding_only")),
+        "--only",
+        "new",
     )
     check = run.check("weight-sync")
     details = check["details"]
@@ -173,7 +182,9 @@ def test_a_tied_head_declared_fp32_and_served_in_bf16_is_a_precision_fail(tmp_pa
     native bf16 is emulated; eight short prompts keep this to minutes.)"""
     raw = yaml.safe_load(smol_fp32_config(tmp_path, None).read_text())
     eight = tmp_path / "sums8.jsonl"
-    eight.write_text("".join(SUMS.with_name("sums.jsonl").read_text().splitlines(keepends=True)[:8]))
+    eight.write_text(
+        "".join(SUMS.with_name("sums.jsonl").read_text().splitlines(keepends=True)[:8])
+    )
     manifest = freeze_prompt_set(eight)
     raw |= {
         "prompts": [str(manifest)],
@@ -191,7 +202,12 @@ def test_a_tied_head_declared_fp32_and_served_in_bf16_is_a_precision_fail(tmp_pa
     run = replay(tmp_path / "run", "-c", str(config))
     check = run.check("precision")
     grid = check["details"]["logit_grid"]
-    assert check["status"] == "FAIL" and check["details"]["behaves_like"] == {"old": "fp32", "new": "bf16"}, check
-    assert grid["new"]["fraction_on_bf16_grid"] > 0.9 > 0.1 > grid["old"]["fraction_on_bf16_grid"], grid
+    assert check["status"] == "FAIL" and check["details"]["behaves_like"] == {
+        "old": "fp32",
+        "new": "bf16",
+    }, check
+    assert (
+        grid["new"]["fraction_on_bf16_grid"] > 0.9 > 0.1 > grid["old"]["fraction_on_bf16_grid"]
+    ), grid
     assert min(grid["new"]["gaps"], grid["old"]["gaps"]) >= 200
     verify("25c", run.report)

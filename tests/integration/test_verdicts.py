@@ -33,7 +33,9 @@ NO_GRPO = {"enabled": False}
 
 def test_clean_upgrade_passes(default_replay):
     report = default_replay.report
-    assert report["verdict"] == "PASS", json.dumps([(c["id"], c["status"], c["summary"]) for c in report["checks"]])
+    assert report["verdict"] == "PASS", json.dumps(
+        [(c["id"], c["status"], c["summary"]) for c in report["checks"]]
+    )
     assert default_replay.returncode == 0
     assert report["baseline"]["status"] == "PASS"
     assert report["counts"]["FAIL"] == 0
@@ -55,7 +57,9 @@ def test_raw_logprobs_fail_with_the_fix(raw_mode_replay):
 @pytest.fixture(scope="module")
 def caching_replay(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("caching")
-    config = variant_config(tmp, {"enable_prefix_caching": True, "async_scheduling": True}, grpo=NO_GRPO)
+    config = variant_config(
+        tmp, {"enable_prefix_caching": True, "async_scheduling": True}, grpo=NO_GRPO
+    )
     return replay(tmp / "run", "-c", str(config), "--only", "new"), tmp
 
 
@@ -71,7 +75,10 @@ def test_prefix_caching_and_async_scheduling_are_flagged(caching_replay):
     if run.evidence("new").engine.effective["async_scheduling"]:
         assert "async_scheduling" in parity["details"]["diff"]
     else:
-        assert parity["details"]["overridden_by_engine"]["async_scheduling"] == {"requested": True, "effective": False}
+        assert parity["details"]["overridden_by_engine"]["async_scheduling"] == {
+            "requested": True,
+            "effective": False,
+        }
     assert run.returncode == 1
     verify("4", run.report)
 
@@ -89,7 +96,13 @@ def test_acknowledged_changes_pass_when_rejudged(caching_replay):
 
 def test_dtype_change_fails_forward_drift(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bf16")
-    run = replay(tmp / "run", "-c", str(variant_config(tmp, {"dtype": "bfloat16"}, grpo=NO_GRPO)), "--only", "new")
+    run = replay(
+        tmp / "run",
+        "-c",
+        str(variant_config(tmp, {"dtype": "bfloat16"}, grpo=NO_GRPO)),
+        "--only",
+        "new",
+    )
     drift = run.check("forward-drift")
     assert drift["status"] == "FAIL", drift
     assert "dtype: float32 -> bfloat16" in drift["diagnosis"]
@@ -105,8 +118,12 @@ def _engine_agreement(summary: dict) -> dict:
     for entry in summary["per_seed"]:
         old, new = (ev.load(summary["dir"] / entry["dir"] / "engines" / e) for e in ("old", "new"))
         same = np.array_equal(old["sample_token_ids"], new["sample_token_ids"])
-        identical += bool(same and np.array_equal(old["sample_engine_logprob"], new["sample_engine_logprob"]))
-        tf_diff = max(tf_diff, float(np.abs(old["tf_engine_logprob"] - new["tf_engine_logprob"]).max()))
+        identical += bool(
+            same and np.array_equal(old["sample_engine_logprob"], new["sample_engine_logprob"])
+        )
+        tf_diff = max(
+            tf_diff, float(np.abs(old["tf_engine_logprob"] - new["tf_engine_logprob"]).max())
+        )
     return {"bit_identical_samples": identical, "max_abs_teacher_forced_diff": tf_diff}
 
 
@@ -116,7 +133,9 @@ def test_calibration_under_noise_sees_every_start_differ(noisy_control):
     seeds = {n: re.findall(rf"\[gate-noise\] sigma={NOISE_SIGMA} start_seed=(\d+)", (cal / "engines" / n / "worker.log").read_text())
              for n in names}  # fmt: skip
     assert all(len(s) == 1 for s in seeds.values()), seeds
-    assert len({s[0] for s in seeds.values()}) == CALIBRATION_RUNS, seeds  # every start draws its own seed
+    assert len({s[0] for s in seeds.values()}) == CALIBRATION_RUNS, (
+        seeds
+    )  # every start draws its own seed
     # Measured with sigma=0.01: mean |d| 3.0-3.5e-3, max 0.045-0.076 over the default prompts'
     # teacher-forced tokens (a confident token's logprob moves far less than sigma: its normaliser
     # moves with it). The floors are the 95% prediction bound over the 3 pairs.
@@ -135,7 +154,9 @@ def test_a_baseline_is_recorded_once_and_updated_on_purpose(noisy_control):
     stored = json.loads((noisy_control["baseline"] / "noise_design.json").read_text())
     assert stored["runs"] == CALIBRATION_RUNS  # the baseline keeps the floors' sample sizes
     again = run_cli("baseline", "record", "-c", config, "--from-run", cal)
-    assert again.returncode == 2 and "baseline update" in again.stderr  # never overwritten by accident
+    assert (
+        again.returncode == 2 and "baseline update" in again.stderr
+    )  # never overwritten by accident
     upd = run_cli("baseline", "update", "-c", config, "--from-run", cal)
     assert upd.returncode == 0 and "baseline updated" in upd.stderr
 
@@ -147,17 +168,27 @@ def test_a_a_and_clean_upgrade_under_noise_over_20_seeds(noisy_control):
         assert len(summary["seeds"]) == CONTROL_SEEDS and c["seeds"] == CONTROL_SEEDS
         assert c["checks_verdict"]["FAIL"] == 0 and c["checks_verdict"]["ERROR"] == 0, (name, c)
         assert c["verdict"]["FAIL"] == 0 and c["verdict"]["ERROR"] == 0, (name, c)
-        assert c["flagged"] <= CONTROL_SEEDS // 20, (name, c["per_check"])  # WARN in at most 5% of seeds
+        assert c["flagged"] <= CONTROL_SEEDS // 20, (
+            name,
+            c["per_check"],
+        )  # WARN in at most 5% of seeds
         # a non-baseline sampling seed is a provenance WARN by design (gate/repeat.py); checks decide "flagged"
         assert all(o["baseline"] == "WARN" for o in summary["per_seed"])
         summary["counts"] |= _engine_agreement(summary)
         record_control("A/A" if name == "aa" else "clean", summary)
         # the noise was there, and the calibrated floors (not the exact-CPU absolute ones) judged it
         assert summary["counts"]["max_abs_teacher_forced_diff"] > 1e-2
-        report = json.loads((summary["dir"] / summary["per_seed"][0]["dir"] / "report.json").read_text())
+        report = json.loads(
+            (summary["dir"] / summary["per_seed"][0]["dir"] / "report.json").read_text()
+        )
         drift = next(c for c in report["checks"] if c["id"] == "forward-drift")
-        assert all("calibrated A/A (baseline), 3 pair(s) of 3 starts" in m["note"] for m in drift["measurements"])
-    assert noisy_control["clean"]["engines"]["old"]["reused_from"] == str(noisy_control["aa"]["dir"].resolve())
+        assert all(
+            "calibrated A/A (baseline), 3 pair(s) of 3 starts" in m["note"]
+            for m in drift["measurements"]
+        )
+    assert noisy_control["clean"]["engines"]["old"]["reused_from"] == str(
+        noisy_control["aa"]["dir"].resolve()
+    )
 
 
 def _copy_of_run(run: Replay, tmp: Path) -> Path:
@@ -179,6 +210,11 @@ def test_corrupt_committed_baseline_copy_is_an_error(tmp_path_factory, default_r
     copy = tmp / "baseline"
     shutil.copytree(committed, copy)
     (copy / "reference.npz").write_bytes(b"not a zip")
-    proc = run_cli("check", str(_copy_of_run(default_replay, tmp)), "-c", str(variant_config(tmp, baseline=str(copy))))
+    proc = run_cli(
+        "check",
+        str(_copy_of_run(default_replay, tmp)),
+        "-c",
+        str(variant_config(tmp, baseline=str(copy))),
+    )
     assert proc.returncode == 3
     assert "unreadable baseline file" in proc.stderr and "Traceback" not in proc.stderr

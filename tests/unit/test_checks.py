@@ -8,10 +8,11 @@ import re
 import numpy as np
 import pytest
 
-from gate.checks import parse_settings, run_checks
 from gate.checks.base import Limit, Threshold
 from gate.checks.context import Context
+from gate.config.checks_section import parse_settings
 from gate.errors import ConfigError
+from gate.judge import run_checks
 from gate.verdict import Status, worst
 
 from ..factory import RUN, make_evidence, with_engine, with_identity
@@ -62,7 +63,9 @@ def test_threshold_directions():
 def test_checks_config_is_validated_by_path():
     with pytest.raises(ConfigError, match=r"checks\.nope: unknown check"):
         _settings(nope={})
-    with pytest.raises(ConfigError, match=r"checks.train-inference-mismatch.thresholds.kl: unknown metric"):
+    with pytest.raises(
+        ConfigError, match=r"checks.train-inference-mismatch.thresholds.kl: unknown metric"
+    ):
         _settings(**{"train-inference-mismatch": {"thresholds": {"kl": {"fail": 1}}}})
     with pytest.raises(ConfigError, match=r"checks.precision.expect_lm_heads: unknown key"):
         _settings(precision={"expect_lm_heads": "fp32"})
@@ -128,7 +131,9 @@ def test_threshold_overrides_keep_what_they_do_not_set():
 
 def test_mode_warn_caps_and_off_skips(tmp_path, clean):
     clean.new = make_evidence(tmp_path / "raw", seed=2, engine_equals="raw")
-    results = _results(clean, **{"logprob-semantics": {"mode": "warn"}, "precision": {"mode": "off"}})
+    results = _results(
+        clean, **{"logprob-semantics": {"mode": "warn"}, "precision": {"mode": "off"}}
+    )
     assert results["logprob-semantics"].status == Status.WARN
     assert results["precision"].status == Status.SKIP
 
@@ -173,16 +178,26 @@ def test_mismatch_values_and_thresholds(tmp_path, clean):
     k3_new = next(m for m in r.measurements if m.name == "k3_kl" and m.engine == "new")
     assert k3_new.value == pytest.approx(np.exp(-0.05) + 0.05 - 1, rel=1e-3)
     assert k3_new.status == Status.WARN  # 1.2e-3: above NeMo-RL's 1e-3, below 1e-2
-    tmpe = next(m for m in r.measurements if m.name == "token_mult_prob_error" and m.engine == "new")
-    assert tmpe.value == pytest.approx(np.exp(0.05), rel=1e-5) and tmpe.status == Status.WARN  # 1.0513 > 1.05
+    tmpe = next(
+        m for m in r.measurements if m.name == "token_mult_prob_error" and m.engine == "new"
+    )
+    assert (
+        tmpe.value == pytest.approx(np.exp(0.05), rel=1e-5) and tmpe.status == Status.WARN
+    )  # 1.0513 > 1.05
 
 
 def test_mismatch_names_each_statistic_as_the_stacks_dashboards_do(tmp_path, clean):
     clean.new = make_evidence(tmp_path / "off", seed=2, engine_offset=0.05)
     r = _results(clean)["train-inference-mismatch"]
     notes = {(m.name, m.engine): m.note for m in r.measurements}
-    assert notes[("k3_kl", "new")] == "as PipelineRL kl_new_old, prime-rl mismatch_kl, verl rollout_corr/k3_kl"
-    assert notes[("k3_kl", "old")] == "old engine: for comparison; as PipelineRL kl_new_old, prime-rl mismatch_kl, verl rollout_corr/k3_kl"
+    assert (
+        notes[("k3_kl", "new")]
+        == "as PipelineRL kl_new_old, prime-rl mismatch_kl, verl rollout_corr/k3_kl"
+    )
+    assert (
+        notes[("k3_kl", "old")]
+        == "old engine: for comparison; as PipelineRL kl_new_old, prime-rl mismatch_kl, verl rollout_corr/k3_kl"
+    )
     assert "NeMo-RL train/token_mult_prob_error" in notes[("token_mult_prob_error", "new")]
     prob = next(m for m in r.measurements if m.name == "prob_abs_diff_mean" and m.engine == "new")
     assert "verl training/rollout_probs_diff_mean" in prob.note and prob.value > 0
@@ -191,11 +206,23 @@ def test_mismatch_names_each_statistic_as_the_stacks_dashboards_do(tmp_path, cle
 def test_regression_needs_more_than_noise(tmp_path, clean):
     clean.old = make_evidence(tmp_path / "o", seed=1, engine_noise=0.01)
     clean.new = make_evidence(tmp_path / "n", seed=2, engine_noise=0.01)
-    reg = next(m for m in _results(clean)["train-inference-mismatch"].measurements if m.name == "regression_mean_abs_diff")
-    assert reg.status == Status.PASS  # same noise on both sides: the CI's lower bound stays below the floor
+    reg = next(
+        m
+        for m in _results(clean)["train-inference-mismatch"].measurements
+        if m.name == "regression_mean_abs_diff"
+    )
+    assert (
+        reg.status == Status.PASS
+    )  # same noise on both sides: the CI's lower bound stays below the floor
     clean.new = make_evidence(tmp_path / "n2", seed=2, engine_noise=0.05)
-    reg = next(m for m in _results(clean)["train-inference-mismatch"].measurements if m.name == "regression_mean_abs_diff")
-    assert reg.status == Status.FAIL and reg.value > 0.01  # mean |N(0, .05)| - mean |N(0, .01)| ~ 0.032
+    reg = next(
+        m
+        for m in _results(clean)["train-inference-mismatch"].measurements
+        if m.name == "regression_mean_abs_diff"
+    )
+    assert (
+        reg.status == Status.FAIL and reg.value > 0.01
+    )  # mean |N(0, .05)| - mean |N(0, .01)| ~ 0.032
 
 
 # --- forward-drift ---------------------------------------------------------------------------
@@ -228,10 +255,16 @@ def test_greedy_divergence_and_length(tmp_path, clean):
     clean.new = make_evidence(tmp_path / "g", seed=2, greedy_tokens=tokens)
     r = _results(clean)["greedy-and-length"]
     match = next(m for m in r.measurements if m.name == "greedy_exact_match_rate")
-    assert match.value == pytest.approx(19 / 20) and match.status == Status.PASS  # 0.95 is the warn bound
+    assert (
+        match.value == pytest.approx(19 / 20) and match.status == Status.PASS
+    )  # 0.95 is the warn bound
     assert r.details["old"]["greedy"]["diverging_prompts"] == [5]
     clean.new = make_evidence(tmp_path / "l", seed=2, length=9)
-    dev = next(m for m in _results(clean)["greedy-and-length"].measurements if m.name == "length_ratio_deviation")
+    dev = next(
+        m
+        for m in _results(clean)["greedy-and-length"].measurements
+        if m.name == "length_ratio_deviation"
+    )
     assert dev.value == pytest.approx(1 / 8) and dev.status == Status.FAIL
 
 
@@ -239,14 +272,28 @@ def test_greedy_divergence_and_length(tmp_path, clean):
 
 
 def test_config_parity_policy_and_acknowledge(tmp_path, clean):
-    clean.new = make_evidence(tmp_path / "c", seed=2, effective={"enable_prefix_caching": True, "async_scheduling": True, "compilation_mode": "NONE"})
+    clean.new = make_evidence(
+        tmp_path / "c",
+        seed=2,
+        effective={
+            "enable_prefix_caching": True,
+            "async_scheduling": True,
+            "compilation_mode": "NONE",
+        },
+    )
     r = _results(clean)["config-parity"]
     status = {m.name: m.status for m in r.measurements}
-    assert status == {"async_scheduling": Status.FAIL, "compilation_mode": Status.PASS, "enable_prefix_caching": Status.FAIL}
+    assert status == {
+        "async_scheduling": Status.FAIL,
+        "compilation_mode": Status.PASS,
+        "enable_prefix_caching": Status.FAIL,
+    }
     assert "enable_prefix_caching=False" in r.diagnosis
     clean.acknowledge = frozenset({"enable_prefix_caching", "async_scheduling"})
     assert _results(clean)["config-parity"].status == Status.PASS
-    r = _results(clean, **{"config-parity": {"policy": {"compilation_mode": "fail"}}})["config-parity"]
+    r = _results(clean, **{"config-parity": {"policy": {"compilation_mode": "fail"}}})[
+        "config-parity"
+    ]
     assert r.status == Status.FAIL
 
 
@@ -269,7 +316,9 @@ def test_generation_defaults_are_compared(tmp_path, clean):
 
 
 def test_precision_detects_bf16_head(tmp_path, clean):
-    clean.new = make_evidence(tmp_path / "b", seed=2, tf_offset=0.02)  # engine == the bf16-head reference
+    clean.new = make_evidence(
+        tmp_path / "b", seed=2, tf_offset=0.02
+    )  # engine == the bf16-head reference
     assert _results(clean)["precision"].details["behaves_like"]["new"] == "bf16"
     assert _results(clean, precision={"expect_lm_head": "fp32"})["precision"].status == Status.FAIL
     assert _results(clean, precision={"expect_lm_head": "bf16"})["precision"].status != Status.FAIL
@@ -277,7 +326,11 @@ def test_precision_detects_bf16_head(tmp_path, clean):
 
 def _greedy_topk(logits: np.ndarray, k: int = 5) -> np.ndarray:
     """What vLLM reports on a greedy pass: log_softmax in fp32 of the logits, the k largest."""
-    lp = logits - np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True)) - logits.max(1, keepdims=True)
+    lp = (
+        logits
+        - np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True))
+        - logits.max(1, keepdims=True)
+    )
     return np.sort(lp.astype(np.float32), axis=1)[:, ::-1][:, :k]
 
 
@@ -292,12 +345,16 @@ def test_logit_grid_tells_bf16_logits_from_fp32_ones():
     from gate.checks.precision import logit_grid
 
     rng = np.random.default_rng(0)
-    logits = rng.normal(0, 4, (600, 64)).astype(np.float32) + 8  # magnitudes like an LM's top logits
+    logits = (
+        rng.normal(0, 4, (600, 64)).astype(np.float32) + 8
+    )  # magnitudes like an LM's top logits
     bf16 = logit_grid(_greedy_topk(_bf16(logits)))
     fp32 = logit_grid(_greedy_topk(logits))
     assert bf16.verdict == "bf16" and bf16.on_grid > 0.95, bf16
     assert fp32.verdict == "fp32" and fp32.on_grid < 0.02, fp32
-    assert logit_grid(_greedy_topk(_bf16(logits))[:20]).verdict == "inconclusive"  # too few gaps to say
+    assert (
+        logit_grid(_greedy_topk(_bf16(logits))[:20]).verdict == "inconclusive"
+    )  # too few gaps to say
     assert logit_grid(None).verdict == "inconclusive"
 
 
@@ -353,7 +410,9 @@ def test_weight_sync_diagnoses(tmp_path, clean, mode, verdict, fix):
     assert fix in r.diagnosis
 
 
-def test_prefix_prompts_off_with_caching_off_are_a_partial_update_not_a_stale_cache(tmp_path, clean):
+def test_prefix_prompts_off_with_caching_off_are_a_partial_update_not_a_stale_cache(
+    tmp_path, clean
+):
     """No cache entry outlives a request with prefix caching off: the longer prompts show a
     partial update sooner (measured: the norms left behind at perturbation 0.05 put the prefix
     prompts 2.2e-3 off, the control ones 1.8e-4, limit 1e-3)."""
@@ -377,10 +436,16 @@ def test_weight_sync_names_the_tensors_a_push_left_behind_when_the_outputs_pass(
     r = _results(clean)["weight-sync"]
     assert r.status == Status.FAIL and r.details["verdict"] == "bytes-not-moved"
     assert r.summary.startswith("tensors the push did not move")
-    assert "2 tensor(s) still hold the bytes they had before the push (tp0:model.layers.0.input_layernorm.weight" in r.diagnosis
+    assert (
+        "2 tensor(s) still hold the bytes they had before the push (tp0:model.layers.0.input_layernorm.weight"
+        in r.diagnosis
+    )
     assert "vLLM #57022" in r.diagnosis and "1 tensor(s) could not be read" in r.diagnosis
     by_name = {m.name: m for m in r.measurements}
-    assert by_name["tensors_not_moved"].value == 2 and by_name["tensors_not_moved"].status == Status.FAIL
+    assert (
+        by_name["tensors_not_moved"].value == 2
+        and by_name["tensors_not_moved"].status == Status.FAIL
+    )
     assert by_name["tensors_second_push_changed"].status == Status.PASS
 
 
@@ -388,12 +453,22 @@ def test_weight_sync_bytes_changed_by_a_second_push_are_a_second_update(clean):
     clean.new.engine.weight_sync["digests"] = _digests(second=["tp0:model.embed_tokens.weight"])
     r = _results(clean)["weight-sync"]
     assert r.status == Status.FAIL and r.details["verdict"] == "second-update"
-    assert "changed when the same weights were pushed again (tp0:model.embed_tokens.weight)" in r.diagnosis
+    assert (
+        "changed when the same weights were pushed again (tp0:model.embed_tokens.weight)"
+        in r.diagnosis
+    )
 
 
-def test_a_stale_cache_the_bytes_contradict_is_tensors_left_behind_and_a_partial_update_stays(tmp_path, clean):
+def test_a_stale_cache_the_bytes_contradict_is_tensors_left_behind_and_a_partial_update_stays(
+    tmp_path, clean
+):
     norms = ["tp0:model.norm.weight"]
-    clean.new = make_evidence(tmp_path / "cache", seed=2, weight_sync="stale-cache", effective={"enable_prefix_caching": True})
+    clean.new = make_evidence(
+        tmp_path / "cache",
+        seed=2,
+        weight_sync="stale-cache",
+        effective={"enable_prefix_caching": True},
+    )
     clean.new.engine.weight_sync["digests"] = _digests(not_moved=norms, mismatch=norms)
     assert _results(clean)["weight-sync"].details["verdict"] == "bytes-not-moved"
     clean.new = make_evidence(tmp_path / "partial", seed=2, weight_sync="partial")
@@ -434,7 +509,10 @@ def test_a_tied_tensor_the_push_left_stale_is_named_as_the_tie(tmp_path, clean):
     assert r.details["verdict"] == "partial-update" and r.details["tied_tensor_missed"] == TIED
     assert ("lm_head.weight and model.embed_tokens.weight are one tensor in the trainer's model "
             "(tie_word_embeddings)") in r.diagnosis  # fmt: skip
-    assert "untied view" in r.diagnosis and "Push the trainer's one tensor under both names" in r.diagnosis
+    assert (
+        "untied view" in r.diagnosis
+        and "Push the trainer's one tensor under both names" in r.diagnosis
+    )
     # The same finding on a rank-prefixed name (several ranks) names the same tensor.
     clean.new.engine.weight_sync["digests"] = _digests(mismatch=["tp0:model.embed_tokens.weight"])
     assert _results(clean)["weight-sync"].details["tied_tensor_missed"] == TIED
@@ -449,27 +527,38 @@ def test_a_tied_tensor_the_push_left_stale_is_named_as_the_tie(tmp_path, clean):
      ([[TIED[0], 7]], ["lm_head.weight"], None)],
     ids=["other-tensor", "frozen-policy", "untied", "not-a-list", "not-names"],
 )  # fmt: skip
-def test_the_tie_is_named_only_where_a_tied_tensor_alone_was_missed(tmp_path, clean, tied_names, missed, unchanged):
+def test_the_tie_is_named_only_where_a_tied_tensor_alone_was_missed(
+    tmp_path, clean, tied_names, missed, unchanged
+):
     clean.new = make_evidence(tmp_path / "tied", seed=2, weight_sync="partial")
     clean.new.engine.weight_sync["tied_names"] = tied_names
-    clean.new.engine.weight_sync["digests"] = _digests(not_moved=missed, mismatch=missed, unchanged=unchanged)
+    clean.new.engine.weight_sync["digests"] = _digests(
+        not_moved=missed, mismatch=missed, unchanged=unchanged
+    )
     r = _results(clean)["weight-sync"]
     assert r.status == Status.FAIL and "tied_tensor_missed" not in r.details
     assert "tie_word_embeddings" not in r.diagnosis
 
 
-def test_a_tied_model_whose_compared_bytes_are_right_and_outputs_wrong_points_at_the_heads_copy(tmp_path, clean):
+def test_a_tied_model_whose_compared_bytes_are_right_and_outputs_wrong_points_at_the_heads_copy(
+    tmp_path, clean
+):
     """Row 25b's shape: every compared tensor the trainer's new one, the outputs a partial update."""
     clean.new = make_evidence(tmp_path / "tied", seed=2, weight_sync="partial")
     clean.new.engine.weight_sync["digests"] = _digests(unchanged=[])
     r = _results(clean)["weight-sync"]
-    assert "tie_word_embeddings" not in r.diagnosis and "repacked" not in r.diagnosis  # untied: no such copy
+    assert (
+        "tie_word_embeddings" not in r.diagnosis and "repacked" not in r.diagnosis
+    )  # untied: no such copy
     clean.new.engine.weight_sync["tied_names"] = [TIED]
     r = _results(clean)["weight-sync"]
     assert r.details["verdict"] == "partial-update" and "tied_tensor_missed" not in r.details
     assert "The digests compared 7 tensors and found each the trainer's new one" in r.diagnosis
     assert "repacked (oneDNN) copy of the embedding" in r.diagnosis
-    assert "under model.embed_tokens.weight alone moves the embedding and leaves the head behind" in r.diagnosis
+    assert (
+        "under model.embed_tokens.weight alone moves the embedding and leaves the head behind"
+        in r.diagnosis
+    )
     with_identity(clean.new, device_kind="cuda")  # a GPU head reads the parameter: no such copy
     assert "repacked" not in _results(clean)["weight-sync"].diagnosis
 
@@ -478,14 +567,21 @@ def test_weight_sync_passes_with_clean_bytes_and_says_what_it_compared(clean):
     clean.new.engine.weight_sync["digests"] = _digests(unchanged=[])
     r = _results(clean)["weight-sync"]
     assert r.status == Status.PASS
-    assert "bytes: 7 of 15 tensors compared with the trainer's, 0 of 7 readable unchanged" in r.summary
-    clean.new.engine.weight_sync["digests"] = {"source": None, "reason": "the server offers no /weight_checker"}
+    assert (
+        "bytes: 7 of 15 tensors compared with the trainer's, 0 of 7 readable unchanged" in r.summary
+    )
+    clean.new.engine.weight_sync["digests"] = {
+        "source": None,
+        "reason": "the server offers no /weight_checker",
+    }
     r = _results(clean)["weight-sync"]
     assert r.status == Status.PASS and r.summary.endswith("; weight digests not read")
     assert not [m for m in r.measurements if m.name.startswith("tensors_")]
 
 
-def test_a_second_push_is_judged_against_the_new_weights_and_older_evidence_without_it(tmp_path, clean):
+def test_a_second_push_is_judged_against_the_new_weights_and_older_evidence_without_it(
+    tmp_path, clean
+):
     r = _results(clean)["weight-sync"]
     second = next(m for m in r.measurements if m.name == "second_push_vs_new")
     assert second.value == pytest.approx(0.0) and second.fail == r.details["limit"]
@@ -511,7 +607,9 @@ def test_weights_lost_across_sleep_and_wake_are_their_own_verdict(clean):
     clean.new.engine.weight_sync["digests"] = _digests(unchanged=[])
     r = _results(clean)["weight-sync"]
     assert r.status == Status.FAIL and r.details["verdict"] == "sleep-wake"
-    assert r.diagnosis.startswith("After sleep level 2, wake and the push the engine serves other weights")
+    assert r.diagnosis.startswith(
+        "After sleep level 2, wake and the push the engine serves other weights"
+    )
     assert "TRL #5312" in r.diagnosis
     assert {m.name: m.value for m in r.measurements}["after_wake_vs_new"] == pytest.approx(0.5)
     # with the wake reading in the digests and no tensor changed, the loss is named as outside them
@@ -527,13 +625,21 @@ def test_bytes_changed_across_sleep_and_wake_are_named(clean):
     clean.new.engine.weight_sync["digests"] = digests
     r = _results(clean)["weight-sync"]
     assert r.status == Status.FAIL and r.details["verdict"] == "sleep-wake"
-    assert "1 tensor(s) are not what the first push left after sleep, wake and the same push (model.norm.weight)" in r.diagnosis
+    assert (
+        "1 tensor(s) are not what the first push left after sleep, wake and the same push (model.norm.weight)"
+        in r.diagnosis
+    )
 
 
 def test_a_sleep_cycle_not_run_says_why(clean):
-    clean.new.engine.weight_sync["sleep"] = {"level": 2, "not_run": "server mode: gate drives the sleep/wake cycle offline only"}
+    clean.new.engine.weight_sync["sleep"] = {
+        "level": 2,
+        "not_run": "server mode: gate drives the sleep/wake cycle offline only",
+    }
     r = _results(clean)["weight-sync"]
-    assert r.status == Status.PASS and r.summary.endswith("; sleep/wake not run (server mode: gate drives the sleep/wake cycle offline only)")
+    assert r.status == Status.PASS and r.summary.endswith(
+        "; sleep/wake not run (server mode: gate drives the sleep/wake cycle offline only)"
+    )
 
 
 def test_weight_sync_skips_without_probe(tmp_path, clean):
@@ -564,9 +670,15 @@ def test_a_grpo_run_without_a_weight_push_is_an_error_with_the_reason(clean):
     # The worker found no push for this engine: GRPO asked for but not run is not a SKIP.
     for key in [k for k in clean.new.arrays if k.startswith("grpo_")]:
         del clean.new.arrays[key]
-    with_engine(clean.new, grpo={"adapter": None, "unsupported": "no reload_weights and no model runner load_weights"})
+    with_engine(
+        clean.new,
+        grpo={"adapter": None, "unsupported": "no reload_weights and no model runner load_weights"},
+    )
     r = _results(clean)["grpo-trajectory"]
-    assert r.status == Status.ERROR and r.diagnosis == "No reload_weights and no model runner load_weights."
+    assert (
+        r.status == Status.ERROR
+        and r.diagnosis == "No reload_weights and no model runner load_weights."
+    )
     with_engine(clean.new, grpo={})
     assert _results(clean)["grpo-trajectory"].status == Status.SKIP
 
@@ -588,10 +700,16 @@ def test_grpo_margin_is_z_standard_errors_of_the_difference_never_under_the_floo
     from gate.checks.grpo import Z, margin
 
     new_se = np.array([0.03, 0.0, np.nan])
-    ref_se = np.array([[0.04, 0.0, 0.01], [0.02, 0.0, 0.01]])  # the larger seed's error per step counts
+    ref_se = np.array(
+        [[0.04, 0.0, 0.01], [0.02, 0.0, 0.01]]
+    )  # the larger seed's error per step counts
     # the errors under "nothing changed" are the reference's: the new run's own do not widen it
-    np.testing.assert_allclose(margin(ref_se, new_se, 1e-4), [Z * np.sqrt(2) * 0.04, 1e-4, Z * np.sqrt(2) * 0.01])
-    np.testing.assert_allclose(margin(None, np.array([0.03]), 0.0), [Z * 0.03 * np.sqrt(2)])  # borrowed
+    np.testing.assert_allclose(
+        margin(ref_se, new_se, 1e-4), [Z * np.sqrt(2) * 0.04, 1e-4, Z * np.sqrt(2) * 0.01]
+    )
+    np.testing.assert_allclose(
+        margin(None, np.array([0.03]), 0.0), [Z * 0.03 * np.sqrt(2)]
+    )  # borrowed
     np.testing.assert_allclose(margin(ref_se, np.array([np.nan, 9.0, 9.0]), 1e-4)[1], 1e-4)
 
 

@@ -353,7 +353,9 @@ def test_a_failed_download_is_a_fetch_error_that_says_why(tmp_path, monkeypatch)
     assert vllm_source.cached_source("9.9.9", tmp_path) is None
 
 
-def test_several_releases_are_fetched_concurrently_and_one_failure_stays_its_own(tmp_path, monkeypatch):
+def test_several_releases_are_fetched_concurrently_and_one_failure_stays_its_own(
+    tmp_path, monkeypatch
+):
     import threading
 
     both_in_flight = threading.Barrier(2, timeout=10)  # passes only with two downloads at once

@@ -227,7 +227,10 @@ def test_decoding_errors_name_the_key_as_written(minimal_config, extra, engines,
 
 
 def test_every_shipped_config_loads():
-    examples = [*sorted((REPO / "examples").glob("*.yaml")), *sorted((REPO / "docs" / "examples").glob("*.gate.yaml"))]
+    examples = [
+        *sorted((REPO / "examples").glob("*.yaml")),
+        *sorted((REPO / "docs" / "examples").glob("*.gate.yaml")),
+    ]
     for path in [BUILTIN_CONFIG, *examples]:
         assert load_config(path).gate_id, path
 
@@ -319,7 +322,9 @@ def test_server_mode_is_shared_or_per_engine_and_its_section_merges(minimal_conf
     ))  # fmt: skip
     old, new = cfg.engines["old"], cfg.engines["new"]
     assert old.mode == "offline" and new.mode == "server"
-    assert new.server.request_fields == ("temperature", "max_tokens") and new.server.max_in_flight == 8
+    assert (
+        new.server.request_fields == ("temperature", "max_tokens") and new.server.max_in_flight == 8
+    )
     assert new.server.args == ("--generation-config", "vllm")
     assert build_request(cfg, old, [], tmp_path).server is None
     request = WorkerRequest.from_json(build_request(cfg, new, [], tmp_path).to_json())
@@ -331,9 +336,14 @@ def test_server_mode_is_shared_or_per_engine_and_its_section_merges(minimal_conf
     assert build_request(default, default.engines["new"], [], tmp_path).server.request_fields == [
         "temperature", "top_p", "top_k", "max_tokens"]  # fmt: skip
     # ...and the penalties sampling turns on, which the reference applies; the others stay the server's.
-    penalised = load_config(minimal_config(extra="mode: server\nsampling: {repetition_penalty: 1.1}\n"))
+    penalised = load_config(
+        minimal_config(extra="mode: server\nsampling: {repetition_penalty: 1.1}\n")
+    )
     request = build_request(penalised, penalised.engines["new"], [], tmp_path)
-    assert request.server.request_fields[-1] == "repetition_penalty" and request.sampling.repetition_penalty == 1.1
+    assert (
+        request.server.request_fields[-1] == "repetition_penalty"
+        and request.sampling.repetition_penalty == 1.1
+    )
     assert "presence_penalty" not in request.server.request_fields
 
 
@@ -357,26 +367,41 @@ def test_bad_server_settings_name_the_file_and_field(minimal_config, extra, mess
     assert message in str(info.value)
 
 
-
-def test_the_inflight_phase_is_on_by_default_and_its_hooks_resolve_beside_the_config(minimal_config, tmp_path):
+def test_the_inflight_phase_is_on_by_default_and_its_hooks_resolve_beside_the_config(
+    minimal_config, tmp_path
+):
     cfg = load_config(BUILTIN_CONFIG)
     assert cfg.weight_sync.inflight.enabled and cfg.weight_sync.inflight.updates == ("keep",)
     hook = tmp_path / "hooks.py"
     hook.write_text("def update(engine, state_dict):\n    engine.push(state_dict)\n")
-    path = minimal_config(extra="weight_sync: {inflight: {updates: [keep_clear, 'hooks.py:update']}}\n")
-    assert load_config(path).weight_sync.inflight.updates == ("keep_clear", f"{hook.resolve()}:update")
+    path = minimal_config(
+        extra="weight_sync: {inflight: {updates: [keep_clear, 'hooks.py:update']}}\n"
+    )
+    assert load_config(path).weight_sync.inflight.updates == (
+        "keep_clear",
+        f"{hook.resolve()}:update",
+    )
 
 
 @pytest.mark.parametrize(
     "inflight, message",
     [
-        ("{updates: [pause_forever]}", "weight_sync.inflight.updates[0]: 'pause_forever' is neither one of"),
+        (
+            "{updates: [pause_forever]}",
+            "weight_sync.inflight.updates[0]: 'pause_forever' is neither one of",
+        ),
         ("{updates: []}", "weight_sync.inflight.updates: needs at least one update"),
         ("{updates: ['gone.py:update']}", "weight_sync.inflight.updates[0]: file"),
-        ("{switch_after: 48}", "weight_sync.inflight.switch_after: must be >= 1 and below max_tokens (48)"),
+        (
+            "{switch_after: 48}",
+            "weight_sync.inflight.switch_after: must be >= 1 and below max_tokens (48)",
+        ),
         ("{requests: 0}", "weight_sync.inflight.requests: must be >= 1"),
         ("{timeout_s: 0}", "weight_sync.inflight.timeout_s: must be > 0"),
-        ("{perturbation: 0}", "weight_sync.inflight.perturbation: must be > 0 (or null: weight_sync.perturbation)"),
+        (
+            "{perturbation: 0}",
+            "weight_sync.inflight.perturbation: must be > 0 (or null: weight_sync.perturbation)",
+        ),
     ],
 )
 def test_bad_inflight_settings_are_one_line_errors(minimal_config, inflight, message):
@@ -392,5 +417,7 @@ def test_the_sleep_cycle_follows_enable_sleep_mode_unless_set(minimal_config):
     assert ws.sleep_level_for({}) == 1 and ws.sleep_level_for({"enable_sleep_mode": True}) == 1
     assert load_config(minimal_config(extra="weight_sync: {sleep_level: 0}\n")).weight_sync.sleep_level_for(
         {"enable_sleep_mode": True}) == 0  # fmt: skip
-    with pytest.raises(ConfigError, match=re.escape("weight_sync.sleep_level: must be 0, 1, 2 or null")):
+    with pytest.raises(
+        ConfigError, match=re.escape("weight_sync.sleep_level: must be 0, 1, 2 or null")
+    ):
         load_config(minimal_config(extra="weight_sync: {sleep_level: 3}\n"))

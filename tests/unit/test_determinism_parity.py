@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import copy
 
-from gate.checks import determinism, parse_settings
+from gate.checks import determinism
 from gate.checks.context import Context
+from gate.config.checks_section import parse_settings
 from gate.verdict import Status
 
 from ..factory import RUN, make_evidence

@@ -7,7 +7,9 @@ import pytest
 from gate.device import bf16_emulation_note, cpu_isa, device_class, host_record, numerics_difference
 
 AVX2_EPYC = "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse2 avx avx2 fma\n"
-ZEN4 = "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512f avx512_bf16 avx512_vnni\n"
+ZEN4 = (
+    "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512f avx512_bf16 avx512_vnni\n"
+)
 SAPPHIRE = "model name\t: Intel(R) Xeon(R)\nflags\t\t: avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
 GRAVITON3 = "processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n"
 GRAVITON2 = "processor\t: 0\nFeatures\t: fp asimd\n"
@@ -32,7 +34,9 @@ def test_two_hosts_with_one_model_name_are_two_device_classes(monkeypatch):
 
 def test_bf16_without_native_support_is_told():
     note = bf16_emulation_note(["float32", "bfloat16"], "avx2", [])
-    assert note is not None and note.startswith("warning: bf16 on a CPU without native bf16 or AVX-512 (avx2;")
+    assert note is not None and note.startswith(
+        "warning: bf16 on a CPU without native bf16 or AVX-512 (avx2;"
+    )
     assert "263 s on 2 AVX2 cores" in note and "may not hold here" in note
     assert bf16_emulation_note(["bf16"], "neon", []) is not None  # the short spelling too
 

@@ -381,7 +381,7 @@ def test_a_given_image_must_hold_the_configured_engines():
         match=r"docker\.image: .*vllm==0\.12\.0.*engines\.new\.spec is 'vllm==0\.11\.1'",
     ):
         check_labels(_Image(wrong), recipe, "gate.yaml")
-    with pytest.raises(ConfigError, match="engines.old.spec"):
+    with pytest.raises(ConfigError, match=r"engines\.old\.spec"):
         check_labels(
             _Image({k: v for k, v in recipe.expected_labels().items() if k != LABEL_OLD}),
             recipe,

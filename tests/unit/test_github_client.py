@@ -42,7 +42,11 @@ def test_wrong_token_is_a_one_line_401_without_the_token(gh):
     with pytest.raises(GitHubError) as err, client(gh, token="ghp_WrongToken42") as c:
         c.get_json("user")
     msg = str(err.value)
-    assert err.value.status == 401 and "Bad credentials" in msg and "token is missing, wrong or expired" in msg
+    assert (
+        err.value.status == 401
+        and "Bad credentials" in msg
+        and "token is missing, wrong or expired" in msg
+    )
     assert "ghp_WrongToken42" not in msg and "\n" not in msg
     assert len(gh.requests) == 1  # a 401 is not retried
 
@@ -63,13 +67,18 @@ def test_pagination_follows_link_headers(gh):
     for i in range(250):
         gh.add_comment(REPO, 5, f"comment {i}", "someone")
     with client(gh) as c:
-        bodies = [item["body"] for item in c.paginate(f"repos/{REPO}/issues/5/comments", per_page=100)]
+        bodies = [
+            item["body"] for item in c.paginate(f"repos/{REPO}/issues/5/comments", per_page=100)
+        ]
     assert bodies == [f"comment {i}" for i in range(250)]
     gets = gh.calls("GET")
     assert len(gets) == 3
     assert gets[0].query == {"per_page": "100"}
     # later pages are GitHub's absolute next links (/repositories/<id>/...), followed as given
-    assert gets[1].path.startswith("/repositories/") and gets[1].query == {"per_page": "100", "page": "2"}
+    assert gets[1].path.startswith("/repositories/") and gets[1].query == {
+        "per_page": "100",
+        "page": "2",
+    }
     assert gets[2].query["page"] == "3"
 
 
@@ -82,7 +91,9 @@ def test_pagination_single_page_has_no_link(gh):
 
 def test_pagination_refuses_a_next_link_on_another_origin():
     def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, json=[{"id": 1}], headers={"Link": '<https://evil.example/x?page=2>; rel="next"'})
+        return httpx.Response(
+            200, json=[{"id": 1}], headers={"Link": '<https://evil.example/x?page=2>; rel="next"'}
+        )
 
     c = GitHubClient(SECRET, "https://api.github.com", transport=httpx.MockTransport(handler))
     with pytest.raises(GitHubError, match="refusing to send the token"):
@@ -130,12 +141,16 @@ def test_secondary_rate_limit_403_with_retry_after_is_waited_out(gh):
         r = c.request("POST", f"repos/{REPO}/issues/5/comments", json_body={"body": "hello"})
     assert r.status_code == 201 and sleeps == [7.0]
     assert [x.status for x in gh.calls("POST")] == [403, 201]
-    assert len(gh.comments(REPO, 5)) == 1  # a rate-limited request was not processed: retrying is safe
+    assert (
+        len(gh.comments(REPO, 5)) == 1
+    )  # a rate-limited request was not processed: retrying is safe
 
 
 def test_429_and_ratelimit_remaining_zero_are_retried(gh):
     gh.inject("GET", "^/user$", 429, headers={"retry-after": "2"})
-    gh.inject("GET", "^/user$", 403, headers={"x-ratelimit-remaining": "0", "x-ratelimit-reset": "0"})
+    gh.inject(
+        "GET", "^/user$", 403, headers={"x-ratelimit-remaining": "0", "x-ratelimit-reset": "0"}
+    )
     sleeps: list[float] = []
     with client(gh, sleeps=sleeps) as c:
         assert c.get_json("user")["login"] == "gate-bot"
@@ -153,15 +168,23 @@ def test_secondary_rate_limit_message_without_headers_waits_a_minute(gh):
 def test_rate_limits_that_never_lift_give_up_with_a_rate_limit_message(gh):
     gh.inject("GET", "^/user$", 429, times=99, headers={"retry-after": "1"})
     sleeps: list[float] = []
-    with pytest.raises(GitHubError, match=r"429 rate limited; gave up after 3 attempt"), client(gh, sleeps=sleeps, max_retries=2) as c:
+    with (
+        pytest.raises(GitHubError, match=r"429 rate limited; gave up after 3 attempt"),
+        client(gh, sleeps=sleeps, max_retries=2) as c,
+    ):
         c.get_json("user")
     assert sleeps == [1.0, 1.0]
 
 
 def test_a_rate_limit_longer_than_max_wait_is_an_error_not_a_sleep(gh):
-    gh.inject("GET", "^/user$", 403, headers={"retry-after": "3600"}, message="secondary rate limit")
+    gh.inject(
+        "GET", "^/user$", 403, headers={"retry-after": "3600"}, message="secondary rate limit"
+    )
     sleeps: list[float] = []
-    with pytest.raises(GitHubError, match=r"rate limited; retry in 3600s"), client(gh, sleeps=sleeps) as c:
+    with (
+        pytest.raises(GitHubError, match=r"rate limited; retry in 3600s"),
+        client(gh, sleeps=sleeps) as c,
+    ):
         c.get_json("user")
     assert sleeps == []
 
@@ -171,7 +194,12 @@ def test_403_on_write_explains_the_fork_split(gh):
         c.request("POST", f"repos/{REPO}/issues/5/comments", json_body={"body": "x"})
     msg = str(err.value)
     assert err.value.status == 403 and "Resource not accessible by integration" in msg
-    assert "fork" in msg and "workflow_run" in msg and "pull-requests: write" in msg and "\n" not in msg
+    assert (
+        "fork" in msg
+        and "workflow_run" in msg
+        and "pull-requests: write" in msg
+        and "\n" not in msg
+    )
 
 
 def test_404_names_what_to_check(gh):
@@ -188,7 +216,12 @@ def test_422_on_an_oversized_body_says_so(gh):
     assert err.value.status == 422
     assert "65,537 characters; GitHub's limit is 65,536" in str(err.value)
     with client(gh) as c:  # exactly at the limit is accepted
-        assert c.request("POST", f"repos/{REPO}/issues/5/comments", json_body={"body": "x" * 65_536}).status_code == 201
+        assert (
+            c.request(
+                "POST", f"repos/{REPO}/issues/5/comments", json_body={"body": "x" * 65_536}
+            ).status_code
+            == 201
+        )
 
 
 def test_connection_refused_is_retried_then_one_line(gh):
@@ -203,9 +236,15 @@ def test_connection_refused_is_retried_then_one_line(gh):
 
 
 def test_the_token_never_appears_in_any_error(gh):
-    cases = [("GET", "user", 502), ("GET", "user", 404), ("POST", f"repos/{REPO}/issues/5/comments", 500)]
+    cases = [
+        ("GET", "user", 502),
+        ("GET", "user", 404),
+        ("POST", f"repos/{REPO}/issues/5/comments", 500),
+    ]
     for method, path, status in cases:
-        gh.inject(method, ".*", status, times=99, message=f"echo {SECRET}")  # even if the server echoed it
+        gh.inject(
+            method, ".*", status, times=99, message=f"echo {SECRET}"
+        )  # even if the server echoed it
         with pytest.raises(GitHubError) as err, client(gh, max_retries=0) as c:
             c.request(method, path, json_body={"body": SECRET} if method == "POST" else None)
         assert SECRET not in str(err.value) and SECRET not in repr(err.value.args)

@@ -39,17 +39,24 @@ def _workflow_specs() -> dict[str, set[str]]:
 def test_the_dockerfile_builds_the_current_pair_by_default():
     args = _dockerfile_args()
     assert (args["VLLM_OLD"], args["VLLM_NEW"]) == CURRENT_GPU_PAIR
-    assert f"VLLM_OLD={CURRENT_GPU_PAIR[0]} --build-arg VLLM_NEW={CURRENT_GPU_PAIR[1]}" in (REPO / "Dockerfile").read_text()
+    assert (
+        f"VLLM_OLD={CURRENT_GPU_PAIR[0]} --build-arg VLLM_NEW={CURRENT_GPU_PAIR[1]}"
+        in (REPO / "Dockerfile").read_text()
+    )
 
 
 def test_the_gpu_example_config_gates_the_current_pair():
-    engines = yaml.safe_load((REPO / "examples" / "gpu-qwen.yaml").read_text(encoding="utf-8"))["engines"]
+    engines = yaml.safe_load((REPO / "examples" / "gpu-qwen.yaml").read_text(encoding="utf-8"))[
+        "engines"
+    ]
     assert (engines["old"]["spec"], engines["new"]["spec"]) == CURRENT_GPU_PAIR
 
 
 def test_the_example_workflows_gate_the_current_pair():
     specs = _workflow_specs()
-    assert specs["old-spec"] == {CURRENT_GPU_PAIR[0]} and specs["new-spec"] == {CURRENT_GPU_PAIR[1]}, specs
+    assert specs["old-spec"] == {CURRENT_GPU_PAIR[0]} and specs["new-spec"] == {
+        CURRENT_GPU_PAIR[1]
+    }, specs
 
 
 def test_the_config_default_base_image_is_the_dockerfiles():

@@ -6,8 +6,9 @@ import copy
 
 import numpy as np
 
-from gate.checks import parse_settings, run_checks
 from gate.checks.context import Context
+from gate.config.checks_section import parse_settings
+from gate.judge import run_checks
 
 from ..factory import RUN, make_evidence
 

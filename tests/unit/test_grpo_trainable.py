@@ -265,7 +265,7 @@ def test_trainer_logprobs_apply_the_head_only_where_completions_are_predicted(ti
     seqs, starts, temperature = [[1, 5, 7, 9, 2], [3, 4, 8]], [2, 1], 0.7
     lp, entropy = _trainer_logprobs(model, seqs, starts, temperature, "cpu")
     expected, expected_entropy = [], []
-    for seq, start in zip(seqs, starts):
+    for seq, start in zip(seqs, starts, strict=True):
         logits = model(input_ids=torch.tensor([seq])).logits[0].float() / temperature
         logp = torch.log_softmax(logits[start - 1 : len(seq) - 1], dim=-1)
         expected.append(logp.gather(-1, torch.tensor(seq[start:]).unsqueeze(-1)).squeeze(-1))

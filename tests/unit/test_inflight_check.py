@@ -7,8 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gate.checks import default_settings, inflight
+from gate.checks import inflight
 from gate.checks.context import Context
+from gate.config.checks_section import default_settings
 from gate.contract.engine_record import EngineRecord
 from gate.contract.evidence import Evidence
 from gate.verdict import Status
@@ -23,7 +24,9 @@ REC = OLD - 0.2
 STALE = np.where(np.tile(np.arange(6), 2) < 2, OLD, OLD - 0.1).astype(np.float32)
 
 
-def arrays(engine: np.ndarray, start=(2, 2), end=(2, 2), finish=(1, 1), updates=1) -> dict[str, np.ndarray]:
+def arrays(
+    engine: np.ndarray, start=(2, 2), end=(2, 2), finish=(1, 1), updates=1
+) -> dict[str, np.ndarray]:
     reps = updates
     return {
         "wsi_offsets": np.arange(0, 12 * reps + 1, 6, dtype=np.int64),
@@ -80,7 +83,9 @@ def test_tokens_between_the_first_call_and_a_fitted_switch_count_after_the_updat
     assert (a.pre_tokens, a.pre_not_old, a.post_tokens) == (4, 0, 8)
     assert a.counts["NEITHER"] == 4 and inflight.inconclusive(a, 0.05, 2) is None
     assert inflight.findings(a, 0.05) == ["torn"]
-    del a_arrays["wsi_switch_lower"]  # evidence without the first call's place: the fitted switch, as before
+    del a_arrays[
+        "wsi_switch_lower"
+    ]  # evidence without the first call's place: the fitted switch, as before
     [b] = inflight.attribute(a_arrays, ["hook"], TOL, max_tokens=6)
     assert (b.pre_tokens, b.pre_not_old) == (8, 4)
 
@@ -95,10 +100,12 @@ def test_one_odd_token_is_not_torn():
 def test_aborted_short_and_nan_requests_are_lost():
     engine = STALE.copy()
     engine[7] = np.nan
-    a_abort, = inflight.attribute(arrays(engine, finish=(2, 1)), ["abort"], TOL, max_tokens=6)
-    assert a_abort.lost == ["request 0: aborted after 6 tokens and not resubmitted",
-                            "request 1: returned without logprobs for some tokens"]
-    short, = inflight.attribute(arrays(STALE), ["x"], TOL, max_tokens=8)
+    (a_abort,) = inflight.attribute(arrays(engine, finish=(2, 1)), ["abort"], TOL, max_tokens=6)
+    assert a_abort.lost == [
+        "request 0: aborted after 6 tokens and not resubmitted",
+        "request 1: returned without logprobs for some tokens",
+    ]
+    (short,) = inflight.attribute(arrays(STALE), ["x"], TOL, max_tokens=8)
     assert short.lost == ["request 0: 6 of 8 tokens", "request 1: 6 of 8 tokens"]
     assert inflight.findings(short, 0.05) == ["lost"]
 
@@ -115,7 +122,10 @@ def test_candidates_within_the_tolerance_are_inconclusive():
     assert set("".join(a.labels)) == {"?"}
     assert "only 0 of 8 tokens after the switch" in inflight.inconclusive(a, 0.05, 8)
     [ok] = inflight.attribute(arrays(STALE), ["keep"], TOL, max_tokens=6)
-    assert inflight.inconclusive(ok, 0.05, 8) is None and inflight.inconclusive(ok, 0.05, 9) is not None
+    assert (
+        inflight.inconclusive(ok, 0.05, 8) is None
+        and inflight.inconclusive(ok, 0.05, 9) is not None
+    )
     engine = OLD - 0.05  # nothing before the switch is OLD: the tolerance does not hold here
     [b] = inflight.attribute(arrays(engine), ["keep"], TOL, max_tokens=6)
     assert "before the switch do not match the old weights" in inflight.inconclusive(b, 0.05, 8)
@@ -135,7 +145,9 @@ def test_the_tolerance_is_the_idle_probes_q99_gap_times_the_factor():
     gaps = np.linspace(0, 1e-3, 101)
     e = _evidence({"ws_before_engine_logprob": gaps.astype(np.float32), "ws_before_trainer_logprob": np.zeros(101),
                    "ws_engine_logprob": np.zeros(1, np.float32), "ws_trainer_new_logprob": np.zeros(1)}, {})  # fmt: skip
-    assert inflight.tolerance(e, 4.0, 1e-5) == pytest.approx(4 * np.quantile(np.append(gaps, 0), 0.99), rel=1e-5)
+    assert inflight.tolerance(e, 4.0, 1e-5) == pytest.approx(
+        4 * np.quantile(np.append(gaps, 0), 0.99), rel=1e-5
+    )
     assert inflight.tolerance(e, 4.0, 1.0) == 1.0
     assert inflight.tolerance(_evidence({}, {}), 4.0, 1e-4) is None
 
@@ -143,14 +155,21 @@ def test_the_tolerance_is_the_idle_probes_q99_gap_times_the_factor():
 def test_an_idle_push_that_missed_the_new_weights_does_not_widen_the_tolerance():
     """Row 27a: a half-written checkpoint left the engine nearer the old weights (0.05) than the new
     (0.2) after the idle push; that gap is the miss, not noise, and stays out of the tolerance."""
-    before = {"ws_before_engine_logprob": np.full(10, 1e-4, np.float32), "ws_before_trainer_logprob": np.zeros(10)}
+    before = {
+        "ws_before_engine_logprob": np.full(10, 1e-4, np.float32),
+        "ws_before_trainer_logprob": np.zeros(10),
+    }
     after = {"ws_engine_logprob": np.zeros(10, np.float32), "ws_trainer_new_logprob": np.full(10, 0.2),
              "ws_trainer_old_logprob": np.full(10, 0.05)}  # fmt: skip
     missed = Evidence(Path("."), {**before, **after}, {}, {})
     assert not inflight.idle_push_took(missed)
     assert inflight.tolerance(missed, 4.0, 1e-6) == pytest.approx(4e-4, rel=1e-3)
-    took = Evidence(Path("."), {**before, **after, "ws_trainer_old_logprob": np.full(10, 0.5)}, {}, {})
-    assert inflight.idle_push_took(took) and inflight.tolerance(took, 4.0, 1e-6) == pytest.approx(0.8, rel=1e-3)
+    took = Evidence(
+        Path("."), {**before, **after, "ws_trainer_old_logprob": np.full(10, 0.5)}, {}, {}
+    )
+    assert inflight.idle_push_took(took) and inflight.tolerance(took, 4.0, 1e-6) == pytest.approx(
+        0.8, rel=1e-3
+    )
 
 
 def _evidence(a: dict[str, np.ndarray], section: dict | None, idle_gap: float = 1e-5) -> Evidence:
@@ -169,7 +188,9 @@ def _run(new: Evidence, old: Evidence | None = None):
 
 
 def test_the_check_passes_a_correct_update_and_names_its_behaviour():
-    result = _run(_evidence(arrays(STALE), _section("keep")), _evidence(arrays(STALE), _section("keep")))
+    result = _run(
+        _evidence(arrays(STALE), _section("keep")), _evidence(arrays(STALE), _section("keep"))
+    )
     assert result.status == Status.PASS, result
     assert result.summary.startswith("keep: STALE")
     assert result.details["updates"]["keep"]["behaviour_old_engine"] == "STALE"
@@ -177,7 +198,10 @@ def test_the_check_passes_a_correct_update_and_names_its_behaviour():
 
 def test_a_behaviour_the_release_changed_is_a_warning():
     rec = np.where(np.tile(np.arange(6), 2) < 2, OLD, REC)
-    result = _run(_evidence(arrays(rec), _section("hook.py:f")), _evidence(arrays(STALE), _section("hook.py:f")))
+    result = _run(
+        _evidence(arrays(rec), _section("hook.py:f")),
+        _evidence(arrays(STALE), _section("hook.py:f")),
+    )
     assert result.status == Status.WARN
     assert "the release changed what this update does" in result.diagnosis
     # A built-in path that does not do what it asks for warns without an old engine.
@@ -193,7 +217,9 @@ def test_every_update_of_a_run_is_judged_and_the_worst_wins():
     both["wsi_switch_end"][2:] = 3  # the second update spans a step
     result = _run(_evidence(both, _section("keep", "per_layer.py:f")))
     assert result.status == Status.FAIL
-    assert "per_layer.py:f: torn (3 of 8 tokens" in result.summary and "keep: STALE" in result.summary
+    assert (
+        "per_layer.py:f: torn (3 of 8 tokens" in result.summary and "keep: STALE" in result.summary
+    )
     assert "Pause first" in result.diagnosis
 
 
@@ -203,7 +229,9 @@ def test_not_run_unsupported_and_raising_updates():
     assert skipped.status == Status.SKIP and "not covered: server mode" in skipped.summary
     raised = {"max_tokens": 6, "updates": [{"name": "hook.py:f", "error": "ValueError: boom"}]}
     assert _run(_evidence(arrays(STALE), raised)).status == Status.ERROR
-    timed_out = {"error": {"message": "InflightTimeout: the update never returned", "adapter": None}}
+    timed_out = {
+        "error": {"message": "InflightTimeout: the update never returned", "adapter": None}
+    }
     result = _run(_evidence({}, timed_out))
     assert result.status == Status.ERROR and "InflightTimeout" in result.summary
 
@@ -213,7 +241,9 @@ def test_steps_counted_inside_the_update_tell_torn_from_partial():
     a server-mode call known only within bounds has end > start with no step inside."""
     engine = STALE.copy()
     engine[[2, 3, 8]] -= 0.05
-    [a] = inflight.attribute(arrays(engine, end=(3, 3)), ["hook"], TOL, max_tokens=6, steps_inside=[0])
+    [a] = inflight.attribute(
+        arrays(engine, end=(3, 3)), ["hook"], TOL, max_tokens=6, steps_inside=[0]
+    )
     assert a.steps_inside == 0 and inflight.findings(a, 0.05) == ["partial"]
     [b] = inflight.attribute(arrays(engine), ["hook"], TOL, max_tokens=6, steps_inside=[2])
     assert inflight.findings(b, 0.05) == ["torn"]
@@ -230,7 +260,9 @@ def test_old_looking_tokens_over_torn_kv_are_not_also_stale():
 def test_an_update_after_every_request_finished_is_inconclusive():
     [a] = inflight.attribute(arrays(OLD, start=(6, 6), end=(6, 6)), ["late"], TOL, max_tokens=6)
     assert a.post_tokens == 0 and inflight.findings(a, 0.05) == []
-    assert "no request generated a token after the update's first call" in inflight.inconclusive(a, 0.05, 8)
+    assert "no request generated a token after the update's first call" in inflight.inconclusive(
+        a, 0.05, 8
+    )
     result = _run(_evidence(arrays(OLD, start=(6, 6), end=(6, 6)), _section("late")))
     assert result.status == Status.SKIP and result.summary.startswith("inconclusive")
 
@@ -240,10 +272,16 @@ def test_the_engines_version_labels_are_compared_with_the_switch():
     [a] = inflight.attribute(agree, ["keep"], TOL, max_tokens=6)
     assert a.version_switch == [2, 2] and a.versions_agree is True
     assert _run(_evidence(agree, _section("keep"))).status == Status.PASS
-    early = {**agree, "wsi_version_switch": np.array([1, -1], dtype=np.int64)}  # request 1: no label
+    early = {
+        **agree,
+        "wsi_version_switch": np.array([1, -1], dtype=np.int64),
+    }  # request 1: no label
     result = _run(_evidence(early, _section("keep")))
     assert result.status == Status.WARN, result
-    assert "label tokens from 1 on as the new version (request 0), but the weights changed at token 2" in result.diagnosis
+    assert (
+        "label tokens from 1 on as the new version (request 0), but the weights changed at token 2"
+        in result.diagnosis
+    )
     assert result.details["updates"]["keep"]["versions_agree"] is False
     # Evidence without labels (vLLM < 0.32, server mode, older evidence) compares nothing.
     [none] = inflight.attribute(arrays(STALE), ["keep"], TOL, max_tokens=6)

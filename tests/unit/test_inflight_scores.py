@@ -75,12 +75,16 @@ def test_a_switch_known_within_bounds_is_fitted_to_the_engine(model, weights):
     seqs = [(PROMPT, GEN)]
     for true_switch in (2, 4, 6):
         exact = attribution_scores(model, old, new, seqs, [true_switch], "cpu")
-        fitted = attribution_scores(model, old, new, seqs, [1], "cpu", upper=[7], engine=[exact.stale])
+        fitted = attribution_scores(
+            model, old, new, seqs, [1], "cpu", upper=[7], engine=[exact.stale]
+        )
         assert fitted.switch.tolist() == [true_switch]
         np.testing.assert_array_equal(fitted.stale, exact.stale)
     # Never outside the bounds: an engine that switched at 6 seen within [2, 4] is fitted at 4.
     at_six = attribution_scores(model, old, new, seqs, [6], "cpu").stale
-    assert attribution_scores(model, old, new, seqs, [2], "cpu", upper=[4], engine=[at_six]).switch.tolist() == [4]
+    assert attribution_scores(
+        model, old, new, seqs, [2], "cpu", upper=[4], engine=[at_six]
+    ).switch.tolist() == [4]
     # Without the engine's logprobs the lower bound stands.
     assert attribution_scores(model, old, new, seqs, [2], "cpu", upper=[4]).switch.tolist() == [2]
 
@@ -88,7 +92,7 @@ def test_a_switch_known_within_bounds_is_fitted_to_the_engine(model, weights):
 def test_probe_prompts_are_distinct_and_leave_room():
     prompts = [[1, 2], [1, 2], [], [3] * 220, [4, 5, 6]]
     assert inflight_prompts(prompts, 4, 48, 256) == [[1, 2], [4, 5, 6]]
-    with pytest.raises(ValueError, match="lower weight_sync.inflight.max_tokens"):
+    with pytest.raises(ValueError, match=r"lower weight_sync\.inflight\.max_tokens"):
         inflight_prompts([[3] * 250], 4, 48, 256)
 
 
@@ -98,14 +102,28 @@ def test_an_update_without_calls_switches_nothing():
     streams = [Stream("a", [1], 4, token_ids=[5, 6, 7, 8]), Stream("b", [1], 4, token_ids=[5, 6])]
     points = switch_points(UpdateRun("noop", streams, [], 4, 0.0, 0.1))
     assert points.lower.tolist() == points.upper.tolist() == points.end.tolist() == [4, 2]
-    records = [CallRecord("pause", [2, 1], 0.0), CallRecord("push", [2, 1], 0.1), CallRecord("resume", [2, 1], 0.2)]
+    records = [
+        CallRecord("pause", [2, 1], 0.0),
+        CallRecord("push", [2, 1], 0.1),
+        CallRecord("resume", [2, 1], 0.2),
+    ]
     points = switch_points(UpdateRun("keep", streams, records, 4, 0.2, 0.3))
     assert points.lower.tolist() == points.upper.tolist() == points.end.tolist() == [2, 1]
     # A call known only within bounds (server mode, no pause): its bounds.
     records = [CallRecord("push", [3, 2], 0.0, earliest=[2, 1])]
     points = switch_points(UpdateRun("no_pause", streams, records, 0, 0.1, 0.2))
-    assert points.lower.tolist() == [2, 1] and points.upper.tolist() == points.end.tolist() == [3, 2]
+    assert points.lower.tolist() == [2, 1] and points.upper.tolist() == points.end.tolist() == [
+        3,
+        2,
+    ]
     # Several calls with steps between them: anywhere from the first call to the last.
-    records = [CallRecord("label", [2, 1], 0.0), CallRecord("pause", [4, 3], 0.1), CallRecord("resume", [4, 3], 0.2)]
+    records = [
+        CallRecord("label", [2, 1], 0.0),
+        CallRecord("pause", [4, 3], 0.1),
+        CallRecord("resume", [4, 3], 0.2),
+    ]
     points = switch_points(UpdateRun("late", streams, records, 4, 0.2, 0.3))
-    assert points.lower.tolist() == [2, 1] and points.upper.tolist() == points.end.tolist() == [4, 3]
+    assert points.lower.tolist() == [2, 1] and points.upper.tolist() == points.end.tolist() == [
+        4,
+        3,
+    ]

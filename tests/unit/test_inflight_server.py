@@ -11,6 +11,7 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import pytest
 
@@ -90,7 +91,9 @@ def test_an_unpaused_call_is_known_within_what_arrived_while_it_ran():
     handle.push({})
     [record] = handle.records
     assert record.earliest == [16, 20] and record.tokens == [19, 23]
-    points = switch_points(srv.UpdateRun("no_pause", handle._streams.order, handle.records, 0, 0.1, 0.2))
+    points = switch_points(
+        srv.UpdateRun("no_pause", handle._streams.order, handle.records, 0, 0.1, 0.2)
+    )
     assert points.lower.tolist() == [16, 20] and points.upper.tolist() == [19, 23]
 
 
@@ -105,13 +108,22 @@ def test_calls_by_name_only_and_the_endpoints_they_reach(monkeypatch):
     handle.post("/resume")  # a raw endpoint is tracked like resume()
     handle.push({})  # after the resume: generation went on, so it is placed within bounds
     assert handle.records[-1].earliest is not None
-    assert server.calls == ["/collective_rpc", "/pause?mode=abort&clear_cache=true", "/resume", "/collective_rpc"]
+    assert server.calls == [
+        "/collective_rpc",
+        "/pause?mode=abort&clear_cache=true",
+        "/resume",
+        "/collective_rpc",
+    ]
 
 
 def test_resubmission_extends_the_aborted_streams_one_request_per_tokens_left(monkeypatch):
     handle, _ = _handle(during=0, tokens=[20, 30, 20, 64])
     submitted = []
-    monkeypatch.setattr(handle._streams, "submit", lambda batch, left: submitted.append(([(s.request_id, len(p)) for s, p in batch], left)))
+    monkeypatch.setattr(
+        handle._streams,
+        "submit",
+        lambda batch, left: submitted.append(([(s.request_id, len(p)) for s, p in batch], left)),
+    )
     *aborted, done = handle._streams.order
     for stream in aborted:
         stream.finish, stream.aborted_at = "abort", len(stream.token_ids)
@@ -125,12 +137,12 @@ def test_resubmission_extends_the_aborted_streams_one_request_per_tokens_left(mo
 
 
 class _SSE(BaseHTTPRequestHandler):
-    events: list[str] = []
+    events: ClassVar[list[str]] = []
     status = 200
 
-    bodies: list[dict] = []
+    bodies: ClassVar[list[dict]] = []
 
-    def do_POST(self):  # noqa: N802 (http.server's name)
+    def do_POST(self):
         self.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
         self.send_response(self.status)
         self.send_header("Content-Type", "text/event-stream")
@@ -183,7 +195,9 @@ def test_a_batch_is_one_request_whose_choices_go_to_their_streams(sse_server):
     first, second = Stream("r0", [1, 2], 3), Stream("r1", [3], 3)
     streams.submit([(first, [1, 2]), (second, [3])], 3)
     assert streams.wait(lambda: first.done and second.done, deadline=time.monotonic() + 10)
-    assert [body["prompt"] for body in _SSE.bodies] == [[[1, 2], [3]]] and _SSE.bodies[0]["max_tokens"] == 3
+    assert [body["prompt"] for body in _SSE.bodies] == [[[1, 2], [3]]] and _SSE.bodies[0][
+        "max_tokens"
+    ] == 3
     assert (first.token_ids, first.finish, first.aborted_at) == ([21, 22, 23], "length", None)
     assert (second.token_ids, second.finish, second.aborted_at) == ([11, 12], "abort", 2)
     assert streams.order == [first, second] and streams.errors == []
@@ -196,7 +210,9 @@ def test_a_choice_for_no_prompt_sent_ends_the_batch_as_an_error(sse_server):
     streams.submit([(s, s.prompt) for s in pair], 8)
     assert streams.wait(lambda: all(s.done for s in pair), deadline=time.monotonic() + 10)
     assert [s.finish for s in pair] == ["other", "other"]
-    assert streams.errors == ["r0, r1: ValueError: a streamed choice has index 2, not one of the 2 prompts sent"]
+    assert streams.errors == [
+        "r0, r1: ValueError: a streamed choice has index 2, not one of the 2 prompts sent"
+    ]
 
 
 def test_an_http_error_on_a_stream_is_recorded_not_raised(sse_server):
@@ -223,8 +239,17 @@ class ScriptedClient(ScriptedServer):
     def stream_events(self, path: str, body: dict):
         for _ in range(body["max_tokens"]):
             for i in range(len(body["prompt"])):
-                yield {"choices": [{"index": i, "logprobs": {"tokens": ["token_id:7"], "token_logprobs": [-0.5]}}]}
-        yield {"choices": [{"index": i, "finish_reason": "length"} for i in range(len(body["prompt"]))]}
+                yield {
+                    "choices": [
+                        {
+                            "index": i,
+                            "logprobs": {"tokens": ["token_id:7"], "token_logprobs": [-0.5]},
+                        }
+                    ]
+                }
+        yield {
+            "choices": [{"index": i, "finish_reason": "length"} for i in range(len(body["prompt"]))]
+        }
 
 
 def _request(**overrides) -> srv.InflightRequest:
@@ -240,7 +265,9 @@ def test_an_update_that_returns_paused_is_told_at_once_though_no_request_waits()
 
     adapter = Adapter("scripted push", lambda base_url, sd: None)
     began = time.monotonic()
-    with pytest.raises(srv.InflightLeftPaused, match=r"returned with the engine still paused .*last calls: pause"):
+    with pytest.raises(
+        srv.InflightLeftPaused, match=r"returned with the engine still paused .*last calls: pause"
+    ):
         srv.run_update(client, "never_resume", never_resume, adapter, "http://127.0.0.1:1",  # type: ignore[arg-type]
                        [[1, 2], [3]], _request(), {}, has_version_route=False)  # fmt: skip
     assert time.monotonic() - began < 10  # not after timeout_s (30)
@@ -259,20 +286,35 @@ def test_a_late_update_is_seen_as_late():
     # Its streams had their 8 tokens before the pause went out.
     assert [len(s.token_ids) for s in run.streams] == [8, 8] and landed_late(run, 2)
     # 12 tokens planned after the switch (2 requests x 8 - 2): a quarter is 3.
-    on_time = srv.UpdateRun("keep", run.streams, [srv.CallRecord("pause", [5, 8], 0.1)], 0, 0.1, 0.2)
+    on_time = srv.UpdateRun(
+        "keep", run.streams, [srv.CallRecord("pause", [5, 8], 0.1)], 0, 0.1, 0.2
+    )
     assert not landed_late(on_time, 2)  # 3 tokens after it
     nearly = srv.UpdateRun("keep", run.streams, [srv.CallRecord("pause", [7, 7], 0.1)], 0, 0.1, 0.2)
     assert landed_late(nearly, 2)  # 1 + 1: the check would find too few to attribute
     # A server's call known between two positions: where it surely had run, the later one.
-    bounded = srv.UpdateRun("keep", run.streams, [srv.CallRecord("x", [7, 7], 0.1, earliest=[2, 2])], 0, 0.1, 0.2)
+    bounded = srv.UpdateRun(
+        "keep", run.streams, [srv.CallRecord("x", [7, 7], 0.1, earliest=[2, 2])], 0, 0.1, 0.2
+    )
     assert landed_late(bounded, 2)
-    assert not landed_late(srv.UpdateRun("none", run.streams, [], 0, 0.1, 0.2), 2)  # no call: nothing to place
-    aborted = [Stream("r0", [1], 8, token_ids=[7] * 5, finish="abort", aborted_at=5), run.streams[1]]
-    at_abort = srv.UpdateRun("abort_without_resubmit", aborted, [srv.CallRecord("pause", [5, 8], 0.1)], 0, 0.1, 0.2)
-    assert not landed_late(at_abort, 2)  # the request ended where the update aborted it: lost, not late
+    assert not landed_late(
+        srv.UpdateRun("none", run.streams, [], 0, 0.1, 0.2), 2
+    )  # no call: nothing to place
+    aborted = [
+        Stream("r0", [1], 8, token_ids=[7] * 5, finish="abort", aborted_at=5),
+        run.streams[1],
+    ]
+    at_abort = srv.UpdateRun(
+        "abort_without_resubmit", aborted, [srv.CallRecord("pause", [5, 8], 0.1)], 0, 0.1, 0.2
+    )
+    assert not landed_late(
+        at_abort, 2
+    )  # the request ended where the update aborted it: lost, not late
     resubmitted = [Stream("r0", [1], 8, token_ids=[7] * 8, finish="length", aborted_at=7, resubmitted_at=7),
                    Stream("r1", [1], 8, token_ids=[7] * 8, finish="length", aborted_at=7, resubmitted_at=7)]  # fmt: skip
-    late_abort = srv.UpdateRun("abort_resubmit", resubmitted, [srv.CallRecord("pause", [7, 7], 0.1)], 0, 0.1, 0.2)
+    late_abort = srv.UpdateRun(
+        "abort_resubmit", resubmitted, [srv.CallRecord("pause", [7, 7], 0.1)], 0, 0.1, 0.2
+    )
     assert landed_late(late_abort, 2)  # aborted one token before the end: 2 tokens to attribute
 
 
@@ -309,5 +351,8 @@ def test_a_late_update_runs_again_from_the_old_weights_starting_earlier(late, at
     assert run.attempts == attempts == driver.runs and driver.pushed == ["old"] * attempts
     assert driver.switches == [4, 1, 1][:attempts] and run.switch_after == driver.switches[-1]
     assert landed_late(run, run.switch_after) is (late >= LATE_ATTEMPTS)
-    assert all("came at token 8 of 8, too late to attribute" in s and "once each request has 1" in s for s in said)
+    assert all(
+        "came at token 8 of 8, too late to attribute" in s and "once each request has 1" in s
+        for s in said
+    )
     assert len(said) == attempts - 1 and all("running it again" in s for s in said)

@@ -8,10 +8,11 @@ import json
 import numpy as np
 import pytest
 
-from gate.checks import parse_settings, run_checks
 from gate.checks.context import Context
 from gate.checks.logprob_integrity import top_list_findings
+from gate.config.checks_section import parse_settings
 from gate.contract import evidence as ev
+from gate.judge import run_checks
 from gate.verdict import Status
 
 from ..factory import RUN, make_evidence
@@ -141,7 +142,9 @@ def test_a_second_push_that_leaves_nan_fails_and_weight_sync_stands_down(pair):
     results = _checks(_rewrite(new, ws_again_engine_logprob=again), old)
     integrity = results["logprob-integrity"]
     assert integrity.status == Status.FAIL
-    assert integrity.details["new"]["nonfinite"]["weight-sync (pushed again)"]["positions"] == ["token 5"]
+    assert integrity.details["new"]["nonfinite"]["weight-sync (pushed again)"]["positions"] == [
+        "token 5"
+    ]
     assert results["weight-sync"].status == Status.SKIP
 
 

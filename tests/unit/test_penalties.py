@@ -8,10 +8,11 @@ import copy
 
 import pytest
 
-from gate.checks import parse_settings, run_checks
 from gate.checks.context import Context
+from gate.config.checks_section import parse_settings
 from gate.config.sections import SamplingConfig
 from gate.errors import ConfigError
+from gate.judge import run_checks
 from gate.verdict import Status
 
 from ..factory import RUN, make_evidence
@@ -55,9 +56,16 @@ def test_with_a_penalty_on_temperature_one_is_no_longer_the_identity(tmp_path):
 
 def test_a_mismatch_under_penalties_names_them_and_the_public_case(tmp_path):
     ctx = _context(tmp_path, {"repetition_penalty": 1.3}, new_offset=0.3)
-    result = next(r for r in run_checks(ctx, parse_settings({}, "t")) if r.id == "train-inference-mismatch")
+    result = next(
+        r for r in run_checks(ctx, parse_settings({}, "t")) if r.id == "train-inference-mismatch"
+    )
     assert result.status == Status.FAIL
-    assert "penalties on (repetition_penalty 1.3)" in result.diagnosis and "vLLM #52461" in result.diagnosis
+    assert (
+        "penalties on (repetition_penalty 1.3)" in result.diagnosis
+        and "vLLM #52461" in result.diagnosis
+    )
     plain = _context(tmp_path / "plain", {}, new_offset=0.3)
-    result = next(r for r in run_checks(plain, parse_settings({}, "t")) if r.id == "train-inference-mismatch")
+    result = next(
+        r for r in run_checks(plain, parse_settings({}, "t")) if r.id == "train-inference-mismatch"
+    )
     assert result.status == Status.FAIL and "vLLM #52461" not in result.diagnosis

@@ -20,7 +20,9 @@ LENGTHS = [2, 1]
 RATIOS = [1.5, 0.9, 1.1]
 
 
-def _run(name: str, eps_low: float, eps_high: float, ratios=RATIOS, lengths=LENGTHS, adv=(1.0, -1.0)):
+def _run(
+    name: str, eps_low: float, eps_high: float, ratios=RATIOS, lengths=LENGTHS, adv=(1.0, -1.0)
+):
     d = torch.tensor([math.log(r) for r in ratios], dtype=torch.float64, requires_grad=True)
     loss, clipped = policy_loss(d, torch.tensor(adv, dtype=torch.float64), lengths,
                                 PolicyLoss(name, eps_low, eps_high, max_tokens=4))  # fmt: skip

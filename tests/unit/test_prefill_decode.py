@@ -9,10 +9,11 @@ import math
 import numpy as np
 import pytest
 
-from gate.checks import parse_settings, run_checks
+from gate.analysis.prefill_decode import compare
 from gate.checks.context import Context
-from gate.checks.prefill_decode import compare
+from gate.config.checks_section import parse_settings
 from gate.contract import evidence as ev
+from gate.judge import run_checks
 from gate.verdict import Status
 from gate.worker.prefill import decode_positions, rescoring_input
 from gate.worker.replay import Completions, PromptScores
@@ -49,7 +50,10 @@ def test_each_greedy_token_gets_its_own_prefill_logprob_and_cut_tokens_nan():
 
 
 def _with_prefill(e: ev.Evidence, prefill: np.ndarray) -> ev.Evidence:
-    np.savez(e.path / ev.EVIDENCE_FILE, **{**e.arrays, "greedy_prefill_logprob": prefill.astype(np.float32)})
+    np.savez(
+        e.path / ev.EVIDENCE_FILE,
+        **{**e.arrays, "greedy_prefill_logprob": prefill.astype(np.float32)},
+    )
     return ev.load(e.path, allow_nonfinite_engine=True)
 
 
@@ -83,7 +87,9 @@ def test_no_rescored_pass_or_logits_mode_is_not_compared(pair):
 
 def _integrity(new: ev.Evidence, old: ev.Evidence):
     ctx = Context(new=new, old=old, run=copy.deepcopy(RUN))
-    return {r.id: r for r in run_checks(ctx, parse_settings(None, "gate.yaml"))}["logprob-integrity"]
+    return {r.id: r for r in run_checks(ctx, parse_settings(None, "gate.yaml"))}[
+        "logprob-integrity"
+    ]
 
 
 def test_one_disagreeing_sequence_warns_and_more_than_five_percent_fail(pair):
@@ -99,4 +105,6 @@ def test_one_disagreeing_sequence_warns_and_more_than_five_percent_fail(pair):
     assert result.status == Status.FAIL
     assert result.details["new"]["prefill_decode"]["examples"] == ["p0", "p1"]
     assert result.details["old"]["prefill_decode"]["disagreeing"] == 0
-    assert "NeMo-RL #2100" in result.diagnosis and "The old engine disagrees" not in result.diagnosis
+    assert (
+        "NeMo-RL #2100" in result.diagnosis and "The old engine disagrees" not in result.diagnosis
+    )

@@ -7,8 +7,9 @@ import copy
 
 import pytest
 
-from gate.checks import parse_settings, tokenization
+from gate.checks import tokenization
 from gate.checks.context import Context
+from gate.config.checks_section import parse_settings
 from gate.contract.evidence import EvidenceError
 from gate.contract.request import PromptItem
 from gate.verdict import Status
@@ -22,14 +23,26 @@ def test_the_record_counts_checked_prompts_and_says_where_the_first_departs():
     engine = [[1, 5, 6], [1, 7, 4, 4], None, [1, 2]]
     record = prompt_ids_record(trainer, engine, ["a", "b", "c", "d"], "test")
     # b: the engine's ids run on past the trainer's two (departs at 2); c: unknown; d: departs at 0
-    assert record == {"source": "test", "checked": 3, "unlike_trainer": {
-        "count": 2, "ids": ["b", "d"], "first": {"id": "b", "at": 2, "trainer_tokens": 2, "engine_tokens": 4}}}
+    assert record == {
+        "source": "test",
+        "checked": 3,
+        "unlike_trainer": {
+            "count": 2,
+            "ids": ["b", "d"],
+            "first": {"id": "b", "at": 2, "trainer_tokens": 2, "engine_tokens": 4},
+        },
+    }
     same = prompt_ids_record([[1]], [[1]], ["a"], "test")
     assert same["unlike_trainer"] == {"count": 0, "ids": [], "first": None}
 
 
 def test_a_completion_reports_the_ids_it_ran_or_the_ids_sent_stand():
-    said = {"choices": [{"index": 0, "prompt_token_ids": [1, 2]}, {"index": 1, "prompt_token_ids": [1, 2]}]}
+    said = {
+        "choices": [
+            {"index": 0, "prompt_token_ids": [1, 2]},
+            {"index": 1, "prompt_token_ids": [1, 2]},
+        ]
+    }
     assert _completion_prompt_ids(said, [2]) == ([1, 2], "response.choices.prompt_token_ids")
     assert _completion_prompt_ids({"choices": [{"index": 0}]}, [2]) == ([2], "sent")
 
@@ -49,7 +62,10 @@ class _Chars:
 
 def test_token_ids_go_as_given_and_ids_outside_the_vocabulary_are_refused():
     assert tokenize_prompts(_Chars(), [PromptItem("a", prompt_token_ids=[9, 0, 3])]) == [[9, 0, 3]]
-    with pytest.raises(ValueError, match=r"prompt b: prompt_token_ids: 2 id\(s\) outside the tokenizer's 10 \(first: 10\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"prompt b: prompt_token_ids: 2 id\(s\) outside the tokenizer's 10 \(first: 10\)",
+    ):
         tokenize_prompts(_Chars(), [PromptItem("b", prompt_token_ids=[1, 10, 12])])
 
 
@@ -71,13 +87,23 @@ def test_the_new_engine_fails_and_the_old_one_warns_on_prompts_unlike_the_traine
     new = _with_record(make_evidence(tmp_path / "new", seed=2), 2, ["p1", "p3"], FIRST)
     result = _tokenization(Context(new=new, old=old, run=copy.deepcopy(RUN)))
     by = {(m.name, m.engine): m for m in result.measurements}
-    assert (by[("prompts_unlike_trainer", "new")].value, by[("prompts_unlike_trainer", "new")].status) == (2, Status.FAIL)
-    assert (by[("prompts_unlike_trainer", "old")].value, by[("prompts_unlike_trainer", "old")].status) == (1, Status.WARN)
+    assert (
+        by[("prompts_unlike_trainer", "new")].value,
+        by[("prompts_unlike_trainer", "new")].status,
+    ) == (2, Status.FAIL)
+    assert (
+        by[("prompts_unlike_trainer", "old")].value,
+        by[("prompts_unlike_trainer", "old")].status,
+    ) == (1, Status.WARN)
     assert result.status == Status.FAIL
     assert "new: 2 of 8 prompt(s) run on other ids than the trainer's" in result.summary
-    assert ("The new engine ran 2 of 8 prompt(s) on other token ids than the trainer holds for them (e.g. p1, p3; "
-            "p1 departs at token 27, 38 tokens in the trainer's rendering against 68 in the engine's)") in result.diagnosis
-    assert "vLLM #33616" in result.diagnosis and "Prompts tokenize differently" not in result.diagnosis
+    assert (
+        "The new engine ran 2 of 8 prompt(s) on other token ids than the trainer holds for them (e.g. p1, p3; "
+        "p1 departs at token 27, 38 tokens in the trainer's rendering against 68 in the engine's)"
+    ) in result.diagnosis
+    assert (
+        "vLLM #33616" in result.diagnosis and "Prompts tokenize differently" not in result.diagnosis
+    )
 
 
 def test_only_the_old_engine_unlike_the_trainer_is_a_warning_and_a_clean_record_passes(tmp_path):

@@ -8,10 +8,12 @@ from gate.promptset import load_prompt_set, sha256_file
 
 
 def test_roundtrip_plain_and_chat(write_prompts):
-    manifest = write_prompts([
-        {"id": "a", "prompt": "1+1=", "reference": "2", "answer": "2"},
-        {"id": "b", "messages": [{"role": "user", "content": "hi"}]},
-    ])
+    manifest = write_prompts(
+        [
+            {"id": "a", "prompt": "1+1=", "reference": "2", "answer": "2"},
+            {"id": "b", "messages": [{"role": "user", "content": "hi"}]},
+        ]
+    )
     ps = load_prompt_set(manifest)
     assert [i.id for i in ps.items] == ["a", "b"]
     assert ps.items[1].messages == [{"role": "user", "content": "hi"}]
@@ -28,7 +30,9 @@ def test_multi_turn_reasoning_and_token_ids_are_kept_as_written(write_prompts):
         {"role": "assistant", "content": "2", "reasoning_content": "1+1=2"},
         {"role": "user", "content": "2+2="},
     ]
-    manifest = write_prompts([{"id": "turns", "messages": turns}, {"id": "ids", "prompt_token_ids": [1, 25, 0]}])
+    manifest = write_prompts(
+        [{"id": "turns", "messages": turns}, {"id": "ids", "prompt_token_ids": [1, 25, 0]}]
+    )
     turns_item, ids_item = load_prompt_set(manifest).items
     assert turns_item.messages == turns and turns_item.prompt_token_ids is None
     assert ids_item.prompt_token_ids == [1, 25, 0] and ids_item.prompt is ids_item.messages is None
@@ -52,12 +56,17 @@ def test_changed_file_is_refused(write_prompts):
         ({"id": "a", "prompt": "x", "extra": 1}, "extra: unknown key"),
         ({"id": "a", "prompt": "x", "reference": 3}, "reference: must be a string"),
         ({"id": "a", "prompt": "x", "prompt_token_ids": [1]}, "exactly one of them is required"),
-        ({"id": "a", "prompt_token_ids": []}, "prompt_token_ids: must be a non-empty list of token ids"),
+        (
+            {"id": "a", "prompt_token_ids": []},
+            "prompt_token_ids: must be a non-empty list of token ids",
+        ),
         ({"id": "a", "prompt_token_ids": [1, -2]}, "prompt_token_ids: must be a non-empty list"),
         ({"id": "a", "prompt_token_ids": [1, True]}, "prompt_token_ids: must be a non-empty list"),
         ({"id": "a", "prompt_token_ids": ["1"]}, "prompt_token_ids: must be a non-empty list"),
-        ({"id": "a", "messages": [{"role": "assistant", "content": "x", "reasoning": ["y"]}]},
-         "messages[0].reasoning: must be a string"),
+        (
+            {"id": "a", "messages": [{"role": "assistant", "content": "x", "reasoning": ["y"]}]},
+            "messages[0].reasoning: must be a string",
+        ),
     ],
 )
 def test_bad_records_name_file_line_and_field(tmp_path, record, message):
@@ -78,7 +87,7 @@ def test_duplicate_ids_and_missing_files(tmp_path, write_prompts):
         load_prompt_set(tmp_path / "none.manifest.json")
     manifest = write_prompts([{"id": "a", "prompt": "x"}], name="gone")
     manifest.with_name("gone.jsonl").unlink()
-    with pytest.raises(ConfigError, match="prompt file .* not found"):
+    with pytest.raises(ConfigError, match=r"prompt file .* not found"):
         load_prompt_set(manifest)
 
 
@@ -89,7 +98,9 @@ def test_shipped_sets_are_frozen_and_valid():
     arith = next(s for s in sets if s.name == "arith")
     assert len(arith.items) >= 64
     assert all(a for a in arith.answers)  # verifiable: every arithmetic prompt has an answer
-    assert any(item.messages for s in sets for item in s.items)  # the chat-template path is exercised
+    assert any(
+        item.messages for s in sets for item in s.items
+    )  # the chat-template path is exercised
 
 
 def test_the_chat_prompt_sets_are_what_their_generator_writes(tmp_path):

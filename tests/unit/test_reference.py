@@ -115,7 +115,9 @@ def test_batched_scoring_equals_one_sequence_at_a_time(tiny_model):
     assert 0 < gap.max() < 0.1
 
 
-def _vllm_penalties(logits: torch.Tensor, prompt: list[int], before: list[int], t: SamplingTransform) -> torch.Tensor:
+def _vllm_penalties(
+    logits: torch.Tensor, prompt: list[int], before: list[int], t: SamplingTransform
+) -> torch.Tensor:
     """vLLM's apply_penalties for one row, written out token by token (vllm/model_executor/layers/utils.py)."""
     out = logits.clone()
     for token in set(prompt) | set(before):
@@ -130,9 +132,13 @@ def _vllm_penalties(logits: torch.Tensor, prompt: list[int], before: list[int], 
 @pytest.mark.parametrize(
     "transform",
     [
-        SamplingTransform(0.7, 10, 0.95, penalties=Penalties(repetition=1.3, presence=0.4, frequency=0.25)),
+        SamplingTransform(
+            0.7, 10, 0.95, penalties=Penalties(repetition=1.3, presence=0.4, frequency=0.25)
+        ),
         SamplingTransform(1.0, 0, 0.9, penalties=Penalties(repetition=0.8)),  # < 1 rewards repeats
-        SamplingTransform(0.7, 0, 1.0, penalties=Penalties(frequency=-0.5)),  # no truncation: tempered == processed
+        SamplingTransform(
+            0.7, 0, 1.0, penalties=Penalties(frequency=-0.5)
+        ),  # no truncation: tempered == processed
     ],
 )
 def test_penalties_shape_the_processed_logprob_as_vllms_sampler_does(tiny_model, transform, rows_per_block,
@@ -157,16 +163,24 @@ def test_penalties_shape_the_processed_logprob_as_vllms_sampler_does(tiny_model,
                 shaped = _vllm_penalties(logits[t - 1], seq[:start], seq[start:t], transform)
                 raw.append(torch.log_softmax(logits[t - 1], -1)[seq[t]].item())
                 processed.append(processed_logprobs(shaped[None], transform)[0, seq[t]].item())
-                tempered.append(torch.log_softmax(shaped / transform.temperature, -1)[seq[t]].item())
+                tempered.append(
+                    torch.log_softmax(shaped / transform.temperature, -1)[seq[t]].item()
+                )
     np.testing.assert_allclose(scored.raw, raw, atol=1e-5)
     np.testing.assert_allclose(scored.processed, processed, atol=1e-5)
     np.testing.assert_allclose(scored.tempered, tempered, atol=1e-5)
-    assert np.abs(scored.tempered - _unpenalised(path, seqs, starts, transform)).max() > 0.01  # they move it
+    assert (
+        np.abs(scored.tempered - _unpenalised(path, seqs, starts, transform)).max() > 0.01
+    )  # they move it
 
 
 def _unpenalised(path, seqs, starts, transform: SamplingTransform) -> np.ndarray:
     plain = SamplingTransform(transform.temperature, transform.top_k, transform.top_p)
-    return ReferenceModel(str(path), "float32", lm_head_fp32=False, device="cpu").score(seqs, starts, plain, 256).tempered
+    return (
+        ReferenceModel(str(path), "float32", lm_head_fp32=False, device="cpu")
+        .score(seqs, starts, plain, 256)
+        .tempered
+    )
 
 
 @pytest.mark.parametrize(
@@ -241,7 +255,9 @@ def _per_backend_api() -> None:
         pytest.skip(f"torch {torch.__version__} has no per-backend fp32_precision (added in 2.9)")
 
 
-def test_a_tf32_set_through_torchs_per_backend_api_neither_breaks_the_reference_nor_survives_it(tiny_model):
+def test_a_tf32_set_through_torchs_per_backend_api_neither_breaks_the_reference_nor_survives_it(
+    tiny_model,
+):
     """A trainer or a stack's hook in the worker's process that turns TF32 (or oneDNN's bf16) on the
     way torch's notes now recommend leaves the process-wide getter raising ("mix of the legacy and
     new APIs"): the reference scores at full fp32 all the same, engine.json records the settings,
@@ -251,7 +267,9 @@ def test_a_tf32_set_through_torchs_per_backend_api_neither_breaks_the_reference_
     reference = ReferenceModel(str(path), "float32", lm_head_fp32=False, device="cpu")
     seqs, starts, t = [[1, 5, 7, 9, 2]], [1], SamplingTransform(1.0, 0, 1.0)
     expected = reference.score(seqs, starts, t, 256).raw
-    previous = {name: getattr(torch.backends, name).matmul.fp32_precision for name in ("cuda", "mkldnn")}
+    previous = {
+        name: getattr(torch.backends, name).matmul.fp32_precision for name in ("cuda", "mkldnn")
+    }
     try:
         torch.backends.cuda.matmul.fp32_precision = "tf32"
         torch.backends.mkldnn.matmul.fp32_precision = "bf16"
@@ -345,13 +363,17 @@ def test_transform_scores_over_the_candidates_equal_the_whole_vocabulary(top_p, 
     names = ("processed", "at_boundary", "boundary_gap", "mass_above")
     for name, a, b in zip(names, fast, whole, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, equal_nan=True, msg=name)
-    assert torch.isinf(fast[0]).any() and torch.isfinite(fast[0]).any()  # outside and inside both ran
+    assert (
+        torch.isinf(fast[0]).any() and torch.isfinite(fast[0]).any()
+    )  # outside and inside both ran
 
 
 def test_top_p_candidates_with_top_k_masked_tokens_and_ties():
     # top-k leaves -inf behind (probability 0): they are in the tail and never kept
     scaled = torch.tensor([[3.0, 1.0, 1.0, -math.inf, 0.5] + [-math.inf] * 600])
-    assert top_p_keep(scaled, 0.8)[0, :5].tolist() == _top_p_by_full_sort(scaled, 0.8)[0, :5].tolist()
+    assert (
+        top_p_keep(scaled, 0.8)[0, :5].tolist() == _top_p_by_full_sort(scaled, 0.8)[0, :5].tolist()
+    )
     assert top_p_keep(scaled, 0.8)[0, 5:].any().item() is False
 
 

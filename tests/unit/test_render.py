@@ -852,7 +852,9 @@ def test_diagnosis_split_into_finding_and_fix():
     )
     assert outcome.split_diagnosis("Only a finding.") == ("Only a finding", "")
     # "e.g. " and a period inside parentheses end no sentence (the examples of 26a and 26h did)
-    assert outcome.split_diagnosis("Off in 3 of 9 (e.g. prompt a. b, prompt c): lost text. Keep ids, i.e. tokens.") == (
+    assert outcome.split_diagnosis(
+        "Off in 3 of 9 (e.g. prompt a. b, prompt c): lost text. Keep ids, i.e. tokens."
+    ) == (
         "Off in 3 of 9 (e.g. prompt a. b, prompt c): lost text",
         "Keep ids, i.e. tokens.",
     )
@@ -892,11 +894,15 @@ def test_real_bpe_pieces_render_escaped_in_the_worst_tokens_table(failing):
     text = render_comment(as_report(r), budget=10**9).text
     lines = [line for line in text.splitlines() if line.startswith("| new | chat-00 |")]
     assert len(lines) == 3
-    assert all(unescaped_pipes(line) == 7 for line in lines)  # pipes inside pieces never split a cell
+    assert all(
+        unescaped_pipes(line) == 7 for line in lines
+    )  # pipes inside pieces never split a cell
     assert "**␠Paris**" in lines[0]  # the leading space shown, not lost
     assert "&lt;\\|im\\_end\\|&gt;" in lines[1] and "<|im_end|>" not in text
     assert "\\`\\`\\`" in lines[1]  # a fence in the text opens none
-    assert "\\*\\*" in lines[2] and "\ufffd" in lines[2]  # bold markers inert; partial bytes kept visible
+    assert (
+        "\\*\\*" in lines[2] and "\ufffd" in lines[2]
+    )  # bold markers inert; partial bytes kept visible
     openers: list[str] = []
     outside_code(text, openers)
     assert set(openers) <= {"bash", "text", "mermaid"}

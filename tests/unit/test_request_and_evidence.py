@@ -115,7 +115,9 @@ def test_the_inflight_phase_takes_its_own_perturbation_or_the_idle_probes(tmp_pa
     cfg = load_config(Path(__file__).resolve().parents[2] / "examples" / "smollm2-cpu.yaml")
     ws = _weight_sync_request(cfg, cfg.engines["new"])
     assert ws is not None and ws.perturbation == 0.05 and ws.inflight.perturbation == 0.2
-    unset = dataclasses.replace(cfg.weight_sync, inflight=dataclasses.replace(cfg.weight_sync.inflight, perturbation=None))
+    unset = dataclasses.replace(
+        cfg.weight_sync, inflight=dataclasses.replace(cfg.weight_sync.inflight, perturbation=None)
+    )
     ws = _weight_sync_request(dataclasses.replace(cfg, weight_sync=unset), cfg.engines["new"])
     assert ws.inflight.perturbation == 0.05
     req = dataclasses.replace(_request(tmp_path), weight_sync=ws)

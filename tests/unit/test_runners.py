@@ -14,7 +14,15 @@ def _py(code: str) -> list[str]:
 
 def test_progress_lines_are_echoed_and_everything_logged(tmp_path):
     seen = []
-    run_logged(_py(f"print('noise'); print({PROGRESS_PREFIX!r} + 'halfway')"), {}, tmp_path / "w.log", 30, "new", "worker", seen.append)
+    run_logged(
+        _py(f"print('noise'); print({PROGRESS_PREFIX!r} + 'halfway')"),
+        {},
+        tmp_path / "w.log",
+        30,
+        "new",
+        "worker",
+        seen.append,
+    )
     assert seen == ["[new] halfway"]
     assert "noise" in (tmp_path / "w.log").read_text()
 
@@ -55,7 +63,9 @@ def test_gate_package_sync_copies_code_not_assets(tmp_path):
     assert not (copied / "assets").exists()
     assert (site / "gate-src.pth").read_text().strip() == str(src)
     (copied / "marker").write_text("x")
-    assert venv_mod._sync_gate_package(venv) == src and (copied / "marker").exists()  # same hash: reused
+    assert (
+        venv_mod._sync_gate_package(venv) == src and (copied / "marker").exists()
+    )  # same hash: reused
 
 
 def test_old_gate_copies_are_pruned(tmp_path):

@@ -1,8 +1,8 @@
-"""config-parity's rows for the sampling defaults a server fills in (gate/checks/server_defaults.py)."""
+"""config-parity's rows for the sampling defaults a server fills in (gate/analysis/server_defaults.py)."""
 
 from __future__ import annotations
 
-from gate.checks.server_defaults import findings
+from gate.analysis.server_defaults import findings
 from gate.contract.engine_record import EngineRecord
 from gate.verdict import Status
 

@@ -30,21 +30,31 @@ def _plan(tmp_path: Path, **engine_args) -> serve.LaunchPlan:
     )  # fmt: skip
 
 
-def test_a_one_rank_cpu_server_runs_the_plain_command_with_its_executor_in_the_engine_core(tmp_path):
+def test_a_one_rank_cpu_server_runs_the_plain_command_with_its_executor_in_the_engine_core(
+    tmp_path,
+):
     facts = serve.decide(_plan(tmp_path, async_scheduling=False, max_model_len=256), "/venv/bin/python",
                          KNOWN, on_cpu=True, environ={}, cpus=[0, 1])  # fmt: skip
     assert facts.command[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
-    assert "--async-scheduling" not in facts.command and "--no-async-scheduling" not in facts.command
+    assert (
+        "--async-scheduling" not in facts.command and "--no-async-scheduling" not in facts.command
+    )
     assert facts.command[-2:] == ["--generation-config", "vllm"]  # server.args last, as given
     assert facts.dropped_engine_args == ["async_scheduling"]
     assert facts.engine_args == {"dtype": "float32", "max_model_len": 256}
-    assert [(s.name, s.value) for s in facts.gate_settings] == [("VLLM_ENABLE_V1_MULTIPROCESSING", "0")]
+    assert [(s.name, s.value) for s in facts.gate_settings] == [
+        ("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    ]
 
 
-def test_a_tensor_parallel_cpu_server_gets_its_thread_binding_and_keeps_its_worker_processes(tmp_path):
+def test_a_tensor_parallel_cpu_server_gets_its_thread_binding_and_keeps_its_worker_processes(
+    tmp_path,
+):
     facts = serve.decide(_plan(tmp_path, tensor_parallel_size=2), "py", KNOWN, on_cpu=True, environ={},
                          cpus=[0, 1])  # fmt: skip
-    assert [(s.name, s.value) for s in facts.gate_settings] == [("VLLM_CPU_OMP_THREADS_BIND", "0|1")]
+    assert [(s.name, s.value) for s in facts.gate_settings] == [
+        ("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    ]
 
 
 def test_a_gpu_server_gets_no_setting(tmp_path):
@@ -103,5 +113,8 @@ def test_the_launcher_refuses_a_bad_plan_before_any_server_starts(tmp_path):
                           env={"PYTHONPATH": f"{stub}:{repo}", "PATH": "/usr/bin:/bin"},
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == serve.EXIT_BAD_ARGS, proc.stderr
-    assert serve.read_facts(Path(plan.facts)) == "this vLLM release has no engine argument(s) ['no_such_arg']"
+    assert (
+        serve.read_facts(Path(plan.facts))
+        == "this vLLM release has no engine argument(s) ['no_such_arg']"
+    )
     assert "no_such_arg" in proc.stderr

@@ -134,7 +134,9 @@ def test_a_one_rank_cpu_server_keeps_its_executor_in_the_engine_core():
 
 
 def test_a_healthy_server_is_served_then_stopped_with_its_children(fake, tmp_path):
-    with _running(_command(fake), os.environ, tmp_path / "server.log", 30, lambda m: None) as server:
+    with _running(
+        _command(fake), os.environ, tmp_path / "server.log", 30, lambda m: None
+    ) as server:
         assert srv._health_ok(server.base_url)
         child = _engine_core_pid(server)
         pgid = server.proc.pid
@@ -164,7 +166,9 @@ def test_the_start_up_time_and_its_limit_count_from_the_process_start(fake, tmp_
 def test_stopping_twice_ends_the_group_once(fake, tmp_path):
     port = srv.free_port()
     said: list[str] = []
-    with srv.started_server(_command(fake)(port), port, os.environ, tmp_path / "s.log", said.append) as server:
+    with srv.started_server(
+        _command(fake)(port), port, os.environ, tmp_path / "s.log", said.append
+    ) as server:
         server.wait_healthy(30)
         first = server.stop()
         assert server.stop() == first

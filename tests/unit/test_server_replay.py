@@ -73,9 +73,15 @@ def test_a_chat_choice_split_by_a_reasoning_parser_is_not_compared_with_its_ids(
     for split in ({"reasoning_content": "hm"}, {"reasoning": "hm"}, {"tool_calls": [{"id": "c1"}]}):
         c = http.chat_choice(base | {"message": {"content": "", **split}}, k=2)
         assert not c.text_whole, split
-        comp = http.completions_of([[c, http.chat_choice(base | {"message": {"content": "x"}}, k=2)]], k=2)
-        assert not comp.texts_whole and text_round_trip(None, comp) is None  # the tokenizer is never asked
-    whole = http.completions_of([[http.chat_choice(base | {"message": {"content": "x"}}, k=2)]], k=2)
+        comp = http.completions_of(
+            [[c, http.chat_choice(base | {"message": {"content": "x"}}, k=2)]], k=2
+        )
+        assert (
+            not comp.texts_whole and text_round_trip(None, comp) is None
+        )  # the tokenizer is never asked
+    whole = http.completions_of(
+        [[http.chat_choice(base | {"message": {"content": "x"}}, k=2)]], k=2
+    )
     assert whole.texts_whole
 
 
@@ -141,7 +147,11 @@ def _read_request(conn) -> None:
         data += chunk
     head, _, body = data.partition(b"\r\n\r\n")
     length = next(
-        (int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")),
+        (
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        ),
         0,
     )
     while len(body) < length and (chunk := conn.recv(65536)):
@@ -186,7 +196,9 @@ def test_a_request_whose_connection_broke_before_an_answer_is_sent_once_more_and
         client.close()
         server.sock.close()
     assert server.connections == 2 and client.requests == 1
-    assert len(client.retried) == 1 and client.retried[0].startswith("POST /v1/completions: RemoteProtocolError")
+    assert len(client.retried) == 1 and client.retried[0].startswith(
+        "POST /v1/completions: RemoteProtocolError"
+    )
 
 
 def test_a_second_broken_connection_is_the_servers_error_with_its_log():

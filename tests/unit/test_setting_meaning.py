@@ -1,6 +1,6 @@
 """The setting-meaning table and config-parity's comparison by meaning, against hand-made engines.
 
-Each case states what vLLM does, read off the release's source (cited in gate/checks/setting_meaning.py).
+Each case states what vLLM does, read off the release's source (cited in gate/analysis/setting_meaning.py).
 """
 
 from __future__ import annotations
@@ -11,10 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gate.checks import parse_settings, run_checks
-from gate.checks.config_parity import compare
-from gate.checks.context import Context
-from gate.checks.setting_meaning import (
+from gate.analysis.setting_meaning import (
     OFF,
     EngineFacts,
     Meaning,
@@ -22,7 +19,11 @@ from gate.checks.setting_meaning import (
     parse_version,
     restore_advice,
 )
+from gate.checks.config_parity import compare
+from gate.checks.context import Context
+from gate.config.checks_section import parse_settings
 from gate.contract.engine_record import EngineRecord
+from gate.judge import run_checks
 from gate.verdict import Status
 
 from ..factory import RUN, make_evidence

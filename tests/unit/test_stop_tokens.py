@@ -7,10 +7,11 @@ import copy
 import numpy as np
 import pytest
 
-from gate.checks import parse_settings, run_checks
+from gate.analysis.stop_tokens import finish_reasons, honoured, passed_over
 from gate.checks.context import Context
-from gate.checks.stop_tokens import finish_reasons, honoured, passed_over
+from gate.config.checks_section import parse_settings
 from gate.contract import evidence as ev
+from gate.judge import run_checks
 
 from ..factory import RUN, make_evidence
 
@@ -24,7 +25,9 @@ def _with_stops(e: ev.Evidence, ends_with_eos: np.ndarray, eos_inside: int = 0) 
     ids[offsets[1:][ends_with_eos] - 1] = EOS
     ids[offsets[:eos_inside] + 1] = EOS
     finish = np.where(ends_with_eos, 0, 1).astype(np.int8)
-    np.savez(e.path / ev.EVIDENCE_FILE, **{**e.arrays, "sample_token_ids": ids, "sample_finish": finish})
+    np.savez(
+        e.path / ev.EVIDENCE_FILE, **{**e.arrays, "sample_token_ids": ids, "sample_finish": finish}
+    )
     return ev.load(e.path)
 
 
@@ -38,7 +41,9 @@ def pair(tmp_path):
 
 def _parity(old, new):
     ctx = Context(new=new, old=old, run=copy.deepcopy(RUN))
-    return next(r for r in run_checks(ctx, parse_settings(None, "gate.yaml")) if r.id == "config-parity")
+    return next(
+        r for r in run_checks(ctx, parse_settings(None, "gate.yaml")) if r.id == "config-parity"
+    )
 
 
 def test_finish_reasons_and_the_honoured_stop_token(pair):
@@ -52,7 +57,9 @@ def test_a_new_engine_that_honours_the_same_stop_passes(pair):
     new = _with_stops(new, np.arange(n) % 3 != 0)  # other samples, other shares: not a finding
     parity = _parity(old, new)
     assert parity.status == "PASS", parity.summary
-    assert parity.details["finish"]["stop_tokens"]["new"] == {"100": {"text": "<|im_end|>", "sequences": n - (n + 2) // 3}}
+    assert parity.details["finish"]["stop_tokens"]["new"] == {
+        "100": {"text": "<|im_end|>", "sequences": n - (n + 2) // 3}
+    }
 
 
 def test_a_stop_token_passed_over_fails_naming_it(pair):
@@ -70,7 +77,7 @@ def test_a_stop_token_passed_over_fails_naming_it(pair):
 def test_a_release_that_does_not_return_its_stop_token_gives_no_false_stop(pair):
     """Without EOS in the ids, a stop-finished sequence ends on an ordinary token that also appears
     inside sequences: it is not taken for a stop token, so the new engine cannot pass it over."""
-    old, new, n = pair
+    old, new, _ = pair
     ids = old["sample_token_ids"].copy()
     offsets = old["sample_offsets"]
     ids[offsets[1:] - 1] = 50
@@ -95,9 +102,18 @@ def test_without_an_old_engine_the_baseline_is_the_reference(pair, tmp_path):
     kept[new_offsets[1:][lengths == 7] - 1] = EOS
     run = tmp_path / "run"
     (run / "engines").mkdir(parents=True)
-    arrays = {k: v for k, v in old.arrays.items() if not k.startswith("sample_") or k in ("sample_prompt_index", "sample_sample_index", "sample_finish")}
+    arrays = {
+        k: v
+        for k, v in old.arrays.items()
+        if not k.startswith("sample_")
+        or k in ("sample_prompt_index", "sample_sample_index", "sample_finish")
+    }
     arrays |= {"sample_token_ids": kept, "sample_offsets": new_offsets}
-    arrays |= {k: v[: len(kept)] for k, v in old.arrays.items() if k.startswith("sample_") and k not in arrays and len(v) == len(ids)}
+    arrays |= {
+        k: v[: len(kept)]
+        for k, v in old.arrays.items()
+        if k.startswith("sample_") and k not in arrays and len(v) == len(ids)
+    }
     folder = run / "engines" / "old"
     folder.mkdir()
     np.savez(folder / ev.EVIDENCE_FILE, **arrays)
@@ -113,10 +129,17 @@ def test_without_an_old_engine_the_baseline_is_the_reference(pair, tmp_path):
 
     passing = _with_stops(new, np.arange(n) % 2 == 0)
     ctx = Context(new=passing, old=None, run=manifest, baseline=base)
-    parity = next(r for r in run_checks(ctx, parse_settings(None, "gate.yaml")) if r.id == "config-parity")
-    assert parity.status == "PASS" and parity.details["finish"]["stop_tokens"]["baseline"]["100"]["sequences"] == n - n // 4
+    parity = next(
+        r for r in run_checks(ctx, parse_settings(None, "gate.yaml")) if r.id == "config-parity"
+    )
+    assert (
+        parity.status == "PASS"
+        and parity.details["finish"]["stop_tokens"]["baseline"]["100"]["sequences"] == n - n // 4
+    )
 
     failing = _with_stops(new, np.zeros(n, dtype=bool), eos_inside=3)
     ctx = Context(new=failing, old=None, run=manifest, baseline=base)
-    parity = next(r for r in run_checks(ctx, parse_settings(None, "gate.yaml")) if r.id == "config-parity")
+    parity = next(
+        r for r in run_checks(ctx, parse_settings(None, "gate.yaml")) if r.id == "config-parity"
+    )
     assert parity.status == "FAIL" and "where the baseline engine stopped" in parity.diagnosis

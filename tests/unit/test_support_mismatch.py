@@ -10,13 +10,14 @@ import math
 import numpy as np
 import pytest
 
-from gate.checks import parse_settings, run_checks
+from gate.analysis.support import kept_mass
 from gate.checks.context import Context
-from gate.checks.support import kept_mass
+from gate.config.checks_section import parse_settings
 from gate.config.sections import ReferenceConfig
 from gate.contract import evidence as ev
 from gate.contract import keys
 from gate.errors import ConfigError
+from gate.judge import run_checks
 from gate.verdict import Status
 
 from ..factory import RUN, make_evidence
@@ -52,7 +53,9 @@ def test_kept_mass_statistics_match_the_hand_computed_ones(tmp_path):
     assert k.mean_log == pytest.approx(expected_mean_log, abs=1e-6)
     assert k.mean == pytest.approx(math.exp(expected_mean_log), abs=1e-6)
     assert k.min_log == pytest.approx(math.log(0.6), abs=1e-6)
-    k3 = (32 * (0.6 - 1 - math.log(0.6)) + 208 * (0.95 - 1 - math.log(0.95))) / 320  # exp(d) - d - 1
+    k3 = (
+        32 * (0.6 - 1 - math.log(0.6)) + 208 * (0.95 - 1 - math.log(0.95))
+    ) / 320  # exp(d) - d - 1
     assert k.k3_kl == pytest.approx(k3, rel=1e-5)
     # A wider band lets them through.
     assert kept_mass(_with_kept_mass(e, mass), clip_eps=0.45).clip_frac == 0.0
@@ -79,7 +82,9 @@ def _judge(tmp_path, mass: np.ndarray, normalize: str, effective: dict | None = 
     run = copy.deepcopy(RUN)
     run["sampling"]["top_p"] = 0.8
     ctx = Context(new=new, old=old, run=run, trainer_normalize=normalize)
-    result = next(r for r in run_checks(ctx, parse_settings({}, "t")) if r.id == "train-inference-mismatch")
+    result = next(
+        r for r in run_checks(ctx, parse_settings({}, "t")) if r.id == "train-inference-mismatch"
+    )
     support: dict[str, dict] = {}
     for m in result.measurements:
         if m.name.startswith("support_"):
@@ -87,16 +92,25 @@ def _judge(tmp_path, mass: np.ndarray, normalize: str, effective: dict | None = 
     return result, support
 
 
-@pytest.mark.parametrize(("share", "status"), [(0.01, Status.PASS), (0.05, Status.WARN), (0.15, Status.FAIL)])
-def test_a_full_vocabulary_trainer_is_judged_by_the_share_its_clip_band_cuts(tmp_path, share, status):
+@pytest.mark.parametrize(
+    ("share", "status"), [(0.01, Status.PASS), (0.05, Status.WARN), (0.15, Status.FAIL)]
+)
+def test_a_full_vocabulary_trainer_is_judged_by_the_share_its_clip_band_cuts(
+    tmp_path, share, status
+):
     # 0.75 is outside the 0.2 band; 0.99 adds little KL: k3 is 3.9e-4, 1.9e-3 and 5.7e-3 here.
     result, support = _judge(tmp_path, _masses(320, 0.75, share, usual=0.99), "full")
     clip = support["support_clip_frac"]
-    assert clip["new"].status == status and clip["new"].value == pytest.approx(round(share * 320) / 320)
+    assert clip["new"].status == status and clip["new"].value == pytest.approx(
+        round(share * 320) / 320
+    )
     assert clip["old"].status == Status.PASS  # context only
     assert result.status == status
     if status != Status.PASS:
-        assert "reference.normalize: kept" in result.diagnosis and "the clip band cuts them" in result.diagnosis
+        assert (
+            "reference.normalize: kept" in result.diagnosis
+            and "the clip band cuts them" in result.diagnosis
+        )
         assert "further from the trainer's" not in result.diagnosis  # the numbers themselves agree
 
 
@@ -117,7 +131,9 @@ def test_a_trainer_that_renormalises_over_the_kept_tokens_is_not_judged(tmp_path
     for metric in ("support_k3_kl", "support_clip_frac"):
         new = support[metric]["new"]
         assert new.status == Status.PASS and "reference.normalize: kept" in new.note
-    assert support["support_clip_frac"]["new"].value == pytest.approx(48 / 320)  # still measured and shown
+    assert support["support_clip_frac"]["new"].value == pytest.approx(
+        48 / 320
+    )  # still measured and shown
     assert result.status == Status.PASS
 
 
@@ -156,8 +172,13 @@ def test_a_warn_the_old_side_shares_is_pre_existing_and_a_worse_one_is_not():
     assert [m.status for m in ms] == [Status.PASS, Status.WARN, Status.PASS, Status.PASS]
     assert "pre-existing: the old engine reads 0.0011" in ms[0].note
     worse = [new("k3_kl", 2.5e-3)]  # more than twice the old side's 1.1e-3
-    assert _mark_pre_existing(worse, ("the baseline", old), THRESHOLDS) == [] and worse[0].status == Status.WARN
+    assert (
+        _mark_pre_existing(worse, ("the baseline", old), THRESHOLDS) == []
+        and worse[0].status == Status.WARN
+    )
     failing = [new("k3_kl", 2e-2)]
     assert _mark_pre_existing(failing, ("the old engine", {"k3_kl": 1.5e-2}), THRESHOLDS) == []
     assert failing[0].status == Status.FAIL
-    assert _mark_pre_existing([new("k3_kl", 1.3e-3)], None, THRESHOLDS) == []  # nothing to compare with
+    assert (
+        _mark_pre_existing([new("k3_kl", 1.3e-3)], None, THRESHOLDS) == []
+    )  # nothing to compare with

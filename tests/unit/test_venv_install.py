@@ -28,7 +28,11 @@ def test_pip_settings_follow_pips_override_order(tmp_path):
                            "[install]\nconstraint = /c.txt\n[download]\nno-index = true\n")  # fmt: skip
     user_conf = tmp_path / "user.conf"
     user_conf.write_text("[global]\nindex-url = https://user.example/simple\n")
-    env = {"PIP_FIND_LINKS": "/env-wheels", "PIP_TRUSTED_HOST": "mirror.local", "PIP_CONFIG_FILE": "/x"}
+    env = {
+        "PIP_FIND_LINKS": "/env-wheels",
+        "PIP_TRUSTED_HOST": "mirror.local",
+        "PIP_CONFIG_FILE": "/x",
+    }
     settings = vb.pip_settings(env, files=[global_conf, user_conf])
     assert settings == {
         "index-url": "https://user.example/simple",  # a later file wins
@@ -40,9 +44,13 @@ def test_pip_settings_follow_pips_override_order(tmp_path):
 
 def test_pip_config_file_devnull_loads_no_file(tmp_path):
     assert vb.pip_config_files({"PIP_CONFIG_FILE": os.devnull, "HOME": str(tmp_path)}) == []
-    files = vb.pip_config_files({"PIP_CONFIG_FILE": str(tmp_path / "mine.conf"), "HOME": str(tmp_path)})
+    files = vb.pip_config_files(
+        {"PIP_CONFIG_FILE": str(tmp_path / "mine.conf"), "HOME": str(tmp_path)}
+    )
     assert files[-1] == tmp_path / "mine.conf"
-    assert tmp_path / ".pip" / "pip.conf" in files  # the named file does not exist: user files still load
+    assert (
+        tmp_path / ".pip" / "pip.conf" in files
+    )  # the named file does not exist: user files still load
 
 
 def test_uv_args_carry_indexes_links_constraints_and_tls():
@@ -67,11 +75,16 @@ def test_uv_args_carry_indexes_links_constraints_and_tls():
                     "--constraint", "/etc/c.txt",
                     "--allow-insecure-host", "h1", "--allow-insecure-host", "h2"]  # fmt: skip
     assert env["SSL_CERT_FILE"] == "/etc/ca.pem" and env["UV_HTTP_TIMEOUT"] == "180"
-    assert logged == ["pip setting(s) without a uv equivalent, not applied: src (installer: pip applies them)"]
+    assert logged == [
+        "pip setting(s) without a uv equivalent, not applied: src (installer: pip applies them)"
+    ]
 
 
 def test_explicit_pip_args_win_over_settings():
-    args, _ = vb.uv_install_args({"index-url": "https://conf/simple", "find-links": "/w"}, ("--index-url=https://mine/simple",))
+    args, _ = vb.uv_install_args(
+        {"index-url": "https://conf/simple", "find-links": "/w"},
+        ("--index-url=https://mine/simple",),
+    )
     assert "https://conf/simple" not in args and args[-2:] == ["--find-links", "/w"]
     assert vb.translate_pip_args(("--pre", "--trusted-host", "h", "--no-deps")) == [
         "--prerelease", "allow", "--allow-insecure-host", "h", "--no-deps"]  # fmt: skip
@@ -105,7 +118,9 @@ def local_packages(tmp_path):
     """gatepkg 1.0 in a find-links folder, 2.0 on a local index, a constraint file that caps it below 2."""
     links = tmp_path / "wheels"
     make_wheel(links, "gatepkg", "1.0")
-    index_url = _index(tmp_path / "index", [make_wheel(tmp_path / "index-wheels", "gatepkg", "2.0")], "gatepkg")
+    index_url = _index(
+        tmp_path / "index", [make_wheel(tmp_path / "index-wheels", "gatepkg", "2.0")], "gatepkg"
+    )
     constraint = tmp_path / "constraints.txt"
     constraint.write_text("gatepkg<2\n")
     return links, index_url, constraint
@@ -119,7 +134,11 @@ def _install(tmp_path: Path, installer: str, conf: Path) -> str:
     if installer == "uv":
         uv = vb.find_uv()
         args, uv_env = vb.uv_install_args(vb.pip_settings(env), ())
-        subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(target)], env=env | uv_env, check=True)
+        subprocess.run(
+            [uv, "venv", "-q", "--python", sys.executable, str(target)],
+            env=env | uv_env,
+            check=True,
+        )
         cmd = [uv, "pip", "install", "--python", str(target / "bin" / "python"), *args, "gatepkg"]
         subprocess.run(cmd, env=env | uv_env, check=True, capture_output=True)
     else:
@@ -133,19 +152,27 @@ def _install(tmp_path: Path, installer: str, conf: Path) -> str:
     return out.stdout.strip()
 
 
-@pytest.mark.skipif(vb.find_uv() is None, reason="uv is a dependency of gate; this environment lacks it")
+@pytest.mark.skipif(
+    vb.find_uv() is None, reason="uv is a dependency of gate; this environment lacks it"
+)
 @pytest.mark.parametrize("constrained", [False, True], ids=["best-match", "constrained"])
 def test_uv_resolves_like_pip_under_the_same_pip_conf(tmp_path, local_packages, constrained):
     links, index_url, constraint = local_packages
     conf = tmp_path / "pip.conf"
     lines = ["[global]", f"index-url = {index_url}", f"find-links = {links}"]
-    conf.write_text("\n".join(lines + ([f"constraint = {constraint}"] if constrained else [])) + "\n")
-    expected = "1.0" if constrained else "2.0"  # pip takes the best version across index and find-links
+    conf.write_text(
+        "\n".join(lines + ([f"constraint = {constraint}"] if constrained else [])) + "\n"
+    )
+    expected = (
+        "1.0" if constrained else "2.0"
+    )  # pip takes the best version across index and find-links
     assert _install(tmp_path, "pip", conf) == expected
     assert _install(tmp_path, "uv", conf) == expected
 
 
-@pytest.mark.skipif(vb.find_uv() is None, reason="uv is a dependency of gate; this environment lacks it")
+@pytest.mark.skipif(
+    vb.find_uv() is None, reason="uv is a dependency of gate; this environment lacks it"
+)
 def test_uv_honours_no_index_with_find_links(tmp_path, local_packages):
     links, index_url, _ = local_packages
     conf = tmp_path / "pip.conf"
@@ -170,7 +197,10 @@ def test_bytecode_is_compiled_once_per_shared_source_file(tmp_path):
     assert vb._compiled_siblings(new) == [old]  # old's bytecode is complete: new may share it
     vb.compile_bytecode(new, logged.append, share_from=[old])
     tag = sys.implementation.cache_tag
-    pyc = {v: {p.name: p for p in (v / "lib" / "pkg" / "__pycache__").glob("*.pyc")} for v in (old, new)}
+    pyc = {
+        v: {p.name: p for p in (v / "lib" / "pkg" / "__pycache__").glob("*.pyc")}
+        for v in (old, new)
+    }
     assert set(pyc[old]) == set(pyc[new]) == {f"shared.{tag}.pyc", f"own.{tag}.pyc"}
     assert os.path.samefile(pyc[old][f"shared.{tag}.pyc"], pyc[new][f"shared.{tag}.pyc"])
     assert not os.path.samefile(pyc[old][f"own.{tag}.pyc"], pyc[new][f"own.{tag}.pyc"])
@@ -186,7 +216,10 @@ def test_index_credentials_from_pip_conf_never_reach_logs_or_the_stamp(tmp_path)
                                   "extra-index-url": "https://tok@extra.example/simple file:///opt/x"}, ())  # fmt: skip
     assert "https://user:s3cret@idx.example/simple" in args  # uv needs them to install
     redacted = [vb.redact_credentials(a) for a in args]
-    assert "https://***@idx.example/simple" in redacted and "https://***@extra.example/simple" in redacted
+    assert (
+        "https://***@idx.example/simple" in redacted
+        and "https://***@extra.example/simple" in redacted
+    )
     assert not any("s3cret" in a or "tok@" in a for a in redacted)
     assert "file:///opt/x" in redacted  # no credentials: unchanged
     log = tmp_path / "install.log"

@@ -58,7 +58,10 @@ def test_a_faithful_push_has_no_finding(trainer):
     s = summarise(_engine(_state(1.0)), _engine(_state(5.0)), _engine(_state(5.0)), old, new)
     assert (s["tensors"], s["readable"], s["comparable"], s["ranks"]) == (3, 2, 2, 1)
     assert s["unreadable"] == {"count": 1, "names": ["model.layers.0.mlp.down_proj.weight"]}
-    assert all(s[k]["count"] == 0 for k in ("not_moved", "round_trip_mismatch", "unchanged", "second_push_changed"))
+    assert all(
+        s[k]["count"] == 0
+        for k in ("not_moved", "round_trip_mismatch", "unchanged", "second_push_changed")
+    )
 
 
 def test_a_tensor_left_behind_is_not_moved_and_not_the_trainers(trainer):
@@ -71,7 +74,10 @@ def test_a_tensor_left_behind_is_not_moved_and_not_the_trainers(trainer):
 
 def test_garbage_moved_is_a_round_trip_mismatch_not_a_tensor_left_behind(trainer):
     old, new = trainer
-    after = {**_state(5.0), "model.embed_tokens.weight": torch.zeros(3, 4)}  # bytes moved, wrong ones
+    after = {
+        **_state(5.0),
+        "model.embed_tokens.weight": torch.zeros(3, 4),
+    }  # bytes moved, wrong ones
     s = summarise(_engine(_state(1.0)), _engine(after), _engine(after), old, new)
     assert s["not_moved"]["count"] == 0
     assert s["round_trip_mismatch"]["names"] == ["model.embed_tokens.weight"]
@@ -97,7 +103,12 @@ def test_a_tensor_the_engine_transforms_at_load_is_not_compared(trainer):
 
 def test_sharded_engines_compare_nothing_with_the_trainer_but_still_track_their_bytes(trainer):
     old, new = trainer
-    two = lambda s: EngineDigests("x", {**_engine(s).tensors, **_engine(s, prefix="dp0:pp0:pcp0:tp1:").tensors})  # noqa: E731
+
+    def two(s):
+        return EngineDigests(
+            "x", {**_engine(s).tensors, **_engine(s, prefix="dp0:pp0:pcp0:tp1:").tensors}
+        )
+
     s = summarise(two(_state(1.0)), two(_state(1.0)), two(_state(1.0)), old, new)
     assert s["ranks"] == 2 and s["comparable"] == 0 and s["round_trip_mismatch"]["count"] == 0
     assert s["unchanged"]["count"] == s["readable"] == 4  # a frozen policy, on every rank

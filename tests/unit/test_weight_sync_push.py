@@ -20,9 +20,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gate.checks import parse_settings, run_checks  # noqa: E402
 from gate.checks.context import Context  # noqa: E402
+from gate.config.checks_section import parse_settings  # noqa: E402
 from gate.contract import evidence as ev  # noqa: E402
+from gate.judge import run_checks  # noqa: E402
 from gate.verdict import Status  # noqa: E402
 from gate.worker import policy_weights as pw  # noqa: E402
 from gate.worker import weight_push as wp  # noqa: E402
@@ -295,7 +296,9 @@ def test_tied_weights_are_perturbed_once_and_stay_tied(tmp_path):
 
 def test_tied_name_groups_are_the_names_of_one_tensor(tmp_path):
     trainer = _tied_model(tmp_path)
-    assert pw.tied_name_groups(trainer.state_dict()) == [["lm_head.weight", "model.embed_tokens.weight"]]
+    assert pw.tied_name_groups(trainer.state_dict()) == [
+        ["lm_head.weight", "model.embed_tokens.weight"]
+    ]
     base = torch.randn(4, 3)
     # distinct views of one buffer are distinct tensors; an untied model has no group
     assert pw.tied_name_groups({"a": base[:2], "b": base[2:], "c": torch.randn(2)}) == []

@@ -150,7 +150,9 @@ def test_cpu_engines_prefill_each_prompt_in_one_step_where_the_user_left_batchin
     assert bool(settings) is set_it
     applied = layout.with_engine_args(engine_args, settings)
     if set_it:
-        assert [(s.name, s.value, s.kind) for s in settings] == [("enable_chunked_prefill", "false", "engine_arg")]
+        assert [(s.name, s.value, s.kind) for s in settings] == [
+            ("enable_chunked_prefill", "false", "engine_arg")
+        ]
         assert "CPU Generator does not use offset" in settings[0].reason
         assert applied == {**engine_args, "enable_chunked_prefill": False}
     else:

@@ -40,7 +40,10 @@ from gate.worker.passes import (
 
 WS = WeightSyncRequest(perturbation=0.2, seed=0, probes=8, max_tokens=16)
 WS_INFLIGHT = dataclasses.replace(
-    WS, inflight=InflightRequest(updates=["keep"], requests=4, max_tokens=48, switch_after=16, timeout_s=60)
+    WS,
+    inflight=InflightRequest(
+        updates=["keep"], requests=4, max_tokens=48, switch_after=16, timeout_s=60
+    ),
 )
 GRPO = GrpoRequest(
     steps=2,
@@ -99,10 +102,13 @@ def engine(monkeypatch):
         "greedy",
         lambda llm, ids, m, k, order: calls.append(("greedy", m, k, order)) or _completions(2),
     )
+
     def score_sequences(llm, seqs, order):
         calls.append(("tf", seqs, order))
         counts = [len(s) - 1 for s in seqs]
-        return replay.PromptScores(np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), np.zeros(sum(counts)))
+        return replay.PromptScores(
+            np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), np.zeros(sum(counts))
+        )
 
     monkeypatch.setattr(replay, "score_sequences", score_sequences)
 
@@ -176,12 +182,28 @@ def test_the_table_runs_the_passes_in_this_order():
         ),
         (
             {"weight_sync": WS_INFLIGHT},
-            ["sample", "greedy", "prefill_decode", "teacher_forced", "weight_sync", "weight_sync_inflight"],
+            [
+                "sample",
+                "greedy",
+                "prefill_decode",
+                "teacher_forced",
+                "weight_sync",
+                "weight_sync_inflight",
+            ],
         ),
         ({"grpo": GRPO}, ["sample", "greedy", "prefill_decode", "teacher_forced", "grpo"]),
-        ({"batch_invariance": True}, ["sample", "greedy", "prefill_decode", "teacher_forced", "batch_invariance"]),
-        ({"mode": True}, ["sample", "greedy", "prefill_decode", "teacher_forced", "batch_invariance"]),
-        ({"batch_invariance": True, "teacher_forced": False}, ["sample", "greedy", "prefill_decode"]),
+        (
+            {"batch_invariance": True},
+            ["sample", "greedy", "prefill_decode", "teacher_forced", "batch_invariance"],
+        ),
+        (
+            {"mode": True},
+            ["sample", "greedy", "prefill_decode", "teacher_forced", "batch_invariance"],
+        ),
+        (
+            {"batch_invariance": True, "teacher_forced": False},
+            ["sample", "greedy", "prefill_decode"],
+        ),
     ],
 )
 def test_which_passes_a_request_enables(changes, enabled):
@@ -192,15 +214,22 @@ def test_which_passes_a_request_enables(changes, enabled):
 
 
 @pytest.mark.parametrize("varies", [False, True])
-def test_the_batch_invariance_pass_scores_again_reversed_and_one_at_a_time(engine, monkeypatch, varies):
+def test_the_batch_invariance_pass_scores_again_reversed_and_one_at_a_time(
+    engine, monkeypatch, varies
+):
     calls = []
 
     def score(llm, seqs, order):
         # logprobs that depend only on the tokens, plus (varies) on how many sequences share the call
         calls.append((len(seqs), None if order is None else order.tolist()))
-        parts = [np.asarray(s[1:], dtype=np.float32) * -0.1 - (len(seqs) > 1) * varies * 1e-6 for s in seqs]
+        parts = [
+            np.asarray(s[1:], dtype=np.float32) * -0.1 - (len(seqs) > 1) * varies * 1e-6
+            for s in seqs
+        ]
         logprob = np.concatenate(parts).astype(np.float32)
-        return replay.PromptScores(np.concatenate([[0], np.cumsum([len(p) for p in parts])]), logprob)
+        return replay.PromptScores(
+            np.concatenate([[0], np.cumsum([len(p) for p in parts])]), logprob
+        )
 
     monkeypatch.setattr(replay, "score_sequences", score)
     said: list[str] = []
@@ -210,7 +239,9 @@ def test_the_batch_invariance_pass_scores_again_reversed_and_one_at_a_time(engin
     record = out.batch_invariance
     assert record["bitwise"] is (not varies) and record["sequences"] == 2 and record["tokens"] == 5
     assert record["max_abs_diff"]["reversed"] == 0.0
-    assert record["max_abs_diff"]["one at a time"] == pytest.approx(1e-6 if varies else 0.0, abs=1e-7)
+    assert record["max_abs_diff"]["one at a time"] == pytest.approx(
+        1e-6 if varies else 0.0, abs=1e-7
+    )
     assert said[-1] == "batch-invariance pass: 2 fixed sequences again, reversed and one at a time"
 
 
@@ -246,7 +277,15 @@ def test_the_real_table_wires_each_pass(engine):
     timings = Timings()
     out = run_passes(ENGINE_PASSES, _input(said, order_seed=3, weight_sync=WS, grpo=GRPO), timings)
     order = replay.submission_order(3, 3)
-    assert [c[0] for c in engine] == ["sample", "greedy", "tf", "tf", "weight_sync", "adapter", "grpo"]
+    assert [c[0] for c in engine] == [
+        "sample",
+        "greedy",
+        "tf",
+        "tf",
+        "weight_sync",
+        "adapter",
+        "grpo",
+    ]
     assert engine[0][1:4] == ("LLM", TOKENS.prompt_ids, 2) and np.array_equal(engine[0][4], order)
     assert engine[1][1:3] == (8, 5) and np.array_equal(engine[1][3], order)
     # Prefill against decode: the greedy sequence (prompt 2, no tokens here) scored again as a prompt.

@@ -155,7 +155,7 @@ def test_the_worst_tokens_option(tmp_path, options, expected):
 
 
 def test_the_option_is_accepted_in_gate_yaml():
-    from gate.checks import parse_settings
+    from gate.config.checks_section import parse_settings
 
     settings = parse_settings({"train-inference-mismatch": {"worst_tokens": 5}}, "gate.yaml")
     assert settings["train-inference-mismatch"].options["worst_tokens"] == 5

@@ -94,8 +94,12 @@ def push(llm, state_dict, buffer_bytes: int) -> list[bool]:
         except BaseException as exc:  # re-raised in the caller's thread below
             failures.append(exc)
 
-    senders = [threading.Thread(target=stream, args=(rank,), name=f"gate-nemo-rl-sender-{rank}",
-                                daemon=True) for rank in range(ranks)]  # fmt: skip
+    senders = [
+        threading.Thread(
+            target=stream, args=(rank,), name=f"gate-nemo-rl-sender-{rank}", daemon=True
+        )
+        for rank in range(ranks)
+    ]
     for sender in senders:
         sender.start()
     results = llm.collective_rpc(

@@ -165,8 +165,9 @@ def broadcast(group, tensor) -> None:
 # -- the worker's side (WorkerWrap), each run on every engine worker by collective_rpc ------------
 
 
-def init_process_group(worker, host: str, port: int, rank_offset: int, world_size: int,
-                       group_name: str, transport: str) -> None:  # fmt: skip
+def init_process_group(
+    worker, host: str, port: int, rank_offset: int, world_size: int, group_name: str, transport: str
+) -> None:
     """``WorkerWrap.init_process_group``: this worker as rank ``rank_offset`` + its own rank, on
     the trainer's transport (``cuda``: PyNccl on this worker's GPU; ``cpu``: gloo)."""
     import torch

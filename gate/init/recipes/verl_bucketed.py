@@ -65,8 +65,10 @@ def push(llm, state_dict, bucket_bytes: int, copy_out: bool = True) -> None:
         except BaseException as exc:  # re-raised in the caller's thread below
             failures.append(exc)
 
-    senders = [threading.Thread(target=send, args=(rank,), name=f"gate-verl-sender-{rank}",
-                                daemon=True) for rank in range(ranks)]  # fmt: skip
+    senders = [
+        threading.Thread(target=send, args=(rank,), name=f"gate-verl-sender-{rank}", daemon=True)
+        for rank in range(ranks)
+    ]
     for sender in senders:
         sender.start()
     llm.collective_rpc(

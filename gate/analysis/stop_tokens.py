@@ -134,13 +134,19 @@ def reference(ctx) -> tuple[ev.Evidence | None, str, dict[str, int]]:
         "sha256"
     ):
         return None, "", {}
-    caps = {group: (base.manifest.get(section) or {}).get("max_tokens")
-            for group, section in ((keys.SAMPLE, "sampling"), (keys.GREEDY, "greedy"))}  # fmt: skip
+    caps = {
+        group: (base.manifest.get(section) or {}).get("max_tokens")
+        for group, section in ((keys.SAMPLE, "sampling"), (keys.GREEDY, "greedy"))
+    }
     return base.evidence, "baseline", {g: int(c) for g, c in caps.items() if isinstance(c, int)}
 
 
-def findings(against: ev.Evidence | None, new: ev.Evidence, label: str = "old",
-             caps: dict[str, int] | None = None) -> tuple[list[Finding], dict[str, Any]]:  # fmt: skip
+def findings(
+    against: ev.Evidence | None,
+    new: ev.Evidence,
+    label: str = "old",
+    caps: dict[str, int] | None = None,
+) -> tuple[list[Finding], dict[str, Any]]:
     """config-parity's measurements on stop tokens ``against`` the old engine or the baseline's
     evidence (``label``), and its ``details.finish`` record."""
     engines = {n: e for n, e in ((label, against), ("new", new)) if e is not None}
@@ -161,8 +167,10 @@ def findings(against: ev.Evidence | None, new: ev.Evidence, label: str = "old",
     missed = passed_over(new, sorted(honour[label]))
     for tok, where in sorted(missed.items()):
         text = new.token_label(tok)
-        note = (f"{label} stopped at token {tok} ({text!r}) in {honour[label][tok]} sequence(s); new sampled "
-                f"it inside {len(where)} and went on")  # fmt: skip
+        note = (
+            f"{label} stopped at token {tok} ({text!r}) in {honour[label][tok]} sequence(s); new sampled "
+            f"it inside {len(where)} and went on"
+        )
         problem = (
             f"the new engine no longer stops at token {tok} ({text!r}): it sampled it inside {len(where)} "
             f"sequence(s) ({', '.join(where[:SHOWN])}) and generated on to the length cap, where the {label} "

@@ -103,8 +103,11 @@ def _fit_inputs(e: ev.Evidence) -> tuple[np.ndarray, np.ndarray] | None:
     g = keys.SAMPLE
     # Penalties act before temperature: with them on, the trainer's side is the penalised logprobs.
     penalised = f"{g}_{keys.TRAINER_TOPK_PENALISED}" in e.arrays
-    topk, sampled = ((keys.TRAINER_TOPK_PENALISED, keys.TRAINER_PENALISED) if penalised
-                     else (keys.TRAINER_TOPK_RAW, keys.TRAINER_RAW))  # fmt: skip
+    topk, sampled = (
+        (keys.TRAINER_TOPK_PENALISED, keys.TRAINER_PENALISED)
+        if penalised
+        else (keys.TRAINER_TOPK_RAW, keys.TRAINER_RAW)
+    )
     trainer = e.arrays.get(f"{g}_{topk}")
     engine = e.arrays.get(f"{g}_{keys.TOPK_LOGPROBS}")
     if trainer is None or engine is None or trainer.shape != engine.shape:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gate.checks.temperature_fit import evidence_logit_noise
+from gate.analysis.temperature_fit import evidence_logit_noise
 from gate.contract import evidence as ev
 from gate.contract import keys
 
