@@ -39,22 +39,15 @@ from packaging.version import Version
 
 from gate.config import EngineConfig, GateConfig
 from gate.contract import evidence
+from gate.engine_jobs import EngineJob, EngineRun, PreparedEngine, Target
 from gate.errors import ConfigError, GateError
 from gate.files import REPORT_FILE, write_json
 from gate.fingerprint import model_fingerprint
 from gate.releases import Pin, Release, release_notes_url
-from gate.replay import (
-    EngineJob,
-    EngineRun,
-    PreparedEngine,
-    Target,
-    load_prompts,
-    run_engine,
-    run_gate,
-    run_manifest,
-)
+from gate.replay import run_engine, run_gate, run_manifest
 from gate.rundir import RunDirectory
 from gate.verdict import rank
+from gate.worker_request import load_prompts
 
 BISECT_FILE = "bisect.json"
 SUMMARY_FILE = "bisect.md"

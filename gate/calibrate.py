@@ -33,6 +33,7 @@ from gate.config import GateConfig
 from gate.contract import evidence as ev
 from gate.contract import keys
 from gate.device import device_class
+from gate.engine_jobs import EngineJob, RunResult
 from gate.files import atomic_write_text
 from gate.metrics import (
     bootstrap_mean_diff_ci,
@@ -40,7 +41,7 @@ from gate.metrics import (
     length_ratio,
     mismatch,
 )
-from gate.replay import EngineJob, RunResult, run_gate
+from gate.replay import run_gate
 
 NOISE_FILE = "noise.json"
 DESIGN_FILE = NOISE_DESIGN  # one name: the baseline copies it from the run directory

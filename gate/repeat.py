@@ -51,20 +51,14 @@ from typing import Any
 from gate.config import EngineConfig, GateConfig
 from gate.contract import evidence
 from gate.contract.request import PromptItem, WorkerRequest
+from gate.engine_jobs import EngineJob, EngineRun, Target
 from gate.errors import EXIT_ERROR, EXIT_OK, ConfigError
 from gate.files import REPEAT_FILE, RUN_FILE, write_json
 from gate.fingerprint import model_fingerprint
-from gate.replay import (
-    EngineJob,
-    EngineRun,
-    Target,
-    build_request,
-    load_prompts,
-    run_engine,
-    run_manifest,
-)
+from gate.replay import run_engine, run_manifest
 from gate.rundir import RunDirectory
 from gate.verdict import Status, worst
+from gate.worker_request import build_request, load_prompts
 
 SCHEMA = "gate-repeat/1"
 ENGINES = ("old", "new")

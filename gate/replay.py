@@ -15,214 +15,23 @@ shapes it is unchanged; the run is then judged exactly as a full one.
 from __future__ import annotations
 
 import dataclasses
-import json
-import shutil
-import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
 
-from gate import __version__, evidence_cache
-from gate.config import (
-    OPTIONAL_ENGINE_ARGS,
-    SERVER_PENALTY_FIELDS,
-    SERVER_REQUEST_FIELDS,
-    DockerConfig,
-    EngineConfig,
-    GateConfig,
-)
+from gate import __version__
+from gate.config import GateConfig
 from gate.contract import evidence
-from gate.contract.request import (
-    GrpoRequest,
-    InflightRequest,
-    PromptItem,
-    ReferenceRequest,
-    SamplingRequest,
-    ServerRequest,
-    WeightSyncRequest,
-    WorkerRequest,
-)
+from gate.contract.request import PromptItem
 from gate.device import bf16_emulation_note, cpu_isa, host_record, visible_gpus
-from gate.errors import ConfigError, EngineError, GateError
+from gate.engine_jobs import EngineJob, EngineRun, PreparedEngine, RunResult, Target, default_jobs
+from gate.errors import EngineError
 from gate.fingerprint import model_fingerprint
-from gate.promptset import PromptSet, load_prompt_set
+from gate.old_evidence import OldEvidenceCache
+from gate.promptset import PromptSet
 from gate.rundir import RunDirectory
-from gate.runners import get_runner
-from gate.runners.base import Runner
-
-
-@dataclass(frozen=True)
-class EngineJob:
-    """One worker run: ``name`` is its folder under engines/ (old, new, or an A/A replica)."""
-
-    name: str
-    engine: EngineConfig
-    order_seed: int | None = None
-    grpo_seeds: tuple[int, ...] | None = None  # None: the config's single run seed
-
-
-def default_jobs(cfg: GateConfig, only: str | None = None) -> list[EngineJob]:
-    names = (only,) if only else ("old", "new")
-    return [EngineJob(name, cfg.engines[name]) for name in names]
-
-
-@dataclass
-class EngineRun:
-    name: str
-    spec: str
-    runner: str
-    status: str  # "ok" | "error"
-    output_dir: str
-    error: str | None = None
-    log_tail: str | None = None
-    prepare_s: float = 0.0
-    worker_s: float = 0.0
-    reused: dict | None = (
-        None  # evidence taken from the cache: its key, when and by which run it was made
-    )
-
-
-@dataclass
-class RunResult:
-    run_dir: Path
-    status: str  # "ok" | "error"
-    engines: list[EngineRun]
-
-
-def load_prompts(cfg: GateConfig) -> tuple[list[PromptSet], list[PromptItem]]:
-    sets = [load_prompt_set(m) for m in cfg.prompts]
-    items: list[PromptItem] = []
-    seen: dict[str, str] = {}
-    for ps in sets:
-        for item in ps.items:
-            if item.id in seen:
-                raise ConfigError(
-                    f"{ps.path}: id: '{item.id}' also appears in prompt set '{seen[item.id]}'"
-                )
-            seen[item.id] = ps.name
-            items.append(item)
-    return sets, items
-
-
-def build_request(
-    cfg: GateConfig,
-    engine: EngineConfig,
-    prompts: list[PromptItem],
-    output_dir: Path,
-    order_seed: int | None = None,
-    grpo_seeds: tuple[int, ...] | None = None,
-) -> WorkerRequest:
-    s, r = cfg.sampling, cfg.reference
-    return WorkerRequest(
-        engine_name=engine.name,
-        model=cfg.model.path,
-        tokenizer=cfg.model.tokenizer,
-        engine_args=dict(engine.engine_args),
-        optional_engine_args=list(OPTIONAL_ENGINE_ARGS),
-        prompts=list(prompts),
-        sampling=SamplingRequest(
-            n=s.n,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=s.top_k,
-            max_tokens=s.max_tokens,
-            seed=s.seed,
-            logprobs=s.logprobs,
-            repetition_penalty=s.repetition_penalty,
-            presence_penalty=s.presence_penalty,
-            frequency_penalty=s.frequency_penalty,
-        ),
-        greedy_max_tokens=cfg.greedy.max_tokens if cfg.greedy.enabled else 0,
-        teacher_forced=cfg.teacher_forced.enabled,
-        batch_invariance=cfg.teacher_forced.enabled and cfg.teacher_forced.batch_invariance,
-        reference=ReferenceRequest(
-            dtype=r.dtype,
-            lm_head_fp32=r.lm_head_fp32,
-            batch_tokens=r.batch_tokens,
-            device_map=r.device_map,
-            max_memory=r.max_memory,
-        ),
-        output_dir=str(output_dir),
-        order_seed=order_seed,
-        weight_sync=_weight_sync_request(cfg, engine),
-        grpo=_grpo_request(cfg, grpo_seeds),
-        mode=engine.mode,
-        server=_server_request(engine, cfg.sampling.record()),
-    )
-
-
-def _server_request(engine: EngineConfig, sampling: dict[str, Any]) -> ServerRequest | None:
-    if engine.mode != "server":
-        return None
-    s = engine.server
-    fields = s.request_fields
-    if fields is None:  # all the usual fields, and the penalties the sampling section turns on
-        fields = SERVER_REQUEST_FIELDS + tuple(p for p in SERVER_PENALTY_FIELDS if p in sampling)
-    return ServerRequest(
-        request_fields=list(fields),
-        args=list(s.args),
-        startup_timeout_s=s.startup_timeout_s,
-        request_timeout_s=s.request_timeout_s,
-        max_in_flight=s.max_in_flight,
-        dev_mode=s.dev_mode,
-    )
-
-
-def _grpo_request(cfg: GateConfig, seeds: tuple[int, ...] | None) -> GrpoRequest | None:
-    g = cfg.grpo
-    if not g.enabled:
-        return None
-    eps_low, eps_high = g.clip_band()
-    return GrpoRequest(
-        steps=g.steps,
-        prompts_per_step=g.prompts_per_step,
-        group_size=g.group_size,
-        max_tokens=g.max_tokens,
-        temperature=g.temperature,
-        lr=g.lr,
-        clip_eps=eps_low,
-        seeds=list(seeds if seeds is not None else (g.seed,)),
-        trainable=g.trainable,
-        optimizer=g.optimizer,
-        loss=g.loss,
-        clip_eps_high=eps_high,
-    )
-
-
-def _weight_sync_request(cfg: GateConfig, engine: EngineConfig) -> WeightSyncRequest | None:
-    w = cfg.weight_sync
-    if not w.enabled:
-        return None
-    i = w.inflight
-    inflight = None
-    if i.enabled:
-        inflight = InflightRequest(
-            updates=list(i.updates),
-            requests=i.requests,
-            max_tokens=i.max_tokens,
-            switch_after=i.switch_after,
-            timeout_s=i.timeout_s,
-            perturbation=w.perturbation if i.perturbation is None else i.perturbation,
-        )
-    return WeightSyncRequest(
-        perturbation=w.perturbation,
-        seed=w.seed,
-        probes=w.probes,
-        max_tokens=w.max_tokens,
-        hook=cfg.weight_update.hook,
-        inflight=inflight,
-        sleep_level=w.sleep_level_for(engine.engine_args),
-    )
-
-
-@dataclass(frozen=True)
-class Target:
-    """One request of a worker call: the config it replays (e.g. its sampling seed) and the run it fills."""
-
-    cfg: GateConfig
-    run_dir: RunDirectory
+from gate.worker_request import build_request, load_prompts
 
 
 def run_gate(
@@ -258,7 +67,8 @@ def run_gate(
         for job, env in zip(jobs, environments, strict=True):
             if reuse_old is not None and job.name == "old":
                 cache = OldEvidenceCache(cfg, job, prompt_sets, fingerprint, prompts, log)
-                results.append(cache.replay(target, env, use_stored=reuse_old))
+                replay = partial(_run_one, job, target, prompts, log, env)
+                results.append(cache.replay(target, env, reuse_old, replay))
             else:
                 results.append(run_engine(job, [target], prompts, log, prepared=env)[0])
     finally:
@@ -270,146 +80,6 @@ def run_gate(
         complete=status == "ok",
     )
     return RunResult(run_dir=final, status=status, engines=results)
-
-
-class PreparedEngine:
-    """A job's engine environment, prepared in a background thread; :meth:`wait` gives its runner."""
-
-    def __init__(self, job: EngineJob, docker: DockerConfig, log: Callable[[str], None]) -> None:
-        self.engine = dataclasses.replace(
-            job.engine, name=job.name
-        )  # log prefixes and errors name the job
-        self.runner: Runner = get_runner(self.engine, docker)
-        self.prepare_s = 0.0
-        self._log = log
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(
-            target=self._prepare, name=f"prepare-{job.name}", daemon=True
-        )
-
-    def start(self) -> PreparedEngine:
-        self._thread.start()
-        return self
-
-    def _prepare(self) -> None:
-        t0 = time.perf_counter()
-        try:
-            self.runner.prepare(self.engine, self._log)
-        except BaseException as exc:  # re-raised in the thread that waits
-            self._error = exc
-        finally:
-            self.prepare_s = round(time.perf_counter() - t0, 2)
-
-    def wait(self) -> Runner:
-        while self._thread.is_alive():
-            self._thread.join(timeout=0.5)  # short joins keep Ctrl-C responsive
-        if self._error is not None:
-            raise self._error
-        return self.runner
-
-    def cancel(self) -> None:
-        """Stop an install still running (the run ended early); a no-op once prepared."""
-        if self._thread.is_alive():
-            self.runner.cancelled.set()
-            self._thread.join(timeout=30)
-
-
-def evidence_key_groups(
-    cfg: GateConfig,
-    job: EngineJob,
-    prompt_sets: list[PromptSet],
-    prompts: list[PromptItem],
-    fingerprint: dict,
-) -> dict:
-    """The evidence-cache key groups of ``job`` known before its environment is prepared."""
-    request = build_request(
-        cfg,
-        dataclasses.replace(job.engine, name=job.name),
-        prompts,
-        Path(),
-        job.order_seed,
-        job.grpo_seeds,
-    )
-    return evidence_cache.config_groups(
-        cfg, job.engine, json.loads(request.to_json()), prompt_sets, fingerprint
-    )
-
-
-class OldEvidenceCache:
-    """The old engine of one ``gate run``: evidence from the cache when its key matches, else a replay that refills it."""
-
-    def __init__(
-        self,
-        cfg: GateConfig,
-        job: EngineJob,
-        prompt_sets: list[PromptSet],
-        fingerprint: dict,
-        prompts: list[PromptItem],
-        log: Callable[[str], None],
-    ) -> None:
-        self.job, self.prompts, self.log = job, prompts, log
-        self.config = evidence_key_groups(cfg, job, prompt_sets, prompts, fingerprint)
-
-    def replay(self, target: Target, env: PreparedEngine, use_stored: bool) -> EngineRun:
-        key = self._key(env)
-        cached = evidence_cache.lookup(key, self.log) if key is not None and use_stored else None
-        if cached is not None:
-            restored = self._restore(cached, target, env)
-            if restored is not None:
-                return restored
-        result = run_engine(self.job, [target], self.prompts, self.log, prepared=env)[0]
-        if key is not None and result.status == "ok":
-            entry = dataclasses.asdict(result)
-            evidence_cache.store(
-                key,
-                target.run_dir.engine_dir(self.job.name),
-                entry,
-                target.run_dir.final_path,
-                self.log,
-            )
-        return result
-
-    def _key(self, env: PreparedEngine) -> evidence_cache.EvidenceKey | None:
-        """None when the environment cannot be identified (its preparation failed): no reuse, no store."""
-        try:
-            runner = env.wait()
-            return evidence_cache.engine_key(self.config, runner.environment(env.engine))
-        except (GateError, OSError, ValueError, KeyError) as exc:
-            self.log(f"[{self.job.name}] evidence cache not used: {exc}")
-            return None
-
-    def _restore(
-        self, cached: evidence_cache.CachedEvidence, target: Target, env: PreparedEngine
-    ) -> EngineRun | None:
-        """The run entry of the restored evidence; None (folder emptied, replay instead) when it fails validation."""
-        out_dir = target.run_dir.engine_dir(self.job.name)
-        build_request(
-            target.cfg, env.engine, self.prompts, out_dir, self.job.order_seed, self.job.grpo_seeds
-        ).write(out_dir / "request.json")
-        evidence_cache.restore(cached, out_dir)
-        stored = cached.run_entry
-        result = EngineRun(
-            self.job.name,
-            env.engine.spec,
-            env.engine.runner,
-            "ok",
-            str(target.run_dir.relative(out_dir)),
-            prepare_s=env.prepare_s,
-            reused=cached.provenance() | {"worker_s": stored.get("worker_s")},
-        )
-        try:
-            evidence.load(out_dir, allow_nonfinite_engine=True)
-        except evidence.EvidenceError as exc:
-            self.log(
-                f"[{self.job.name}] warning: cached evidence {cached.path} fails validation ({exc}); replaying"
-            )
-            shutil.rmtree(out_dir)
-            return None
-        self.log(
-            f"[{self.job.name}] reusing its evidence from {cached.created} (run {cached.source_run}, key {cached.digest[:12]}); "
-            "--no-reuse replays it"
-        )
-        return result
 
 
 def run_manifest(
@@ -509,6 +179,12 @@ def run_engine(
             continue
         result.status = "ok"
     return results
+
+
+def _run_one(
+    job: EngineJob, target: Target, prompts: list[PromptItem], log, prepared: PreparedEngine
+) -> EngineRun:
+    return run_engine(job, [target], prompts, log, prepared=prepared)[0]
 
 
 def _iso(ts: float) -> str:

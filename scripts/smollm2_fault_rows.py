@@ -435,7 +435,7 @@ def _observed(
 
 
 def _size(cfg: GateConfig) -> dict[str, Any]:
-    from gate.replay import load_prompts
+    from gate.worker_request import load_prompts
 
     return {"prompts": len(load_prompts(cfg)[1]), "n": cfg.sampling.n, "max_tokens": cfg.sampling.max_tokens,
             "temperature": cfg.sampling.temperature, "top_p": cfg.sampling.top_p}  # fmt: skip

@@ -55,6 +55,13 @@ def run(ctx: Context, settings: CheckSettings) -> CheckResult:
             "not measured: no engine ran in vLLM's batch-invariant mode and "
             "teacher_forced.batch_invariance is off",
         )
+    not_run = [
+        f"{name}: {r['not_run']}"
+        for name, r in (("new", new), ("old", old))
+        if isinstance(r, dict) and "not_run" in r
+    ]
+    if not_run:
+        return CheckResult(ID, TITLE, Status.SKIP, "not measured on " + "; ".join(not_run))
     if new is None or old is None:
         missing = "new" if new is None else "old"
         return CheckResult(

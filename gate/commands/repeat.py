@@ -16,8 +16,8 @@ from gate.commands.common import (
 )
 from gate.errors import ConfigError
 from gate.repeat import ENGINES, FLAGGED, counts, repetition_seeds, replayed_engines, run_repeat
-from gate.replay import load_prompts
 from gate.runners.base import stderr_log
+from gate.worker_request import load_prompts
 
 
 def add_repeat(sub: Subparsers) -> None:

@@ -26,7 +26,7 @@ from gate.runners.base import stderr_log
 from gate.verdict import FAIL_ON
 
 if TYPE_CHECKING:
-    from gate.replay import EngineJob
+    from gate.engine_jobs import EngineJob
 
 
 def add_run(sub: Subparsers) -> None:
@@ -87,7 +87,8 @@ def add_prepare(sub: Subparsers) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from gate.replay import default_jobs, run_gate
+    from gate.engine_jobs import default_jobs
+    from gate.replay import run_gate
 
     cfg = config_from_args(args)
     ready_for_engines(cfg)
@@ -123,7 +124,7 @@ def memory_plan_for(cfg: GateConfig, jobs: list[EngineJob], check: bool) -> dict
     """Print the memory plan of ``jobs``; refuse (ConfigError, exit 2) a run that cannot fit unless
     ``check`` is off. Before any engine starts or any image is built: a refusal costs nothing."""
     from gate import memory_plan
-    from gate.replay import load_prompts
+    from gate.worker_request import load_prompts
 
     _, prompts = load_prompts(cfg)
     plan = memory_plan.plan_run(cfg, [job.engine for job in jobs], prompts)
@@ -159,8 +160,10 @@ def run_image_route(args: argparse.Namespace, out: Path) -> ImageRoute:
 def cmd_key(args: argparse.Namespace) -> int:
     """The digest of everything the old engine's evidence depends on that is known before any install."""
     from gate import evidence_cache
+    from gate.engine_jobs import default_jobs
     from gate.fingerprint import model_fingerprint
-    from gate.replay import default_jobs, evidence_key_groups, load_prompts
+    from gate.old_evidence import evidence_key_groups
+    from gate.worker_request import load_prompts
 
     cfg = config_from_args(args)
     if cfg.model.builtin is not None:  # its fingerprint is part of the key
@@ -207,7 +210,7 @@ def judge_and_report(run_dir: Path, cfg: GateConfig) -> int:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from gate.replay import EngineJob, PreparedEngine
+    from gate.engine_jobs import EngineJob, PreparedEngine
 
     cfg = config_from_args(args)
     ready_for_engines(cfg)

@@ -27,7 +27,14 @@ import torch
 from gate.contract.request import ServerRequest
 from gate.worker import replay
 from gate.worker import server_replay as http
-from gate.worker.passes import EnginePass, PassInput, PassResults, inflight_enabled, rescore_greedy
+from gate.worker.passes import (
+    EnginePass,
+    PassInput,
+    PassResults,
+    inflight_enabled,
+    measures_batch_invariance,
+    rescore_greedy,
+)
 from gate.worker.server import SERVED_MODEL_NAME, Server
 from gate.worker.weight_digests import server_reader
 from gate.worker.weight_push import (
@@ -430,11 +437,21 @@ def _weight_sync_inflight(inp: PassInput, out: PassResults) -> None:
     )
 
 
+def _no_batch_invariance(inp: PassInput, out: PassResults) -> None:
+    """Asked for, the pass says why it does not run rather than being silently absent: a server
+    batches requests as they arrive, so the gate cannot choose the compositions it compares."""
+    out.batch_invariance = {
+        "not_run": "server mode: the server batches requests as they arrive, so the batch "
+        "compositions cannot be chosen (run this engine offline to measure it)"
+    }
+
+
 SERVER_PASSES: tuple[EnginePass, ...] = (
     EnginePass("sample", lambda inp: True, _sample),
     EnginePass("greedy", lambda inp: inp.request.greedy_max_tokens > 0, _greedy),
     EnginePass("prefill_decode", lambda inp: inp.request.greedy_max_tokens > 0, _prefill_decode),
     EnginePass("teacher_forced", lambda inp: bool(inp.teacher_forced_rows), _teacher_forced),
+    EnginePass("batch_invariance", measures_batch_invariance, _no_batch_invariance),
     # Last: these change the server's weights.
     EnginePass("weight_sync", lambda inp: inp.request.weight_sync is not None, _weight_sync),
     EnginePass("weight_sync_inflight", inflight_enabled, _weight_sync_inflight),

@@ -261,7 +261,7 @@ def test_a_sharded_reference_and_a_trained_subset_reach_the_worker_request(
     minimal_config, tmp_path
 ):
     from gate.contract.request import WorkerRequest
-    from gate.replay import build_request
+    from gate.worker_request import build_request
 
     cfg = load_config(minimal_config(extra=(
         "reference: {dtype: bfloat16, lm_head_fp32: true, device_map: {model.layers.0: 0, lm_head: cpu},"
@@ -314,7 +314,7 @@ def test_bad_placement_and_training_settings_name_the_file_and_field(
 
 def test_server_mode_is_shared_or_per_engine_and_its_section_merges(minimal_config, tmp_path):
     from gate.contract.request import WorkerRequest
-    from gate.replay import build_request
+    from gate.worker_request import build_request
 
     cfg = load_config(minimal_config(
         extra="mode: server\nserver: {request_fields: [temperature, max_tokens], max_in_flight: 8}\n",

@@ -9,7 +9,7 @@ from gate.checks.context import Context
 from gate.config.checks_section import parse_settings
 from gate.verdict import Status
 
-from ..factory import RUN, make_evidence
+from ..factory import RUN, make_evidence, with_engine
 
 
 def _check(tmp_path, old: float | None, new: float | None, with_old: bool = True):
@@ -48,3 +48,17 @@ def test_not_measured_is_a_skip_with_the_reason(tmp_path):
     one_sided = _check(tmp_path / "b", 0.0, None)
     assert one_sided.status == Status.SKIP and "on the new engine" in one_sided.summary
     assert _check(tmp_path / "c", None, 0.0, with_old=False).status == Status.SKIP
+
+
+def test_a_pass_that_could_not_run_skips_with_its_reason_not_as_turned_off(tmp_path):
+    """Server mode cannot choose batch compositions: the worker records why, and the SKIP says so
+    instead of claiming teacher_forced.batch_invariance is off."""
+    ctx = Context(
+        new=with_engine(
+            make_evidence(tmp_path / "new", seed=2), batch_invariance={"not_run": "server mode: no"}
+        ),
+        old=make_evidence(tmp_path / "old", seed=1, batch_variance=0.0),
+        run=copy.deepcopy(RUN),
+    )
+    r = determinism.run(ctx, parse_settings({}, "gate.yaml")[determinism.ID])
+    assert r.status == Status.SKIP and r.summary == "not measured on new: server mode: no"

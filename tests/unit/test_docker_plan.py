@@ -164,7 +164,7 @@ def test_shm_size_applies_only_without_host_ipc():
 def test_tensor_parallel_args_reach_the_worker_unchanged(tmp_path):
     # Multi-GPU needs nothing docker-specific beyond all GPUs and host IPC: the engine args travel
     # in the request as they are.
-    from gate.replay import build_request, load_prompts
+    from gate.worker_request import build_request, load_prompts
 
     cfg = load_config(BUILTIN_CONFIG)
     engine = dataclasses.replace(
@@ -417,7 +417,7 @@ def test_image_needs_the_docker_runner():
 
 
 def test_per_engine_worker_mounts_gate_and_the_request_paths(tmp_path):
-    from gate.replay import build_request, load_prompts
+    from gate.worker_request import build_request, load_prompts
 
     cfg = _cfg(new={"runner": "docker", "image": "mine:1", "env": {"PYTHONPATH": str(tmp_path)}})
     out = tmp_path / "run" / "engines" / "new"
@@ -577,7 +577,7 @@ def test_repeat_runs_in_the_image_with_the_venv_runner_and_same_paths(monkeypatc
     # engine: every seed an ERROR. It runs in the gate image like `gate run`.
     from gate import cli
     from gate.repeat import repetition_seeds
-    from gate.replay import load_prompts
+    from gate.worker_request import load_prompts
 
     calls = _recording(monkeypatch)
     out, earlier = tmp_path / "sweeps" / "rep", tmp_path / "rep-old"

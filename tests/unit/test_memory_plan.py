@@ -18,8 +18,8 @@ from gate.config.sections import BUILTIN_CONFIG
 from gate.errors import EXIT_USAGE, ConfigError
 from gate.memory_plan import Device, GiB, ModelShape, PlanSettings
 from gate.render.markdown import render_full
-from gate.replay import load_prompts
 from gate.report_model import Report
+from gate.worker_request import load_prompts
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "gate" / "assets" / "models" / "tiny-arith"

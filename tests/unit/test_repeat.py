@@ -25,7 +25,7 @@ from gate.repeat import (
     seed_config,
     seed_dir_name,
 )  # fmt: skip
-from gate.replay import build_request, load_prompts
+from gate.worker_request import build_request, load_prompts
 
 from ..factory import RUN, make_evidence
 

@@ -110,7 +110,7 @@ def test_the_inflight_phase_takes_its_own_perturbation_or_the_idle_probes(tmp_pa
     import dataclasses
 
     from gate.config import load_config
-    from gate.replay import _weight_sync_request
+    from gate.worker_request import _weight_sync_request
 
     cfg = load_config(Path(__file__).resolve().parents[2] / "examples" / "smollm2-cpu.yaml")
     ws = _weight_sync_request(cfg, cfg.engines["new"])

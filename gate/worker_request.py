@@ -1,0 +1,153 @@
+"""The worker request one engine gets: the prompts a config replays, and the config and the
+engine's settings mapped onto the seam's request (gate.contract.request), in one place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gate.config import (
+    OPTIONAL_ENGINE_ARGS,
+    SERVER_PENALTY_FIELDS,
+    SERVER_REQUEST_FIELDS,
+    EngineConfig,
+    GateConfig,
+)
+from gate.contract.request import (
+    GrpoRequest,
+    InflightRequest,
+    PromptItem,
+    ReferenceRequest,
+    SamplingRequest,
+    ServerRequest,
+    WeightSyncRequest,
+    WorkerRequest,
+)
+from gate.errors import ConfigError
+from gate.promptset import PromptSet, load_prompt_set
+
+
+def load_prompts(cfg: GateConfig) -> tuple[list[PromptSet], list[PromptItem]]:
+    sets = [load_prompt_set(m) for m in cfg.prompts]
+    items: list[PromptItem] = []
+    seen: dict[str, str] = {}
+    for ps in sets:
+        for item in ps.items:
+            if item.id in seen:
+                raise ConfigError(
+                    f"{ps.path}: id: '{item.id}' also appears in prompt set '{seen[item.id]}'"
+                )
+            seen[item.id] = ps.name
+            items.append(item)
+    return sets, items
+
+
+def build_request(
+    cfg: GateConfig,
+    engine: EngineConfig,
+    prompts: list[PromptItem],
+    output_dir: Path,
+    order_seed: int | None = None,
+    grpo_seeds: tuple[int, ...] | None = None,
+) -> WorkerRequest:
+    s, r = cfg.sampling, cfg.reference
+    return WorkerRequest(
+        engine_name=engine.name,
+        model=cfg.model.path,
+        tokenizer=cfg.model.tokenizer,
+        engine_args=dict(engine.engine_args),
+        optional_engine_args=list(OPTIONAL_ENGINE_ARGS),
+        prompts=list(prompts),
+        sampling=SamplingRequest(
+            n=s.n,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            max_tokens=s.max_tokens,
+            seed=s.seed,
+            logprobs=s.logprobs,
+            repetition_penalty=s.repetition_penalty,
+            presence_penalty=s.presence_penalty,
+            frequency_penalty=s.frequency_penalty,
+        ),
+        greedy_max_tokens=cfg.greedy.max_tokens if cfg.greedy.enabled else 0,
+        teacher_forced=cfg.teacher_forced.enabled,
+        batch_invariance=cfg.teacher_forced.enabled and cfg.teacher_forced.batch_invariance,
+        reference=ReferenceRequest(
+            dtype=r.dtype,
+            lm_head_fp32=r.lm_head_fp32,
+            batch_tokens=r.batch_tokens,
+            device_map=r.device_map,
+            max_memory=r.max_memory,
+        ),
+        output_dir=str(output_dir),
+        order_seed=order_seed,
+        weight_sync=_weight_sync_request(cfg, engine),
+        grpo=_grpo_request(cfg, grpo_seeds),
+        mode=engine.mode,
+        server=_server_request(engine, cfg.sampling.record()),
+    )
+
+
+def _server_request(engine: EngineConfig, sampling: dict[str, Any]) -> ServerRequest | None:
+    if engine.mode != "server":
+        return None
+    s = engine.server
+    fields = s.request_fields
+    if fields is None:  # all the usual fields, and the penalties the sampling section turns on
+        fields = SERVER_REQUEST_FIELDS + tuple(p for p in SERVER_PENALTY_FIELDS if p in sampling)
+    return ServerRequest(
+        request_fields=list(fields),
+        args=list(s.args),
+        startup_timeout_s=s.startup_timeout_s,
+        request_timeout_s=s.request_timeout_s,
+        max_in_flight=s.max_in_flight,
+        dev_mode=s.dev_mode,
+    )
+
+
+def _grpo_request(cfg: GateConfig, seeds: tuple[int, ...] | None) -> GrpoRequest | None:
+    g = cfg.grpo
+    if not g.enabled:
+        return None
+    eps_low, eps_high = g.clip_band()
+    return GrpoRequest(
+        steps=g.steps,
+        prompts_per_step=g.prompts_per_step,
+        group_size=g.group_size,
+        max_tokens=g.max_tokens,
+        temperature=g.temperature,
+        lr=g.lr,
+        clip_eps=eps_low,
+        seeds=list(seeds if seeds is not None else (g.seed,)),
+        trainable=g.trainable,
+        optimizer=g.optimizer,
+        loss=g.loss,
+        clip_eps_high=eps_high,
+    )
+
+
+def _weight_sync_request(cfg: GateConfig, engine: EngineConfig) -> WeightSyncRequest | None:
+    w = cfg.weight_sync
+    if not w.enabled:
+        return None
+    i = w.inflight
+    inflight = None
+    if i.enabled:
+        inflight = InflightRequest(
+            updates=list(i.updates),
+            requests=i.requests,
+            max_tokens=i.max_tokens,
+            switch_after=i.switch_after,
+            timeout_s=i.timeout_s,
+            perturbation=w.perturbation if i.perturbation is None else i.perturbation,
+        )
+    return WeightSyncRequest(
+        perturbation=w.perturbation,
+        seed=w.seed,
+        probes=w.probes,
+        max_tokens=w.max_tokens,
+        hook=cfg.weight_update.hook,
+        inflight=inflight,
+        sleep_level=w.sleep_level_for(engine.engine_args),
+    )
