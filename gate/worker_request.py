@@ -3,8 +3,9 @@ engine's settings mapped onto the seam's request (gate.contract.request), in one
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gate.config import (
     OPTIONAL_ENGINE_ARGS,
@@ -25,6 +26,8 @@ from gate.contract.request import (
 )
 from gate.errors import ConfigError
 from gate.promptset import PromptSet, load_prompt_set
+
+T = TypeVar("T")
 
 
 def load_prompts(cfg: GateConfig) -> tuple[list[PromptSet], list[PromptItem]]:
@@ -50,7 +53,6 @@ def build_request(
     order_seed: int | None = None,
     grpo_seeds: tuple[int, ...] | None = None,
 ) -> WorkerRequest:
-    s, r = cfg.sampling, cfg.reference
     return WorkerRequest(
         engine_name=engine.name,
         model=cfg.model.path,
@@ -58,34 +60,26 @@ def build_request(
         engine_args=dict(engine.engine_args),
         optional_engine_args=list(OPTIONAL_ENGINE_ARGS),
         prompts=list(prompts),
-        sampling=SamplingRequest(
-            n=s.n,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=s.top_k,
-            max_tokens=s.max_tokens,
-            seed=s.seed,
-            logprobs=s.logprobs,
-            repetition_penalty=s.repetition_penalty,
-            presence_penalty=s.presence_penalty,
-            frequency_penalty=s.frequency_penalty,
-        ),
+        sampling=same_fields(SamplingRequest, cfg.sampling),
         greedy_max_tokens=cfg.greedy.max_tokens if cfg.greedy.enabled else 0,
         teacher_forced=cfg.teacher_forced.enabled,
         batch_invariance=cfg.teacher_forced.enabled and cfg.teacher_forced.batch_invariance,
-        reference=ReferenceRequest(
-            dtype=r.dtype,
-            lm_head_fp32=r.lm_head_fp32,
-            batch_tokens=r.batch_tokens,
-            device_map=r.device_map,
-            max_memory=r.max_memory,
-        ),
+        reference=same_fields(ReferenceRequest, cfg.reference),
         output_dir=str(output_dir),
         order_seed=order_seed,
         weight_sync=_weight_sync_request(cfg, engine),
         grpo=_grpo_request(cfg, grpo_seeds),
         mode=engine.mode,
         server=_server_request(engine, cfg.sampling.record()),
+    )
+
+
+def same_fields(request_type: type[T], section: object) -> T:
+    """A request section from the config section that declares the same fields by the same names
+    (sampling, reference): the mapping is the request's own field list, declared once. A field the
+    config lacks is an AttributeError here, at the first request built, not a silent default."""
+    return request_type(
+        **{f.name: getattr(section, f.name) for f in dataclasses.fields(request_type)}  # type: ignore[arg-type]
     )
 
 

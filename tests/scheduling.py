@@ -23,8 +23,19 @@ once.
   run) are built at most once per worker.
 
 Units are handed out in the order of ``items``, and a worker takes the next one when it is nearly
-idle, so the longest files go first (``LONGEST_FIRST``, from CI's ``--durations`` report) and the
-many short unit tests fill the end, where they keep both workers busy until the last test.
+idle (xdist tops it up when two of its tests or fewer are left), in three ranks:
+
+1. ``tests/unit/`` first: the fast lane (about 1,400 tests, the code checks of
+   ``tests/unit/test_tooling.py`` among them, about 1.5 minutes on 2 cores), so a broken unit or a
+   lint finding shows within the first minutes of an hour's run, not at its end;
+2. then the longest files, longest first (``LONGEST_FIRST``, from CI's ``--durations`` report), so
+   none of them is handed out late and becomes the run's tail;
+3. then every other file, in collection order.
+
+The units cost no extra work, only order: the long files start when the units are done (a minute
+or two into a 40-75 minute run), and the run's end is filled by the unranked files (browser, compat,
+e2e, the shorter integration files) instead of by units of a second, so the first worker to run
+dry may wait for part of one engine test (estimated: tens of seconds).
 """
 
 from __future__ import annotations
@@ -39,7 +50,8 @@ import pytest
 SHARED_GROUPS = {"noisy_control": "noise-controls"}  # 20 seeds of a noisy A/A pair
 ALL_CPUS = "all_cpus"  # the marker, and the group its tests share
 
-# Test files by their running time in CI, longest first; any other file follows in collection order.
+# Test files by their running time in CI, longest first; they follow the unit tests, and any other
+# file follows them in collection order.
 LONGEST_FIRST = (
     # One bf16 SmolLM2 run shared by 9 tests: 906 s on one core of an AVX-512 BF16 runner (skipped
     # where bf16 is emulated). Handed out last, it was the run's tail.
@@ -141,10 +153,13 @@ def groups(items: list[pytest.Item]) -> dict[str, str]:
 
 
 def _rank(item: pytest.Item) -> int:
+    """The unit tests first (0), then ``LONGEST_FIRST`` in its order, then every other file."""
     file = _file(item)
+    if file.startswith(_UNIT_TESTS):
+        return 0
     if file in LONGEST_FIRST:
-        return LONGEST_FIRST.index(file)
-    return len(LONGEST_FIRST) + (1 if file.startswith(_UNIT_TESTS) else 0)
+        return 1 + LONGEST_FIRST.index(file)
+    return 1 + len(LONGEST_FIRST)
 
 
 def _join_group(item: pytest.Item, group: str) -> None:
@@ -165,8 +180,8 @@ def _join_group(item: pytest.Item, group: str) -> None:
 
 
 def schedule(items: list[pytest.Item]) -> None:
-    """Put each grouped test in its xdist group and the longest files first (a stable sort:
-    within a file, and among the files of one rank, collection order is kept)."""
+    """Put each grouped test in its xdist group, the unit tests first and then the longest files
+    (a stable sort: within a file, and among the files of one rank, collection order is kept)."""
     by_test = groups(items)
     for item in items:
         if group := by_test.get(item.nodeid):

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gate.checks.base import CheckSettings
+from gate.contract.request import GRPO_TRAINABLE_DEFAULT
 from gate.errors import ConfigError
 
 INTERNAL = "internal"  # field metadata: set by the loader, not a key of gate.yaml
@@ -329,7 +330,7 @@ class GrpoConfig:
     # while its last 2 decoder layers are 4.4e8 parameters, so 1.7 GB of grads and 3.5 GB of moments
     # beside the frozen fp32 copy (32 GB). Layers rather than lm_head (5.3e8 there) because they
     # hold the q/k/v and gate/up weights vLLM packs into one tensor: the push's packing is tested.
-    trainable: str | dict[str, int] = field(default_factory=lambda: {"last_layers": 2})
+    trainable: str | dict[str, int] = field(default_factory=lambda: dict(GRPO_TRAINABLE_DEFAULT))
     optimizer: str = "adamw"  # adamw | sgd (plain SGD, no momentum: no optimizer state at all)
 
     def validate(self, where: str) -> None:

@@ -8,7 +8,8 @@ not run; ``prompt_ids``: evidence from before it was recorded), so no reader nee
 
 Sections whose keys differ by release or by pass (``effective``, ``numerics``, ``weight_sync``, ...)
 stay mappings: their keys are listed in docs/evidence.md, and the check that owns a section reads
-and validates it. Standard library only: the worker imports this inside each engine environment.
+and validates it. The standard library and msgspec only: the worker imports this inside each
+engine environment (every vLLM release depends on msgspec).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from gate.contract.keys import EVIDENCE_SCHEMA_VERSION
 
@@ -87,7 +90,9 @@ class EngineRecord:
 
     @classmethod
     def from_json(cls, data: Any, where: Path | str = "engine.json") -> EngineRecord:
-        """The record in ``data`` (engine.json decoded); EngineRecordError names the bad field."""
+        """The record in ``data`` (engine.json decoded), every field's type checked (msgspec);
+        EngineRecordError names the file and the field. Keys it does not declare are a newer
+        gate's optional sections: ignored, as the schema version says the layout holds."""
         if not isinstance(data, dict):
             raise EngineRecordError(f"{where}: expected a JSON object")
         version = data.get("schema_version", 1)  # written before versions were recorded: 1
@@ -97,14 +102,14 @@ class EngineRecord:
                 f"{EVIDENCE_SCHEMA_VERSION} only; run the engine again (clear the evidence cache "
                 "if it came from there)"
             )
-        known = {f.name: f for f in dataclasses.fields(cls)}
-        values: dict[str, Any] = {}
-        for name, value in data.items():
-            if name not in known:
-                # A newer gate's optional section: keep reading (the version says the layout holds).
-                continue
-            values[name] = _checked(name, value, where)
-        return cls(**values)
+        # A section recorded as null (a pass that did not run) reads as its empty value.
+        data = {k: (_EMPTY[k] if v is None and k in _EMPTY else v) for k, v in data.items()}
+        if data.get("identity") is None:
+            data.pop("identity", None)
+        try:
+            return msgspec.convert(data, cls)
+        except msgspec.ValidationError as exc:
+            raise EngineRecordError(f"{where}: {exc}") from None
 
     @classmethod
     def read(cls, path: Path) -> EngineRecord:
@@ -132,50 +137,9 @@ class EngineRecord:
         return self.identity.device_kind
 
 
-# The JSON types each field accepts (a mapping where not listed); fields that may be null; and the
-# empty value a null section reads as.
-_TYPES: dict[str, tuple[type, ...]] = {
-    "schema_version": (int,), "engine_name": (str,), "order_seed": (int,), "flat_logprobs": (bool,),
-    "mode": (str,), "model_revision": (str,), "dropped_engine_args": (list,),
-    "gate_settings": (list,), "passes_not_run": (list,),
-}  # fmt: skip
-_NULLABLE = frozenset({"engine_name", "order_seed", "flat_logprobs", "server", "batch_invariance",
-                       "prompt_ids", "model_revision", "vllm_cache_root", "default_sampling_params",
-                       "generation_config_overrides"})  # fmt: skip
+# The empty value a section recorded as null reads as.
 _EMPTY: dict[str, Any] = {
     f.name: f.default_factory()
     for f in dataclasses.fields(EngineRecord)
     if f.default_factory is not dataclasses.MISSING and f.name != "identity"
 }
-_JSON_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer",
-               bool: "true or false"}  # fmt: skip
-
-
-def _checked(name: str, value: Any, where: Path | str) -> Any:
-    if name == "identity":
-        return _identity(value, where)
-    if value is None:
-        if name in _NULLABLE:
-            return None
-        if name in _EMPTY:
-            return _EMPTY[name]
-        raise EngineRecordError(f"{where}: {name}: null where a value is required")
-    expected = _TYPES.get(name, (dict,))
-    # JSON true is a Python int too: an integer field must not take it.
-    if not isinstance(value, expected) or (isinstance(value, bool) and bool not in expected):
-        names = " or ".join(_JSON_NAMES[t] for t in expected)
-        raise EngineRecordError(f"{where}: {name}: expected {names}, got {type(value).__name__}")
-    return value
-
-
-def _identity(value: Any, where: Path | str) -> EngineIdentity:
-    if value is None:
-        return EngineIdentity()
-    if not isinstance(value, dict):
-        raise EngineRecordError(f"{where}: identity: expected an object")
-    fields = {f.name for f in dataclasses.fields(EngineIdentity)}
-    kept = {k: v for k, v in value.items() if k in fields}
-    for k, v in kept.items():
-        if v is not None and not isinstance(v, str):
-            raise EngineRecordError(f"{where}: identity.{k}: expected a string")
-    return EngineIdentity(**kept)

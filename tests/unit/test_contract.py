@@ -134,12 +134,15 @@ def test_evidence_of_another_schema_version_is_refused_with_what_to_do(tmp_path)
 
 def test_the_engine_record_names_the_file_and_field_it_refuses():
     with pytest.raises(
-        EngineRecordError, match=r"^run/engine\.json: weight_sync: expected an object, got list$"
+        EngineRecordError,
+        match=r"^run/engine\.json: Expected `object`, got `array` - at `\$\.weight_sync`$",
     ):
         EngineRecord.from_json({"weight_sync": []}, "run/engine.json")
-    with pytest.raises(EngineRecordError, match=r"order_seed: expected an integer, got bool"):
+    with pytest.raises(
+        EngineRecordError, match=r"Expected `int \| null`, got `bool` - at `\$\.order_seed`"
+    ):
         EngineRecord.from_json({"order_seed": True})
-    with pytest.raises(EngineRecordError, match=r"identity\.vllm: expected a string"):
+    with pytest.raises(EngineRecordError, match=r"got `int` - at `\$\.identity\.vllm`"):
         EngineRecord.from_json({"identity": {"vllm": 32}})
     with pytest.raises(EngineRecordError, match="expected a JSON object"):
         EngineRecord.from_json([])

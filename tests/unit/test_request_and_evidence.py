@@ -122,3 +122,39 @@ def test_the_inflight_phase_takes_its_own_perturbation_or_the_idle_probes(tmp_pa
     assert ws.inflight.perturbation == 0.05
     req = dataclasses.replace(_request(tmp_path), weight_sync=ws)
     assert WorkerRequest.from_json(req.to_json()) == req
+
+
+def test_the_config_to_request_mapping_is_the_requests_own_field_list():
+    """SamplingRequest and ReferenceRequest are filled field by field from the config sections of
+    the same names (gate.worker_request.same_fields): every request field exists there, and where
+    both sides default a field, the defaults agree. GRPO's trainable default is one constant."""
+    import dataclasses
+
+    from gate.config.sections import GrpoConfig, ReferenceConfig, SamplingConfig
+    from gate.contract.request import GrpoRequest
+    from gate.worker_request import same_fields
+
+    def defaults(cls):
+        out = {}
+        for f in dataclasses.fields(cls):
+            if f.default is not dataclasses.MISSING:
+                out[f.name] = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                out[f.name] = f.default_factory()
+        return out
+
+    for request_type, section in (
+        (SamplingRequest, SamplingConfig()),
+        (ReferenceRequest, ReferenceConfig()),
+    ):
+        built = same_fields(request_type, section)
+        assert dataclasses.asdict(built) == {
+            f.name: getattr(section, f.name) for f in dataclasses.fields(request_type)
+        }
+        request_defaults, config_defaults = defaults(request_type), defaults(type(section))
+        assert {k: v for k, v in request_defaults.items() if k in config_defaults} == {
+            k: config_defaults[k] for k in request_defaults if k in config_defaults
+        }
+    grpo_request, grpo_config = defaults(GrpoRequest), defaults(GrpoConfig)
+    for name in ("trainable", "optimizer", "loss"):
+        assert grpo_request[name] == grpo_config[name], name
