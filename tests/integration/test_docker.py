@@ -115,10 +115,7 @@ def test_gate_image_runs_the_full_gate_and_matches_the_venv_runner(
         _assert_same_evidence(run.evidence(engine), default_replay.evidence(engine))
     # the container ran as this user: the run directory is ours, not root's
     assert (run.run_dir / "report.json").stat().st_uid == os.getuid()
-    assert (
-        run.evidence("new").engine.grpo is not None
-        and run.evidence("new").engine.weight_sync is not None
-    )
+    assert run.evidence("new").engine.grpo and run.evidence("new").engine.weight_sync
 
 
 def test_gate_image_labels_and_reuse(gate_image_replay, docker_client, tmp_path):

@@ -27,7 +27,7 @@ def _init_then_run(tmp_path_factory, stack: str, config: str):
     out = _init_with_recipe(tmp_path_factory, stack, config, "server_folder_reload")
     run = replay(out / "run", "-c", str(out / "gate.yaml"), expect=(0,))
     for engine in ("old", "new"):
-        e = run.evidence(engine).engine
+        e = run.evidence(engine).engine.to_json()
         assert e["mode"] == "server" and e["weight_sync"]["adapter"].startswith("hook "), e[
             "weight_sync"
         ]
@@ -244,7 +244,7 @@ def test_openrlhf_init_then_run_passes_on_cpu_through_its_broadcast(tmp_path_fac
     run = _passes_through_its_recipe(out)
     _assert_the_stacks_settings(run, out, "openrlhf")  # DAPO's clip-higher, prefix caching on
     for engine in ("old", "new"):
-        e = run.evidence(engine).engine
+        e = run.evidence(engine).engine.to_json()
         assert e["grpo"]["adapter"] == f"hook {out / 'gate_hook.py'}:update", e["grpo"]
         assert e["effective"]["enable_prefix_caching"] is True
 
@@ -302,7 +302,7 @@ def _assert_the_stacks_settings(run: Replay, out: Path, stack: str) -> None:
     # vLLM's CPU platform turns async scheduling off whatever is asked ("not required on CPU"): the
     # engine's own override (config-parity names it where an old engine ran: test_verdicts), and the
     # rest must be as the stack set it.
-    new = run.evidence("new").engine
+    new = run.evidence("new").engine.to_json()
     requested, effective = new["requested_engine_args"], new["effective"]
     overridden = {k: {"requested": v, "effective": effective[k]}
                   for k, v in requested.items() if k in effective and effective[k] != v}  # fmt: skip

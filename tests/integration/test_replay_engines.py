@@ -104,7 +104,7 @@ def test_decode_equals_the_engines_own_prefill_on_the_cpu(default_replay, engine
 
 def test_effective_configuration_read_from_the_live_engines(default_replay):
     for name, version in (("old", "0.31.0"), ("new", "0.32.0")):
-        meta = default_replay.evidence(name).engine
+        meta = default_replay.evidence(name).engine.to_json()
         assert meta["identity"]["vllm"] == version
         assert meta["identity"]["engine_generation"] == "V1"
         assert meta["identity"]["device_kind"] == "cpu"

@@ -315,7 +315,7 @@ def test_the_cpu_default_in_server_mode_at_tp2_passes_the_inflight_paths(tmp_pat
                             weight_sync={"inflight": {"updates": updates, **SERVER_INFLIGHT}})  # fmt: skip
     run = replay(tmp_path / "run", "-c", str(config), "--only", "new", expect=(0,))
     assert run.report["verdict"] == "PASS", {c["id"]: c["status"] for c in run.report["checks"]}
-    engine = run.evidence("new").engine
+    engine = run.evidence("new").engine.to_json()
     assert engine["mode"] == "server" and engine["effective"]["tensor_parallel_size"] == 2
     assert [s["name"] for s in engine["gate_settings"]] == [
         "enable_chunked_prefill"

@@ -64,7 +64,7 @@ def test_the_cpu_default_passes_at_tp2(tp2_replay):
     assert tp2_replay.report["verdict"] == "PASS", {
         c["id"]: c["status"] for c in tp2_replay.report["checks"]
     }
-    engine = tp2_replay.evidence("new").engine
+    engine = tp2_replay.evidence("new").engine.to_json()
     assert engine["effective"]["tensor_parallel_size"] == 2
     binding = engine["effective"]["env.VLLM_CPU_OMP_THREADS_BIND"]  # "0|1" on 2 CPUs
     assert binding.count("|") == 1 and binding.split("|")[0].startswith(
