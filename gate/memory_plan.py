@@ -527,7 +527,7 @@ class TrainerCopies:
 
 
 def _weight_sync_copies(shape: ModelShape, s: PlanSettings, cuda: bool) -> TrainerCopies:
-    # gate.worker.weight_sync.run_probe: one model in the engine's dtype on the device, scored under
+    # gate.worker.weight_sync.probe: one model in the engine's dtype on the device, scored under
     # the old and the new state dict in turn; both wait in host memory (pinned beside a GPU).
     dtype_bytes = DTYPE_BYTES.get(s.engine_dtype, 2)
     one = shape.parameters * dtype_bytes

@@ -42,6 +42,7 @@ from gate.contract.request import (
 from gate.files import atomic_write_bytes
 from gate.worker import hub, layout, replay, vllm_cache
 from gate.worker.engine_failure import ENGINE_ERROR_LINE, EngineFailed, error_line
+from gate.worker.engine_handle import OfflineEngine
 from gate.worker.log_tail import OutputTail
 from gate.worker.memory import PeakMemory, cuda_device_used
 from gate.worker.passes import (
@@ -297,8 +298,9 @@ def _run_engine(
     log_tail = tail.lines if tail is not None else no_log_tail
     outputs = [
         _engine_passes(
+            llm,
             PassInput(
-                llm,
+                OfflineEngine(llm),
                 req,
                 tok,
                 _prefixed(i, batch),
@@ -452,7 +454,7 @@ def _server_passes(
     gate_settings: list[GateSetting],
     timings: Timings,
 ) -> EngineOutputs:
-    """The server-mode passes over one request (server_engine.SERVER_PASSES), and what the server
+    """The passes over one request through the server (the one table, ENGINE_PASSES), and what the server
     says about itself; engine.json has the offline keys plus ``mode`` and ``server``."""
     from gate.worker import engine as eng
     from gate.worker import server_engine as se
@@ -469,7 +471,7 @@ def _server_passes(
         "default_sampling_params": se.default_sampling(served),
         "generation_config_overrides": served.defaults,
     }
-    results = run_passes(se.SERVER_PASSES, inp, timings)
+    results = run_passes(ENGINE_PASSES, inp, timings)
     extra = {"flat_logprobs": False, "mode": "server", "server": se.server_record(served)}
     return _engine_outputs(request, results, dropped, gate_settings, extra | about)
 
@@ -591,13 +593,17 @@ def _write_outputs(
 
 
 def _engine_passes(
-    inp: PassInput, dropped: list[str], gate_settings: list[GateSetting], timings: Timings
+    llm: Any,
+    inp: PassInput,
+    dropped: list[str],
+    gate_settings: list[GateSetting],
+    timings: Timings,
 ) -> EngineOutputs:
     """The engine's passes over one request (:data:`~gate.worker.passes.ENGINE_PASSES`), and what
     the live engine says about itself."""
     from gate.worker import engine as eng
 
-    llm, request = inp.llm, inp.request
+    request = inp.request
     # What the engine says about itself is read as it was started, before any pass: a weight push
     # from a folder (``reload_weights(weights_path=...)``) repoints the in-process engine's
     # model_config.model at that folder, which is gone by the time the passes end.

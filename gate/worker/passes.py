@@ -40,7 +40,9 @@ from gate.worker import replay
 from gate.worker.replay import Completions, PromptScores
 
 if TYPE_CHECKING:
+    from gate.worker.engine_handle import EngineHandle
     from gate.worker.memory import PeakMemory
+    from gate.worker.weight_push import Adapter
 
 Say = Callable[[str], None]
 
@@ -76,9 +78,8 @@ def no_log_tail() -> list[str]:
 class PassInput:
     """What every pass may read: the live engine, the request and its tokens."""
 
-    # The live engine: a vllm.LLM offline; in server mode gate.worker.server_engine.ServedEngine
-    # (the running server and its client), which that module's passes take.
-    llm: Any
+    # The live engine, offline (engine_handle.OfflineEngine) or served (server_engine.ServedEngine).
+    engine: EngineHandle
     request: WorkerRequest
     tokenized: Tokenized
     say: Say  # progress, prefixed with the request's place in a batch
@@ -267,26 +268,14 @@ def failure_record(
 
 
 def _sample(inp: PassInput, out: PassResults) -> None:
-    s, order = inp.request.sampling, inp.order
-    if order is not None:
-        inp.say(f"submitting prompts in a permuted order (order_seed={inp.request.order_seed})")
-    inp.say(
-        f"sampling {len(inp.tokenized.prompt_ids)} prompts x {s.n} "
-        f"(T={s.temperature}, top_p={s.top_p}, top_k={s.top_k}, seed={s.seed})"
-    )
-    out.sampled = replay.sample(inp.llm, inp.tokenized.prompt_ids, s, order)
-    out.prompt_ids = replay.prompt_ids_record(
-        inp.tokenized.prompt_ids,
-        out.sampled.engine_prompt_ids or [None] * len(inp.tokenized.prompt_ids),
-        [p.id for p in inp.request.prompts],
-        "RequestOutput.prompt_token_ids",
+    out.sampled, out.prompt_ids = inp.engine.sample(
+        inp.request, inp.tokenized.prompt_ids, inp.order, inp.say
     )
 
 
 def _greedy(inp: PassInput, out: PassResults) -> None:
-    inp.say("greedy pass")
-    out.greedy = replay.greedy(
-        inp.llm,
+    inp.say(f"greedy pass{inp.engine.over}")
+    out.greedy = inp.engine.greedy(
         inp.tokenized.prompt_ids,
         inp.request.greedy_max_tokens,
         inp.request.sampling.logprobs,
@@ -295,9 +284,7 @@ def _greedy(inp: PassInput, out: PassResults) -> None:
 
 
 def _prefill_decode(inp: PassInput, out: PassResults) -> None:
-    rescore_greedy(
-        inp, out, partial(replay.score_sequences, inp.llm), replay.max_model_len(inp.llm)
-    )
+    rescore_greedy(inp, out, inp.engine.score_sequences, inp.engine.max_model_len())
 
 
 def rescore_greedy(
@@ -306,8 +293,8 @@ def rescore_greedy(
     score: Callable[[list[list[int]], np.ndarray | None], PromptScores],
     max_model_len: int,
 ) -> None:
-    """The greedy sequences scored again as prompts by the same engine (``score``, offline or over
-    HTTP): each greedy token's prefill logprob beside its decode one (gate/worker/prefill.py)."""
+    """The greedy sequences scored again as prompts by the same engine (``score``): each greedy
+    token's prefill logprob beside its decode one (gate/worker/prefill.py)."""
     from gate.worker.prefill import decode_positions, rescoring_input
 
     if out.greedy is None:
@@ -322,8 +309,8 @@ def rescore_greedy(
 
 def _teacher_forced(inp: PassInput, out: PassResults) -> None:
     rows, seqs, order = inp.teacher_forced_sequences()
-    inp.say(f"teacher-forced pass over {len(seqs)} fixed sequences")
-    out.teacher_forced = TeacherForced(rows, seqs, replay.score_sequences(inp.llm, seqs, order))
+    inp.say(f"teacher-forced pass over {len(seqs)} fixed sequences{inp.engine.over}")
+    out.teacher_forced = TeacherForced(rows, seqs, inp.engine.score_sequences(seqs, order))
 
 
 def batch_invariant_mode() -> bool | None:
@@ -343,7 +330,12 @@ def measures_batch_invariance(inp: PassInput) -> bool:
 
 def _batch_invariance(inp: PassInput, out: PassResults) -> None:
     """The teacher-forced sequences scored again in two other batch compositions: reversed, and one
-    sequence per call. A batch-invariant engine gives bitwise the same logprobs."""
+    sequence per call. A batch-invariant engine gives bitwise the same logprobs. An engine that
+    cannot be given batch compositions records why (determinism-parity SKIPs with it)."""
+    unavailable = inp.engine.batch_invariance_unavailable()
+    if unavailable is not None:
+        out.batch_invariance = {"not_run": unavailable}
+        return
     tf = out.teacher_forced
     if tf is None:
         return
@@ -353,9 +345,9 @@ def _batch_invariance(inp: PassInput, out: PassResults) -> None:
     first = tf.scores.logprob
     reversed_order = np.arange(len(tf.seqs))[::-1].copy()
     again = {
-        "reversed": replay.score_sequences(inp.llm, tf.seqs, reversed_order).logprob,
+        "reversed": inp.engine.score_sequences(tf.seqs, reversed_order).logprob,
         "one at a time": np.concatenate(
-            [replay.score_sequences(inp.llm, [s], None).logprob for s in tf.seqs]
+            [inp.engine.score_sequences([s], None).logprob for s in tf.seqs]
         ),
     }
     out.batch_invariance = {
@@ -370,20 +362,36 @@ def _batch_invariance(inp: PassInput, out: PassResults) -> None:
 
 
 def _weight_sync(inp: PassInput, out: PassResults) -> None:
-    from gate.worker.weight_sync import run_probe
+    from gate.worker.weight_sync import probe
 
-    assert inp.request.weight_sync is not None  # enabled() says so
-    arrays, out.weight_sync = run_probe(
-        inp.llm,
+    ws = inp.request.weight_sync
+    assert ws is not None  # enabled() says so
+    adapter = _push_adapter(inp, "weight-sync probe", ws.hook)
+    if isinstance(adapter, str):
+        out.weight_sync = {"adapter": None, "unsupported": adapter, **inp.engine.push_facts()}
+        return
+    arrays, meta = probe(
+        inp.engine.probe_target(adapter),
         inp.request.model,
         inp.tokenized.prompt_ids,
         inp.tokenized.reference_ids,
-        inp.request.weight_sync,
+        ws,
         inp.say,
         inp.hf_kwargs,
-        inp.scratch_dir,
     )
+    out.weight_sync = {**meta, **inp.engine.push_facts()}
     out.arrays.update(arrays)
+
+
+def _push_adapter(inp: PassInput, what: str, hook: str | None) -> Adapter | str:
+    """The engine's weight push for a pass, or (said) why the engine offers none."""
+    from gate.worker.weight_push import UnsupportedEngine
+
+    try:
+        return inp.engine.push_adapter(hook, inp.scratch_dir)
+    except UnsupportedEngine as exc:
+        inp.say(f"{what} not run: {exc}")
+        return str(exc)
 
 
 def inflight_enabled(inp: PassInput) -> bool:
@@ -392,17 +400,14 @@ def inflight_enabled(inp: PassInput) -> bool:
 
 
 def _weight_sync_inflight(inp: PassInput, out: PassResults) -> None:
-    from gate.worker.inflight_offline import OfflineDriver
-    from gate.worker.weight_push import UnsupportedEngine, choose_adapter
-
     ws = inp.request.weight_sync
-    assert ws is not None  # enabled() says so
-    try:
-        adapter = choose_adapter(inp.llm, ws.hook, inp.scratch_dir)
-    except UnsupportedEngine as exc:
-        out.weight_sync_inflight = {"adapter": None, "unsupported": str(exc)}
+    assert ws is not None and ws.inflight is not None  # enabled() says so
+    adapter = _push_adapter(inp, "in-flight updates", ws.hook)
+    if isinstance(adapter, str):
+        out.weight_sync_inflight = {"adapter": None, "unsupported": adapter}
         return
-    run_inflight(inp, out, lambda: OfflineDriver(inp.llm, adapter), adapter.name)
+    inflight = ws.inflight
+    run_inflight(inp, out, lambda: inp.engine.inflight_driver(adapter, inflight), adapter.name)
 
 
 def run_inflight(
@@ -443,36 +448,31 @@ def run_inflight(
 
 def _grpo(inp: PassInput, out: PassResults) -> None:
     from gate.worker.grpo import run_grpo
-    from gate.worker.weight_push import UnsupportedEngine, choose_adapter, push_naming_failures
+    from gate.worker.weight_push import push_naming_failures
 
     g, ws = inp.request.grpo, inp.request.weight_sync
     assert g is not None  # enabled() says so
-    try:
-        adapter = choose_adapter(inp.llm, ws.hook if ws else None, inp.scratch_dir)
-    except UnsupportedEngine as exc:  # no weight push: no GRPO run; the evidence above stands
-        inp.say(f"mini GRPO not run: {exc}")
-        out.grpo = {"adapter": None, "unsupported": str(exc), "seeds": g.seeds, "steps": g.steps}
+    adapter = _push_adapter(inp, "mini GRPO", ws.hook if ws else None)
+    if isinstance(adapter, str):  # no weight push: no GRPO run; the evidence above stands
+        out.grpo = {"adapter": None, "unsupported": adapter, "seeds": g.seeds, "steps": g.steps}
         return
     inp.say(
-        f"mini GRPO: {len(g.seeds)} seed(s) x {g.steps} steps of {g.prompts_per_step} prompts "
-        f"x {g.group_size}"
+        f"mini GRPO{inp.engine.over}: {len(g.seeds)} seed(s) x {g.steps} steps of "
+        f"{g.prompts_per_step} prompts x {g.group_size}"
     )
-    answers = [p.answer for p in inp.request.prompts]
-    out.grpo = {
-        "adapter": adapter.name,
-        "seeds": g.seeds,
-        "steps": g.steps,
-    }  # kept if the run fails
-    push = partial(push_naming_failures, adapter)
+    out.grpo = {"adapter": adapter.name, "seeds": g.seeds, "steps": g.steps}  # kept if it fails
+    target, rollout, dtype = inp.engine.grpo_target()
     run = run_grpo(
-        inp.llm,
+        target,
         inp.request.model,
         inp.tokenized.prompt_ids,
-        answers,
+        [p.answer for p in inp.request.prompts],
         g,
-        push,
+        partial(push_naming_failures, adapter),
         inp.say,
         inp.hf_kwargs,
+        rollout=rollout,
+        dtype=dtype,
     )
     out.arrays.update(run.arrays)
     out.grpo["trainer"] = run.trainer

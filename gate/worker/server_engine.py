@@ -1,8 +1,9 @@
-"""Server mode's engine: what a running server says about itself, its weight push, its passes.
+"""Server mode's engine: what a running server says about itself, its weight push, and
+:class:`ServedEngine`, the engine handle (gate.worker.engine_handle) the passes drive over HTTP.
 
-The passes are :mod:`gate.worker.passes`' table with HTTP versions of the replay passes
-(:data:`SERVER_PASSES`); the weight-sync probe and the GRPO run are the offline ones, given the
-server's greedy/sampling over HTTP and a push through the server.
+The passes are :mod:`gate.worker.passes`' one table: the replay passes go through the server's
+completions and prompt logprobs; the weight-sync probe, the in-flight phase and the GRPO run are
+the offline ones, given the server's greedy and sampling over HTTP and a push through the server.
 
 Settings are read from the live server (``/server_info?config_format=json``, dev mode), the
 defaults it fills into requests from its own start-up report (``Default vLLM sampling parameters
@@ -16,25 +17,18 @@ import dataclasses
 import os
 import platform
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
-from gate.contract.request import ServerRequest
+from gate.contract.request import InflightRequest, ServerRequest, WorkerRequest
 from gate.worker import replay
 from gate.worker import server_replay as http
-from gate.worker.passes import (
-    EnginePass,
-    PassInput,
-    PassResults,
-    inflight_enabled,
-    measures_batch_invariance,
-    rescore_greedy,
-)
 from gate.worker.server import SERVED_MODEL_NAME, Server
 from gate.worker.weight_digests import server_reader
 from gate.worker.weight_push import (
@@ -46,6 +40,10 @@ from gate.worker.weight_push import (
     staging_roots,
 )
 
+if TYPE_CHECKING:
+    from gate.worker.grpo import Rollout
+    from gate.worker.weight_sync import ProbeTarget
+
 # Dotted paths into /server_info's vllm_config for gate's settings (engine._SETTINGS, less the
 # "vllm_config." prefix of the offline engine's attribute paths).
 DEV_ENDPOINTS = ("/collective_rpc", "/reset_prefix_cache", "/pause", "/resume", "/server_info",
@@ -54,7 +52,7 @@ DEV_ENDPOINTS = ("/collective_rpc", "/reset_prefix_cache", "/pause", "/resume", 
 
 @dataclass
 class ServedEngine:
-    """A healthy server and its client: what the server-mode passes take as ``PassInput.llm``."""
+    """A healthy server and its client: the engine handle the passes drive in server mode."""
 
     server: Server
     command: list[str]  # the plain vLLM command the server process runs (gate.worker.serve)
@@ -79,6 +77,108 @@ class ServedEngine:
                 return None
             cur = cur.get(part)
         return cur
+
+    # -- the engine handle (gate.worker.engine_handle.EngineHandle) --------------------------------
+    over = " over HTTP"
+
+    def sample(
+        self,
+        request: WorkerRequest,
+        prompt_ids: list[list[int]],
+        order: np.ndarray | None,
+        say: Callable[[str], None],
+    ) -> tuple[replay.Completions, dict[str, Any]]:
+        """The rollout pass through the server, and what the server says it applied."""
+        s, fields = request.sampling, self.settings.request_fields
+        say(
+            f"sampling {len(prompt_ids)} prompts x {s.n} over HTTP "
+            f"(sending {', '.join(fields) or 'no sampling field'}; seed={s.seed})"
+        )
+        trainer_ids = [list(p) for p in prompt_ids]
+        result = http.sample(self.client, request.prompts, trainer_ids, s, fields, order)
+        # The engine saw the server's rendering of chat prompts: that is what the reference scores
+        # and what tokenization compares between engines. Where it differs from the trainer's own
+        # (apply_chat_template in this environment), the trainer and the server disagree.
+        prompt_ids[:] = result.prompt_ids
+        record = replay.prompt_ids_record(
+            trainer_ids,
+            result.engine_prompt_ids,
+            [p.id for p in request.prompts],
+            "server: "
+            + ", ".join(f"{n} from {src}" for src, n in sorted(result.prompt_ids_source.items())),
+        )
+        unlike = record["unlike_trainer"]
+        if unlike["count"]:
+            say(
+                f"warning: the server tokenized {unlike['count']} prompt(s) differently from the "
+                f"trainer-side tokenizer (first: {unlike['ids'][0]})"
+            )
+        sent = http.sampling_fields(s, fields)
+        confirmation = http.confirm_effective(
+            self.client, result.prompt_ids[0], s, fields, self.defaults
+        )
+        self.facts |= {
+            "request_fields": list(fields),
+            "sent": sent,
+            "reported_defaults": self.defaults,
+            "reported_defaults_source": self.defaults_source,
+            "applied_defaults": http.applied_defaults(sent, self.defaults),
+            "effective_sampling": confirmation["effective"],
+            "effective_confirmed": confirmation["confirmed"],
+            "effective_check_max_abs_logprob_diff": confirmation["max_abs_logprob_diff"],
+            "prompt_ids_source": result.prompt_ids_source,
+            "prompts_tokenized_unlike_trainer": unlike["ids"],  # the first 20; prompt_ids has all
+        }
+        return result.completions, record
+
+    def greedy(
+        self, prompt_ids: list[list[int]], max_tokens: int, logprobs: int, order: np.ndarray | None
+    ) -> replay.Completions:
+        return http.greedy(self.client, prompt_ids, max_tokens, logprobs, order)
+
+    def score_sequences(
+        self, seqs: list[list[int]], order: np.ndarray | None
+    ) -> replay.PromptScores:
+        return http.score_sequences(self.client, seqs, order)
+
+    def max_model_len(self) -> int:
+        return int(self.setting("model_config.max_model_len") or 2048)
+
+    def batch_invariance_unavailable(self) -> str | None:
+        return (
+            "server mode: the server batches requests as they arrive, so the batch compositions "
+            "cannot be chosen (run this engine offline to measure it)"
+        )
+
+    def push_adapter(self, hook: str | None, scratch_dir: Path | None) -> Adapter:
+        return choose_server_adapter(self, hook, scratch_dir)
+
+    def push_facts(self) -> dict[str, Any]:
+        return {"push_probe": self.facts.get("push_probe")}
+
+    def probe_target(self, adapter: Adapter) -> ProbeTarget:
+        from gate.worker.weight_sync import ProbeTarget
+
+        return ProbeTarget(
+            target=self.base_url,
+            adapter=adapter,
+            greedy=greedy_for_probe(self),
+            block_size=int(self.setting("cache_config.block_size") or 16),
+            bos_token_id=self.bos_token_id,
+            max_model_len=self.max_model_len(),
+            dtype=engine_dtype(self),
+            digests=server_reader(
+                self.client, (self.facts.get("push_probe") or {}).get("endpoints") or []
+            ),
+        )
+
+    def inflight_driver(self, adapter: Adapter, request: InflightRequest) -> Any:
+        from gate.worker.inflight_server import ServerDriver
+
+        return ServerDriver(self, adapter, request.requests, engine_dtype(self))
+
+    def grpo_target(self) -> tuple[Any, Rollout | None, torch.dtype | None]:
+        return self.base_url, rollout(self), engine_dtype(self)
 
 
 def connect(
@@ -260,203 +360,6 @@ def rollout(engine: ServedEngine):
         return engine.client.map(one, list(range(len(prompts))))
 
     return sample
-
-
-# -- the passes ----------------------------------------------------------------------------------
-
-
-def _served(inp: PassInput) -> ServedEngine:
-    engine = inp.llm
-    assert isinstance(engine, ServedEngine)
-    return engine
-
-
-def _sample(inp: PassInput, out: PassResults) -> None:
-    engine, s = _served(inp), inp.request.sampling
-    fields = engine.settings.request_fields
-    inp.say(
-        f"sampling {len(inp.tokenized.prompt_ids)} prompts x {s.n} over HTTP "
-        f"(sending {', '.join(fields) or 'no sampling field'}; seed={s.seed})"
-    )
-    trainer_ids = [list(p) for p in inp.tokenized.prompt_ids]
-    result = http.sample(engine.client, inp.request.prompts, trainer_ids, s, fields, inp.order)
-    out.sampled = result.completions
-    # The engine saw the server's rendering of chat prompts: that is what the reference scores and
-    # what tokenization compares between engines. Where it differs from the trainer's own
-    # (apply_chat_template in this environment), the trainer and the server disagree.
-    inp.tokenized.prompt_ids[:] = result.prompt_ids
-    out.prompt_ids = replay.prompt_ids_record(
-        trainer_ids,
-        result.engine_prompt_ids,
-        [p.id for p in inp.request.prompts],
-        "server: "
-        + ", ".join(f"{n} from {src}" for src, n in sorted(result.prompt_ids_source.items())),
-    )
-    unlike = out.prompt_ids["unlike_trainer"]
-    if unlike["count"]:
-        inp.say(
-            f"warning: the server tokenized {unlike['count']} prompt(s) differently from the trainer-side "
-            f"tokenizer (first: {unlike['ids'][0]})"
-        )
-    sent = http.sampling_fields(s, fields)
-    confirmation = http.confirm_effective(
-        engine.client, result.prompt_ids[0], s, fields, engine.defaults
-    )
-    engine.facts |= {
-        "request_fields": list(fields),
-        "sent": sent,
-        "reported_defaults": engine.defaults,
-        "reported_defaults_source": engine.defaults_source,
-        "applied_defaults": http.applied_defaults(sent, engine.defaults),
-        "effective_sampling": confirmation["effective"],
-        "effective_confirmed": confirmation["confirmed"],
-        "effective_check_max_abs_logprob_diff": confirmation["max_abs_logprob_diff"],
-        "prompt_ids_source": result.prompt_ids_source,
-        "prompts_tokenized_unlike_trainer": unlike["ids"],  # the first 20; prompt_ids has all
-    }
-
-
-def _greedy(inp: PassInput, out: PassResults) -> None:
-    inp.say("greedy pass over HTTP")
-    out.greedy = http.greedy(
-        _served(inp).client,
-        inp.tokenized.prompt_ids,
-        inp.request.greedy_max_tokens,
-        inp.request.sampling.logprobs,
-        inp.order,
-    )
-
-
-def _prefill_decode(inp: PassInput, out: PassResults) -> None:
-    engine = _served(inp)
-    max_model_len = int(engine.setting("model_config.max_model_len") or 2048)
-    rescore_greedy(inp, out, partial(http.score_sequences, engine.client), max_model_len)
-
-
-def _teacher_forced(inp: PassInput, out: PassResults) -> None:
-    from gate.worker.passes import TeacherForced
-
-    rows, seqs, order = inp.teacher_forced_sequences()
-    inp.say(f"teacher-forced pass over {len(seqs)} fixed sequences (prompt_logprobs over HTTP)")
-    out.teacher_forced = TeacherForced(
-        rows, seqs, http.score_sequences(_served(inp).client, seqs, order)
-    )
-
-
-def _weight_sync(inp: PassInput, out: PassResults) -> None:
-    from gate.worker.weight_sync import ProbeTarget, probe
-
-    engine, ws = _served(inp), inp.request.weight_sync
-    assert ws is not None  # enabled() says so
-    try:
-        adapter = choose_server_adapter(engine, ws.hook, inp.scratch_dir)
-    except UnsupportedEngine as exc:
-        inp.say(f"weight-sync probe not run: {exc}")
-        out.weight_sync = {
-            "adapter": None,
-            "unsupported": str(exc),
-            "push_probe": engine.facts.get("push_probe"),
-        }
-        return
-    target = ProbeTarget(
-        target=engine.base_url,
-        adapter=adapter,
-        greedy=greedy_for_probe(engine),
-        block_size=int(engine.setting("cache_config.block_size") or 16),
-        bos_token_id=engine.bos_token_id,
-        max_model_len=int(engine.setting("model_config.max_model_len") or 2048),
-        dtype=engine_dtype(engine),
-        digests=server_reader(
-            engine.client, (engine.facts.get("push_probe") or {}).get("endpoints") or []
-        ),
-    )
-    arrays, meta = probe(
-        target,
-        inp.request.model,
-        inp.tokenized.prompt_ids,
-        inp.tokenized.reference_ids,
-        ws,
-        inp.say,
-        inp.hf_kwargs,
-    )
-    out.weight_sync = {**meta, "push_probe": engine.facts.get("push_probe")}
-    out.arrays.update(arrays)
-
-
-def _grpo(inp: PassInput, out: PassResults) -> None:
-    from gate.worker.grpo import run_grpo
-    from gate.worker.weight_push import push_naming_failures
-
-    engine, g, ws = _served(inp), inp.request.grpo, inp.request.weight_sync
-    assert g is not None  # enabled() says so
-    try:
-        adapter = choose_server_adapter(engine, ws.hook if ws else None, inp.scratch_dir)
-    except UnsupportedEngine as exc:
-        inp.say(f"mini GRPO not run: {exc}")
-        out.grpo = {"adapter": None, "unsupported": str(exc), "seeds": g.seeds, "steps": g.steps}
-        return
-    inp.say(
-        f"mini GRPO over HTTP: {len(g.seeds)} seed(s) x {g.steps} steps of {g.prompts_per_step} prompts "
-        f"x {g.group_size}"
-    )
-    out.grpo = {"adapter": adapter.name, "seeds": g.seeds, "steps": g.steps}
-    run = run_grpo(
-        engine.base_url,
-        inp.request.model,
-        inp.tokenized.prompt_ids,
-        [p.answer for p in inp.request.prompts],
-        g,
-        partial(push_naming_failures, adapter),
-        inp.say,
-        inp.hf_kwargs,
-        rollout=rollout(engine),
-        dtype=engine_dtype(engine),
-    )
-    out.arrays.update(run.arrays)
-    out.grpo["trainer"] = run.trainer
-
-
-def _weight_sync_inflight(inp: PassInput, out: PassResults) -> None:
-    from gate.worker.inflight_server import ServerDriver
-    from gate.worker.passes import run_inflight
-
-    engine, ws = _served(inp), inp.request.weight_sync
-    assert ws is not None and ws.inflight is not None  # enabled() says so
-    requests = ws.inflight.requests
-    try:
-        adapter = choose_server_adapter(engine, ws.hook, inp.scratch_dir)
-    except UnsupportedEngine as exc:
-        inp.say(f"in-flight updates not run: {exc}")
-        out.weight_sync_inflight = {"adapter": None, "unsupported": str(exc)}
-        return
-    run_inflight(
-        inp,
-        out,
-        lambda: ServerDriver(engine, adapter, requests, engine_dtype(engine)),
-        adapter.name,
-    )
-
-
-def _no_batch_invariance(inp: PassInput, out: PassResults) -> None:
-    """Asked for, the pass says why it does not run rather than being silently absent: a server
-    batches requests as they arrive, so the gate cannot choose the compositions it compares."""
-    out.batch_invariance = {
-        "not_run": "server mode: the server batches requests as they arrive, so the batch "
-        "compositions cannot be chosen (run this engine offline to measure it)"
-    }
-
-
-SERVER_PASSES: tuple[EnginePass, ...] = (
-    EnginePass("sample", lambda inp: True, _sample),
-    EnginePass("greedy", lambda inp: inp.request.greedy_max_tokens > 0, _greedy),
-    EnginePass("prefill_decode", lambda inp: inp.request.greedy_max_tokens > 0, _prefill_decode),
-    EnginePass("teacher_forced", lambda inp: bool(inp.teacher_forced_rows), _teacher_forced),
-    EnginePass("batch_invariance", measures_batch_invariance, _no_batch_invariance),
-    # Last: these change the server's weights.
-    EnginePass("weight_sync", lambda inp: inp.request.weight_sync is not None, _weight_sync),
-    EnginePass("weight_sync_inflight", inflight_enabled, _weight_sync_inflight),
-    EnginePass("grpo", lambda inp: inp.request.grpo is not None, _grpo),
-)
 
 
 def server_record(engine: ServedEngine) -> dict[str, Any]:

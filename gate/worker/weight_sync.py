@@ -27,7 +27,6 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,10 +38,8 @@ from gate.worker.policy_weights import alias_key, host_state_dict, perturbed, ti
 from gate.worker.weight_digests import EngineDigests, offline_reader, summarise, trainer_digests
 from gate.worker.weight_push import (
     Adapter,
-    UnsupportedEngine,
     WorkerCallTimeout,
     call_workers,
-    choose_adapter,
     executor_shape,
     push_naming_failures,
 )
@@ -206,37 +203,6 @@ def offline_sleep_cycle(llm, level: int, push: Callable[[], None]) -> dict[str, 
         "sleep_s": slept - start,
         "wake_and_push_s": time.perf_counter() - slept,
     }
-
-
-def run_probe(
-    llm,
-    model_path: str,
-    prompt_ids,
-    reference_ids,
-    request: WeightSyncRequest,
-    progress,
-    hf_kwargs: dict | None = None,
-    scratch_dir: Path | None = None,
-) -> tuple[dict, dict]:
-    """Returns (arrays, meta) for weight_sync.npz / engine.json.
-
-    An engine without an update path gives no arrays and ``meta["unsupported"]``, the reason. A push
-    that raises raises :class:`PushFailed`, naming the path (the hook) that ran.
-    """
-    try:
-        adapter = choose_adapter(llm, request.hook, scratch_dir)
-    except UnsupportedEngine as exc:
-        progress(f"weight-sync probe not run: {exc}")
-        return {}, {"adapter": None, "unsupported": str(exc)}
-    return probe(
-        offline_target(llm, adapter),
-        model_path,
-        prompt_ids,
-        reference_ids,
-        request,
-        progress,
-        hf_kwargs,
-    )
 
 
 def probe(

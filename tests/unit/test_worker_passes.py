@@ -25,6 +25,7 @@ from gate.contract.request import (
     WorkerRequest,
 )
 from gate.worker import replay
+from gate.worker.engine_handle import OfflineEngine
 from gate.worker.passes import (
     ENGINE_PASSES,
     PHASE_TIMEOUT_ENV,
@@ -71,7 +72,7 @@ def _request(**changes) -> WorkerRequest:
 
 def _input(said: list[str], **changes) -> PassInput:
     return PassInput(
-        llm="LLM",
+        engine=OfflineEngine("LLM"),
         request=_request(**changes),
         tokenized=TOKENS,
         say=said.append,
@@ -117,8 +118,11 @@ def engine(monkeypatch):
     class UnsupportedEngine(RuntimeError):
         pass
 
-    def run_probe(llm, model, prompt_ids, reference_ids, request, say, hf_kwargs, scratch_dir):
-        calls.append(("weight_sync", request, hf_kwargs))
+    def offline_target(llm, adapter):
+        return SimpleNamespace(target=llm, adapter=adapter)
+
+    def probe(target, model, prompt_ids, reference_ids, request, say, hf_kwargs):
+        calls.append(("weight_sync", target.target, request, hf_kwargs))
         if request.hook == "raises":
             raise RuntimeError("the hook broke")
         return {"ws_x": np.ones(2)}, {"adapter": "fake"}
@@ -132,16 +136,11 @@ def engine(monkeypatch):
     def push_naming_failures(adapter, llm, state_dict):
         raise AssertionError("the fake GRPO run never pushes")
 
-    ws.UnsupportedEngine, ws.run_probe, ws.choose_adapter, ws.push_naming_failures = (
-        UnsupportedEngine,
-        run_probe,
-        choose_adapter,
-        push_naming_failures,
-    )
+    ws.probe, ws.offline_target = probe, offline_target
     grpo = ModuleType("gate.worker.grpo")
 
-    def run_grpo(llm, model, prompt_ids, answers, request, push, say, hf_kwargs):
-        calls.append(("grpo", answers, push))
+    def run_grpo(llm, model, prompt_ids, answers, request, push, say, hf_kwargs, rollout, dtype):
+        calls.append(("grpo", answers, push, llm, rollout, dtype))
         return SimpleNamespace(
             arrays={"grpo_reward": np.zeros((2, 2))}, trainer={"trainable": "all"}
         )
@@ -282,6 +281,7 @@ def test_the_real_table_wires_each_pass(engine):
         "greedy",
         "tf",
         "tf",
+        "adapter",
         "weight_sync",
         "adapter",
         "grpo",
@@ -294,8 +294,9 @@ def test_the_real_table_wires_each_pass(engine):
     assert engine[3][1] == [[1, 2, 7], [1, 4, 8, 9]] and np.array_equal(
         engine[3][2], replay.submission_order(2, 3)
     )
-    assert engine[4][1:] == (WS, {"revision": "r"})
-    assert engine[6][1] == ["2", "2", "2"] and engine[6][2].args[0].push == "push-fn"
+    assert engine[5][1:] == ("LLM", WS, {"revision": "r"})
+    assert engine[7][1] == ["2", "2", "2"] and engine[7][2].args[0].push == "push-fn"
+    assert engine[7][3:] == ("LLM", None, None)  # offline: the LLM's own rollout and dtype
 
     assert out.sampled.texts == ["text 1"] and out.greedy.texts == ["text 2"]
     assert out.teacher_forced.rows == [0, 2] and out.teacher_forced.seqs == [
@@ -337,10 +338,14 @@ def test_grpo_without_a_push_path_records_why_and_keeps_the_rest(engine):
         Timings(),
     )
     assert out.grpo == {"adapter": None, "unsupported": "no push path", "seeds": [0, 1], "steps": 2}
+    assert out.weight_sync == {"adapter": None, "unsupported": "no push path"}
     assert out.not_run == []
-    assert "grpo" not in [c[0] for c in engine] and sorted(out.arrays) == ["ws_x"]
+    assert {"grpo", "weight_sync"}.isdisjoint(c[0] for c in engine) and out.arrays == {}
     assert out.greedy is None and out.teacher_forced is None
-    assert said[-1] == "mini GRPO not run: no push path"
+    assert said[-2:] == [
+        "weight-sync probe not run: no push path",
+        "mini GRPO not run: no push path",
+    ]
 
 
 def test_a_failing_push_costs_only_the_rl_passes(engine):
@@ -399,3 +404,18 @@ def test_the_table_imports_without_an_engine():
     code = "import sys, gate.worker.main; print(sorted({'vllm', 'torch', 'transformers'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_an_engine_that_cannot_choose_batch_compositions_records_why(engine):
+    """One table for both modes: the batch-invariance pass runs wherever it is asked for, and an
+    engine that cannot be given batch compositions (a server) says why instead of the pass being
+    left out of its table."""
+
+    class Served(OfflineEngine):
+        def batch_invariance_unavailable(self) -> str | None:
+            return "server mode: no chosen batches"
+
+    inp = dataclasses.replace(_input([], batch_invariance=True), engine=Served("LLM"))
+    out = run_passes(ENGINE_PASSES, inp, Timings())
+    assert out.batch_invariance == {"not_run": "server mode: no chosen batches"}
+    assert out.teacher_forced is not None  # the passes before it ran as usual
