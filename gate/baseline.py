@@ -37,8 +37,9 @@ from gate.contract import keys
 from gate.contract.engine_record import EngineRecord, EngineRecordError
 from gate.device import numerics_difference
 from gate.errors import ConfigError, GateError
-from gate.files import read_run_manifest, recover_swap, staged_folder
+from gate.files import recover_swap, staged_folder
 from gate.metrics import mismatch
+from gate.run_record import BaselineManifest, checked, read_run_manifest
 
 MANIFEST = "manifest.json"
 ARRAYS = "reference.npz"
@@ -107,6 +108,10 @@ def load(path: Path) -> Baseline:
         raise BaselineError(f"{path}: unreadable baseline file: {exc}") from None
     if not isinstance(manifest, dict) or manifest.get("schema") != BASELINE_SCHEMA:
         raise BaselineError(f"{path / MANIFEST}: schema: expected {BASELINE_SCHEMA}")
+    try:
+        checked(manifest, BaselineManifest, path / MANIFEST)
+    except ConfigError as exc:
+        raise BaselineError(str(exc)) from None
     if not isinstance(noise, dict) or not all(isinstance(v, (int, float)) for v in noise.values()):
         raise BaselineError(f"{path / NOISE}: expected an object of metric name to number")
     missing = [k for k in _KEPT if k not in arrays]

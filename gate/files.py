@@ -261,17 +261,3 @@ def read_report_json(path: Path) -> tuple[Any, Path]:
         raise ConfigError(
             f"{file}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
         ) from None
-
-
-def read_run_manifest(run_dir: Path) -> dict[str, Any]:
-    """``run.json`` of a run directory; a missing or broken one is a usage error naming the file."""
-    file = Path(run_dir) / RUN_FILE
-    try:
-        doc = json.loads(file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{file}: no such file (not a gate run directory)") from None
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{file}: not a readable run manifest: {exc}") from None
-    if not isinstance(doc, dict):
-        raise ConfigError(f"{file}: not a run manifest (expected a JSON object)")
-    return doc

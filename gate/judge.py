@@ -20,7 +20,7 @@ from gate.checks.logprob_integrity import engines_with_nonfinite
 from gate.config import GateConfig
 from gate.config.checks_section import default_settings
 from gate.contract import evidence as ev
-from gate.files import read_run_manifest
+from gate.run_record import read_run_manifest
 from gate.verdict import Status, exit_code, worst
 
 

@@ -15,10 +15,11 @@ from typing import Any
 
 from gate import __version__
 from gate.config import BUILTIN_CONFIG, GateConfig
-from gate.files import REPORT_FILE, read_run_manifest, write_json
+from gate.files import REPORT_FILE, write_json
 from gate.host import repository_root
 from gate.judge import Judgment
 from gate.report_model import SCHEMA
+from gate.run_record import read_run_manifest
 from gate.verdict import Status
 
 

@@ -168,3 +168,25 @@ def test_the_identity_fingerprint_leaves_out_machine_paths_and_unrecorded_fields
         {"identity": {"vllm": "0.32.0", "executable": "/venv/bin/python"}}
     )
     assert record.identity.fingerprint() == {"vllm": "0.32.0"}
+
+
+def test_run_json_and_a_baseline_manifest_are_checked_against_their_records(tmp_path):
+    """run.json and manifest.json may come from elsewhere (an artifact, a hand edit): a field of
+    the wrong type is one line naming the file and the field, exit code 2, not a KeyError later."""
+    from gate.errors import ConfigError
+    from gate.run_record import BaselineManifest, checked, read_run_manifest
+
+    run = {"model": {"sha256": "a"}, "prompt_sets": [{"name": "p", "sha256": "b", "records": "20"}]}
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    with pytest.raises(
+        ConfigError,
+        match=r"run\.json: Expected `int`, got `str` - at `\$\.prompt_sets\[0\]\.records`",
+    ):
+        read_run_manifest(tmp_path)
+    run["prompt_sets"][0]["records"] = 20
+    run["engines"] = {"new": {"spec": "vllm==0.34.0", "status": "ok", "worker_s": 1.5}}
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    assert read_run_manifest(tmp_path) == run  # readers take the JSON object, checked
+    manifest = {"schema": 1, **run, "engine": {"identity": {"vllm": 34}}}
+    with pytest.raises(ConfigError, match=r"manifest\.json: .* - at `\$\.engine\.identity\.vllm`"):
+        checked(manifest, BaselineManifest, "manifest.json")
