@@ -284,10 +284,10 @@ def _greedy(inp: PassInput, out: PassResults) -> None:
 
 
 def _prefill_decode(inp: PassInput, out: PassResults) -> None:
-    rescore_greedy(inp, out, inp.engine.score_sequences, inp.engine.max_model_len())
+    _rescore_greedy(inp, out, inp.engine.score_sequences, inp.engine.max_model_len())
 
 
-def rescore_greedy(
+def _rescore_greedy(
     inp: PassInput,
     out: PassResults,
     score: Callable[[list[list[int]], np.ndarray | None], PromptScores],
@@ -322,7 +322,7 @@ def batch_invariant_mode() -> bool | None:
     return bool(envs.VLLM_BATCH_INVARIANT)
 
 
-def measures_batch_invariance(inp: PassInput) -> bool:
+def _measures_batch_invariance(inp: PassInput) -> bool:
     return bool(inp.teacher_forced_rows) and (
         inp.request.batch_invariance or bool(inp.batch_invariant_mode)
     )
@@ -483,7 +483,7 @@ ENGINE_PASSES: tuple[EnginePass, ...] = (
     EnginePass("greedy", lambda inp: inp.request.greedy_max_tokens > 0, _greedy),
     EnginePass("prefill_decode", lambda inp: inp.request.greedy_max_tokens > 0, _prefill_decode),
     EnginePass("teacher_forced", lambda inp: bool(inp.teacher_forced_rows), _teacher_forced),
-    EnginePass("batch_invariance", measures_batch_invariance, _batch_invariance),
+    EnginePass("batch_invariance", _measures_batch_invariance, _batch_invariance),
     # Last: these change the engine's weights.
     EnginePass("weight_sync", lambda inp: inp.request.weight_sync is not None, _weight_sync),
     EnginePass("weight_sync_inflight", inflight_enabled, _weight_sync_inflight),
