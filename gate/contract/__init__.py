@@ -6,5 +6,6 @@
 - :mod:`gate.contract.engine_record`: engine.json, typed;
 - :mod:`gate.contract.evidence`: one engine's output folder, loaded and validated.
 
-The worker imports this package inside each engine environment: numpy and the standard library only.
+The worker imports this package inside each engine environment: numpy, msgspec (every vLLM release
+depends on it) and the standard library only.
 """

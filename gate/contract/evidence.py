@@ -3,8 +3,8 @@
 ``evidence.npz`` holds the arrays :mod:`gate.contract.keys` declares (ragged data flat with
 offsets: sequence ``i`` owns ``x[offsets[i]:offsets[i+1]]``), ``engine.json`` the
 :class:`~gate.contract.engine_record.EngineRecord`, ``texts.json`` decoded text for humans.
-docs/evidence.md describes every key. Imported by the worker and the orchestrator alike, so numpy
-and the standard library only.
+docs/evidence.md describes every key. Imported by the worker and the orchestrator alike, so numpy,
+msgspec and the standard library only.
 """
 
 from __future__ import annotations
