@@ -25,6 +25,7 @@ import shutil
 import time
 import zipfile
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -82,10 +83,10 @@ class Baseline:
     # train-inference-mismatch calls pre-existing when only the baseline stands for the old engine
     mismatch: dict[str, float] = field(default_factory=dict)
 
-    @property
+    @cached_property
     def engine(self) -> EngineRecord:
         """The recorded engine's settings and identity (the manifest's ``engine``, validated by
-        :func:`load`)."""
+        :func:`load`), read once."""
         return EngineRecord.from_json(self.manifest.get("engine", {}), self.path / MANIFEST)
 
 

@@ -15,7 +15,6 @@ engine environment (every vLLM release depends on msgspec).
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,14 +109,6 @@ class EngineRecord:
             return msgspec.convert(data, cls)
         except msgspec.ValidationError as exc:
             raise EngineRecordError(f"{where}: {exc}") from None
-
-    @classmethod
-    def read(cls, path: Path) -> EngineRecord:
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise EngineRecordError(f"{path}: unreadable: {exc}") from None
-        return cls.from_json(data, path)
 
     @classmethod
     def from_worker(cls, meta: dict[str, Any]) -> EngineRecord:
