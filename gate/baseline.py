@@ -32,10 +32,12 @@ from typing import Any
 import numpy as np
 
 from gate import __version__
+from gate.analysis import grpo_seeds
 from gate.analysis.nucleus_edge import decidably_outside
 from gate.contract import evidence as ev
 from gate.contract import keys
 from gate.contract.engine_record import EngineRecord, EngineRecordError
+from gate.contract.request import GRPO_SEED_SCHEME
 from gate.device import numerics_difference
 from gate.errors import ConfigError, GateError
 from gate.files import recover_swap, staged_folder
@@ -242,30 +244,47 @@ def comparable(baseline: Baseline, run: dict[str, Any]) -> bool:
     )
 
 
-# The GRPO settings a band depends on (not its seeds): a band recorded under other ones says nothing
-# about this run's trajectory.
+# The GRPO settings the baseline's seeds depend on (not how many there are): seeds recorded under
+# other ones say nothing about this run's. ``seed_scheme`` is how sampling seeds are derived
+# (GRPO_SEED_SCHEME); a baseline from before it was recorded has none and is not of this design.
 GRPO_DESIGN = (
     "steps", "prompts_per_step", "group_size", "max_tokens", "temperature", "lr", "loss", "clip_eps",
-    "clip_eps_high", "trainable", "optimizer",
+    "clip_eps_high", "trainable", "optimizer", "eval_prompts", "eval_samples", "eval_held_out",
+    "seed_scheme",
 )  # fmt: skip
 
 
 def grpo_design(run: dict[str, Any]) -> dict[str, Any] | None:
     grpo = run.get("grpo")
-    return {k: grpo.get(k) for k in GRPO_DESIGN} if grpo and grpo.get("enabled", True) else None
+    if not grpo or not grpo.get("enabled", True):
+        return None
+    return {k: grpo.get(k) for k in GRPO_DESIGN} | {"seed_scheme": GRPO_SEED_SCHEME}
 
 
 def grpo_design_differences(baseline: Baseline, run: dict[str, Any]) -> list[str]:
-    """``key: run vs baseline`` for each GRPO setting the baseline's band was recorded under and
-    this run changes; none for a baseline that predates the record."""
-    recorded, current = baseline.manifest.get("grpo"), grpo_design(run)
-    if recorded is None or current is None:
+    """``key: run vs baseline`` for each GRPO setting the baseline's seeds were recorded under and
+    this run changes (a baseline without a GRPO record differs in all)."""
+    recorded, current = baseline.manifest.get("grpo") or {}, grpo_design(run)
+    if current is None:
         return []
     return [
         f"{k}: {current[k]!r} vs {recorded.get(k)!r}"
         for k in GRPO_DESIGN
         if current[k] != recorded.get(k)
     ]
+
+
+def grpo_comparable(baseline: Baseline, run: dict[str, Any]) -> bool:
+    """Whether the baseline's GRPO seeds are this run's null: the same model, prompt sets and GRPO
+    design. Not the host: the statistics already treat two engines' samples as independent, which
+    is what another CPU's rounding makes them."""
+    m = baseline.manifest
+    return (
+        m["model"].get("sha256") == run["model"].get("sha256")
+        and {p["name"]: p["sha256"] for p in m["prompt_sets"]}
+        == {p["name"]: p["sha256"] for p in run["prompt_sets"]}
+        and not grpo_design_differences(baseline, run)
+    )
 
 
 def noise_applies(baseline: Baseline, run: dict[str, Any], new: ev.Evidence) -> bool:
@@ -387,6 +406,19 @@ def _summary(e: ev.Evidence) -> dict[str, Any]:
             for k in keys.keys_of(keys.GRPO)
             if e.has(k.name) and k.name not in map(keys.grpo_key, keys.GRPO_TIMINGS)
         },
+        # per statistic of grpo-trajectory, its seeds' mean and spread: the null a run is judged by
+        **({"grpo_per_seed": _per_seed_summary(e)} if grpo_seeds.has_eval(e) else {}),
+    }
+
+
+def _per_seed_summary(e: ev.Evidence) -> dict[str, dict[str, Any]]:
+    return {
+        name: {
+            "seeds": len(values),
+            "mean": _round(float(values.mean())),
+            "sd": _round(float(values.std(ddof=1))) if len(values) > 1 else None,
+        }
+        for name, values in grpo_seeds.per_seed(e).items()
     }
 
 
@@ -405,7 +437,7 @@ def _greedy_csv(e: ev.Evidence) -> str:
 def _changes(previous: Baseline, manifest: dict, summary: dict, noise: dict) -> list[str]:
     changes = []
     old_m = previous.manifest
-    for key in ("recorded_from", "model", "prompt_sets", "sampling", "greedy", "reference"):
+    for key in ("recorded_from", "model", "prompt_sets", "sampling", "greedy", "reference", "grpo"):
         if old_m.get(key) != manifest.get(key):
             changes.append(f"{key}: {old_m.get(key)} -> {manifest.get(key)}")
     old_ident = previous.engine.identity.fingerprint()

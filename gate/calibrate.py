@@ -69,9 +69,10 @@ def replica_names(runs: int) -> list[str]:
 def calibration_jobs(cfg: GateConfig, runs: int = 2) -> list[EngineJob]:
     old = cfg.engines["old"]
     names = replica_names(runs)
-    # The first replay also runs GRPO over band_seeds: the baseline's band per metric per step.
-    return [EngineJob(names[0], old, grpo_seeds=tuple(cfg.grpo.band_seeds))] + [
-        EngineJob(name, old, order_seed=cfg.sampling.seed + i)
+    # The first replay also runs GRPO over the baseline's seeds: the GRPO statistics' null.
+    # The replicas measure the per-token passes' noise; the GRPO seeds are already independent.
+    return [EngineJob(names[0], old, grpo_seeds=tuple(range(cfg.grpo.baseline_seeds)))] + [
+        EngineJob(name, old, order_seed=cfg.sampling.seed + i, grpo_seeds=())
         for i, name in enumerate(names[1:], 1)
     ]
 

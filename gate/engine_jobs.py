@@ -23,12 +23,26 @@ class EngineJob:
     name: str
     engine: EngineConfig
     order_seed: int | None = None
-    grpo_seeds: tuple[int, ...] | None = None  # None: the config's single run seed
+    # None: seeds 0..grpo.seeds-1; (): no GRPO run
+    grpo_seeds: tuple[int, ...] | None = None
 
 
 def default_jobs(cfg: GateConfig, only: str | None = None) -> list[EngineJob]:
     names = (only,) if only else ("old", "new")
-    return [EngineJob(name, cfg.engines[name]) for name in names]
+    return [EngineJob(name, cfg.engines[name], grpo_seeds=run_seeds(cfg, name)) for name in names]
+
+
+# The old engine's GRPO seed beside a baseline: seed 0, whose trajectory the baseline also holds.
+CANARY_SEEDS = (0,)
+
+
+def run_seeds(cfg: GateConfig, name: str) -> tuple[int, ...]:
+    """The GRPO seeds engine ``name`` trains in a gate run: the new engine seeds 0..n-1. Beside a
+    baseline, whose seeds are the statistics' null, the old engine trains the canary seed only
+    (its chart line); without one, it trains the new engine's seeds, and its spread is the null."""
+    if name == "old" and cfg.baseline is not None:
+        return CANARY_SEEDS
+    return tuple(range(cfg.grpo.seeds))
 
 
 @dataclass

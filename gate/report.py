@@ -92,6 +92,11 @@ def _grpo(judgment: Judgment) -> dict[str, Any]:
             "compared_with": d["compared_with"],
             "metrics": d["metrics"],
             "first_exit": d["first_exit"],
+            "seeds": d.get("seeds", []),
+            "null_seeds": d.get("null_seeds"),
+            "statistics": d.get("statistics", {}),
+            "eval": d.get("eval"),
+            "summary": check.summary,
         }
     }
 

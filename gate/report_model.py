@@ -252,11 +252,49 @@ class GrpoMetric:
 
 
 @dataclass(frozen=True, kw_only=True)
+class GrpoStatistic:
+    """One paired statistic of the GRPO run (gate/checks/grpo.py): the mean per-seed difference
+    new - reference, its interval at the statistic's level, p-value and the effect detected with
+    90% power (δ90)."""
+
+    effect: float | None = None
+    low: float | None = None
+    high: float | None = None
+    p_value: float | None = None
+    delta90: float | None = None
+    alpha: float | None = None
+    alternative: str | None = None
+    seeds: int | None = None
+    null_seeds: int | None = None
+    practical: float | None = None  # the smallest effect worth the status, however significant
+    status: str | None = None
+    what: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class GrpoEval:
+    """The eval reward's difference split: the checkpoint through each engine (before any update),
+    and the rest (what was learned less)."""
+
+    checkpoint_new: float | None = None
+    checkpoint_reference: float | None = None
+    immediate: float | None = None
+    immediate_se: float | None = None
+    learned: float | None = None
+    trained_new: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Grpo:
     steps: int | None = None
     compared_with: str | None = None
     metrics: Mapping[str, GrpoMetric | None] = field(default_factory=dict)
     first_exit: Mapping[str, int | None] = field(default_factory=dict)  # first step out of band
+    seeds: tuple[int, ...] = ()  # the new engine's seeds, paired with the reference's
+    null_seeds: int | None = None
+    statistics: Mapping[str, GrpoStatistic | None] = field(default_factory=dict)
+    eval: GrpoEval | None = None
+    summary: str | None = None  # the check's one line, where the statistics did not run (SKIP)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -68,7 +68,7 @@ def build_request(
         output_dir=str(output_dir),
         order_seed=order_seed,
         weight_sync=_weight_sync_request(cfg, engine),
-        grpo=_grpo_request(cfg, grpo_seeds),
+        grpo=_grpo_request(cfg, grpo_seeds, prompts),
         mode=engine.mode,
         server=_server_request(engine, cfg.sampling.record()),
     )
@@ -100,9 +100,11 @@ def _server_request(engine: EngineConfig, sampling: dict[str, Any]) -> ServerReq
     )
 
 
-def _grpo_request(cfg: GateConfig, seeds: tuple[int, ...] | None) -> GrpoRequest | None:
+def _grpo_request(
+    cfg: GateConfig, seeds: tuple[int, ...] | None, prompts: list[PromptItem]
+) -> GrpoRequest | None:
     g = cfg.grpo
-    if not g.enabled:
+    if not g.enabled or seeds == ():  # () : a job that trains no seed (a calibration replica)
         return None
     eps_low, eps_high = g.clip_band()
     return GrpoRequest(
@@ -113,12 +115,35 @@ def _grpo_request(cfg: GateConfig, seeds: tuple[int, ...] | None) -> GrpoRequest
         temperature=g.temperature,
         lr=g.lr,
         clip_eps=eps_low,
-        seeds=list(seeds if seeds is not None else (g.seed,)),
+        seeds=list(seeds if seeds is not None else range(g.seeds)),
         trainable=g.trainable,
         optimizer=g.optimizer,
         loss=g.loss,
         clip_eps_high=eps_high,
+        eval_prompts=eval_prompts(cfg, prompts),
+        eval_samples=g.eval_samples,
+        eval_held_out=g.eval_held_out,
+        sampling_seed_offset=g.sampling_seed_offset,
     )
+
+
+def eval_prompts(cfg: GateConfig, prompts: list[PromptItem]) -> list[int]:
+    """The GRPO run's held-out eval set: ``grpo.eval_prompts`` records with an answer, evenly
+    spaced through the prompt sets (so every set and every part of one is represented), as indices
+    into ``prompts``. The sets are content-hashed, so the choice is too."""
+    g = cfg.grpo
+    answered = [i for i, p in enumerate(prompts) if p.answer]
+    if not answered:  # no reward at all: the worker's GRPO pass says so, as an error of that pass
+        return []
+    left = len(answered) - (g.eval_prompts if g.eval_held_out else 0)
+    if left < g.prompts_per_step or g.eval_prompts > len(answered):
+        raise ConfigError(
+            f"{cfg.source}: grpo.eval_prompts: {g.eval_prompts} of the {len(answered)} records "
+            f"with an answer leave {max(left, 0)} to train on, fewer than prompts_per_step "
+            f"({g.prompts_per_step})"
+        )
+    k = g.eval_prompts
+    return [answered[(2 * j + 1) * len(answered) // (2 * k)] for j in range(k)]
 
 
 def _weight_sync_request(cfg: GateConfig, engine: EngineConfig) -> WeightSyncRequest | None:

@@ -107,7 +107,7 @@ def make_evidence(
     if weight_sync is not None and inflight is not None:
         arrays.update(_inflight_arrays(rng))
     if grpo is not None:
-        arrays.update(_grpo_arrays(grpo))
+        arrays.update(_grpo_arrays(grpo, seed))
     folder.mkdir(parents=True, exist_ok=True)
     np.savez(folder / "evidence.npz", **arrays)
     meta = {
@@ -262,32 +262,55 @@ def _inflight_arrays(rng: np.random.Generator) -> dict[str, np.ndarray]:
     }
 
 
-def _grpo_arrays(mode: str, steps: int = 6) -> dict[str, np.ndarray]:
-    """One seed of a clean run (reward rising, mismatch ~0); ``raw``: mismatch from step 0; ``drift``: KL grows."""
-    t = np.arange(steps)
-    k3 = np.full(steps, 1e-13)
-    clip = np.zeros(steps)
+# The GRPO runs make_evidence builds: seeds per run (at least grpo-trajectory's MIN_NULL_SEEDS, so an
+# old engine's run is a null with power), steps per seed and eval prompts.
+GRPO_SEEDS, GRPO_STEPS, GRPO_EVAL = 16, 6, 8
+
+
+def _grpo_arrays(mode: str, seed: int, seeds: int = GRPO_SEEDS) -> dict[str, np.ndarray]:
+    """A run of ``seeds`` seeds as the worker records it; each seed's numbers drawn around a clean
+    run's (reward rising, mismatch ~0, an fp32 engine), the draws set by ``seed``. Modes:
+    ``raw``: mismatch from step 0, flat; ``drift``: k3 doubles every step; ``identical``: every
+    group one completion; ``learn_less``: the trained policy's eval reward 0.15 lower."""
+    rng = np.random.default_rng(1000 + seed)
+    steps = GRPO_STEPS
+    t = np.arange(steps)[None, :]
+    k3 = np.full((seeds, steps), 1e-13)
+    clip = np.zeros((seeds, steps))
     if mode == "raw":
-        k3, clip = np.full(steps, 4e-3), np.full(steps, 0.04)
+        k3, clip = np.full((seeds, steps), 4e-3), np.full((seeds, steps), 0.04)
     elif mode == "drift":
-        k3 = 2e-4 * t**2  # leaves a 5e-4 band at step 2
+        k3 = 1e-4 * 2.0**t * np.exp(rng.normal(0, 0.1, (seeds, steps)))
+    identical = rng.binomial(8, 0.05, (seeds, steps)) / 8
+    if mode == "identical":
+        identical = np.ones((seeds, steps))
     out = {
-        "reward": 0.3 + 0.05 * t, "k3_kl": k3, "clip_frac": clip, "entropy": np.full(steps, 0.5),
+        "reward": 0.3 + 0.05 * t + rng.normal(0, 0.05, (seeds, steps)),
+        "k3_kl": k3, "clip_frac": clip,
+        "entropy": 0.5 - 0.01 * t + rng.normal(0, 0.01, (seeds, steps)),
         "mean_abs_diff": np.sqrt(2 * k3), "token_mult_prob_error": 1 + np.sqrt(2 * k3),
-        "response_length": np.full(steps, 19.0), "step_s": np.full(steps, 1.0), "push_s": np.full(steps, 0.05),
+        "response_length": np.full((seeds, steps), 19.0), "identical_groups": identical,
+        "step_s": np.full((seeds, steps), 1.0), "push_s": np.full((seeds, steps), 0.05),
     }  # fmt: skip
-    # standard errors as the worker records them: a tenth of the mean for mismatch metrics
     se = {
-        "reward": np.full(steps, 0.05),
-        "entropy": np.full(steps, 0.02),
-        "response_length": np.full(steps, 0.5),
+        "reward": np.full((seeds, steps), 0.05),
+        "entropy": np.full((seeds, steps), 0.02),
+        "response_length": np.full((seeds, steps), 0.5),
     }
     se |= {
         m: 0.1 * np.abs(out[m] - (m == "token_mult_prob_error"))
         for m in ("k3_kl", "clip_frac", "mean_abs_diff", "token_mult_prob_error")
     }
     out |= {f"{m}_se": v for m, v in se.items()}
-    return {keys.grpo_key(k): v[None, :] for k, v in out.items()}
+    arrays = {keys.grpo_key(k): np.asarray(v, dtype=np.float64) for k, v in out.items()}
+    per_prompt = np.linspace(-0.2, 0.2, GRPO_EVAL)[None, :]
+    learned = 0.45 - (0.15 if mode == "learn_less" else 0.0) + rng.normal(0, 0.03, (seeds, 1))
+    arrays |= {
+        keys.GRPO_EVAL_PROMPT_INDEX: np.arange(GRPO_EVAL, dtype=np.int64) * 2,
+        keys.GRPO_EVAL0_SUCCESS: np.clip(0.4 + per_prompt[0], 0, 1),
+        keys.GRPO_EVAL_SUCCESS: np.clip(learned + per_prompt, 0, 1),
+    }
+    return arrays
 
 
 def make_wheel(

@@ -1,92 +1,84 @@
-"""grpo-trajectory: the new engine's mini GRPO run against the baseline's band and the old engine.
+"""grpo-trajectory: the new engine's mini GRPO run, seed by seed against the baseline's seeds.
 
-The baseline stores the reference engine's trajectories over several seeds; the band per metric
-per step is their min..max widened by a margin the runs themselves measure: ``Z`` standard errors
-of the difference between the new run's step mean and the reference's (the worker records each
-step's standard error, ``grpo_<metric>_se``: sequences as the units for token means, prompts for
-reward and length). A reference without recorded errors (evidence from before they were) borrows
-the new run's: same task, same batch, the same estimator. Mismatch metrics also have a resolution
-floor, a tenth of the level train-inference-mismatch starts to WARN at: an engine and trainer that
-agree bitwise (an fp32 model on CPU) have a standard error of zero, and a band that is a line
-would turn any rounding into a FAIL.
+The design is paired (docs/checks.md#mini-grpo): seed ``s`` of every engine draws the same prompt
+schedule, trains from the same checkpoint with the same trainer, and is evaluated on the same
+held-out eval set. Each statistic (gate.analysis.grpo_seeds) is a per-seed difference
+D_s = new_s - baseline_s, averaged over the new engine's seeds and judged by a t-test whose null
+spread is the baseline's between-seed spread (``grpo.baseline_seeds``, 32 by default), never the new
+run's own: a broken engine cannot widen the band it is judged by. Across releases the samples, and
+so the trajectories after step 0, are independent, which is what that spread measures; same-seed
+reruns of one release read 0 on a CPU and are no null. A baseline with fewer than
+:data:`MIN_NULL_SEEDS` seeds has no power, and the check SKIPs saying so; it never passes.
 
-Mismatch metrics (k3 KL, clip fraction, mean |d|, token_mult_prob_error) only have an upper edge
-and FAIL when crossed: the engine's logprobs moved away from the trainer's during RL. Reward,
-entropy and response length have both edges and WARN: they move for benign reasons too.
-The first step where each metric leaves its band is reported.
+The family of four statistics holds ``grpo.alpha`` (1%) by Bonferroni:
+- ``eval_reward`` (FAIL): the trained policy's reward on the eval set is lower, by more than
+  ``grpo.min_effect``. Reported split into what differed before any update (the checkpoint's eval
+  through each engine: the per-token checks' part) and what was learned less.
+- ``k3_growth`` (FAIL): the engine falls behind the trainer as updates are pushed (stale weights or
+  caches, an update that rounds away): k3 over the run above its level at the first rollout, by
+  more than a doubling on top of the baseline's.
+- ``identical_groups`` (FAIL): more groups whose samples are all one completion, by more than a
+  quarter of the groups (children of an n>1 request sharing one seed: zero advantage, no learning).
+- ``entropy_drift`` (WARN): the policy's entropy moves differently over the run.
+Each reports its effect, interval, p-value and δ90, the effect this run detects with 90% power.
+The per-step trajectories stay, for the charts: the new engine's and the old engine's seed 0
+against the min..max of the reference's seeds (display only, not a verdict).
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from gate import baseline as bl
+from gate.analysis import grpo_seeds
+from gate.analysis.paired import PairedTest, family_alpha, paired_test
 from gate.checks.base import CheckResult, CheckSettings, CheckSpec, Measurement
 from gate.checks.context import Context
 from gate.checks.weight_sync import push_failure
 from gate.contract import keys
+from gate.contract.evidence import Evidence
 from gate.verdict import Status, worst
 
 ID = "grpo-trajectory"
 TITLE = "Mini GRPO trajectory"
 
-# Standard errors of the difference a band allows. Per step the check makes 10 one-sided
-# comparisons (4 upper edges, 3 metrics with two), 100 over 10 steps; at 3.5 sigma each is a false
-# alarm 2.3e-4 of the time, about 2% for the whole band if the step means were normal and independent.
-Z = 3.5
+# Below this many null seeds the t-test's own quantile (t at 15 df: 3.29 for 0.25%, against 2.81 at
+# the normal's) and the spread's estimate cost more power than the new engine's seeds can buy.
+MIN_NULL_SEEDS = 16
 
-# metric: (resolution floor of the margin, edges, status when outside). The floors are a tenth of
-# train-inference-mismatch's WARN limits (k3 1e-3, clip 0.02, token_mult_prob_error 1.05; mean |d|
-# is token_mult_prob_error - 1 to first order).
-BANDS = {
-    "k3_kl": (1e-4, "upper", Status.FAIL),
-    "clip_frac": (2e-3, "upper", Status.FAIL),
-    "mean_abs_diff": (5e-3, "upper", Status.FAIL),
-    "token_mult_prob_error": (5e-3, "upper", Status.FAIL),
-    "reward": (0.0, "both", Status.WARN),
-    "entropy": (0.0, "both", Status.WARN),
-    "response_length": (0.0, "both", Status.WARN),
+
+@dataclass(frozen=True)
+class Judgment:
+    """How one statistic is judged: the direction of harm, the status beyond it, and the smallest
+    effect worth that status however significant (:meth:`practical`)."""
+
+    alternative: str
+    outside: Status
+    what: str
+
+    def practical(self, name: str, grpo: dict[str, Any]) -> float:
+        if name == "eval_reward":
+            return float(grpo.get("min_effect", 0.05))
+        if name == "k3_growth":  # k3 twice its start, on top of the baseline's growth
+            return math.log(2.0)
+        if name == "identical_groups":
+            return 0.25
+        return 0.0
+
+
+JUDGED = {
+    "eval_reward": Judgment("less", Status.FAIL, "eval reward of the trained policy"),
+    "k3_growth": Judgment("greater", Status.FAIL, "log k3 over the run above its start"),
+    "identical_groups": Judgment("greater", Status.FAIL, "share of groups all one completion"),
+    "entropy_drift": Judgment("two-sided", Status.WARN, "entropy, late steps minus step 0"),
 }
-INFO = ("step_s", "push_s")
-
-
-def margin(reference_se: np.ndarray | None, new_se: np.ndarray, floor: float) -> np.ndarray:
-    """[steps] allowed excess: Z standard errors of (new - reference), never under ``floor``.
-
-    The errors are those under "nothing changed": the reference's, for the reference and for a new
-    run like it (``reference_se`` [seeds, steps], its largest per step), so a broken engine's own
-    wider spread does not widen the band it is judged by. A reference that recorded none borrows
-    the new run's. A NaN error (a step with one unit) gives no margin beyond the floor.
-    """
-    ref = (
-        new_se if reference_se is None else np.fmax.reduce(reference_se, axis=0)
-    )  # NaN-skipping, no warning
-    return np.maximum(floor, np.nan_to_num(Z * np.sqrt(2.0) * ref, nan=0.0))
-
-
-def band(reference: np.ndarray, allowed: np.ndarray, edges: str) -> tuple[np.ndarray, np.ndarray]:
-    """[steps] low/high from [seeds, steps] reference trajectories and a [steps] margin."""
-    low = (
-        reference.min(axis=0) - allowed if edges == "both" else np.full(reference.shape[1], -np.inf)
-    )
-    return low, reference.max(axis=0) + allowed
-
-
-def first_exit(values: np.ndarray, low: np.ndarray, high: np.ndarray) -> int | None:
-    outside = np.flatnonzero((values < low) | (values > high))
-    return int(outside[0]) if len(outside) else None
-
-
-def _trajectories(e) -> dict[str, np.ndarray] | None:
-    if e is None or keys.GRPO_REWARD not in e.arrays:
-        return None
-    return {
-        m: np.atleast_2d(e[keys.grpo_key(m)]).astype(np.float64)
-        for m in (*BANDS, *(f"{b}_se" for b in BANDS), *INFO)
-        if keys.grpo_key(m) in e.arrays
-    }
+CHARTED = ("reward", "k3_kl", "clip_frac", "entropy", "mean_abs_diff", "token_mult_prob_error",
+           "response_length", "identical_groups")  # fmt: skip
+INFO = keys.GRPO_TIMINGS
 
 
 def run(ctx: Context, settings: CheckSettings) -> CheckResult:
@@ -96,56 +88,227 @@ def run(ctx: Context, settings: CheckSettings) -> CheckResult:
     new = _trajectories(ctx.new)
     assert new is not None  # _not_judged says so
     steps = new["reward"].shape[1]
-    # a band recorded under other GRPO settings (another loss, lr, ...) is not this run's band
-    redesigned = (
-        bl.grpo_design_differences(ctx.baseline, ctx.run) if ctx.baseline is not None else []
-    )
-    old = _trajectories(ctx.old)
-    found = _reference(ctx, old, steps, redesigned)
-    if found is None:
-        return CheckResult(
-            ID,
-            TITLE,
-            Status.SKIP,
-            "no baseline band or old-engine run with the same number of steps"
-            + (
-                f" (the baseline's band has other GRPO settings: {'; '.join(redesigned)})"
-                if redesigned
-                else ""
-            ),
-            details={"baseline_grpo_differs": redesigned},
+    null, label, why_not = _null(ctx)
+    charts = _charts(new, _trajectories(null), _trajectories(ctx.old), steps)
+    base_details = {"steps": steps, "compared_with": label or "old", **charts}
+    if not grpo_seeds.has_eval(ctx.new):
+        return _skip(
+            "the new engine's GRPO run has no eval set (a run from before it)", base_details
         )
-    reference, label = found
-    measurements, metrics, exits, borrowed = _band_rows(new, reference, old, steps)
+    if null is None or label is None:
+        return _skip(why_not, base_details)
+    new_ids, null_ids = grpo_seeds.seed_ids(ctx.new), grpo_seeds.seed_ids(null)
+    if len(null_ids) < MIN_NULL_SEEDS:
+        return _skip(
+            (f"{why_not}; " if why_not else "")
+            + f"no power: the {label} holds {len(null_ids)} GRPO seed(s), fewer than the "
+            f"{MIN_NULL_SEEDS} the statistics' null needs (record a baseline: gate baseline record, "
+            "grpo.baseline_seeds)",
+            base_details | {"null_seeds": len(null_ids)},
+        )
+    missing = sorted(set(new_ids) - set(null_ids))
+    if missing:
+        return _skip(
+            f"the {label} lacks seed(s) {missing} the new engine trained: nothing to pair them with",
+            base_details,
+        )
+    grpo = ctx.run.get("grpo") or {}
+    alpha = float(grpo.get("alpha", 0.01))
+    tests = _tests(ctx.new, null, new_ids, null_ids, family_alpha(alpha, len(JUDGED)), grpo)
+    statuses = {name: _status(name, test, grpo) for name, test in tests.items()}
+    split = _eval_split(ctx.new, null, tests["eval_reward"], int(grpo.get("eval_samples") or 0))
+    status = worst(statuses.values())
+    measurements = [
+        Measurement(name, test.effect, statuses[name], engine="new", note=_note(name, test))
+        for name, test in tests.items()
+    ]
+    details = base_details | {
+        "seeds": new_ids,
+        "null_seeds": len(null_ids),
+        "alpha": alpha,
+        "statistics": {
+            name: test.to_dict()
+            | {
+                "status": statuses[name].value,
+                "practical": JUDGED[name].practical(name, grpo),
+                "what": JUDGED[name].what,
+            }
+            for name, test in tests.items()
+        },
+        "eval": split,
+    }
+    return CheckResult(
+        ID, TITLE, status, _summary(tests, statuses, len(new_ids), label), _diagnosis(statuses),
+        measurements, details,
+    )  # fmt: skip
+
+
+def _tests(
+    new: Evidence,
+    null: Evidence,
+    new_ids: list[int],
+    null_ids: list[int],
+    alpha_each: float,
+    grpo: dict[str, Any],
+) -> dict[str, PairedTest]:
+    ours, theirs = grpo_seeds.per_seed(new), grpo_seeds.per_seed(null)
+    rows = [null_ids.index(s) for s in new_ids]
+    return {
+        name: paired_test(
+            ours[name],
+            theirs[name][rows],
+            theirs[name],
+            judged.alternative,
+            alpha_each,
+            judged.practical(name, grpo),
+        )
+        for name, judged in JUDGED.items()
+    }
+
+
+def _status(name: str, test: PairedTest, grpo: dict[str, Any]) -> Status:
+    """The statistic's status: significant, and beyond the practical size in the harmful direction."""
+    judged = JUDGED[name]
+    size = judged.practical(name, grpo)
+    beyond = {
+        "less": test.effect < -size,
+        "greater": test.effect > size,
+        "two-sided": abs(test.effect) > size,
+    }[judged.alternative]
+    return judged.outside if test.significant and beyond else Status.PASS
+
+
+def _eval_split(new: Evidence, null: Evidence, test: PairedTest, samples: int) -> dict[str, Any]:
+    """The eval reward's difference, split: before any update (the checkpoint through each engine)
+    and what was learned less (the rest)."""
+    ours, ours_se = grpo_seeds.checkpoint_eval(new, samples)
+    theirs, theirs_se = grpo_seeds.checkpoint_eval(null, samples)
+    immediate = ours - theirs
+    return {
+        "checkpoint_new": _finite(ours),
+        "checkpoint_reference": _finite(theirs),
+        "immediate": _finite(immediate),
+        "immediate_se": _finite(math.sqrt(ours_se**2 + theirs_se**2)),
+        "learned": _finite(test.effect - immediate),
+        "trained_new": _finite(float(grpo_seeds.per_seed(new)["eval_reward"].mean())),
+    }
+
+
+def _note(name: str, t: PairedTest) -> str:
+    p = "n/a" if not math.isfinite(t.p_value) else f"{t.p_value:.2g}"
+    return (
+        f"{t.effect:+.3g} [{t.low:+.3g}, {t.high:+.3g}] over {t.seeds} seed(s), p {p} "
+        f"(level {t.alpha:.2g}), detects {t.delta90:.3g} with 90% power"
+    )
+
+
+def _summary(tests: dict[str, PairedTest], statuses: dict[str, Status], n: int, label: str) -> str:
+    reward = tests["eval_reward"]
+    head = (
+        f"eval reward {reward.effect:+.3f} vs the {label} over {n} paired seed(s) "
+        f"(detects {reward.delta90:.3f} at 90% power)"
+    )
+    out = [name for name, s in statuses.items() if s != Status.PASS]
+    return head + (
+        "; " + ", ".join(f"{name} {statuses[name].value}" for name in out) if out else ""
+    )
+
+
+def _diagnosis(statuses: dict[str, Status]) -> str:
+    reasons = {
+        "eval_reward": "the policy trained through the new engine reaches a lower reward: it "
+        "learned less (see the split: before any update, or over the run)",
+        "k3_growth": "the engine falls behind the trainer push after push: the weight-update path "
+        "leaves stale weights or caches, or rounds small updates away",
+        "identical_groups": "more groups whose samples are all one completion: the children of an "
+        "n > 1 request may share one seed, which leaves GRPO no advantage to learn from",
+        "entropy_drift": "the policy's entropy moves differently over the run",
+    }
+    found = [reasons[name] for name, s in statuses.items() if s != Status.PASS]
+    return (
+        (
+            "The RL run through the new engine differs from the reference's seeds: "
+            + "; ".join(found)
+            + "."
+        )
+        if found
+        else ""
+    )
+
+
+def _skip(summary: str, details: dict[str, Any]) -> CheckResult:
+    return CheckResult(ID, TITLE, Status.SKIP, summary, details=details)
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
+def _null(ctx: Context) -> tuple[Evidence | None, str | None, str]:
+    """The runs whose seeds are the null: the baseline's where it is of this GRPO design, else the
+    old engine's own seeds (a gate run without a baseline trains the new engine's seeds on both);
+    and why the baseline's are not, where there is one."""
+    why = ""
+    if ctx.baseline is not None:
+        redesigned = bl.grpo_design_differences(ctx.baseline, ctx.run)
+        if bl.grpo_comparable(ctx.baseline, ctx.run) and grpo_seeds.has_eval(ctx.baseline.evidence):
+            return ctx.baseline.evidence, "baseline", ""
+        why = (
+            f"the baseline's GRPO seeds were recorded under other settings ({'; '.join(redesigned)})"
+            if redesigned
+            else "the baseline's GRPO seeds are of another model or prompt sets"
+        ) + ": re-record it (gate baseline update)"
+    if grpo_seeds.has_eval(ctx.old):
+        return ctx.old, "old", why
+    return None, None, why or "no baseline of this GRPO design and no old-engine run to pair with"
+
+
+def _trajectories(e: Evidence | None) -> dict[str, np.ndarray] | None:
+    if e is None or keys.GRPO_REWARD not in e.arrays:
+        return None
+    return {
+        m: np.atleast_2d(e[keys.grpo_key(m)]).astype(np.float64)
+        for m in (*CHARTED, *INFO)
+        if keys.grpo_key(m) in e.arrays
+    }
+
+
+def _charts(
+    new: dict[str, np.ndarray],
+    reference: dict[str, np.ndarray] | None,
+    old: dict[str, np.ndarray] | None,
+    steps: int,
+) -> dict[str, Any]:
+    """Per metric: the new and the old engine's seed 0 step by step, and the min..max of the
+    reference's seeds; the first step the new line leaves that envelope (display, not a verdict)."""
+    metrics: dict[str, Any] = {}
+    exits: dict[str, int | None] = {}
+    usable = reference is not None and reference["reward"].shape[1] == steps
+    for metric in CHARTED:
+        if metric not in new:
+            continue
+        values = new[metric][0]
+        entry: dict[str, Any] = {
+            "new": _listed(values),
+            "old": None if old is None or metric not in old else _listed(old[metric][0]),
+        }
+        if usable and reference is not None and metric in reference:
+            low, high = np.nanmin(reference[metric], axis=0), np.nanmax(reference[metric], axis=0)
+            entry |= {"band_low": _listed(low), "band_high": _listed(high)}
+            outside = np.flatnonzero((values < low) | (values > high))
+            exits[metric] = int(outside[0]) if len(outside) else None
+        metrics[metric] = entry
     for metric in INFO:
         if metric in new:
             metrics[metric] = {
-                "new": new[metric][0].tolist(),
-                "old": None if old is None else old[metric][0].tolist(),
+                "new": _listed(new[metric][0]),
+                "old": None if old is None or metric not in old else _listed(old[metric][0]),
             }
-    reward = new["reward"][0]
-    k = max(1, steps // 4)
-    status = worst(m.status for m in measurements)
-    summary = f"reward {reward[0]:.2f} -> {reward[-1]:.2f} over {steps} steps; " + (
-        "every metric inside the " + label + " band"
-        if status == Status.PASS
-        else ", ".join(
-            f"{m} leaves the band at step {s}" for m, s in exits.items() if s is not None
-        )
-    )
-    details = {
-        "steps": steps,
-        "compared_with": label,
-        "metrics": metrics,
-        "first_exit": exits,
-        "reward_rise": float(reward[-k:].mean() - reward[:k].mean()),
-        "margin_z": Z,
-        # metrics whose reference recorded no standard errors: the new run's stood in for them
-        "reference_se_borrowed": borrowed,
-        # GRPO settings this run changed since the baseline's band was recorded (the band unused)
-        "baseline_grpo_differs": redesigned,
-    }
-    return CheckResult(ID, TITLE, status, summary, _diagnosis(status, exits), measurements, details)
+    return {"metrics": metrics, "first_exit": exits}
+
+
+def _listed(values: np.ndarray) -> list[float | None]:
+    return [float(x) if np.isfinite(x) else None for x in values]
 
 
 def _not_judged(ctx: Context) -> CheckResult | None:
@@ -166,83 +329,6 @@ def _not_judged(ctx: Context) -> CheckResult | None:
             details={"unsupported": unsupported},
         )
     return CheckResult(ID, TITLE, Status.SKIP, "the GRPO run did not run (grpo.enabled: false)")
-
-
-def _reference(
-    ctx: Context,
-    old: dict[str, np.ndarray] | None,
-    steps: int,
-    redesigned: list[str],
-) -> tuple[dict[str, np.ndarray], str] | None:
-    """The band's trajectories: the baseline's where comparable and of this design, else the old
-    engine's; None where neither has this run's number of steps."""
-    base = (
-        _trajectories(ctx.baseline.evidence)
-        if ctx.baseline is not None and ctx.baseline_comparable and not redesigned
-        else None
-    )
-    return next(
-        (
-            (candidate, name)
-            for candidate, name in ((base, "baseline"), (old, "old"))
-            if candidate is not None and candidate["reward"].shape[1] == steps
-        ),
-        None,
-    )
-
-
-def _band_rows(
-    new: dict[str, np.ndarray],
-    reference: dict[str, np.ndarray],
-    old: dict[str, np.ndarray] | None,
-    steps: int,
-) -> tuple[list[Measurement], dict[str, Any], dict[str, int | None], list[str]]:
-    """Per banded metric: its measurement, its chart data, the first step outside the band, and
-    whether the reference lacked standard errors (the new run's stood in)."""
-    measurements, metrics, exits, borrowed = [], {}, {}, []
-    for metric, (floor, edges, outside_status) in BANDS.items():
-        values = new[metric][0]
-        new_se = new.get(f"{metric}_se", np.full((1, steps), np.nan))[0]
-        ref_se = reference.get(f"{metric}_se")
-        if ref_se is None:
-            borrowed.append(metric)
-        allowed = margin(ref_se, new_se, floor)
-        low, high = band(reference[metric], allowed, edges)
-        step = first_exit(values, low, high)
-        exits[metric] = step
-        status = Status.PASS if step is None else outside_status
-        note = (
-            "inside the band"
-            if step is None
-            else f"leaves the band at step {step} ({values[step]:.3g} vs [{low[step]:.3g}, {high[step]:.3g}])"
-        )
-        measurements.append(Measurement(metric, float(values[-1]), status, engine="new", note=note))
-        metrics[metric] = {
-            "new": values.tolist(),
-            "old": None if old is None else old[metric][0].tolist(),
-            "band_low": [None if not np.isfinite(x) else float(x) for x in low],
-            "band_high": high.tolist(),
-            "margin": allowed.tolist(),
-            "new_se": [None if not np.isfinite(x) else float(x) for x in new_se],
-        }
-    return measurements, metrics, exits, borrowed
-
-
-def _diagnosis(status: Status, exits: dict[str, int | None]) -> str:
-    if status not in (Status.WARN, Status.FAIL):
-        return ""
-    early = [m for m, s in exits.items() if s == 0 and BANDS[m][2] == Status.FAIL]
-    return (
-        "The RL trajectory through the new engine leaves the reference band. "
-        + (
-            "Mismatch metrics are out from step 0: the engine's reported logprobs are not those of "
-            "the distribution it sampled from (check logprobs_mode and precision). "
-            if early
-            else ""
-        )
-        + "A KL or clip rate that grows step after step points at the weight-update path (stale "
-        "weights or caches)."
-    )
 
 
 SPEC = CheckSpec(id=ID, title=TITLE, run=run)

@@ -307,7 +307,7 @@ class WeightSyncConfig:
 
 @dataclass(frozen=True)
 class GrpoConfig:
-    # Sized for the CPU default: 12 steps x 64 samples, ~15 s per engine on 2 cores, reward ~0.3 -> ~0.55.
+    # Sized for the CPU default: 12 steps x 64 samples per seed, reward ~0.3 -> ~0.5.
     enabled: bool = True
     steps: int = 12
     prompts_per_step: int = 8
@@ -322,8 +322,25 @@ class GrpoConfig:
     # symmetric loss's upper edge follows clip_eps; an asymmetric one's (dapo, gspo) takes both.
     clip_eps: float | None = None
     clip_eps_high: float | None = None
-    seed: int = 0  # the run's seed; gate calibrate runs band_seeds for the baseline's band
-    band_seeds: tuple[int, ...] = (0, 1, 2)
+    # The paired design (docs/checks.md#mini-grpo): seed s of every engine draws the same prompt
+    # schedule and trains from the same checkpoint. The new engine trains seeds 0..seeds-1; the
+    # baseline (gate calibrate) records seeds 0..baseline_seeds-1, whose spread is the statistics'
+    # null; the old engine runs seed 0 beside a baseline (a canary), else the new engine's seeds.
+    seeds: int = 8
+    baseline_seeds: int = 32
+    # The held-out eval set: this many records with an `answer`, evenly spaced through the prompt
+    # sets and never trained on, each sampled eval_samples times at `temperature` by the checkpoint
+    # and by every seed's trained policy.
+    eval_prompts: int = 16
+    eval_samples: int = 16
+    eval_held_out: bool = True
+    # The family's false-alarm rate (Bonferroni over its statistics), and the smallest eval-reward
+    # loss worth a FAIL however significant.
+    alpha: float = 0.01
+    min_effect: float = 0.05
+    # Shifts every sampling seed, not the prompt schedule: independent samples for A/A studies
+    # (scripts/grpo_power.py). 0 for gate runs.
+    sampling_seed_offset: int = 0
     # Which parameters the trainer updates: "all", "lm_head", "norms" or {"last_layers": N}. The
     # default fits an 8B model on one 80 GB GPU beside the engine. AdamW keeps fp32 weights, grads
     # and two moments (16 bytes per trained parameter): "all" on Llama-3-8B is 8.0e9 x 16 = 128 GB,
@@ -334,6 +351,18 @@ class GrpoConfig:
     optimizer: str = "adamw"  # adamw | sgd (plain SGD, no momentum: no optimizer state at all)
 
     def validate(self, where: str) -> None:
+        require(self.seeds >= 1, where, "seeds", f"must be >= 1 (got {self.seeds})")
+        require(
+            self.baseline_seeds >= self.seeds,
+            where,
+            "baseline_seeds",
+            f"must be >= seeds ({self.seeds}): the new engine's seeds pair with the baseline's",
+        )
+        require(self.eval_prompts >= 1, where, "eval_prompts", "must be >= 1")
+        require(self.eval_samples >= 1, where, "eval_samples", "must be >= 1")
+        require(0 < self.alpha < 0.5, where, "alpha", f"must be in (0, 0.5) (got {self.alpha})")
+        require(self.min_effect >= 0, where, "min_effect", "must be >= 0")
+        require(self.sampling_seed_offset >= 0, where, "sampling_seed_offset", "must be >= 0")
         if isinstance(self.trainable, str):
             require(
                 self.trainable in GRPO_TRAINABLE,

@@ -232,6 +232,26 @@ def _check_pass(a: dict[str, np.ndarray], passname: str, where: Path) -> None:
     }
     if len(grids) > 1:
         raise EvidenceError(f"{where}: grpo_*: [seeds, steps] shapes differ: {sorted(grids)}")
+    _check_eval(a, by_axis, grids, where)
+
+
+def _check_eval(
+    a: dict[str, np.ndarray],
+    by_axis: dict[Axis, list[str]],
+    grids: set[tuple[int, ...]],
+    where: Path,
+) -> None:
+    """The GRPO eval arrays: one eval set ([E]), and one row per trained seed ([seeds, E])."""
+    sizes = {a[n].shape for n in by_axis.get(Axis.EVAL_PROMPT, [])}
+    sizes |= {a[n].shape[1:] for n in by_axis.get(Axis.SEED_EVAL, []) if a[n].ndim == 2}
+    if len(sizes) > 1 or any(a[n].ndim != 2 for n in by_axis.get(Axis.SEED_EVAL, [])):
+        raise EvidenceError(f"{where}: grpo eval arrays: eval-set shapes differ: {sorted(sizes)}")
+    seeds = {g[0] for g in grids}
+    for n in by_axis.get(Axis.SEED_EVAL, []):
+        if seeds and a[n].shape[0] not in seeds:
+            raise EvidenceError(
+                f"{where}: {n}: {a[n].shape[0]} seeds, the per-step arrays have {sorted(seeds)}"
+            )
 
 
 def _check_offsets(offsets: np.ndarray, total: int, where: Path, key: str) -> None:

@@ -33,6 +33,10 @@ class Axis(enum.Enum):
     INPUT_OFFSETS = "input offsets"  # teacher-forced sequences' boundaries over their input ids
     INPUT_TOKEN = "input token"  # teacher-forced sequences' input ids, concatenated
     SEED_STEP = "seed x step"  # GRPO: [seeds, steps]
+    SEED_EVAL = "seed x eval prompt"  # GRPO: [seeds, eval prompts], the trained policy's eval
+    EVAL_PROMPT = (
+        "eval prompt"  # GRPO: [eval prompts], the held-out set and the step-0 policy's eval
+    )
 
 
 @dataclass(frozen=True)
@@ -191,10 +195,11 @@ _WSI_KEYS: dict[str, Axis] = {
 
 # -- the mini GRPO run (gate/worker/grpo.py): ``grpo_<metric>`` and ``grpo_<metric>_se``, [seeds, steps]
 GRPO_METRICS = ("reward", "k3_kl", "clip_frac", "entropy", "mean_abs_diff", "token_mult_prob_error",
-                "response_length", "step_s", "push_s")  # fmt: skip
-# Metrics whose per-step standard error is recorded too: the check's band margins come from them.
-GRPO_WITH_SE = GRPO_METRICS[:7]
-# Timings, not dynamics: recorded per step, never judged against a band.
+                "response_length", "identical_groups", "step_s", "push_s")  # fmt: skip
+# Metrics whose per-step standard error is recorded too (the per-step charts' band margins).
+GRPO_WITH_SE = ("reward", "k3_kl", "clip_frac", "entropy", "mean_abs_diff",
+                "token_mult_prob_error", "response_length")  # fmt: skip
+# Timings, not dynamics: recorded per step, never judged.
 GRPO_TIMINGS = ("step_s", "push_s")
 
 
@@ -207,6 +212,19 @@ def grpo_se_key(metric: str) -> str:
     """The per-step standard error of ``metric`` (one of :data:`GRPO_WITH_SE`), [seeds, steps]."""
     return f"{GRPO}_{metric}_se"
 
+
+# The held-out eval set: which prompts (indices into the request's prompt list) it holds, the
+# step-0 policy's success rate on each, and each seed's trained policy's success rate on each.
+GRPO_EVAL_PROMPT_INDEX = "grpo_eval_prompt_index"  # [eval prompts]
+GRPO_EVAL0_SUCCESS = "grpo_eval0_success"  # [eval prompts]: the checkpoint, sampled by this engine
+GRPO_EVAL_SUCCESS = (
+    "grpo_eval_success"  # [seeds, eval prompts]: each seed's policy after the last step
+)
+_GRPO_EVAL_KEYS = {
+    GRPO_EVAL_PROMPT_INDEX: Axis.EVAL_PROMPT,
+    GRPO_EVAL0_SUCCESS: Axis.EVAL_PROMPT,
+    GRPO_EVAL_SUCCESS: Axis.SEED_EVAL,
+}
 
 GRPO_REWARD = grpo_key("reward")
 
@@ -223,6 +241,7 @@ def _declare() -> dict[str, Key]:
     keys += [Key(name, WSI, a) for name, a in _WSI_KEYS.items()]
     keys += [Key(grpo_key(m), GRPO, Axis.SEED_STEP) for m in GRPO_METRICS]
     keys += [Key(grpo_se_key(m), GRPO, Axis.SEED_STEP) for m in GRPO_WITH_SE]
+    keys += [Key(name, GRPO, a) for name, a in _GRPO_EVAL_KEYS.items()]
     return {k.name: k for k in keys}
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-REQUEST_SCHEMA_VERSION = 1
+REQUEST_SCHEMA_VERSION = 2
 
 # The parameters the mini GRPO run trains unless told otherwise: the last two decoder layers, a
 # subset whose optimizer state fits beside the engine, and that holds the q/k/v and gate/up weights
@@ -117,6 +117,11 @@ class WeightSyncRequest:
     sleep_level: int = 0  # 0: no sleep/wake cycle after the pushes
 
 
+# How the GRPO run derives its sampling seeds (gate/worker/grpo.py sampling_seed), recorded in a
+# baseline's GRPO design: 1 gave all prompts of a step one seed; 2 gives each prompt its own.
+GRPO_SEED_SCHEME = 2
+
+
 @dataclass(frozen=True)
 class GrpoRequest:
     """The mini GRPO run (gate/worker/grpo.py)."""
@@ -139,6 +144,15 @@ class GrpoRequest:
     # (None: symmetric).
     loss: str = "grpo"
     clip_eps_high: float | None = None
+    # The held-out eval set (indices into WorkerRequest.prompts, never trained on) and the samples
+    # per eval prompt: the step-0 policy is evaluated once, each seed's trained policy after its
+    # last step.
+    eval_prompts: list[int] = dataclasses.field(default_factory=list)
+    eval_samples: int = 16
+    eval_held_out: bool = True  # False: the eval prompts stay in the training pool
+    # Shifts every sampling seed (rollouts and evals), not the prompt schedule: a replicate with
+    # independent samples for the A/A study. 0 in every gate run.
+    sampling_seed_offset: int = 0
 
 
 @dataclass(frozen=True)

@@ -811,6 +811,11 @@ def _grpo(g: Grpo, lim: Limits) -> str:
     return _render(
         "grpo",
         steps=g.steps,
+        statistics=_grpo_statistics(g),
+        split=_grpo_split(g),
+        seeds=len(g.seeds),
+        null_seeds=g.null_seeds,
+        note=esc.clean(g.summary or "") if not g.statistics else "",
         rows=table,
         charts=[c for c in chart_list if c],
         flat=flat,
@@ -818,6 +823,43 @@ def _grpo(g: Grpo, lim: Limits) -> str:
         compared_with=esc.clean(g.compared_with or "old"),
         palette=charts.PALETTE,
     )
+
+
+def _grpo_statistics(g: Grpo) -> list[dict[str, str]]:
+    """The paired statistics as table rows: effect and interval, p-value, δ90, status."""
+    rows = []
+    for name, stat in g.statistics.items():
+        if stat is None:
+            continue
+        rows.append(
+            {
+                "name": esc.clean(name),
+                "what": esc.clean(stat.what or ""),
+                "effect": _signed(stat.effect),
+                "interval": f"[{_signed(stat.low)}, {_signed(stat.high)}]",
+                "p": "n/a" if stat.p_value is None else f"{stat.p_value:.2g}",
+                "level": "?" if stat.alpha is None else f"{stat.alpha:.2g}",
+                "delta90": esc.num(stat.delta90),
+                "status": esc.clean(stat.status or "?"),
+            }
+        )
+    return rows
+
+
+def _grpo_split(g: Grpo) -> dict[str, str] | None:
+    e = g.eval
+    if e is None or e.immediate is None:
+        return None
+    return {
+        "immediate": _signed(e.immediate),
+        "learned": _signed(e.learned),
+        "checkpoint_new": esc.num(e.checkpoint_new),
+        "checkpoint_reference": esc.num(e.checkpoint_reference),
+    }
+
+
+def _signed(x: float | None) -> str:
+    return "?" if x is None else f"{x:+.3g}"
 
 
 # --------------------------------------------------------------------------------------- commands

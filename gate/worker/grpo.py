@@ -12,7 +12,14 @@ run ends, the starting values of the trained parameters only: the frozen ones ne
 
 Per step it records what RL practitioners watch: mean reward, k3 KL(rollout || trainer) on the
 sampled tokens, clip fraction, entropy of the trainer's sampling distribution, mean |d|,
-token_mult_prob_error, response length and step time. An engine whose logprobs are not those of
+token_mult_prob_error, response length, the share of groups whose samples are all identical, and
+step time. A held-out eval set (never trained on) is sampled through the engine at the checkpoint
+once, and after each seed's last step: the reward the trained policy reaches, the statistic
+grpo-trajectory judges paired by seed against the baseline's seeds (gate/checks/grpo.py).
+
+Every prompt of every step has its own sampling seed (:func:`sampling_seed`), so the samples a
+prompt gets do not depend on which others share its batch, and the baseline, the old and the new
+engine draw the same prompt schedule for the same seed. An engine whose logprobs are not those of
 the distribution it sampled from (raw logprobs at T < 1) shows up from step 0 in KL and clip rate;
 a broken update path shows up as a KL that grows step after step.
 """
@@ -39,10 +46,12 @@ _LAST_INT = re.compile(r"-?\d+")
 
 @dataclass(frozen=True)
 class GrpoRun:
-    """A GRPO run's per-step arrays (``grpo_<metric>``, [seeds, steps]) and its trainer's record."""
+    """A GRPO run's arrays (per step ``grpo_<metric>`` [seeds, steps], and the eval's) and its
+    trainer's record."""
 
     arrays: dict[str, np.ndarray]
     trainer: dict[str, Any]  # what trained, with which optimizer, and the memory that kept
+    eval_s: float  # seconds spent sampling the eval set, every seed's and the checkpoint's
 
 
 def reward(text: str, answer: str) -> float:
@@ -53,19 +62,36 @@ def reward(text: str, answer: str) -> float:
 
 # One rollout: per prompt, per sample, (token ids, the engine's logprob of each, text).
 Samples = list[list[tuple[list[int], list[float], str]]]
-# (prompts, n, temperature, max_tokens, seed) -> Samples
-Rollout = Callable[[list[list[int]], int, float, int, int], Samples]
+# (prompts, n, temperature, max_tokens, one seed per prompt) -> Samples
+Rollout = Callable[[list[list[int]], int, float, int, list[int]], Samples]
+
+# Streams of sampling seeds: the training rollouts, the trained policies' evals, the checkpoint's.
+TRAIN, EVAL, EVAL0 = 0, 1, 2
+_SLOTS = (
+    2**24
+)  # seeds per (offset, run seed, stream): a slot's n children take slot*n .. slot*n+n-1
+
+
+def sampling_seed(offset: int, seed: int, stream: int, slot: int, n: int) -> int:
+    """The vLLM seed of one prompt's request: distinct for every (offset, run seed, stream, slot),
+    and spaced by ``n`` because vLLM seeds an n-sample request's children ``seed + i``."""
+    if not 0 <= slot * n + n <= _SLOTS:
+        raise ValueError(f"grpo: slot {slot} x n {n} leaves the seed stream's {_SLOTS} seeds")
+    return ((offset * 1_000_003 + seed) * 3 + stream) * _SLOTS + slot * n
 
 
 def offline_rollout(llm) -> Rollout:
     """Samples from a ``vllm.LLM`` (its reported logprobs are the rollout policy's)."""
 
     def rollout(
-        prompts: list[list[int]], n: int, temperature: float, max_tokens: int, seed: int
+        prompts: list[list[int]], n: int, temperature: float, max_tokens: int, seeds: list[int]
     ) -> Samples:
         from gate.worker.replay import _params
 
-        params = _params(n=n, temperature=temperature, max_tokens=max_tokens, seed=seed, logprobs=0)
+        params = [
+            _params(n=n, temperature=temperature, max_tokens=max_tokens, seed=s, logprobs=0)
+            for s in seeds
+        ]
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         return [
             [
@@ -107,17 +133,22 @@ def run_grpo(
     )
     from gate.worker.weight_sync import _load_trainer, engine_dtype
 
-    usable = [i for i, a in enumerate(answers) if a]
+    held_out = set(request.eval_prompts) if request.eval_held_out else set()
+    usable = [i for i, a in enumerate(answers) if a and i not in held_out]
     if not usable:
         raise RuntimeError(
-            "grpo: the prompt sets hold no record with an `answer`; the reward needs one"
+            "grpo: the prompt sets hold no record with an `answer` outside the eval set; the "
+            "reward needs one"
         )
     device = "cuda" if torch.cuda.is_available() else "cpu"
     # Frozen weights as the engine holds them; trained ones get fp32 masters.
     dtype = dtype if dtype is not None else engine_dtype(llm)
     rollout = rollout if rollout is not None else offline_rollout(llm)
+    evaluate = _Evaluation(rollout, prompt_ids, answers, request)
     names = (*keys.GRPO_METRICS, *(f"{m}_se" for m in keys.GRPO_WITH_SE))
     results = {m: np.zeros((len(request.seeds), request.steps)) for m in names}
+    eval_success = np.zeros((len(request.seeds), len(request.eval_prompts)))
+    eval0 = np.zeros(len(request.eval_prompts))
     for s_idx, seed in enumerate(request.seeds):
         torch.manual_seed(seed)
         model = _load_trainer(AutoModelForCausalLM, model_path, device, hf_kwargs, dtype).train()
@@ -128,23 +159,26 @@ def run_grpo(
         initial = initial_values(trained)
         opt = make_optimizer(trained, request.optimizer, request.lr)
         if s_idx == 0:
-            objective = policy_loss_of(request)
-            progress(
-                f"grpo trains {trained.trainable_parameters:,} of {trained.total_parameters:,} "
-                f"parameters ({request.trainable}) with {request.optimizer} on the {objective.name} loss, "
-                f"clip band [1 - {objective.eps_low:g}, 1 + {objective.eps_high:g}]"
-                + (
-                    " (lm_head is tied: the input embeddings train with it)"
-                    if trained.tied_lm_head
-                    else ""
-                )
-            )
+            _say_what_trains(progress, request, trained)
+            if request.eval_prompts:  # the checkpoint: one policy for every seed, evaluated once
+                eval0 = evaluate(EVAL0, 0)
+                progress(f"grpo eval of the checkpoint: reward {eval0.mean():.3f}")
         rng = np.random.default_rng(seed)
         for step in range(request.steps):
             start = time.perf_counter()
             batch = rng.choice(
                 usable, size=min(request.prompts_per_step, len(usable)), replace=False
             )
+            seeds = [
+                sampling_seed(
+                    request.sampling_seed_offset,
+                    seed,
+                    TRAIN,
+                    step * request.prompts_per_step + i,
+                    request.group_size,
+                )
+                for i in range(len(batch))
+            ]
             metrics = _step(
                 rollout,
                 model,
@@ -153,7 +187,7 @@ def run_grpo(
                 [prompt_ids[i] for i in batch],
                 [answers[i] for i in batch],
                 request,
-                seed * 100_003 + step,
+                seeds,
                 device,
             )
             pushed = time.perf_counter()
@@ -166,13 +200,62 @@ def run_grpo(
                 f"grpo seed {seed} step {step + 1}/{request.steps}: reward {metrics['reward']:.2f}, "
                 f"k3 {metrics['k3_kl']:.1e}, clip {metrics['clip_frac']:.1%}, {metrics['step_s']:.1f}s"
             )
+        if request.eval_prompts:  # the engine holds this seed's last push: the trained policy
+            eval_success[s_idx] = evaluate(EVAL, seed)
+            progress(f"grpo seed {seed} eval: reward {eval_success[s_idx].mean():.3f}")
     push(llm, restored_state_dict(model, trained, initial))
     objective = policy_loss_of(request)
     record = trainer_record(trained, request.optimizer, optimizer_state_bytes(opt)) | {
         "loss": objective.name,
         "clip_band": [objective.eps_low, objective.eps_high],
     }
-    return GrpoRun({keys.grpo_key(m): v for m, v in results.items()}, record)
+    arrays: dict[str, np.ndarray] = {keys.grpo_key(m): v for m, v in results.items()}
+    if request.eval_prompts:
+        arrays |= {
+            keys.GRPO_EVAL_PROMPT_INDEX: np.asarray(request.eval_prompts, dtype=np.int64),
+            keys.GRPO_EVAL0_SUCCESS: eval0,
+            keys.GRPO_EVAL_SUCCESS: eval_success,
+        }
+    return GrpoRun(arrays, record, evaluate.seconds)
+
+
+def _say_what_trains(progress, request: GrpoRequest, trained: TrainableSet) -> None:
+    objective = policy_loss_of(request)
+    progress(
+        f"grpo trains {trained.trainable_parameters:,} of {trained.total_parameters:,} "
+        f"parameters ({request.trainable}) with {request.optimizer} on the {objective.name} loss, "
+        f"clip band [1 - {objective.eps_low:g}, 1 + {objective.eps_high:g}]"
+        + (" (lm_head is tied: the input embeddings train with it)" if trained.tied_lm_head else "")
+    )
+
+
+class _Evaluation:
+    """The held-out eval set sampled through the engine as it stands: each prompt
+    ``eval_samples`` times at the run's temperature, success = the reward. One generate call for
+    the whole set."""
+
+    def __init__(self, rollout: Rollout, prompt_ids, answers, request: GrpoRequest):
+        self.rollout, self.request = rollout, request
+        self.prompts = [prompt_ids[i] for i in request.eval_prompts]
+        self.answers = [answers[i] for i in request.eval_prompts]
+        self.seconds = 0.0
+
+    def __call__(self, stream: int, seed: int) -> np.ndarray:
+        """[eval prompts] success rates; the seeds come from ``stream`` and the run's seed."""
+        r, start = self.request, time.perf_counter()
+        seeds = [
+            sampling_seed(r.sampling_seed_offset, seed, stream, i, r.eval_samples)
+            for i in range(len(self.prompts))
+        ]
+        outputs = self.rollout(self.prompts, r.eval_samples, r.temperature, r.max_tokens, seeds)
+        success = np.asarray(
+            [
+                [reward(text, a) for _, _, text in out]
+                for out, a in zip(outputs, self.answers, strict=True)
+            ]
+        )
+        self.seconds += time.perf_counter() - start
+        return success.mean(axis=1)
 
 
 def _step(
@@ -183,12 +266,12 @@ def _step(
     prompts,
     answers,
     request: GrpoRequest,
-    seed: int,
+    seeds: list[int],
     device,
 ) -> dict[str, float]:
     from gate.worker.trainable import optimizer_step, zero_grad
 
-    outputs = rollout(prompts, request.group_size, request.temperature, request.max_tokens, seed)
+    outputs = rollout(prompts, request.group_size, request.temperature, request.max_tokens, seeds)
     seqs, starts, rollout_lp, rewards, lengths = [], [], [], [], []
     for p, out, answer in zip(prompts, outputs, answers, strict=True):
         for tokens, logprobs, text in out:
@@ -219,7 +302,7 @@ def _step(
         "token_mult_prob_error": np.exp(np.abs(dd)),
     }
     lengths_arr = np.asarray(lengths)
-    metrics = {}
+    metrics = {"identical_groups": identical_share(outputs)}
     for name, values in per_token.items():
         metrics[name] = float(values.mean()) if len(values) else math.nan
         metrics[f"{name}_se"] = token_mean_se(values, lengths_arr)
@@ -228,6 +311,14 @@ def _step(
         metrics[name] = float(values.mean())
         metrics[f"{name}_se"] = group_mean_se(values)
     return metrics
+
+
+def identical_share(outputs: Samples) -> float:
+    """The share of groups (one prompt's samples) that are all one completion. At T > 0 a group of
+    8 identical answers happens for a short, confident answer now and then; every group identical
+    is a sampler whose children share one seed, and a zero advantage everywhere."""
+    same = [all(tokens == group[0][0] for tokens, _, _ in group) for group in outputs if group]
+    return float(np.mean(same)) if same else math.nan
 
 
 def policy_loss_of(request: GrpoRequest) -> PolicyLoss:

@@ -459,6 +459,7 @@ def _grpo(inp: PassInput, out: PassResults) -> None:
     inp.say(
         f"mini GRPO{inp.engine.over}: {len(g.seeds)} seed(s) x {g.steps} steps of "
         f"{g.prompts_per_step} prompts x {g.group_size}"
+        + (f", eval {len(g.eval_prompts)} prompts x {g.eval_samples}" if g.eval_prompts else "")
     )
     out.grpo = {"adapter": adapter.name, "seeds": g.seeds, "steps": g.steps}  # kept if it fails
     target, rollout, dtype = inp.engine.grpo_target()
@@ -476,6 +477,7 @@ def _grpo(inp: PassInput, out: PassResults) -> None:
     )
     out.arrays.update(run.arrays)
     out.grpo["trainer"] = run.trainer
+    out.grpo["eval_s"] = run.eval_s
 
 
 ENGINE_PASSES: tuple[EnginePass, ...] = (

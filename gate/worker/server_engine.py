@@ -337,9 +337,11 @@ def rollout(engine: ServedEngine):
     """GRPO's rollout over HTTP: token-id prompts, every field set (the GRPO run's own settings),
     seeded as offline, so a server samples the same rollouts as the offline engine."""
 
-    def sample(prompts: list[list[int]], n: int, temperature: float, max_tokens: int, seed: int):
+    def sample(
+        prompts: list[list[int]], n: int, temperature: float, max_tokens: int, seeds: list[int]
+    ):
         def one(i: int):
-            # One seed for the step's every prompt, as the offline rollout's one SamplingParams.
+            # Each prompt its own seed, as the offline rollout's SamplingParams per prompt.
             body = {
                 "model": SERVED_MODEL_NAME,
                 "prompt": prompts[i],
@@ -348,7 +350,7 @@ def rollout(engine: ServedEngine):
                 "top_p": 1.0,
                 "top_k": 0,
                 "max_tokens": max_tokens,
-                "seed": seed,
+                "seed": seeds[i],
                 "logprobs": 0,
                 "return_tokens_as_token_ids": True,
             }

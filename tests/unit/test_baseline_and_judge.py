@@ -12,6 +12,7 @@ import pytest
 from gate import baseline as bl
 from gate import report
 from gate.config import load_config
+from gate.contract.request import GRPO_SEED_SCHEME
 from gate.errors import EXIT_ERROR, EXIT_FAIL, EXIT_OK, ConfigError, GateError
 from gate.judge import judge
 from gate.verdict import Status
@@ -225,13 +226,14 @@ def test_no_baseline_from_an_engine_that_ignores_top_k_top_p(tmp_path):
 
 
 GRPO = {"enabled": True, "steps": 6, "prompts_per_step": 8, "group_size": 8, "max_tokens": 24, "temperature": 0.7,
-        "lr": 3e-5, "loss": "grpo", "clip_eps": None, "clip_eps_high": None, "seed": 0, "band_seeds": [0, 1, 2],
-        "trainable": "all", "optimizer": "adamw"}  # fmt: skip
+        "lr": 3e-5, "loss": "grpo", "clip_eps": None, "clip_eps_high": None, "seeds": 8, "baseline_seeds": 32,
+        "eval_prompts": 8, "eval_samples": 16, "eval_held_out": True, "alpha": 0.01, "min_effect": 0.05,
+        "sampling_seed_offset": 0, "trainable": "all", "optimizer": "adamw"}  # fmt: skip
 
 
-def test_a_band_recorded_under_other_grpo_settings_is_not_used(tmp_path):
-    """The baseline records the GRPO design its band came from; a run with another loss (or lr, ...)
-    is compared with the old engine instead, and says why. Seeds do not count."""
+def test_baseline_seeds_recorded_under_other_grpo_settings_are_not_the_null(tmp_path):
+    """The baseline records the GRPO design its seeds came from (with the seed scheme); a run with
+    another loss (or lr, ...) is not judged against them, and says why. Seed counts do not count."""
     from gate.checks.context import Context
     from gate.checks.grpo import run as grpo_check
 
@@ -239,7 +241,9 @@ def test_a_band_recorded_under_other_grpo_settings_is_not_used(tmp_path):
     out = tmp_path / "baseline"
     bl.write(out, _run_dir(tmp_path, run=run), "old", {}, overwrite=False, log=print)
     base = bl.load(out)
-    assert base.manifest["grpo"] == {k: GRPO[k] for k in bl.GRPO_DESIGN}
+    assert base.manifest["grpo"] == {k: GRPO.get(k) for k in bl.GRPO_DESIGN} | {
+        "seed_scheme": GRPO_SEED_SCHEME
+    }
     old, new = make_evidence(tmp_path / "o", seed=1), make_evidence(tmp_path / "n", seed=2)
 
     def judged(grpo: dict):
@@ -248,19 +252,21 @@ def test_a_band_recorded_under_other_grpo_settings_is_not_used(tmp_path):
         )
         return grpo_check(ctx, None)
 
-    same = judged(GRPO | {"seed": 7, "band_seeds": [4]})
-    assert (
-        same.details["compared_with"] == "baseline" and same.details["baseline_grpo_differs"] == []
-    )
+    same = judged(GRPO | {"seeds": 4, "baseline_seeds": 16})
+    assert same.details["compared_with"] == "baseline" and same.status == Status.PASS
     other = judged(GRPO | {"loss": "gspo", "lr": 1e-5})
-    assert other.details["compared_with"] == "old"
-    assert other.details["baseline_grpo_differs"] == [
-        "lr: 1e-05 vs 3e-05",
-        "loss: 'gspo' vs 'grpo'",
-    ]
-    # a baseline recorded before the design was kept: its band stands, as it did
-    del base.manifest["grpo"]
-    assert judged(GRPO | {"loss": "gspo"}).details["compared_with"] == "baseline"
+    assert other.details["compared_with"] == "old"  # 16 seeds of its own: a null with power
+    old = make_evidence(tmp_path / "canary", seed=1)
+    for key in [k for k, v in old.arrays.items() if k.startswith("grpo_") and v.ndim == 2]:
+        old.arrays[key] = old.arrays[key][:1]  # beside a baseline, the old engine's canary seed
+    other = judged(GRPO | {"loss": "gspo", "lr": 1e-5})
+    assert other.status == Status.SKIP and other.summary.startswith(
+        "the baseline's GRPO seeds were recorded under other settings (lr: 1e-05 vs 3e-05; "
+        "loss: 'gspo' vs 'grpo'): re-record it (gate baseline update); no power: the old holds 1"
+    )
+    # a baseline from before the seed scheme was recorded is of another design too
+    base.manifest["grpo"].pop("seed_scheme")
+    assert "seed_scheme: 2 vs None" in judged(GRPO).summary
 
 
 def test_a_baseline_carries_its_engines_train_inference_figures(tmp_path):

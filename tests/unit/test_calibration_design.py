@@ -57,8 +57,9 @@ def test_jobs_permute_every_start_after_the_first():
     jobs = calibration_jobs(cfg, 4)
     assert [j.name for j in jobs] == ["old", REPLICA, f"{REPLICA}-2", f"{REPLICA}-3"]
     assert [j.order_seed for j in jobs] == [None] + [cfg.sampling.seed + i for i in (1, 2, 3)]
-    assert jobs[0].grpo_seeds == tuple(cfg.grpo.band_seeds) and all(
-        j.grpo_seeds is None for j in jobs[1:]
+    assert jobs[0].grpo_seeds == tuple(range(cfg.grpo.baseline_seeds)) and all(
+        j.grpo_seeds == ()
+        for j in jobs[1:]  # replicas train no GRPO seed
     )
     with pytest.raises(ValueError, match="at least 2"):
         replica_names(1)

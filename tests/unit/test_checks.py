@@ -11,6 +11,7 @@ import pytest
 from gate.checks.base import Limit, Threshold
 from gate.checks.context import Context
 from gate.config.checks_section import parse_settings
+from gate.contract import keys
 from gate.errors import ConfigError
 from gate.judge import run_checks
 from gate.verdict import Status, worst
@@ -650,20 +651,85 @@ def test_weight_sync_skips_without_probe(tmp_path, clean):
 # --- grpo-trajectory -------------------------------------------------------------------------
 
 
-def test_grpo_band_and_first_exit(tmp_path, clean):
+def test_grpo_clean_pair_is_judged_against_the_old_engines_seeds(clean):
     r = _results(clean)["grpo-trajectory"]
-    assert r.status == Status.PASS and r.details["compared_with"] == "old"
-    assert r.details["reward_rise"] > 0
-    clean.new = make_evidence(tmp_path / "raw", seed=2, grpo="raw")
+    assert r.status == Status.PASS, r.summary
+    assert r.details["compared_with"] == "old" and r.details["null_seeds"] == 16
+    stats = r.details["statistics"]
+    assert set(stats) == {"eval_reward", "k3_growth", "identical_groups", "entropy_drift"}
+    # four statistics share the 1% family rate
+    assert all(s["alpha"] == pytest.approx(0.01 / 4) for s in stats.values())
+    # bitwise-agreeing engine and trainer (k3 1e-13): every seed's slope is 0 under the floor
+    assert stats["k3_growth"]["effect"] == 0 and stats["k3_growth"]["p_value"] == 1
+    assert "detects" in r.summary and stats["eval_reward"]["delta90"] > 0
+
+
+def test_grpo_eval_reward_paired_by_seed_hand_computed(tmp_path, clean):
+    """D_s = new_s - null_s over the new engine's seeds; se = sqrt(2) * SD(null) / sqrt(n)."""
+    from gate.analysis.paired import t_sf
+
+    null = clean.old[keys.GRPO_EVAL_SUCCESS].mean(axis=1)
+    new = clean.new[keys.GRPO_EVAL_SUCCESS].mean(axis=1)
     r = _results(clean)["grpo-trajectory"]
-    assert r.status == Status.FAIL
-    assert r.details["first_exit"]["k3_kl"] == 0 and r.details["first_exit"]["clip_frac"] == 0
-    assert "from step 0" in r.diagnosis
-    clean.new = make_evidence(tmp_path / "drift", seed=2, grpo="drift")
+    stat = r.details["statistics"]["eval_reward"]
+    effect = float(np.mean(new - null))
+    se = np.sqrt(2) * null.std(ddof=1) / np.sqrt(len(new))
+    assert stat["effect"] == pytest.approx(effect)
+    assert stat["se"] == pytest.approx(se)
+    assert stat["p_value"] == pytest.approx(1 - t_sf(effect / se, len(null) - 1))
+
+
+@pytest.mark.parametrize(
+    ("mode", "statistic"),
+    [("learn_less", "eval_reward"), ("drift", "k3_growth"), ("identical", "identical_groups")],
+)
+def test_grpo_faults_fail_their_statistic_and_only_it(tmp_path, clean, mode, statistic):
+    clean.new = make_evidence(tmp_path / mode, seed=2, grpo=mode)
     r = _results(clean)["grpo-trajectory"]
-    # step 1: 2e-4 over a clean 1e-13 by more than the floor 1e-4 (3.5 x its error 2e-5 is less)
-    assert r.status == Status.FAIL and r.details["first_exit"]["k3_kl"] == 1
-    assert r.details["reference_se_borrowed"] == []
+    failed = {k for k, s in r.details["statistics"].items() if s["status"] != "PASS"}
+    assert r.status == Status.FAIL and failed == {statistic}, r.summary
+    assert statistic in r.summary and r.diagnosis
+
+
+def test_grpo_a_significant_loss_under_the_practical_size_passes(tmp_path, clean):
+    clean.new = make_evidence(tmp_path / "less", seed=2, grpo="learn_less")
+    clean.run["grpo"] = {"alpha": 0.01, "min_effect": 0.2}
+    r = _results(clean)["grpo-trajectory"]
+    stat = r.details["statistics"]["eval_reward"]
+    assert stat["significant"] and stat["effect"] > -0.2 and stat["status"] == "PASS"
+
+
+def test_grpo_too_few_null_seeds_skips_with_no_power(tmp_path, clean):
+    for key in [k for k in clean.old.arrays if k.startswith("grpo_")]:
+        clean.old.arrays[key] = (
+            np.atleast_2d(clean.old.arrays[key])[:15]
+            if clean.old.arrays[key].ndim == 2
+            else clean.old.arrays[key]
+        )
+    r = _results(clean)["grpo-trajectory"]
+    assert r.status == Status.SKIP and r.summary.startswith(
+        "no power: the old holds 15 GRPO seed(s)"
+    )
+
+
+def test_grpo_a_run_without_an_eval_set_skips(clean):
+    for key in (keys.GRPO_EVAL_SUCCESS, keys.GRPO_EVAL0_SUCCESS, keys.GRPO_EVAL_PROMPT_INDEX):
+        del clean.new.arrays[key]
+    r = _results(clean)["grpo-trajectory"]
+    assert r.status == Status.SKIP and "no eval set" in r.summary
+    assert r.details["metrics"]["reward"]["new"]  # the charts stay
+
+
+def test_grpo_eval_split_into_before_and_during_the_run(tmp_path, clean):
+    r = _results(clean)["grpo-trajectory"]
+    split = r.details["eval"]
+    assert split["immediate"] == pytest.approx(0.0)  # one checkpoint eval in both (factory)
+    assert split["learned"] == pytest.approx(r.details["statistics"]["eval_reward"]["effect"])
+    # p(1-p)/(m-1) per prompt over E prompts, both engines: m = the run's eval_samples
+    clean.run["grpo"] = {"eval_samples": 16}
+    p0 = clean.new[keys.GRPO_EVAL0_SUCCESS]
+    se = np.sqrt(2 * np.sum(p0 * (1 - p0) / 15) / len(p0) ** 2)
+    assert _results(clean)["grpo-trajectory"].details["eval"]["immediate_se"] == pytest.approx(se)
 
 
 def test_a_grpo_run_without_a_weight_push_is_an_error_with_the_reason(clean):
@@ -681,57 +747,6 @@ def test_a_grpo_run_without_a_weight_push_is_an_error_with_the_reason(clean):
     )
     with_engine(clean.new, grpo={})
     assert _results(clean)["grpo-trajectory"].status == Status.SKIP
-
-
-def test_grpo_band_edges():
-    from gate.checks.grpo import band, first_exit
-
-    ref = np.array([[0.2, 0.3], [0.4, 0.5]])
-    low, high = band(ref, np.array([0.1, 0.1]), "both")
-    np.testing.assert_allclose(low, [0.1, 0.2])
-    np.testing.assert_allclose(high, [0.5, 0.6])
-    low, high = band(ref, np.array([0.1, 0.2]), "upper")
-    assert np.all(np.isneginf(low))
-    np.testing.assert_allclose(high, [0.5, 0.7])
-    assert first_exit(np.array([0.3, 0.9]), *band(ref, np.array([0.1, 0.1]), "both")) == 1
-
-
-def test_grpo_margin_is_z_standard_errors_of_the_difference_never_under_the_floor():
-    from gate.checks.grpo import Z, margin
-
-    new_se = np.array([0.03, 0.0, np.nan])
-    ref_se = np.array(
-        [[0.04, 0.0, 0.01], [0.02, 0.0, 0.01]]
-    )  # the larger seed's error per step counts
-    # the errors under "nothing changed" are the reference's: the new run's own do not widen it
-    np.testing.assert_allclose(
-        margin(ref_se, new_se, 1e-4), [Z * np.sqrt(2) * 0.04, 1e-4, Z * np.sqrt(2) * 0.01]
-    )
-    np.testing.assert_allclose(
-        margin(None, np.array([0.03]), 0.0), [Z * 0.03 * np.sqrt(2)]
-    )  # borrowed
-    np.testing.assert_allclose(margin(ref_se, np.array([np.nan, 9.0, 9.0]), 1e-4)[1], 1e-4)
-
-
-def test_grpo_band_on_a_noisy_model_holds_noise_and_catches_a_shift(tmp_path, clean):
-    """A bf16 model's k3 moves step to step by its sampling error: a new run inside Z errors of the
-    old one passes, one shifted by more FAILs, whatever the absolute size of k3."""
-    from gate.checks.grpo import Z
-
-    steps = clean.new["grpo_k3_kl"].shape[1]
-    old_k3, se = np.full(steps, 3.3e-3), np.full(steps, 3e-4)
-    for e in (clean.old, clean.new):
-        e.arrays["grpo_k3_kl"], e.arrays["grpo_k3_kl_se"] = old_k3[None].copy(), se[None].copy()
-    within = old_k3 + 0.9 * Z * np.sqrt(2) * se  # a 0.9-of-the-margin difference, ~1.3e-3
-    clean.new.arrays["grpo_k3_kl"] = within[None]
-    r = _results(clean)["grpo-trajectory"]
-    assert r.details["first_exit"]["k3_kl"] is None and r.status == Status.PASS
-    shifted = within.copy()
-    shifted[3] = old_k3[3] + 1.1 * Z * np.sqrt(2) * se[3]
-    clean.new.arrays["grpo_k3_kl"] = shifted[None]
-    r = _results(clean)["grpo-trajectory"]
-    assert r.status == Status.FAIL and r.details["first_exit"]["k3_kl"] == 3
-    np.testing.assert_allclose(r.details["metrics"]["k3_kl"]["margin"][3], Z * np.sqrt(2) * 3e-4)
 
 
 def test_a_yaml_number_without_a_dot_is_a_number():

@@ -205,7 +205,7 @@ def test_empty_sections_mean_defaults_and_env_values_become_strings(minimal_conf
         ),
         ("runner: podman\n", None, "engines.old.runner: 'podman' is not one of"),
         ("sampling: 3\n", None, "sampling: expected a mapping, got int"),
-        ("grpo: {band_seeds: [0, x]}\n", None, "grpo.band_seeds[1]: expected an integer, got 'x'"),
+        ("grpo: {seeds: x}\n", None, "grpo.seeds: expected an integer, got 'x'"),
         (
             "docker: {pids_limit: lots}\n",
             None,

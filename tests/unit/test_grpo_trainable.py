@@ -137,7 +137,7 @@ class _FakeEngine:
             entries = [{t: NS(logprob=-1.0)} for t in self.completion]
             return NS(token_ids=list(self.completion), logprobs=entries, text=f"so {4 - i % 2}")
 
-        return [NS(outputs=[sample(i) for i in range(params["n"])]) for _ in prompts]
+        return [NS(outputs=[sample(i) for i in range(p["n"])]) for p in params]
 
 
 def test_a_grpo_run_trains_the_subset_and_pushes_the_whole_state_dict(tmp_path, monkeypatch):

@@ -123,7 +123,7 @@ def test_sections_come_in_order(failing):
     text = render_comment(as_report(failing)).text
     anchors = ["## ❌ FAIL", "**One change fails 4 checks:**", "**Fix:**", "📉 **The GRPO run left", "⏱️ Replay",
                "Config diff: old vs new", "| | Check |", "### ❌ Logprob semantics: FAIL", "Metrics: Logprob semantics",
-               "Environment fingerprint", "Baseline provenance", "Worst tokens in context", "GRPO trajectories",
+               "Environment fingerprint", "Baseline provenance", "Worst tokens in context", "GRPO run (",
                "**Reproduce this run:**", "**Regenerate the baseline**", "report schema gate-report/1"]  # fmt: skip
     positions = [text.index(a) for a in anchors]
     assert positions == sorted(positions)

@@ -142,7 +142,7 @@ def engine(monkeypatch):
     def run_grpo(llm, model, prompt_ids, answers, request, push, say, hf_kwargs, rollout, dtype):
         calls.append(("grpo", answers, push, llm, rollout, dtype))
         return SimpleNamespace(
-            arrays={"grpo_reward": np.zeros((2, 2))}, trainer={"trainable": "all"}
+            arrays={"grpo_reward": np.zeros((2, 2))}, trainer={"trainable": "all"}, eval_s=0.5
         )
 
     grpo.run_grpo = run_grpo
@@ -308,6 +308,7 @@ def test_the_real_table_wires_each_pass(engine):
         "adapter": "fake push",
         "seeds": [0, 1],
         "steps": 2,
+        "eval_s": 0.5,
         "trainer": {"trainable": "all"},
     }
     assert sorted(out.arrays) == ["greedy_prefill_logprob", "grpo_reward", "ws_x"]

@@ -61,6 +61,13 @@ Faults:
   (the CPU backend's packed linear weights live outside them and are kept),
   and ``wake_up`` restores none of them, as releases before vLLM #54235 saved no buffers. A push
   after waking brings the parameters back; the rotary embedding's cos/sin cache stays zero.
+- ``n_children_share_seed`` (issue 50): the children of an ``n > 1`` request all sample with the
+  parent's seed. ``vllm.v1.engine.parallel_sampling.ParentRequest._get_child_sampling_params``
+  gives child ``i`` a copy of the parent's params with ``seed + i`` (identical in vLLM 0.31 and
+  0.32); the buggy build keeps ``seed`` for every child, so with a seeded request every child draws
+  the same random numbers from the same distribution: each group's ``n`` samples are one sample
+  repeated, while every reported logprob stays right. Unseeded requests are untouched (their
+  children never had a seed of their own).
 - ``logit_noise``: NOT a fault but the CPU emulation of GPU nondeterminism (issue 18), for tests
   and scripts only, never part of a user's run. ``LogitsProcessor.forward`` (the model's final
   logits, which every pass reads: sampling, greedy and prompt logprobs) adds Gaussian noise of
@@ -248,6 +255,28 @@ def _detokenizer_drops_first_token(module) -> None:
         cls.decode_next = decode_next
 
 
+def _n_children_share_seed(module) -> None:
+    from copy import copy
+
+    parent = getattr(module, "ParentRequest", None)
+    if parent is None or not hasattr(parent, "_get_child_sampling_params"):
+        raise AttributeError(f"{module.__name__} has no ParentRequest._get_child_sampling_params: this fault does not fit this vLLM release")
+
+    def _get_child_sampling_params(self, index):  # vLLM 0.31/0.32's own, less the seed's offset
+        seed = self.sampling_params.seed
+        if self.cached_child_sampling_params:
+            return self.cached_child_sampling_params
+        child_sampling_params = copy(self.sampling_params)
+        child_sampling_params.n = 1
+        if seed is None:
+            self.cached_child_sampling_params = child_sampling_params
+        else:
+            child_sampling_params.seed = seed  # the bug: the parent's seed, not seed + index
+        return child_sampling_params
+
+    parent._get_child_sampling_params = _get_child_sampling_params
+
+
 def _logit_noise(module) -> None:
     import torch  # the engine's own torch: only imported once vLLM's layer module is
 
@@ -287,6 +316,7 @@ FAULTS: dict[str, tuple[str, Callable]] = {
     "reload_corrupts_second": ("vllm.model_executor.model_loader.reload.inplace", _reload_corrupts_second),
     "detokenizer_drops_first_token": ("vllm.v1.engine.detokenizer", _detokenizer_drops_first_token),
     "sleep_discards_weights": ("vllm.v1.worker.cpu_worker", _sleep_discards_weights),
+    "n_children_share_seed": ("vllm.v1.engine.parallel_sampling", _n_children_share_seed),
 }
 
 
