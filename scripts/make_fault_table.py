@@ -271,8 +271,9 @@ def section(
             "",
             f"![logit-noise detection]({SENSITIVITY_PNG})",
             "",
-            "Where the noise starts to move RL (the mini GRPO run through the noisy engine, 3 seeds, each judged by "
-            "`grpo-trajectory` against the committed baseline's band):",
+            "Where the noise started to move RL under the per-step band the GRPO run was judged by before issue 50 "
+            "(the mini GRPO run through the noisy engine, 3 seeds, each against the committed baseline's band; "
+            "the paired statistics that replaced it are measured in \"The GRPO run's power\" below):",
             "",
             grpo_table(sensitivity),
             "",
@@ -359,9 +360,9 @@ def real_sensitivity_section(result: dict[str, Any], tiny: dict[str, Any] | None
         "",
         f"![logit-noise detection, SmolLM2-135M-Instruct]({SMOLLM2_SENSITIVITY_PNG})",
         "",
-        "Where the noise starts to move RL: the example's GRPO run (examples/smollm2-cpu.yaml, 3 seeds x 10 "
-        "steps) through the noisy engine, each seed judged by `grpo-trajectory` against the band of "
-        "`baselines/smollm2-cpu`:",
+        "Where the noise started to move RL under the per-step band the GRPO run was judged by before issue 50: "
+        "the example's GRPO run (examples/smollm2-cpu.yaml, 3 seeds x 10 steps) through the noisy engine, each "
+        "seed against the band of `baselines/smollm2-cpu` as it was then:",
         "",
         grpo_table(result),
         "",

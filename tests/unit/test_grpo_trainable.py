@@ -1,5 +1,7 @@
-"""grpo.trainable and grpo.optimizer: which parameters the mini GRPO trains, and what that keeps."""
+"""grpo.trainable and grpo.optimizer: which parameters the mini GRPO trains, and what that keeps; the
+run's sampling seeds, eval set and identical-group share (the paired design)."""
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -273,3 +275,79 @@ def test_trainer_logprobs_apply_the_head_only_where_completions_are_predicted(ti
     torch.testing.assert_close(lp, torch.cat(expected), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(entropy, torch.cat(expected_entropy).detach(), atol=1e-5, rtol=1e-5)
     assert lp.requires_grad and not entropy.requires_grad
+
+
+# --- the paired design's sampling seeds, eval set and identical groups -----------------------------
+
+
+def test_sampling_seeds_never_share_a_child_across_prompts_streams_seeds_or_offsets():
+    from gate.worker.grpo import EVAL, EVAL0, TRAIN, sampling_seed
+
+    n = 8  # vLLM seeds an n-sample request's children seed .. seed + n - 1
+    firsts = [
+        sampling_seed(offset, seed, stream, slot, n)
+        for offset in range(3)
+        for seed in range(4)
+        for stream in (TRAIN, EVAL, EVAL0)
+        for slot in range(40)
+    ]
+    children = np.add.outer(np.asarray(firsts), np.arange(n)).ravel()
+    assert len(np.unique(children)) == len(children)
+    with pytest.raises(ValueError, match="leaves the seed stream"):
+        sampling_seed(0, 0, TRAIN, 2**24, 8)
+
+
+def test_identical_share_counts_groups_of_one_completion():
+    from gate.worker.grpo import identical_share
+
+    same = [([1, 2], [-1.0, -1.0], "a")] * 3
+    mixed = [([1, 2], [-1.0, -1.0], "a"), ([1, 3], [-1.0, -1.0], "b"), ([1, 2], [-1.0, -1.0], "a")]
+    assert identical_share([same, mixed, same, mixed]) == 0.5
+
+
+class _RecordingEngine(_FakeEngine):
+    """The fake engine, remembering each generate call's prompts and per-prompt seeds."""
+
+    def __init__(self, completion: list[int]) -> None:
+        super().__init__(completion)
+        self.calls: list[tuple[list[list[int]], list[int], int]] = []
+
+    def generate(self, prompts, params, use_tqdm=False):
+        self.calls.append(
+            ([p["prompt_token_ids"] for p in prompts], [p["seed"] for p in params], params[0]["n"])
+        )
+        return super().generate(prompts, params, use_tqdm)
+
+
+def test_the_eval_set_is_held_out_sampled_at_the_checkpoint_and_after_each_seed(
+    tmp_path, monkeypatch
+):
+    from gate.contract import keys
+    from gate.contract.request import GrpoRequest
+    from gate.worker import replay
+    from gate.worker.grpo import run_grpo
+
+    monkeypatch.setattr(replay, "_params", lambda **kwargs: kwargs)  # no vLLM here
+    _llama().save_pretrained(tmp_path)
+    prompts = [[1, 2], [1, 3], [1, 4], [1, 5]]
+    request = GrpoRequest(steps=2, prompts_per_step=2, group_size=2, max_tokens=4, temperature=1.0,
+                          lr=0.05, clip_eps=0.2, seeds=[0, 1], trainable="lm_head", optimizer="sgd",
+                          eval_prompts=[0], eval_samples=3)  # fmt: skip
+    engine = _RecordingEngine([7, 8, 9])
+    run = run_grpo(engine, str(tmp_path), prompts, ["4", "5", "4", None], request,
+                   lambda llm, sd: None, lambda message: None)  # fmt: skip
+    evals = [c for c in engine.calls if c[2] == 3]
+    training = [c for c in engine.calls if c[2] == 2]
+    # the checkpoint once, then each seed's trained policy: three eval calls of the one prompt
+    assert [c[0] for c in evals] == [[[1, 2]]] * 3 and len(training) == 2 * 2
+    assert all([1, 2] not in c[0] and [1, 5] not in c[0] for c in training)  # held out; no answer
+    # per prompt its own seed, spaced by the group so no two prompts share a child's seed
+    seeds = [s for c in training for s in c[1]]
+    assert len(set(seeds)) == len(seeds) and all(s % 2 == 0 for s in seeds)
+    # the fake answers "so 4", "so 3", "so 4" to its 3 samples: 2 of 3 right for the answer 4
+    np.testing.assert_allclose(run.arrays[keys.GRPO_EVAL0_SUCCESS], [2 / 3])
+    np.testing.assert_allclose(run.arrays[keys.GRPO_EVAL_SUCCESS], [[2 / 3], [2 / 3]])
+    assert run.arrays[keys.GRPO_EVAL_PROMPT_INDEX].tolist() == [0]
+    # the fake gives every sample the same tokens: every group is one completion
+    assert run.arrays[keys.grpo_key("identical_groups")].tolist() == [[1.0, 1.0], [1.0, 1.0]]
+    assert run.eval_s > 0
