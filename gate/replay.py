@@ -155,8 +155,9 @@ def run_engine(
             request_paths.append(path)
         what = "" if len(targets) == 1 else f" ({len(targets)} requests, one engine start)"
         log(f"[{job.name}] replaying through {engine.spec} ({engine.runner} runner){what}")
-        # The config's timeout is per replay: a batch gets one allowance per request.
-        timeout_s = targets[0].cfg.timeout_s * len(targets)
+        # The config's timeout is per replay: a batch gets one allowance per request, and a job
+        # that trains more GRPO seeds than a gate run (a calibration's baseline seeds) more.
+        timeout_s = targets[0].cfg.timeout_s * len(targets) * grpo_allowance(targets[0].cfg, job)
         outcome = runner.run_worker(
             engine, request_paths, log_path or out_dirs[0] / "worker.log", timeout_s, log
         )
@@ -179,6 +180,14 @@ def run_engine(
             continue
         result.status = "ok"
     return results
+
+
+def grpo_allowance(cfg: GateConfig, job: EngineJob) -> float:
+    """How many gate runs' worth of GRPO seeds ``job`` trains (at least 1): ``timeout_s`` is sized
+    for a gate run, and recording a baseline trains ``grpo.baseline_seeds`` in one replay."""
+    if not cfg.grpo.enabled or not job.grpo_seeds:
+        return 1.0
+    return max(1.0, len(job.grpo_seeds) / cfg.grpo.seeds)
 
 
 def _run_one(

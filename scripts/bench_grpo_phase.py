@@ -43,7 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg = _grpo_only(load_config(args.config))
     figures = {}
     with tempfile.TemporaryDirectory(prefix="bench-grpo-") as tmp:
-        figures["before (1 seed, no eval)"] = _phase(cfg, (0,), Path(tmp) / "before", evaluate=False)
+        figures["before (1 seed, no eval)"] = _phase(
+            cfg, (0,), Path(tmp) / "before", evaluate=False
+        )
         figures[f"after ({cfg.grpo.seeds} seeds + eval)"] = _phase(
             cfg, tuple(range(cfg.grpo.seeds)), Path(tmp) / "after", evaluate=True
         )

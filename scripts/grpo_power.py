@@ -31,7 +31,6 @@ import dataclasses
 import json
 import platform
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +73,6 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     raw = _study_raw(args.model)
     cfg = _load(raw, work / "study.yaml")
-    started = time.perf_counter()
     aa_dir = work / "aa"
     aa_cfg = _aa_config(cfg)
     for k in range(1, args.runs + 1):
@@ -101,7 +99,6 @@ def main(argv: list[str] | None = None) -> int:
         },
         "timing": _timing(_aa_run(aa_dir, 1)),
         "faults": faults,
-        "wall_s": round(time.perf_counter() - started, 1),
     }
     out = (
         REPO
@@ -214,19 +211,27 @@ def _per_seed(run_dir: Path) -> dict[str, np.ndarray]:
 
 
 def _real_flags(aa_dir: Path, runs: int) -> dict[str, Any]:
-    """Per statistic and for the family, how many of the real A/A runs were judged other than PASS."""
-    statuses = []
+    """Per statistic and for the family, how many of the real A/A runs were judged other than PASS;
+    and the eval reward's effect over the runs against the standard error the test assumed (the
+    shared prompt schedule makes paired seeds covary, so the test's sqrt(2) SD is conservative)."""
+    statuses, effects, errors = [], [], []
     for k in range(1, runs + 1):
         report = json.loads((_aa_run(aa_dir, k) / "report.json").read_text(encoding="utf-8"))
         grpo = next(c for c in report["checks"] if c["id"] == "grpo-trajectory")
-        statuses.append(
-            {name: s["status"] for name, s in (grpo["details"].get("statistics") or {}).items()}
-            | {"check": grpo["status"]}
-        )
+        stats = grpo["details"].get("statistics") or {}
+        statuses.append({n: s["status"] for n, s in stats.items()} | {"check": grpo["status"]})
+        if "eval_reward" in stats:
+            effects.append(stats["eval_reward"]["effect"])
+            errors.append(stats["eval_reward"]["se"])
     names = sorted({n for s in statuses for n in s})
     return {
         "runs": runs,
         "flagged": {n: sum(s.get(n) not in ("PASS", None) for s in statuses) for n in names},
+        "eval_reward_effect": {
+            "mean": round(float(np.mean(effects)), 4),
+            "sd": round(float(np.std(effects, ddof=1)), 4),
+            "test_se": round(float(np.mean(errors)), 4),
+        },
     }
 
 
@@ -317,6 +322,12 @@ def _tables(r: dict[str, Any]) -> str:
     for name in (*JUDGED, "family"):
         real_n = real.get(name if name != "family" else "check", 0)
         lines.append(f"| {name} | {real_n} of {r['aa_real']['runs']} | {sim[name]:.2%} |")
+    e = r["aa_real"]["eval_reward_effect"]
+    lines += [
+        "",
+        f"eval_reward's effect over the real A/A runs: mean {e['mean']:+.4f}, SD {e['sd']:.4f}, "
+        f"against the test's standard error {e['test_se']:.4f}",
+    ]
     lines += ["", "Power against a constant eval-reward drop:", ""]
     lines += ["| drop | real runs FAIL | simulated share FAIL | the per-step band (study) |"]
     lines += ["| --: | --: | --: | --: |"]
@@ -336,7 +347,7 @@ def _tables(r: dict[str, Any]) -> str:
             stats = [f"{k} {s['status']} ({s['effect']:+.3g})" for k, s in f["statistics"].items()
                      if s["status"] != "PASS"]  # fmt: skip
             others = [f"{k} {s}" for k, s in f["checks"].items()
-                      if k != "grpo-trajectory" and s != "PASS"]  # fmt: skip
+                      if k != "grpo-trajectory" and s not in ("PASS", "SKIP")]  # fmt: skip
             lines.append(
                 f"| {name} | {f['checks']['grpo-trajectory']} | {', '.join(stats) or 'none'} | "
                 f"{', '.join(others) or 'none'} |"

@@ -273,7 +273,7 @@ def section(
             "",
             "Where the noise started to move RL under the per-step band the GRPO run was judged by before issue 50 "
             "(the mini GRPO run through the noisy engine, 3 seeds, each against the committed baseline's band; "
-            "the paired statistics that replaced it are measured in \"The GRPO run's power\" below):",
+            'the paired statistics that replaced it are measured in "The GRPO run\'s power" below):',
             "",
             grpo_table(sensitivity),
             "",

@@ -350,9 +350,7 @@ def detection_threshold(points: list[Point], prompts: int, tokens: int, need: in
     return None
 
 
-def _result(
-    args, sweep, seeds, n_prompts, points, timings, work, need: int
-) -> dict[str, Any]:
+def _result(args, sweep, seeds, n_prompts, points, timings, work, need: int) -> dict[str, Any]:
     default_t = max(TOKEN_LIMITS)
     thresholds = [
         {"prompts": p, "max_tokens": t, "sampled_tokens": _sampled_tokens(work / _name(args.sigmas[0]), p, t, n_prompts),

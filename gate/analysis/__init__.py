@@ -9,7 +9,10 @@ stop tokens, computed on evidence.
 - ``prefill_decode``: the engine's decode logprobs against its own prefill of the same tokens;
 - ``setting_meaning``: what a recorded engine setting means, across releases that spell it otherwise;
 - ``server_defaults``: the sampling defaults a server fills in;
-- ``stop_tokens``: stop tokens one engine honoured and the other went past.
+- ``stop_tokens``: stop tokens one engine honoured and the other went past;
+- ``paired``: Student's t without scipy, and the paired per-seed test the GRPO run is judged by;
+- ``grpo_seeds``: a GRPO run reduced to one number per seed and statistic (eval reward, k3 growth,
+  entropy drift, identical groups).
 
 The checks (gate.checks) judge with these; nothing here gives a verdict.
 """

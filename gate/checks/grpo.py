@@ -89,40 +89,48 @@ def run(ctx: Context, settings: CheckSettings) -> CheckResult:
     assert new is not None  # _not_judged says so
     steps = new["reward"].shape[1]
     null, label, why_not = _null(ctx)
-    charts = _charts(new, _trajectories(null), _trajectories(ctx.old), steps)
-    base_details = {"steps": steps, "compared_with": label or "old", **charts}
-    if not grpo_seeds.has_eval(ctx.new):
-        return _skip(
-            "the new engine's GRPO run has no eval set (a run from before it)", base_details
-        )
+    shown = {
+        "steps": steps,
+        "compared_with": label or "old",
+        **_charts(new, _trajectories(null), _trajectories(ctx.old), steps),
+    }
     if null is None or label is None:
-        return _skip(why_not, base_details)
-    new_ids, null_ids = grpo_seeds.seed_ids(ctx.new), grpo_seeds.seed_ids(null)
+        return _skip(why_not, shown)
+    reason = _no_power(ctx.new, null, label, why_not)
+    if reason is not None:
+        return _skip(reason, shown | {"null_seeds": len(grpo_seeds.seed_ids(null))})
+    return _judged(ctx, null, label, shown)
+
+
+def _no_power(new: Evidence, null: Evidence, label: str, why_not: str) -> str | None:
+    """Why the statistics cannot be judged with power against ``null``; None where they can."""
+    if not grpo_seeds.has_eval(new):
+        return "the new engine's GRPO run has no eval set (a run from before it)"
+    null_ids = grpo_seeds.seed_ids(null)
     if len(null_ids) < MIN_NULL_SEEDS:
-        return _skip(
+        return (
             (f"{why_not}; " if why_not else "")
             + f"no power: the {label} holds {len(null_ids)} GRPO seed(s), fewer than the "
             f"{MIN_NULL_SEEDS} the statistics' null needs (record a baseline: gate baseline record, "
-            "grpo.baseline_seeds)",
-            base_details | {"null_seeds": len(null_ids)},
+            "grpo.baseline_seeds)"
         )
-    missing = sorted(set(new_ids) - set(null_ids))
+    missing = sorted(set(grpo_seeds.seed_ids(new)) - set(null_ids))
     if missing:
-        return _skip(
-            f"the {label} lacks seed(s) {missing} the new engine trained: nothing to pair them with",
-            base_details,
+        return (
+            f"the {label} lacks seed(s) {missing} the new engine trained: nothing to pair them with"
         )
+    return None
+
+
+def _judged(ctx: Context, null: Evidence, label: str, shown: dict[str, Any]) -> CheckResult:
+    """Every statistic paired by seed against ``null``'s seeds, at the family's level."""
     grpo = ctx.run.get("grpo") or {}
     alpha = float(grpo.get("alpha", 0.01))
+    new_ids, null_ids = grpo_seeds.seed_ids(ctx.new), grpo_seeds.seed_ids(null)
     tests = _tests(ctx.new, null, new_ids, null_ids, family_alpha(alpha, len(JUDGED)), grpo)
     statuses = {name: _status(name, test, grpo) for name, test in tests.items()}
-    split = _eval_split(ctx.new, null, tests["eval_reward"], int(grpo.get("eval_samples") or 0))
-    status = worst(statuses.values())
-    measurements = [
-        Measurement(name, test.effect, statuses[name], engine="new", note=_note(name, test))
-        for name, test in tests.items()
-    ]
-    details = base_details | {
+    samples = int(grpo.get("eval_samples") or 0)
+    details = shown | {
         "seeds": new_ids,
         "null_seeds": len(null_ids),
         "alpha": alpha,
@@ -135,11 +143,15 @@ def run(ctx: Context, settings: CheckSettings) -> CheckResult:
             }
             for name, test in tests.items()
         },
-        "eval": split,
+        "eval": _eval_split(ctx.new, null, tests["eval_reward"], samples),
     }
+    measurements = [
+        Measurement(name, test.effect, statuses[name], engine="new", note=_note(test))
+        for name, test in tests.items()
+    ]
     return CheckResult(
-        ID, TITLE, status, _summary(tests, statuses, len(new_ids), label), _diagnosis(statuses),
-        measurements, details,
+        ID, TITLE, worst(statuses.values()), _summary(tests, statuses, len(new_ids), label),
+        _diagnosis(statuses), measurements, details,
     )  # fmt: skip
 
 
@@ -194,7 +206,7 @@ def _eval_split(new: Evidence, null: Evidence, test: PairedTest, samples: int) -
     }
 
 
-def _note(name: str, t: PairedTest) -> str:
+def _note(t: PairedTest) -> str:
     p = "n/a" if not math.isfinite(t.p_value) else f"{t.p_value:.2g}"
     return (
         f"{t.effect:+.3g} [{t.low:+.3g}, {t.high:+.3g}] over {t.seeds} seed(s), p {p} "

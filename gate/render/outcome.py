@@ -72,9 +72,20 @@ class Other:
 
 
 @dataclass(frozen=True)
-class BandExit:
-    step: int
-    metrics: tuple[str, ...]  # the metrics that left at that step
+class GrpoFlag:
+    """One GRPO statistic that did not pass: its effect, status and δ90."""
+
+    name: str
+    status: str
+    effect: float | None
+    delta90: float | None
+
+
+@dataclass(frozen=True)
+class GrpoFinding:
+    """The GRPO run's statistics that did not pass, against whose seeds."""
+
+    flags: tuple[GrpoFlag, ...]
     compared_with: str
 
 
@@ -82,11 +93,12 @@ class BandExit:
 class Speed:
     """Replay time and sampling throughput of both engines; ``ratio``: new over old, the worse of the two."""
 
-    old_total_s: float | None
+    old_total_s: float | None  # replay time outside the GRPO run (_replay_s)
     new_total_s: float | None
     old_tokens_per_s: float | None
     new_tokens_per_s: float | None
     old_reused: bool
+    without_grpo: bool = False  # the totals leave the GRPO run out
 
     @property
     def total_ratio(self) -> float | None:
@@ -107,7 +119,7 @@ class Speed:
 class Outcome:
     causes: tuple[Cause, ...]
     others: tuple[Other, ...]
-    band_exit: BandExit | None
+    grpo: GrpoFinding | None
     speed: Speed | None
 
     parity: Check | None  # config-parity, when it flagged the causes
@@ -121,7 +133,9 @@ class Outcome:
 
 def outcome(r: ReportBody) -> Outcome:
     causes = _causes(r)
-    return Outcome(causes, _others(r, causes), band_exit(r.grpo), speed(r.engines), parity_check(r))
+    return Outcome(
+        causes, _others(r, causes), grpo_finding(r.grpo), speed(r.engines), parity_check(r)
+    )
 
 
 def _python(value: Any) -> str:
@@ -197,19 +211,31 @@ def _first_sentence_end(text: str) -> int:
     return -1
 
 
-def band_exit(g: Grpo | None) -> BandExit | None:
-    """The first step where any metric of the new engine's GRPO run left its band."""
+def grpo_finding(g: Grpo | None) -> GrpoFinding | None:
+    """The GRPO run's statistics that did not pass, worst first; None where all passed or none ran."""
     if g is None:
         return None
-    exits = {k: v for k, v in g.first_exit.items() if v is not None}
-    if not exits:
-        return None
-    step = min(exits.values())
-    return BandExit(step, tuple(k for k, v in exits.items() if v == step), g.compared_with or "old")
+    flags = sorted(
+        (
+            GrpoFlag(name, s.status, s.effect, s.delta90)
+            for name, s in g.statistics.items()
+            if s is not None and s.status not in (None, "PASS")
+        ),
+        key=lambda f: -rank(f.status),
+    )
+    return GrpoFinding(tuple(flags), g.compared_with or "old") if flags else None
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b is not None and a > 0 and b > 0 else None
+
+
+def _replay_s(e: Engine | None) -> float | None:
+    """An engine's replay time outside the GRPO run: beside a baseline the old engine trains one
+    seed and the new engine several, so their GRPO phases are not the same work."""
+    total = _timing(e, "total_s")
+    grpo = _timing(e, "grpo_s") or 0.0
+    return None if total is None else max(total - grpo, 0.0) or None
 
 
 def _timing(e: Engine | None, key: str) -> float | None:
@@ -228,9 +254,10 @@ def speed(engines: Mapping[str, Engine]) -> Speed | None:
     if new is None or _timing(new, "total_s") is None:
         return None
     return Speed(
-        old_total_s=_timing(old, "total_s"),
-        new_total_s=_timing(new, "total_s"),
+        old_total_s=_replay_s(old),
+        new_total_s=_replay_s(new),
         old_tokens_per_s=_throughput(old),
         new_tokens_per_s=_throughput(new),
         old_reused=old is not None and old.reused is not None,
+        without_grpo=_timing(new, "grpo_s") is not None,
     )

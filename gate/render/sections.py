@@ -6,7 +6,7 @@ with :func:`gate.render.escape.inline` unless it is already :class:`~gate.render
 (produced by an escape filter or by this module from trusted parts), so a forgotten filter means
 escaped text, never injected Markdown.
 
-Order: headline, the outcome (root causes and their fix, where the GRPO run left its band, replay
+Order: headline, the outcome (root causes and their fix, the GRPO statistics that did not pass, replay
 speed), the config diff when it matters, errors, the checks table worst first (collapsed when all
 pass), [omission note], what failed and how to fix it, then ``<details>``: per-check metrics,
 environment (what differs), baseline provenance, worst tokens and changed greedy completions, GRPO
@@ -353,6 +353,7 @@ def _speed_line(sp: outcome.Speed | None) -> dict[str, Any] | None:
         "limit": f"{outcome.SLOWER_RATIO:g}x",
         "new": _replay_text(sp.new_total_s, sp.new_tokens_per_s),
         "old": _replay_text(sp.old_total_s, sp.old_tokens_per_s) if sp.old_total_s else None,
+        "without_grpo": sp.without_grpo,
     }
 
 
@@ -367,15 +368,22 @@ def _replay_text(total: float | None, tps: float | None) -> str:
     return ", ".join(p for p in parts if p)
 
 
-def _band(b: outcome.BandExit | None) -> dict[str, Any] | None:
-    if b is None:
+def _grpo_line(g: outcome.GrpoFinding | None) -> dict[str, Any] | None:
+    """The GRPO statistics that did not pass, for the opening: name, effect, status, δ90."""
+    if g is None:
         return None
-    metrics = ", ".join(esc.clean(m) for m in b.metrics)
-    return {"step": b.step, "metrics": metrics, "compared_with": esc.clean(b.compared_with)}
+    flags = ", ".join(
+        f"{esc.clean(f.name)} {_signed(f.effect)} ({esc.clean(f.status)}"
+        + (f"; δ90 {esc.num(f.delta90)}" if f.delta90 is not None else "")
+        + ")"
+        for f in g.flags
+    )
+    return {"flags": flags, "compared_with": esc.clean(g.compared_with)}
 
 
 def _outcome(r: ReportBody, found: outcome.Outcome, lim: Limits) -> str:
-    """The opening: root causes with their fix, other failures with theirs, GRPO exit, replay speed."""
+    """The opening: root causes with their fix, other failures with theirs, the GRPO statistics
+    that did not pass, replay speed."""
     # config-parity found every change: named with the first, not repeated
     causes = [
         _cause_row(c, found.parity if i == 0 else None, lim) for i, c in enumerate(found.causes)
@@ -391,7 +399,6 @@ def _outcome(r: ReportBody, found: outcome.Outcome, lim: Limits) -> str:
         }
         for o in found.others
     ]
-    band = found.band_exit
     return _render(
         "outcome",
         causes=causes,
@@ -404,7 +411,7 @@ def _outcome(r: ReportBody, found: outcome.Outcome, lim: Limits) -> str:
         fixes=[c["fix"] for c in causes if c["fix"]],
         unpinned=[c["key"] for c in causes if not c["fix"]],
         others=others,
-        band=_band(band),
+        grpo=_grpo_line(found.grpo),
         speed=_speed_line(found.speed),
         reused=(_engine(r, "old") or {}).get("reused"),
     )
@@ -417,9 +424,9 @@ INFO_ICON = (
 _INFO = "info"
 
 
-# Checks that judge figures without warn/fail bounds: against the baseline's band, by a setting's
+# Checks that judge figures without warn/fail bounds: against the reference's seeds, by a setting's
 # policy. Their rows are judged (not informational), and the note says against what.
-_JUDGED_BY = {"grpo-trajectory": "band", "config-parity": "policy"}
+_JUDGED_BY = {"grpo-trajectory": "the reference's seeds", "config-parity": "policy"}
 
 
 def _judged(m: Measurement, c: Check | None = None) -> bool:
@@ -517,7 +524,7 @@ def _measurement_row(c: Check, m: Measurement, lim: Limits) -> dict[str, Any]:
         "name": esc.truncate(esc.clean(_name(m)), lim.cell),
         "engine": esc.truncate(esc.clean(m.engine or ""), lim.cell),
         "measured": _measured(c, m, lim, both=True),
-        # a row whose note is its measurement (a setting's change, a band exit) shows it once
+        # a row whose note is its measurement (a setting's change, a paired statistic) shows it once
         "note": ""
         if m.value is None or (c.id in _JUDGED_BY and m.note)
         else esc.truncate(esc.clean(m.note or ""), lim.cell),
@@ -777,11 +784,13 @@ def _greedy_examples(r: ReportBody, lim: Limits) -> str:
 
 # ------------------------------------------------------------------------------------------ GRPO
 FLAT = 0.01  # old and new within this share of the chart's height: a flat line, no chart
+# ... or within this absolute span: an fp32 engine's k3 (~1e-13) or mean |d| (~1e-7) is rounding,
+# whatever the reference seeds' range around it
+FLAT_ABS = 1e-6
 
 
 def _grpo(g: Grpo, lim: Limits) -> str:
     chart_list, table, flat = [], [], []
-    band = outcome.band_exit(g)
     for name, metric in g.metrics.items():
         m = metric or GrpoMetric()
         series = {k: charts.as_series(getattr(m, k)) for k in charts.SERIES}
@@ -792,7 +801,7 @@ def _grpo(g: Grpo, lim: Limits) -> str:
         lines = charts.value_range([series["old"], series["new"]]) or span
         exit_step = g.first_exit.get(name)
         # a metric whose engines' lines would be drawn flat (at zero, typically, on CPU) gets no chart
-        is_flat = lines[1] - lines[0] <= FLAT * (hi - lo)
+        is_flat = lines[1] - lines[0] <= max(FLAT * (hi - lo), FLAT_ABS)
         row = {
             "name": esc.clean(name),
             "final_old": charts.last_value(series["old"]),
@@ -819,7 +828,6 @@ def _grpo(g: Grpo, lim: Limits) -> str:
         rows=table,
         charts=[c for c in chart_list if c],
         flat=flat,
-        band=band,
         compared_with=esc.clean(g.compared_with or "old"),
         palette=charts.PALETTE,
     )

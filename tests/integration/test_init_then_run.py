@@ -112,9 +112,9 @@ def test_trl_init_then_run_passes_on_cpu_through_its_colocate_push(tmp_path_fact
     # gate init writes no baseline: the old engine trains the new engine's seeds, too few to be a
     # null with power, and the statistics say so rather than pass
     grpo = run.check("grpo-trajectory")
-    assert grpo["status"] == "SKIP" and "no power: the old holds 8 GRPO seed(s)" in grpo["summary"], (
-        grpo["summary"]
-    )
+    assert (
+        grpo["status"] == "SKIP" and "no power: the old holds 8 GRPO seed(s)" in grpo["summary"]
+    ), grpo["summary"]
 
     _caught(out, "trl_without_cache_reset", "stale-cache", "27c")
 

@@ -24,6 +24,7 @@ from gate.calibrate import (
     t95,
 )
 from gate.config import BUILTIN_CONFIG, load_config
+from gate.engine_jobs import EngineJob
 
 from ..factory import make_evidence
 from .test_baseline_and_judge import _run_dir
@@ -108,3 +109,16 @@ def test_runs_flag():
     assert args.runs == 3
     with pytest.raises(SystemExit):
         parser.parse_args(["calibrate", "--runs", "1"])
+
+
+def test_recording_a_baseline_gets_a_timeout_for_its_grpo_seeds():
+    """timeout_s is sized for a gate run: the calibration's replay trains baseline_seeds (32), four
+    times the CPU default's 8, and gets four allowances (SmolLM2's 16 seeds outran one)."""
+    from gate.replay import grpo_allowance
+
+    cfg = load_config(BUILTIN_CONFIG)
+    first, replica = calibration_jobs(cfg, 2)
+    assert grpo_allowance(cfg, first) == cfg.grpo.baseline_seeds / cfg.grpo.seeds == 4.0
+    assert grpo_allowance(cfg, replica) == 1.0  # trains none
+    canary = EngineJob("old", cfg.engines["old"], grpo_seeds=(0,))
+    assert grpo_allowance(cfg, canary) == 1.0  # never less than a gate run's

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from gate.config import load_config
 from tests.conftest import REPO
 from tests.faults import matrix
 from tests.faults.matrix import CONTROLS, ROWS, FaultRow, diagnosis_excerpt

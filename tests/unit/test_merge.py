@@ -63,14 +63,14 @@ def test_fail_on_warn_in_any_part_makes_a_warn_exit_1():
 def test_counts_are_summed_and_parts_keep_everything_in_order():
     inputs = [report("PASS", "a"), report("WARN", "b"), report("FAIL", "c")]
     merged = merge(*inputs)
-    # The warn example also skips determinism-parity (not measured on the CPU default).
-    assert merged["counts"] == {"PASS": 9 + 8 + 5, "WARN": 1, "FAIL": 4, "ERROR": 0, "SKIP": 1}
+    # Each example skips determinism-parity (not measured on the CPU default).
+    assert merged["counts"] == {"PASS": 11 + 10 + 8, "WARN": 1, "FAIL": 3, "ERROR": 0, "SKIP": 3}
     assert [p["gate_id"] for p in merged["parts"]] == ["a", "b", "c"]
     for part, original in zip(merged["parts"], inputs, strict=True):
         assert part == {k: v for k, v in original.items() if k != "schema"}
-    assert len(merged["checks"]) == 28 and {c["part"] for c in merged["checks"]} == {"a", "b", "c"}
+    assert len(merged["checks"]) == 36 and {c["part"] for c in merged["checks"]} == {"a", "b", "c"}
     assert merged["gate_id"] == "a+b+c"
-    assert merged["run"]["started"] == inputs[0]["run"]["started"]
+    assert merged["run"]["started"] == min(i["run"]["started"] for i in inputs)  # the earliest
     assert merged["commands"]["reproduce"] == (  # identical commands once, in the input order
         "gate run\ngate run -c docs/examples/warn.gate.yaml\n"
         "gate run -c docs/examples/fail.gate.yaml"
@@ -120,7 +120,7 @@ def test_merged_report_renders_a_section_per_part():
         "<!-- gate-report:llama-1b+qwen-0.5b+tiny -->\n## ❌ FAIL: vLLM upgrade gate"
     )
     assert (
-        "3 parts (1 failed, 1 warned, 1 passed); 28 checks: 4 failed, 1 warned, 22 passed, 1 skipped. "
+        "3 parts (1 failed, 1 warned, 1 passed); 36 checks: 3 failed, 1 warned, 29 passed, 3 skipped. "
         "Exit code 1." in text
     )
     for gid, icon, verdict in (
