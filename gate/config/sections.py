@@ -328,9 +328,9 @@ class GrpoConfig:
     # null; the old engine runs seed 0 beside a baseline (a canary), else the new engine's seeds.
     seeds: int = 8
     baseline_seeds: int = 32
-    # The held-out eval set: this many records with an `answer`, evenly spaced through the prompt
-    # sets and never trained on, each sampled eval_samples times at `temperature` by the checkpoint
-    # and by every seed's trained policy.
+    # The eval set: this many records with an `answer`, evenly spaced through the prompt sets and
+    # held out of training (unless eval_held_out is false), each sampled eval_samples times at
+    # `temperature` by the checkpoint and by every seed's trained policy.
     eval_prompts: int = 16
     eval_samples: int = 16
     eval_held_out: bool = True

@@ -300,6 +300,11 @@ def test_a_sharded_reference_and_a_trained_subset_reach_the_worker_request(
         ("grpo: {trainable: {first_layers: 2}}\n",
          "grpo.trainable: a mapping takes one key, last_layers (got ['first_layers'])"),
         ("grpo: {optimizer: adam}\n", "grpo.optimizer: must be one of ('adamw', 'sgd')"),
+        ("grpo: {seeds: 0}\n", "grpo.seeds: must be >= 1 (got 0)"),
+        ("grpo: {seeds: 40}\n",
+         "grpo.baseline_seeds: must be >= seeds (40): the new engine's seeds pair with the baseline's"),
+        ("grpo: {alpha: 0.5}\n", "grpo.alpha: must be in (0, 0.5) (got 0.5)"),
+        ("grpo: {eval_samples: 0}\n", "grpo.eval_samples: must be >= 1"),
     ],
 )  # fmt: skip
 def test_bad_placement_and_training_settings_name_the_file_and_field(

@@ -158,3 +158,28 @@ def test_the_config_to_request_mapping_is_the_requests_own_field_list():
     grpo_request, grpo_config = defaults(GrpoRequest), defaults(GrpoConfig)
     for name in ("trainable", "optimizer", "loss"):
         assert grpo_request[name] == grpo_config[name], name
+
+
+def test_the_grpo_eval_set_is_evenly_spaced_answered_records_and_leaves_enough_to_train():
+    import dataclasses
+
+    from gate.config import BUILTIN_CONFIG, load_config
+    from gate.errors import ConfigError
+    from gate.worker_request import eval_prompts, load_prompts
+
+    cfg = load_config(BUILTIN_CONFIG)
+    _, prompts = load_prompts(cfg)
+    answered = [i for i, p in enumerate(prompts) if p.answer]
+    assert len(answered) == 64  # arith's 64; general's 16 have no answer
+    # 32 of 64: every other record, the odd positions (the middle of each pair)
+    assert eval_prompts(cfg, prompts) == answered[1::2]
+    # held out, 60 of 64 would leave 4 to train on, fewer than a step's 8 prompts
+    held = dataclasses.replace(cfg.grpo, eval_prompts=60, eval_held_out=True)
+    with pytest.raises(
+        ConfigError, match=r"grpo\.eval_prompts: 60 of the 64 records with an answer leave 4"
+    ):
+        eval_prompts(dataclasses.replace(cfg, grpo=held), prompts)
+    # in the pool, all 64 may be evaluated; none without an answer
+    pool = dataclasses.replace(cfg.grpo, eval_prompts=64, eval_held_out=False)
+    assert eval_prompts(dataclasses.replace(cfg, grpo=pool), prompts) == answered
+    assert eval_prompts(cfg, [p for p in prompts if not p.answer]) == []
