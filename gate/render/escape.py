@@ -140,6 +140,19 @@ def breakable(text: str, every: int = 20) -> str:
     return run.sub(lambda m: m.group(0) + ZWSP, text)
 
 
+_LONG_WORD = re.compile(r"[^\s\u200b]{17,}")
+_NAME_JOINT = re.compile(r"(?<=[^_./]{3})([_./])(?=[^_./]{3})")
+
+
+def breakable_name(text: str, every: int = 20) -> str:
+    """Raw ``text`` (escape it afterwards) whose long identifiers may wrap after an ``_``, ``.`` or
+    ``/`` (``prompts_tokenized_differently``, ``RequestOutput.prompt_token_ids``), so a metric's name
+    or note stays inside its column; words of up to 16 characters stay whole, and runs with no such
+    joint still wrap every ``every`` characters."""
+    joints = _LONG_WORD.sub(lambda w: _NAME_JOINT.sub(r"\1" + ZWSP, w.group(0)), text)
+    return breakable(joints, every)
+
+
 def code_block(text: object, lang: str = "", limit: int | None = None, keep: str = "head") -> Safe:
     """A fenced code block nothing inside can close, with HTML comment openers neutralised."""
     s = truncate(clean(text), limit, keep)

@@ -102,7 +102,6 @@ def build(report: Report, lim: Limits, pr_run: WorkflowRun | None = None) -> lis
         out.append(
             Section("parts", REQUIRED, _render("parts", rows=[_part_row(p, lim) for p in ordered]))
         )
-        out.append(Section(OMITTED, REQUIRED, ""))
         for i, part in enumerate(ordered):
             out += _report_sections(
                 part,
@@ -110,6 +109,8 @@ def build(report: Report, lim: Limits, pr_run: WorkflowRun | None = None) -> lis
                 prefix=f"part:{i + 1}-{esc.marker_id(part.gate_id or 'part')}/",
                 level="###",
             )
+        # after the parts: the list of what was cut must not push the first part's fix off the screen
+        out.append(Section(OMITTED, REQUIRED, ""))
         out.append(Section("commands", P_COMMANDS, _commands(report, lim)))
     else:
         out = _report_sections(report, lim, prefix="", level="##", top=True)
@@ -521,13 +522,13 @@ def _measurement_row(c: Check, m: Measurement, lim: Limits) -> dict[str, Any]:
     return {
         "icon": Safe(INFO_ICON if info else icon(status)),
         "status": _INFO if info else status,
-        "name": esc.truncate(esc.clean(_name(m)), lim.cell),
+        "name": esc.breakable_name(esc.truncate(esc.clean(_name(m)), lim.cell)),
         "engine": esc.truncate(esc.clean(m.engine or ""), lim.cell),
         "measured": _measured(c, m, lim, both=True),
         # a row whose note is its measurement (a setting's change, a paired statistic) shows it once
         "note": ""
         if m.value is None or (c.id in _JUDGED_BY and m.note)
-        else esc.truncate(esc.clean(m.note or ""), lim.cell),
+        else esc.breakable_name(esc.truncate(esc.clean(m.note or ""), lim.cell)),
     }
 
 

@@ -90,7 +90,8 @@ def test_a_push_that_rounds_small_updates_away_fails_the_run(tmp_path_factory):
 def test_raw_logprobs_are_off_policy_from_step_zero(raw_mode_replay):
     """Raw logprobs at T 0.7: the level of the mismatch is train-inference-mismatch's to judge; the
     GRPO run shows it from step 0 in its per-step k3 and clip rate."""
-    assert raw_mode_replay.check("train-inference-mismatch")["status"] == "FAIL"
+    assert raw_mode_replay.check("logprob-semantics")["status"] == "FAIL"
+    assert raw_mode_replay.check("train-inference-mismatch")["status"] in ("WARN", "FAIL")
     check = raw_mode_replay.check("grpo-trajectory")
     k3 = np.asarray(check["details"]["metrics"]["k3_kl"]["new"])
     clip = np.asarray(check["details"]["metrics"]["clip_frac"]["new"])

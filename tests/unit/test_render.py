@@ -168,9 +168,10 @@ def test_fail_sections_carry_the_diagnosis_and_out_of_tolerance_rows(failing):
         "| ✅&nbsp;PASS | Mini GRPO trajectory | eval\\_reward (new) | -0.0273 \\[-0.0646, +0.00988\\] "
         "over 8 seed(s), p 0.017 (level 0.0025), detects 0.0661 with 90% power |"
     )
+    # long identifiers may wrap after their joints (a zero-width space), short ones stay whole
     assert (
         "| ⚠️ | k3\\_kl | new | 0.00545 (warn &gt; 0.001, fail &gt; 0.01) | as PipelineRL kl\\_new\\_old, "
-        "prime-rl mismatch\\_kl, verl rollout\\_corr/k3\\_kl |" in text
+        f"prime-rl mismatch\\_kl, verl rollout\\_{esc.ZWSP}corr/k3\\_kl |" in text
     )
     # informational figures get a neutral mark, even when they jumped (max |d| 1e-5 -> 1.3)
     info = re.escape(INFO_ICON)
@@ -896,6 +897,22 @@ def test_breakable_marks_long_runs_only():
     assert esc.breakable("a" * 45 + " bb") == "a" * 20 + z + "a" * 20 + z + "aaaaa bb"
     assert esc.breakable("x" * 20) == "x" * 20  # nothing follows the 20th: no mark
     assert esc.breakable("short words stay", every=4) == "shor" + z + "t word" + z + "s stay"
+
+
+def test_long_identifiers_wrap_after_their_joints_short_ones_stay_whole():
+    z = esc.ZWSP
+    assert (
+        esc.breakable_name("prompts_tokenized_differently")
+        == f"prompts_{z}tokenized_{z}differently"
+    )
+    assert (
+        esc.breakable_name("RequestOutput.prompt_token_ids")
+        == f"RequestOutput.{z}prompt_{z}token_{z}ids"
+    )
+    assert esc.breakable_name("training/rollout_probs") == f"training/{z}rollout_{z}probs"
+    short = "k3_kl, kl_new_old, prob_pearson, 3.14159265, e.g. x"
+    assert esc.breakable_name(short) == short
+    assert esc.breakable_name("x" * 45) == "x" * 20 + z + "x" * 20 + z + "x" * 5
 
 
 def test_real_bpe_pieces_render_escaped_in_the_worst_tokens_table(failing):
