@@ -285,6 +285,11 @@ class SwitchPoints:
     lower: np.ndarray
     upper: np.ndarray
     end: np.ndarray
+    # The last call ran while the server generated: the client counted the tokens that had reached
+    # it, and on a loaded machine the server's stream runs behind its engine (TP=2 on 2 busy cores:
+    # one token per request, and a whole push read "partial"), so the engine may have passed
+    # ``upper`` when the call ran, even where no token arrived during it.
+    upper_may_lag: bool = False
 
 
 def switch_points(run: UpdateRun) -> SwitchPoints:
@@ -298,7 +303,21 @@ def switch_points(run: UpdateRun) -> SwitchPoints:
         return SwitchPoints(final, final, final)
     first, last = run.records[0], run.records[-1]
     end = np.asarray(last.tokens, dtype=np.int64)
-    return SwitchPoints(np.asarray(first.lower, dtype=np.int64), end, end)
+    return SwitchPoints(
+        np.asarray(first.lower, dtype=np.int64), end, end, upper_may_lag=last.earliest is not None
+    )
+
+
+def departure(engine: Sequence[float], old: np.ndarray, lower: int) -> int | None:
+    """The first token from ``lower`` on whose engine logprob leaves the old weights' by more than
+    the engine's own spread before ``lower`` allows (4x its largest miss there, at least 1e-5): the
+    weights had changed by then, whatever the client had seen. None: it never left them."""
+    diff = np.abs(np.asarray(engine, dtype=np.float64) - old)
+    before = diff[:lower]
+    before = before[np.isfinite(before)]
+    limit = max(4.0 * float(before.max()) if before.size else 0.0, 1e-5)
+    left = np.flatnonzero(diff[lower:] > limit)  # NaN (no logprob) never counts as leaving
+    return int(lower + left[0]) if left.size else None
 
 
 # -- the trainer's side: OLD, REC and STALE logprobs of every generated token -------------------------
@@ -313,6 +332,9 @@ class Scores:
     rec: np.ndarray
     stale: np.ndarray
     switch: np.ndarray
+    upper: (
+        np.ndarray
+    )  # the upper bound each fit used (``upper``, or the engine's departure past it)
 
 
 @torch.inference_mode()
@@ -325,6 +347,7 @@ def attribution_scores(
     device: str,
     upper: Sequence[int] | None = None,
     engine: Sequence[Sequence[float]] | None = None,
+    upper_may_lag: bool = False,
 ) -> Scores:
     """OLD, REC and STALE raw logprobs of each request's generated tokens.
 
@@ -336,14 +359,20 @@ def attribution_scores(
     several calls with steps between them, or a call the server ran while generating), STALE is
     computed at each switch they allow and the one closest to the engine's own logprobs
     (``engine``, per request; least total absolute difference, earliest on a tie) is kept: a
-    measured fit inside bounds the driver observed, never outside them.
+    measured fit inside bounds the driver observed, never outside them. ``upper_may_lag``: the
+    upper bounds are what a client had read of a live stream, and a request whose engine logprobs
+    leave the old weights' only after its bound (:func:`departure`) is fitted up to that token.
     """
     upper = list(lower) if upper is None else list(upper)
     model.load_state_dict(old_sd)
     old, caches = [], []
-    for (prompt, gen), lo, hi in zip(seqs, lower, upper, strict=True):
+    for i, ((prompt, gen), lo) in enumerate(zip(seqs, lower, strict=True)):
         ids = torch.tensor([prompt + gen], device=device)
         old.append(_picked(model(ids).logits[0], ids[0], len(prompt)))
+        if upper_may_lag and engine is not None:
+            left = departure(engine[i], old[-1], int(lo))
+            upper[i] = max(int(upper[i]), left if left is not None else 0)
+        hi = upper[i]
         # The KV the engine held at each candidate switch: a forward of its own over exactly those
         # positions (Cache.crop's meaning differs between transformers releases).
         caches.append(
@@ -372,7 +401,13 @@ def attribution_scores(
         np.concatenate(x).astype(np.float32) if x else np.zeros(0, np.float32)
         for x in (old, rec, stale)
     ]
-    return Scores(flat[0], flat[1], flat[2], np.asarray(chosen, dtype=np.int64))
+    return Scores(
+        flat[0],
+        flat[1],
+        flat[2],
+        np.asarray(chosen, dtype=np.int64),
+        np.asarray(upper, dtype=np.int64),
+    )
 
 
 def _candidates(lo: int, hi: int, generated: int) -> list[int]:
@@ -555,6 +590,7 @@ def evidence(
             device,
             points.upper,
             [s.logprobs for s in run.streams],
+            upper_may_lag=points.upper_may_lag,
         )
         per_token["old_logprob"].append(scores.old)
         per_token["rec_logprob"].append(scores.rec)
@@ -567,7 +603,7 @@ def evidence(
                 "length": len(s.token_ids),
                 "switch_start": scores.switch[i],
                 "switch_lower": points.lower[i],
-                "switch_upper": points.upper[i],
+                "switch_upper": scores.upper[i],
                 "switch_end": points.end[i],
                 "finish": FINISH_CODES.get(s.finish or "", FINISH_OTHER),
                 "aborted_at": -1 if s.aborted_at is None else s.aborted_at,

@@ -10,7 +10,12 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from gate.worker.inflight import attribution_scores, inflight_prompts, switch_points  # noqa: E402
+from gate.worker.inflight import (  # noqa: E402
+    attribution_scores,
+    departure,
+    inflight_prompts,
+    switch_points,
+)
 from gate.worker.policy_weights import clone_state_dict, perturbed  # noqa: E402
 
 TINY = Path(__file__).resolve().parents[2] / "gate" / "assets" / "models" / "tiny-arith"
@@ -89,6 +94,38 @@ def test_a_switch_known_within_bounds_is_fitted_to_the_engine(model, weights):
     assert attribution_scores(model, old, new, seqs, [2], "cpu", upper=[4]).switch.tolist() == [2]
 
 
+def test_a_live_streams_late_count_is_extended_to_where_the_engine_left_the_old_weights(
+    model, weights
+):
+    """Server mode without a pause: the client counted the tokens that had reached it when the
+    call returned, and a loaded server streams behind its engine. The engine's own logprobs say
+    where it left the old weights; the fit reaches that far, and no further."""
+    old, new = weights
+    seqs = [(PROMPT, GEN)]
+    at_six = attribution_scores(model, old, new, seqs, [6], "cpu").stale
+    fitted = attribution_scores(
+        model, old, new, seqs, [2], "cpu", upper=[4], engine=[at_six], upper_may_lag=True
+    )
+    assert fitted.switch.tolist() == [6] and fitted.upper.tolist() == [6]
+    np.testing.assert_array_equal(fitted.stale, at_six)
+    # An engine that kept to the old weights throughout: the bound stays what the client saw.
+    still_old = attribution_scores(model, old, old, seqs, [2], "cpu").old
+    kept = attribution_scores(
+        model, old, new, seqs, [2], "cpu", upper=[4], engine=[still_old], upper_may_lag=True
+    )
+    assert kept.upper.tolist() == [4]
+
+
+def test_departure_is_the_first_token_past_the_engines_own_spread():
+    old = np.zeros(8)
+    engine = np.array([1e-7, -2e-7, 1e-7, 3e-7, 5e-7, 0.3, 0.2, np.nan])
+    # before token 2: a largest miss of 2e-7, so 4x it (8e-7) or 1e-5, whichever is larger
+    assert departure(engine, old, 2) == 5
+    assert departure(np.array([0.0, 0.01, 0.03, 0.05]), old[:4], 2) == 3  # 4 x 0.01 = 0.04
+    assert departure(np.full(4, np.nan), old[:4], 1) is None
+    assert departure(engine[:5], old[:5], 0) is None  # nothing before: the 1e-5 floor
+
+
 def test_probe_prompts_are_distinct_and_leave_room():
     prompts = [[1, 2], [1, 2], [], [3] * 220, [4, 5, 6]]
     assert inflight_prompts(prompts, 4, 48, 256) == [[1, 2], [4, 5, 6]]
@@ -116,6 +153,7 @@ def test_an_update_without_calls_switches_nothing():
         3,
         2,
     ]
+    assert points.upper_may_lag  # what the client had read of a live stream
     # Several calls with steps between them: anywhere from the first call to the last.
     records = [
         CallRecord("label", [2, 1], 0.0),
