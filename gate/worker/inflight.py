@@ -579,7 +579,7 @@ def evidence(
     exact = []
     for u, run in enumerate(runs):
         points = switch_points(run)
-        exact.append(bool(np.array_equal(points.lower, points.upper)))
+        exact.append(bool(np.array_equal(points.lower, points.upper)) and not points.upper_may_lag)
         seqs = [(s.prompt, s.token_ids) for s in run.streams]
         scores = attribution_scores(
             trainer,
@@ -634,7 +634,8 @@ def evidence(
                 "calls": [r.name for r in run.records],
                 "steps": run.steps,
                 "steps_inside": run.steps_inside,
-                "switch_exact": exact[u],  # one known point, else STALE fitted inside bounds
+                # one known point, else STALE fitted inside bounds (a live stream's never is one)
+                "switch_exact": exact[u],
                 "versions_returned": run.versions_returned,
                 "attempts": run.attempts,
                 "switch_after": run.switch_after,
