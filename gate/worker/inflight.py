@@ -332,9 +332,8 @@ class Scores:
     rec: np.ndarray
     stale: np.ndarray
     switch: np.ndarray
-    upper: (
-        np.ndarray
-    )  # the upper bound each fit used (``upper``, or the engine's departure past it)
+    # the upper bound each fit used: ``upper``, or the engine's departure past it
+    upper: np.ndarray
 
 
 @torch.inference_mode()
