@@ -408,3 +408,22 @@ def test_seeds_for_power():
     assert seeds_for_power(1.0, 31, 10.0, 0.01) == 1
     with pytest.raises(ValueError, match="delta must be positive"):
         seeds_for_power(1.0, 31, 0.0, 0.01)
+
+
+def test_the_committed_smollm2_null_needs_5_seeds_for_a_010_loss():
+    """examples/smollm2-cpu.yaml's GRPO run against baselines/smollm2-cpu's 16 seeds: the seeds a
+    0.10 eval-reward loss needs at 90% power at the check's level (1% over its statistics)."""
+    from gate import baseline as bl
+    from gate.checks.grpo import JUDGED
+    from gate.config import load_config
+    from tests.conftest import REPO
+
+    cfg = load_config(REPO / "examples" / "smollm2-cpu.yaml")
+    null = bl.load(cfg.baseline).evidence["grpo_eval_success"].mean(axis=1)
+    level = family_alpha(cfg.grpo.alpha, len(JUDGED))
+    se_one_seed = math.sqrt(2) * float(np.std(null, ddof=1))
+    assert len(null) == cfg.grpo.baseline_seeds == 16
+    assert seeds_for_power(se_one_seed, len(null) - 1, 0.10, level) == 5
+    for n, delta90 in ((3, 0.116), (5, 0.090)):
+        found = paired_test(null[:n], null[:n], null, "less", level, cfg.grpo.min_effect)
+        assert found.delta90 == pytest.approx(delta90, abs=5e-4)
