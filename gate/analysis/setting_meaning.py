@@ -116,7 +116,7 @@ def _off_at(*off_values: float) -> Callable[[Any, EngineFacts], Meaning]:
 
 def _top_k(value: Any, e: EngineFacts) -> Meaning:
     # 0.10.2 sampling_params.py: "top_k ... Set to 0 (or -1) to consider all tokens"; releases
-    # before 0.9 defaulted to -1 and required it for "off"; every release from 0.10.2 to 0.33.0
+    # before 0.9 defaulted to -1 and required it for "off"; every release from 0.10.2 to 0.34.0
     # defaults to 0 and accepts -1 (`if self.top_k < -1: raise`).
     if value is None or int(value) <= 0:
         return Meaning(OFF, how=f"{value!r} = top-k off")
@@ -124,7 +124,7 @@ def _top_k(value: Any, e: EngineFacts) -> Meaning:
 
 
 def _temperature(value: Any, e: EngineFacts) -> Meaning:
-    # SamplingParams.temperature defaults to 1.0 in every release read (0.10.2 .. 0.33.0).
+    # SamplingParams.temperature defaults to 1.0 in every release read (0.10.2 .. 0.34.0).
     return Meaning(1.0 if value is None else float(value))
 
 
@@ -150,7 +150,7 @@ def _kv_cache_dtype(value: Any, e: EngineFacts) -> Meaning:
         return _unknown("not recorded")
     text = _dtype_name(value)
     if text == "auto":
-        # cache.py (0.10.2 .. 0.33.0): "auto" stores the KV cache in the model's dtype.
+        # cache.py (0.10.2 .. 0.34.0): "auto" stores the KV cache in the model's dtype.
         model = e.settings.get("dtype")
         if model is None:
             return _unknown("'auto' and the model dtype is not recorded")

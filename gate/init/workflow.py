@@ -30,7 +30,7 @@ class WorkflowValues:
 
 
 README_VALUES = WorkflowValues(
-    "gate.yaml", "vllm==0.32.0", "vllm==0.33.0", (*DEPENDENCY_FILES, "gate.yaml", "baselines/**")
+    "gate.yaml", "vllm==0.33.0", "vllm==0.34.0", (*DEPENDENCY_FILES, "gate.yaml", "baselines/**")
 )
 
 

@@ -2,7 +2,7 @@
 example workflows name one pair of vLLM releases, and it is a current one.
 
 A gate that ships year-old defaults tests upgrades nobody is making. CURRENT_GPU_PAIR is the newest
-two vLLM minor releases on PyPI when it was last reviewed (vllm 0.33.0 was the newest, 2026-11);
+two vLLM minor releases on PyPI when it was last reviewed (vllm 0.34.0 was the newest, built 2026-11-16);
 when a new minor release ships, move the pair here and in every file this test reads.
 """
 
@@ -16,7 +16,7 @@ import yaml
 from gate.config import DockerConfig
 
 REPO = Path(__file__).resolve().parents[2]
-CURRENT_GPU_PAIR = ("vllm==0.32.0", "vllm==0.33.0")
+CURRENT_GPU_PAIR = ("vllm==0.33.0", "vllm==0.34.0")
 
 
 def _dockerfile_args() -> dict[str, str]:
