@@ -24,6 +24,7 @@ EFFECTIVE = {
     "async_scheduling": False,
     "dtype": "float32",
     "compilation_mode": "VLLM_COMPILE",
+    "model_runner": "V1",
 }
 
 

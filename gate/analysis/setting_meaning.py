@@ -128,6 +128,13 @@ def _temperature(value: Any, e: EngineFacts) -> Meaning:
     return Meaning(1.0 if value is None else float(value))
 
 
+def _skip_special_tokens(value: Any, e: EngineFacts) -> Meaning:
+    # SamplingParams.skip_special_tokens defaults to True (0.10.2 .. 0.34.0); a record from a gate
+    # before it was read holds None: the default then too, as generation_config.json could set it
+    # only from 0.33.
+    return Meaning(True if value is None else bool(value))
+
+
 def _max_tokens(value: Any, e: EngineFacts) -> Meaning:
     return Meaning(16 if value is None else int(value))  # SamplingParams default (0.10.2: 16)
 
@@ -249,6 +256,7 @@ RULES: dict[str, Callable[[Any, EngineFacts], Meaning]] = {
     _DSP + "frequency_penalty": _off_at(0.0),
     _DSP + "temperature": _temperature,
     _DSP + "max_tokens": _max_tokens,
+    _DSP + "skip_special_tokens": _skip_special_tokens,
     _DSP + "seed": _as_is,
 }
 
@@ -284,6 +292,10 @@ _RESTORE = {
     "the sampling parameters explicitly in every request",
     "logits_processors": "custom logits processors change the sampling distribution: the trainer must apply "
     "them too",
+    "model_runner": "the rollouts moved off Model Runner {value}, whose sampler, random generator and "
+    "logprob code the baseline measured (vLLM 0.34 removed V1; 0.22-0.33 chose per engine): re-record the "
+    "baseline on the new runner, or set VLLM_USE_V2_MODEL_RUNNER in the engine's env where the release "
+    "still has both, then acknowledge model_runner",
 }
 
 

@@ -33,10 +33,14 @@ POLICY = {
     "kv_cache_dtype": "fail",
     "quantization": "fail",
     "default_sampling_params": "fail",
+    # the text a reward reads, not the tokens trained on
+    "default_sampling_params.skip_special_tokens": "warn",
     "generation_config": "warn",
     "override_generation_config": "warn",
     "generation_config_overrides": "warn",
     "engine_generation": "warn",
+    # V1 and V2 sample, seed and compute logprobs with code of their own (gate/worker/model_runner.py)
+    "model_runner": "warn",
     "enable_chunked_prefill": "warn",
     "attention_backend": "warn",
     "dropped_engine_args": "warn",
@@ -89,10 +93,19 @@ def _meaning_of(key: str, flat: dict[str, Any], record: EngineRecord) -> Meaning
     return meaning(key, flat.get(key), EngineFacts.of(record.identity, flat))
 
 
+# Settings a gate records since a later version: a record from an earlier gate (a committed baseline)
+# lacks the key, which says nothing about the engine, so they are compared only where both have it.
+RECORDED_LATER = ("model_runner", f"{_DSP}.skip_special_tokens")
+
+
 def compare(old_meta: EngineRecord, new_meta: EngineRecord) -> list[SettingDiff]:
     """Every setting whose recorded value differs, sorted by key, with what each value means."""
     old, new = settings_of(old_meta), settings_of(new_meta)
-    keys = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    keys = sorted(
+        k
+        for k in old.keys() | new.keys()
+        if old.get(k) != new.get(k) and not (k in RECORDED_LATER and (k not in old or k not in new))
+    )
     return [
         SettingDiff(
             k, old.get(k), new.get(k), _meaning_of(k, old, old_meta), _meaning_of(k, new, new_meta)
@@ -182,6 +195,13 @@ def run(ctx: Context, settings: CheckSettings) -> CheckResult:
                 note=f"requested {asked!r}, engine runs {actual!r}",
             )
         )
+    runners = _runners(reference, ctx.new.engine)
+    if "model_runner" not in {d.key for d in diffs}:
+        measurements.append(
+            Measurement(
+                "model_runner", None, Status.PASS, note=f"{label} {runners[0]}, new {runners[1]}"
+            )
+        )
     status = worst([m.status for m in measurements] or [Status.PASS])
     changed = [d for d in diffs if not d.same_meaning]
     unacked = sum(m.status in (Status.WARN, Status.FAIL) for m in measurements)
@@ -204,6 +224,7 @@ def run(ctx: Context, settings: CheckSettings) -> CheckResult:
         )
     details = {
         "compared_with": label,
+        "model_runner": {label: runners[0], "new": runners[1]},
         "overridden_by_engine": {
             k: {"requested": a, "effective": b} for k, (a, b) in overridden.items()
         },
@@ -223,6 +244,17 @@ def run(ctx: Context, settings: CheckSettings) -> CheckResult:
         "finish": finish,
     }
     return CheckResult(ID, TITLE, status, summary, diagnosis, measurements, details)
+
+
+def _runners(reference: EngineRecord, new: EngineRecord) -> tuple[str, str]:
+    """Each engine's model runner as the report names it: V1, V2, or why it is not known."""
+
+    def named(record: EngineRecord) -> str:
+        if "model_runner" not in record.effective:
+            return "not recorded (a gate before the runner was recorded)"
+        return record.effective["model_runner"] or "decided by vLLM at start (not readable here)"
+
+    return named(reference), named(new)
 
 
 def _jsonable(m: Meaning) -> Any:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from gate.worker import matmul_precision
+from gate.worker import matmul_precision, model_runner
 from gate.worker.layout import GateSetting, env_settings
 
 # Dotted attribute paths into the live engine, tried in order (V1 first, then V0 layouts).
@@ -73,9 +73,11 @@ _SETTINGS: dict[str, tuple[str, ...]] = {
     "device": ("vllm_config.device_config.device", "device_config.device"),
 }
 
+# skip_special_tokens decides the text a reward reads; from 0.33 generation_config.json sets it too
+# (ModelConfig.get_diff_sampling_param).
 _DEFAULT_SAMPLING_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-    "presence_penalty", "frequency_penalty", "max_tokens", "seed",
+    "presence_penalty", "frequency_penalty", "max_tokens", "seed", "skip_special_tokens",
 )  # fmt: skip
 
 
@@ -187,6 +189,9 @@ def effective_settings(llm, gate_settings: Sequence[GateSetting] = ()) -> dict[s
     """The live engine's settings (``_SETTINGS``), plus ``env.<NAME>`` for each variable the gate set."""
     engine = llm.llm_engine
     found = {name: _jsonable(_first_attr(engine, paths)) for name, paths in _SETTINGS.items()}
+    found["model_runner"] = model_runner.of_config(
+        _first_attr(engine, ("vllm_config", "engine_core.vllm_config"))
+    )
     found |= {f"env.{s.name}": s.value for s in env_settings(gate_settings)}
     return found
 
@@ -209,7 +214,7 @@ def numerics(llm) -> dict[str, Any]:
 
     found: dict[str, Any] = {
         "env": {name: _jsonable(getattr(vllm_envs, name, None)) for name in _NUMERICS_ENV},
-        "triton": _has_triton(),
+        "triton": model_runner.triton_present(),
         **matmul_precision.recorded(),
     }
     try:
@@ -224,7 +229,7 @@ RUNTIME_PROBE_TIMEOUT_S = 120.0
 
 
 def runtime_choices(worker) -> dict[str, Any]:
-    """Runs on the engine's worker: the attention backends and the sampler its model runner chose."""
+    """Runs on the engine's worker: its model runner, and the attention backends and the sampler it chose."""
     runner = getattr(worker, "model_runner", None)
     groups = getattr(runner, "attn_groups", None) or []
     backends = sorted(
@@ -233,19 +238,15 @@ def runtime_choices(worker) -> dict[str, Any]:
     sampler = getattr(getattr(runner, "sampler", None), "topk_topp_sampler", None)
     forward = getattr(sampler, "forward", None)
     return {
+        "model_runner_class": f"{type(runner).__module__}.{type(runner).__qualname__}"
+        if runner is not None
+        else None,
+        "model_runner_generation": model_runner.of_runner(runner),
         "attention_backends": backends or None,
         "topk_topp_sampler": f"{type(sampler).__name__}.{forward.__name__}"
         if sampler is not None and forward
         else None,
     }
-
-
-def _has_triton() -> bool | None:
-    try:
-        from vllm.triton_utils import HAS_TRITON
-    except ImportError:
-        return None
-    return bool(HAS_TRITON)
 
 
 def default_sampling(llm) -> dict[str, Any] | None:

@@ -457,6 +457,7 @@ def _server_passes(
     """The passes over one request through the server (the one table, ENGINE_PASSES), and what the server
     says about itself; engine.json has the offline keys plus ``mode`` and ``server``."""
     from gate.worker import engine as eng
+    from gate.worker import model_runner
     from gate.worker import server_engine as se
 
     served.facts = {}
@@ -464,6 +465,7 @@ def _server_passes(
     about = {
         "identity": se.identity(served),
         "effective": se.effective_settings(served, eng._SETTINGS)
+        | {"model_runner": model_runner.by_release()}
         | {f"env.{g.name}": g.value for g in layout.env_settings(gate_settings)},
         "numerics": {
             "runtime_probe_error": "server mode: the engine runs in the server's processes"

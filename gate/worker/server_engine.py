@@ -238,7 +238,13 @@ def _device_name() -> str:
 
 def default_sampling(engine: ServedEngine) -> dict[str, Any]:
     """The values a request that sets nothing samples with: vLLM's, overridden by the server's defaults."""
-    return {**http.NEUTRAL, "max_tokens": None, "seed": None, **engine.defaults}
+    return {
+        **http.NEUTRAL,
+        "max_tokens": None,
+        "seed": None,
+        "skip_special_tokens": True,
+        **engine.defaults,
+    }
 
 
 def engine_dtype(engine: ServedEngine) -> torch.dtype:

@@ -117,3 +117,25 @@ def test_every_effective_setting_has_a_path(version):
                if k.startswith(compat.SETTING_PREFIX) and not f.present}  # fmt: skip
     expected = {name for name, since in SETTING_SINCE.items() if _v(version) < _v(since)}
     assert set(missing) == expected, f"vllm {version}: settings no worker path reaches: {missing}"
+
+
+# gate/worker/model_runner.py's rule, release by release: VllmConfig.use_v2_model_runner decides per
+# engine from 0.22 to 0.33; 0.34 has no V1 runner left.
+V2_DECIDED_PER_ENGINE = ("0.22.1", "0.33.0")
+V1_REMOVED = "0.34.0"
+
+
+@pytest.mark.parametrize("version", compat.RELEASES)
+def test_the_model_runner_rule_matches_the_source(version):
+    findings(version)  # skips where the wheel could not be fetched
+    root = vllm_source.ensure_source(version)
+    decides = any(
+        "def use_v2_model_runner" in path.read_text(encoding="utf-8")
+        for path in (root / "vllm" / "config").rglob("*.py")
+    )
+    first, last = (_v(v) for v in V2_DECIDED_PER_ENGINE)
+    assert decides == (first <= _v(version) <= last)
+    has_v1 = (root / "vllm" / "v1" / "worker" / "gpu_model_runner.py").is_file()
+    assert has_v1 == (_v(version) < _v(V1_REMOVED))
+    if _v(version) >= _v(V1_REMOVED):
+        assert (root / "vllm" / "v1" / "worker" / "gpu" / "model_runner.py").is_file()

@@ -272,6 +272,53 @@ def test_greedy_divergence_and_length(tmp_path, clean):
 # --- config-parity ---------------------------------------------------------------------------
 
 
+def test_config_parity_reads_skip_special_tokens_among_the_defaults(tmp_path, clean):
+    # vLLM 0.33 takes skip_special_tokens from the model's generation_config.json: the text a
+    # reward reads then keeps <|im_end|> and the like
+    dsp = {"temperature": 1.0, "skip_special_tokens": True}
+    clean.old = with_engine(make_evidence(tmp_path / "o", seed=1), default_sampling_params=dsp)
+    clean.new = with_engine(
+        make_evidence(tmp_path / "n", seed=2),
+        default_sampling_params={**dsp, "skip_special_tokens": False},
+    )
+    r = _results(clean)["config-parity"]
+    row = next(m for m in r.measurements if m.name == "default_sampling_params.skip_special_tokens")
+    assert (row.status, r.status) == (Status.WARN, Status.WARN)
+    assert "generation_config='vllm'" in r.diagnosis
+    # a baseline from a gate that did not read it: not compared (SamplingParams' default is True)
+    with_engine(clean.old, default_sampling_params={"temperature": 1.0})
+    names = {m.name for m in _results(clean)["config-parity"].measurements}
+    assert "default_sampling_params.skip_special_tokens" not in names
+
+
+def test_config_parity_warns_when_the_rollouts_move_to_another_model_runner(tmp_path, clean):
+    # vLLM 0.33 on a GPU chose V1 for this engine; 0.34 has only Model Runner V2
+    clean.new = make_evidence(tmp_path / "v2", seed=2, effective={"model_runner": "V2"})
+    r = _results(clean)["config-parity"]
+    row = next(m for m in r.measurements if m.name == "model_runner")
+    assert (r.status, row.status) == (Status.WARN, Status.WARN)
+    assert row.note == "'V1' -> 'V2' (policy: warn)"
+    assert "moved off Model Runner V1" in r.diagnosis
+    assert "VLLM_USE_V2_MODEL_RUNNER" in r.diagnosis
+    assert r.details["model_runner"] == {"old": "V1", "new": "V2"}
+    clean.acknowledge = frozenset({"model_runner"})
+    assert _results(clean)["config-parity"].status == Status.PASS
+    # a baseline recorded by a gate before the runner was: nothing to compare, named as such
+    no_runner = make_evidence(tmp_path / "old-gate", seed=1)
+    effective = {k: v for k, v in no_runner.engine.effective.items() if k != "model_runner"}
+    clean.old = with_engine(no_runner, effective=effective)
+    r = _results(clean)["config-parity"]
+    assert r.status == Status.PASS
+    assert r.details["model_runner"]["old"].startswith("not recorded")
+    clean.old = make_evidence(tmp_path / "old", seed=1)
+    # a 0.32/0.33 server with Triton decides at start: not readable, so not comparable (WARN)
+    clean.acknowledge = frozenset()
+    clean.new = make_evidence(tmp_path / "srv", seed=2, effective={"model_runner": None})
+    r = _results(clean)["config-parity"]
+    assert r.status == Status.WARN
+    assert r.details["model_runner"]["new"] == "decided by vLLM at start (not readable here)"
+
+
 def test_config_parity_policy_and_acknowledge(tmp_path, clean):
     clean.new = make_evidence(
         tmp_path / "c",
@@ -288,7 +335,11 @@ def test_config_parity_policy_and_acknowledge(tmp_path, clean):
         "async_scheduling": Status.FAIL,
         "compilation_mode": Status.PASS,
         "enable_prefix_caching": Status.FAIL,
+        "model_runner": Status.PASS,  # named for both engines, also when it did not change
     }
+    runner = next(m for m in r.measurements if m.name == "model_runner")
+    assert runner.note == "old V1, new V1"
+    assert r.details["model_runner"] == {"old": "V1", "new": "V1"}
     assert "enable_prefix_caching=False" in r.diagnosis
     clean.acknowledge = frozenset({"enable_prefix_caching", "async_scheduling"})
     assert _results(clean)["config-parity"].status == Status.PASS

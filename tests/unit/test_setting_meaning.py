@@ -66,6 +66,10 @@ def test_parse_version(raw, expected):
         ("default_sampling_params.top_k", 0, V1, OFF),
         ("default_sampling_params.top_k", None, V1, OFF),
         ("default_sampling_params.top_k", 20, V1, 20),
+        # SamplingParams' default; 0.33 reads it from generation_config.json too
+        ("default_sampling_params.skip_special_tokens", None, V1, True),
+        ("default_sampling_params.skip_special_tokens", False, V1, False),
+        ("model_runner", "V2", V1, "V2"),
         ("default_sampling_params.top_p", 1.0, V1, OFF),
         ("default_sampling_params.top_p", None, V1, OFF),
         ("default_sampling_params.top_p", 0.9, V1, 0.9),
