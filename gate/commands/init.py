@@ -6,6 +6,7 @@ import argparse
 import re
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from gate.commands.common import Subparsers
@@ -40,7 +41,10 @@ def add_init(sub: Subparsers) -> None:
     )
     p.add_argument("--new", metavar="SPEC", help="the new engine's pip spec (default: the old one)")
     p.add_argument(
-        "--dataset", type=Path, help="a JSONL or Parquet dataset to freeze as the prompt set"
+        "--dataset",
+        type=Path,
+        help="a JSONL or Parquet dataset (or a folder of them) to freeze as the prompt set "
+        "(default: the one the stack's config names)",
     )
     p.add_argument("--prompt-key", help="the dataset's prompt field (default: the usual names)")
     p.add_argument(
@@ -84,7 +88,7 @@ def cmd_init(args: argparse.Namespace) -> int:
         out / t
         for t in [GATE_YAML]
         + ([HOOK_FILE] if recipe else [])
-        + ([PROMPTS_FILE] if args.dataset else [])
+        + ([PROMPTS_FILE] if args.dataset or not args.cpu else [])
     ]
     root = repository_root(out) or out
     if args.cpu:
@@ -99,7 +103,7 @@ def cmd_init(args: argparse.Namespace) -> int:
         raise ConfigError(f"{existing[0]}: exists; --force overwrites it")
     out.mkdir(parents=True, exist_ok=True)
 
-    prompts = _prompts(args, out, dataset, writer, notes)
+    prompts = _prompts(args, stack, config, out, dataset, writer, notes)
     engines = _engines(args, stack)
     env = dict(writer.CPU_ENV) if args.cpu else {}
     hook = inflight_hook = None
@@ -181,22 +185,33 @@ def _recipe_applies(stack, config: dict) -> bool:
     )
 
 
-def _prompts(args, out: Path, dataset, writer, notes: list[str]) -> list[tuple[str, str]]:
+def _prompts(
+    args, stack, config: dict, out: Path, dataset, writer, notes: list[str]
+) -> list[tuple[str, str]]:
+    """--dataset, else the dataset the stack's config names, else (--cpu) the built-in prompts."""
     if args.dataset is not None:
-        if not args.dataset.is_file():
+        if not args.dataset.exists():
             raise ConfigError(f"{args.dataset}: dataset file not found")
+        files = dataset.dataset_files(args.dataset, "train")
         manifest, kept = dataset.convert(
-            args.dataset, out / PROMPTS_FILE, args.prompts_limit, args.prompt_key
+            files, out / PROMPTS_FILE, args.prompts_limit, args.prompt_key
         )
         return [(manifest.name, f"frozen from {kept}")]
     if args.cpu:
         return [
             (str(p), "--cpu: the built-in CPU default's prompt set") for p in writer.CPU_PROMPTS
         ]
-    raise ConfigError(
-        "--dataset: gate init needs the prompts to replay: a JSONL or Parquet file of your stack's "
-        "prompts (or --cpu for the built-in ones)"
-    )
+    with tempfile.TemporaryDirectory(prefix="gate-init-") as scratch:
+        named = dataset.from_stack_config(stack.dataset, config, args.stack_config, Path(scratch))
+        manifest, kept = dataset.convert(
+            named.files,
+            out / PROMPTS_FILE,
+            args.prompts_limit,
+            args.prompt_key or named.prompt_key,
+            named.answer_key,
+        )
+    notes += named.notes
+    return [(manifest.name, f"frozen from {kept}, named by {named.key}")]
 
 
 def _engines(args, stack) -> tuple[tuple[str, str], tuple[str, str]]:

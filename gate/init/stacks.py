@@ -9,6 +9,7 @@ no default is assumed: a key the config does not set is reported, and gate's own
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,13 +27,20 @@ ENGINE = (
     "engine_args.gpu_memory_utilization", "engine_args.max_num_seqs", "engine_args.max_num_batched_tokens",
     "engine_args.enable_chunked_prefill", "engine_args.enable_prefix_caching", "engine_args.logprobs_mode",
     "engine_args.enforce_eager", "engine_args.enable_sleep_mode", "engine_args.model_impl",
-    "engine_args.async_scheduling", "engine_args.quantization",
+    "engine_args.async_scheduling", "engine_args.quantization", "engine_args.trust_remote_code",
 )  # fmt: skip
 
 
 def off_is_zero(value: Any) -> Any:
     """Stacks write top-k off as -1 (vLLM's convention) or null; gate.yaml as 0."""
     return 0 if value is None or value == -1 else value
+
+
+def allocation_tp(value: Any) -> Any:
+    """AReaL's ``rollout.backend`` allocation (``vllm:d4p1t2``): the engine's tensor-parallel size,
+    which AReaL passes as the server's --tensor-parallel-size; None where it names none."""
+    found = re.search(r"(?:^|[:.|])(?:[dp]\d+)*t(\d+)", str(value)) if value is not None else None
+    return int(found.group(1)) if found else None
 
 
 def unset_is_raw(value: Any) -> Any:
@@ -69,6 +77,22 @@ class LossChoice:
 
 
 @dataclass(frozen=True)
+class DatasetKeys:
+    """Where a stack's config names its training prompts (docs/adopt.md, "The prompts")."""
+
+    keys: tuple[str, ...]  # the first the config sets names the data
+    # a field name of the records, each as (the config key that renames it, the stack's default)
+    prompt: tuple[str | None, str | None] = (None, None)
+    answer: tuple[str | None, str | None] = (None, None)
+    comma_separated: bool = False  # OpenRLHF's "a.jsonl,b.parquet"
+    split: str = "train"  # the file or folder part a folder of splits is read from
+    # how the stack's entries that are not file paths are resolved (PipelineRL: a name is a local
+    # JSONL under these folders)
+    search: tuple[str, ...] = ()
+    none_why: str = ""  # a stack whose prompts come from elsewhere: where, and what to do
+
+
+@dataclass(frozen=True)
 class Stack:
     name: str
     title: str
@@ -79,6 +103,15 @@ class Stack:
     fixed: Mapping[str, tuple[Any, str]] = field(default_factory=dict)
     # config prefixes whose keys are engine arguments passed to vLLM as they are
     passthrough: tuple[str, ...] = ()
+    # values the stack leaves out when it turns the pass-through block into flags (AReaL passes no
+    # false, empty or null one: vLLM's default stands)
+    passthrough_skips: tuple[Any, ...] = (None,)
+    # config prefixes where the stack keeps its vLLM settings: a key set there that gate neither
+    # carries nor lists with a reason is reported by name, so nothing is dropped unsaid
+    scopes: tuple[str, ...] = ()
+    # key prefixes inside the scopes that are the stack's own and never reach vLLM (placement,
+    # its agent loop, its logging): read, not reported
+    own: tuple[str, ...] = ()
     # keys that say how weights reach vLLM (reported: the recipe depends on them)
     transport: tuple[str, ...] = ()
     loss: Callable[[Mapping[str, Any]], LossChoice] | None = None
@@ -96,14 +129,25 @@ class Stack:
     recipe_inflight: str | None = None
     # gate's mode: "server" where the stack drives vLLM's OpenAI server, with why
     mode: tuple[str, str] = ("offline", "")
+    dataset: DatasetKeys = DatasetKeys(())
 
 
 def first_set(config: Mapping[str, Any], *keys: str, default: Any = None) -> tuple[Any, str | None]:
-    """(value, key) of the first of ``keys`` the config sets; (default, None) when none is."""
+    """(value, key) of the first of ``keys`` the config sets, its last part spelled with ``-`` or
+    ``_`` (vLLM's argument parser takes both, and stacks that pass keys as flags write either);
+    (default, None) when none is."""
     for k in keys:
-        if k in config:
-            return config[k], k
+        for spelled in spellings(k):
+            if spelled in config:
+                return config[spelled], spelled
     return default, None
+
+
+def spellings(key: str) -> tuple[str, ...]:
+    """``a.max-model-len`` -> (itself, ``a.max_model_len``): the two spellings of its last part."""
+    head, dot, last = key.rpartition(".")
+    other = last.replace("-", "_") if "-" in last else last.replace("_", "-")
+    return (key,) if other == last else (key, head + dot + other)
 
 
 def _loss_from_band(
@@ -189,6 +233,15 @@ def pipelinerl_loss(config: Mapping[str, Any]) -> LossChoice:
 
 
 R = "actor_rollout_ref.rollout."
+# verl's rollout keys that never reach vLLM (verl 0.9.1 workers/config/rollout.py): its agent loop,
+# placement, logging and weight-sync mechanics
+VERL_OWN = (
+    "name", "do_sample", "val_kwargs.", "calculate_log_probs", "prompt_length", "log_prob_", "agent.",
+    "trace.", "multi_turn.", "server.", "prometheus.", "profiler.", "custom", "checkpoint_manager_class",
+    "layered_summon", "layer_name_map", "multi_stage_wake_up", "over_sample_rate", "sglang_engine_mode",
+    "nnodes", "n_gpus_per_node", "router_config_path", "moe_load_balance_metrics_interval",
+    "engine_kwargs.sglang.", "engine_kwargs.trtllm.", "ignore_eos", "full_determinism",
+)  # fmt: skip
 G, V = "policy.generation.", "policy.generation.vllm_cfg."
 IE, SP = "generator.inference_engine.", "generator.sampling_params."
 
@@ -215,6 +268,7 @@ STACKS: dict[str, Stack] = {
                 "engine_args.max_model_len": key("vllm_max_model_length", default=None),
                 "engine_args.enable_sleep_mode": key("vllm_enable_sleep_mode", default=False),
                 "engine_args.model_impl": key("vllm_model_impl", default="auto"),
+                "engine_args.trust_remote_code": key("trust_remote_code", default=False),
             },
             fixed={
                 "engine_args.logprobs_mode": (
@@ -229,11 +283,40 @@ STACKS: dict[str, Stack] = {
             },
             transport=("vllm_mode",),
             loss=trl_loss,
+            scopes=("vllm_",),
             ignored={
                 "min_p": "gate samples without min_p",
                 "generation_kwargs": "extra SamplingParams are not replayed",
                 "vllm_importance_sampling_correction": "the trainer's IS correction is the trainer's, not the engine's",
+                **dict.fromkeys(
+                    (
+                        "vllm_importance_sampling_mode",
+                        "vllm_importance_sampling_cap",
+                        "vllm_importance_sampling_clip_min",
+                        "vllm_importance_sampling_clip_max",
+                    ),
+                    "the trainer's IS correction is the trainer's, not the engine's",
+                ),
+                **dict.fromkeys(
+                    (
+                        "vllm_server_base_url",
+                        "vllm_server_host",
+                        "vllm_server_port",
+                        "vllm_server_timeout",
+                        "vllm_group_port",
+                    ),
+                    "TRL's client of a server it did not start; gate starts its own engine",
+                ),
+                "vllm_structured_outputs_regex": "a per-request SamplingParams: gate samples without structured outputs",
+                "vllm_guided_decoding_regex": "a per-request SamplingParams: gate samples without guided decoding",
             },
+            dataset=DatasetKeys(
+                # datasets: [{path: json, data_files: ...}] (a mixture) or dataset_name (a Hub id or
+                # a folder); the prompt is always the "prompt" column
+                ("datasets", "dataset_name"),
+                prompt=(None, "prompt"),
+                split="train",
+            ),
             recipe="trl_colocate",
             # the model in this process, as under TRL's external launcher
             recipe_env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
@@ -253,6 +336,7 @@ STACKS: dict[str, Stack] = {
                 "sampling.temperature": key(R + "temperature", default=1.0),
                 "sampling.top_p": key(R + "top_p", default=1.0),
                 "sampling.top_k": key(R + "top_k", default=-1, convert=off_is_zero),
+                "sampling.repetition_penalty": key(R + "repetition_penalty", default=1.0),
                 "engine_args.seed": key(R + "seed", default=42),
                 "engine_args.dtype": key(R + "dtype", default="bfloat16"),
                 "engine_args.tensor_parallel_size": key(
@@ -272,17 +356,54 @@ STACKS: dict[str, Stack] = {
                 "engine_args.enable_prefix_caching": key(R + "enable_prefix_caching", default=True),
                 "engine_args.logprobs_mode": key(R + "logprobs_mode", default="processed_logprobs"),
                 "engine_args.enforce_eager": key(R + "enforce_eager", default=False),
+                "engine_args.enable_sleep_mode": key(R + "enable_sleep_mode", default=True),
+                "engine_args.disable_log_stats": key(R + "disable_log_stats", default=True),
+                "engine_args.scheduling_policy": key(R + "scheduling_policy", default="fcfs"),
+                "engine_args.quantization": key(R + "quantization", default=None),
+                # verl passes expert_parallel_size > 1 as vLLM's switch
+                "engine_args.enable_expert_parallel": key(
+                    R + "expert_parallel_size",
+                    default=1,
+                    convert=lambda n: True if n and n > 1 else None,
+                ),
+                "engine_args.enable_return_routed_experts": key(
+                    R + "enable_rollout_routing_replay",
+                    default=False,
+                    convert=lambda on: True if on else None,
+                ),
+                "engine_args.trust_remote_code": key(
+                    "actor_rollout_ref.model.trust_remote_code", default=False
+                ),
             },
             passthrough=(R + "engine_kwargs.vllm.",),
+            scopes=(R,),
+            own=tuple(R + k for k in VERL_OWN),
             transport=(R + "mode", R + "checkpoint_engine.backend"),
             loss=verl_loss,
+            dataset=DatasetKeys(
+                ("data.train_files",),
+                prompt=("data.prompt_key", "prompt"),
+                answer=(None, "reward_model.ground_truth"),
+            ),
             recipe="verl_bucketed",
             # the model in this process: collective_rpc runs the receiver beside the sender's thread
             recipe_env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
             recipe_when=((R + "checkpoint_engine.backend", "naive", "naive"),),
             ignored={
                 R
-                + "multi_turn.enable": "multi-turn tool rollouts are not replayed; single turns are"
+                + "multi_turn.enable": "multi-turn tool rollouts are not replayed; single turns are",
+                R
+                + "load_format": "verl starts the engine on dummy weights and syncs the policy in; "
+                "gate loads the checkpoint, then pushes weights in its probes",
+                R + "data_parallel_size": "gate runs one engine per release",
+                R + "cudagraph_capture_sizes": "verl merges it into compilation_config: set "
+                "engine_args.compilation_config by hand",
+                R
+                + "free_cache_engine": "verl's own sleep/wake between rollouts; gate's probe sleeps "
+                "the engine when enable_sleep_mode is on",
+                R
+                + "skip_tokenizer_init": "verl's vLLM server passes skip_tokenizer_init=False whatever it says",
+                R + "pipeline_model_parallel_size": "verl requires 1 for vLLM and never passes it",
             },
         ),
         Stack(
@@ -330,7 +451,15 @@ STACKS: dict[str, Stack] = {
                 "train.colocate_all",
                 "train.async_enable",
             ),
+            scopes=("vllm.",),
+            ignored={"vllm.num_engines": "gate runs one engine per release"},
             loss=openrlhf_loss,
+            dataset=DatasetKeys(
+                ("data.prompt_dataset", "prompt_data"),
+                prompt=("data.input_key", "input"),
+                answer=("data.label_key", None),
+                comma_separated=True,
+            ),
             recipe="openrlhf_broadcast",
             # the engine's model in gate's process, where the push runs (as verl's and NeMo-RL's)
             recipe_env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
@@ -362,7 +491,14 @@ STACKS: dict[str, Stack] = {
                 "engine_args.async_scheduling": key(V + "async_engine"),
             },
             passthrough=(G + "vllm_kwargs.",),
+            scopes=(V,),
             transport=(G + "colocated.enabled", G + "refit_transport"),
+            dataset=DatasetKeys(
+                # with dataset_name: ResponseDataset; a built-in name is NeMo-RL's own loader
+                ("data.train.data_path",),
+                prompt=("data.train.input_key", "input"),
+                answer=("data.train.output_key", "output"),
+            ),
             recipe="nemo_rl_ipc_zmq",
             # the model in this process: collective_rpc runs the worker side beside the sender's thread
             recipe_env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
@@ -399,10 +535,17 @@ STACKS: dict[str, Stack] = {
                 "engine_args.logprobs_mode": ("processed_logprobs", "prime-rl's server default"),
             },
             transport=("inference.weight_broadcast.type",),
+            scopes=("inference.vllm.",),
             ignored={
                 "inference.enable_fp32_lm_head": "prime-rl's fp32 head is its own plugin; set hf_overrides.head_dtype where vLLM supports it"
             },
             mode=("server", "prime-rl drives vLLM through its own vllm serve wrapper"),
+            dataset=DatasetKeys(
+                (),
+                none_why="prime-rl's prompts come from a verifiers environment "
+                "([[orchestrator.train.source]] env.taskset.id), not a file its config names: "
+                "export the taskset's prompts to JSONL and pass --dataset",
+            ),
             recipe="server_folder_reload",
             recipe_when=(("inference.weight_broadcast.type", "filesystem", "filesystem"),),
             recipe_hook="prime_rl_update",
@@ -420,25 +563,9 @@ STACKS: dict[str, Stack] = {
                 "sampling.temperature": key("llm.parameters.temperature"),
                 "sampling.top_p": key("llm.parameters.top_p"),
                 "sampling.top_k": key("llm.parameters.top_k", convert=off_is_zero),
-                "engine_args.dtype": key("vllm_config.vllm_kwargs.dtype", "vllm_kwargs.dtype"),
-                "engine_args.tensor_parallel_size": key(
-                    "vllm_config.vllm_kwargs.tensor-parallel-size",
-                    "vllm_kwargs.tensor-parallel-size",
-                ),
-                "engine_args.enable_prefix_caching": key(
-                    "vllm_config.vllm_kwargs.enable-prefix-caching",
-                    "vllm_kwargs.enable-prefix-caching",
-                ),
-                "engine_args.logprobs_mode": key(
-                    "vllm_config.vllm_kwargs.logprobs-mode", "vllm_kwargs.logprobs-mode"
-                ),
-                "engine_args.async_scheduling": key(
-                    "vllm_config.vllm_kwargs.async-scheduling", "vllm_kwargs.async-scheduling"
-                ),
-                "engine_args.max_model_len": key(
-                    "vllm_config.vllm_kwargs.max-model-len", "vllm_kwargs.max-model-len"
-                ),
             },
+            # PipelineRL passes each key of vllm_kwargs to vLLM as a flag, in either spelling
+            passthrough=("vllm_config.vllm_kwargs.", "vllm_kwargs."),
             fixed={
                 "engine_args.quantization": (
                     "bf16_last_layer_fp32",
@@ -446,6 +573,14 @@ STACKS: dict[str, Stack] = {
                 )
             },
             loss=pipelinerl_loss,
+            dataset=DatasetKeys(
+                # each name a built-in, an org/name Hub id, or a local JSONL whose records hold
+                # task and answer
+                ("train_dataset_names",),
+                prompt=(None, "task"),
+                answer=(None, "answer"),
+                search=("datasets/custom", "datasets/custom_runs"),
+            ),
         ),
         Stack(
             name="skyrl",
@@ -466,8 +601,14 @@ STACKS: dict[str, Stack] = {
                 "engine_args.enable_prefix_caching": key(IE + "enable_prefix_caching"),
             },
             passthrough=(IE + "engine_init_kwargs.",),
+            scopes=(IE,),
             transport=(IE + "weight_sync_backend", "trainer.placement.colocate_all"),
             ignored={SP + "min_p": "gate samples without min_p"},
+            dataset=DatasetKeys(
+                ("data.train_data",),
+                prompt=(None, "prompt"),
+                answer=(None, "reward_spec.ground_truth"),
+            ),
         ),
         Stack(
             name="vime",
@@ -490,6 +631,9 @@ STACKS: dict[str, Stack] = {
                 )
             },
             passthrough=("vllm-",),
+            dataset=DatasetKeys(
+                ("prompt-data",), prompt=("input-key", "input"), answer=("label-key", None)
+            ),
         ),
         Stack(
             name="areal",
@@ -504,6 +648,7 @@ STACKS: dict[str, Stack] = {
                 "sampling.top_p": key("gconfig.top_p"),
                 "sampling.top_k": key("gconfig.top_k", convert=off_is_zero),
                 "engine_args.seed": key("vllm.seed"),
+                "engine_args.tensor_parallel_size": key("rollout.backend", convert=allocation_tp),
                 "engine_args.dtype": key("vllm.dtype"),
                 "engine_args.max_model_len": key("vllm.max_model_len"),
                 "engine_args.gpu_memory_utilization": key("vllm.gpu_memory_utilization"),
@@ -512,8 +657,14 @@ STACKS: dict[str, Stack] = {
                 ),
                 "engine_args.logprobs_mode": key("vllm.logprobs_mode", convert=unset_is_raw),
             },
+            # vLLMConfig: every field becomes a `vllm serve` flag (cli_args.py get_py_cmd), except
+            # the false, empty and null ones
+            passthrough=("vllm.",),
+            passthrough_skips=(None, False, "", []),
             transport=("rollout.backend", "actor.weight_update_mode"),
             mode=("server", "AReaL drives vLLM through its own server (areal_vllm_server)"),
+            # a built-in dataset's Hub id (openai/gsm8k) or local copy, or a save_to_disk folder
+            dataset=DatasetKeys(("train_dataset.path",), split="train"),
             recipe="server_folder_reload",
             # AReaL's default is xccl: a broadcast over its own NCCL group (GPU only)
             recipe_when=(("actor.weight_update_mode", "disk", "xccl"),),

