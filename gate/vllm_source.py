@@ -46,10 +46,13 @@ CLASS_HINTS: dict[str, tuple[str, ...]] = {
     "SamplingParams": ("vllm/sampling_params.py",),
     "Worker": ("vllm/v1/worker/gpu_worker.py",),
     "GPUModelRunner": ("vllm/v1/worker/gpu_model_runner.py",),
+    # what a request sent during a pause meets (the in-flight probe's pause contract)
+    "EngineCoreProc": ("vllm/v1/engine/core.py",),
+    "RetryableRequestError": ("vllm/exceptions.py",),
 }
 CONFIG_DIRS = ("vllm/config/", "vllm/config.py")  # every config class; kept whole
 # Bumped whenever what is kept changes: older cache entries are then fetched again.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 DOWNLOAD_TIMEOUT_S = 900
 
 

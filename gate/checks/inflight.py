@@ -374,10 +374,93 @@ def run(ctx: Context, settings: CheckSettings) -> CheckResult:
                 status = Status.WARN if status in (Status.PASS, Status.SKIP) else status
                 diagnosis.append(note)
         lines.append(f"{shown(a.name)}: {a.behaviour or 'no token after the switch'}")
+    pauses = pause_findings(ctx)
+    if pauses.rows:
+        details["pause_contract"] = pauses.details
+        measurements += pauses.rows
+        lines.append(pauses.summary)
+        found = {m.status for m in pauses.rows}
+        if Status.FAIL in found:
+            status = Status.FAIL
+        elif Status.WARN in found and status in (Status.PASS, Status.SKIP):
+            status = Status.WARN
+        diagnosis += pauses.diagnosis
+    rejected = {
+        u["name"]: u["rejected_while_paused"]
+        for u in _section(e).get("updates") or []
+        if u.get("rejected_while_paused")
+    }
+    if rejected:
+        details["rejected_while_paused"] = rejected
     summary = "; ".join(lines) + f" (tolerance {tol:.1e})"
     if status == Status.SKIP:
         summary = "inconclusive: " + summary
     return CheckResult(ID, TITLE, status, summary, "\n".join(diagnosis), measurements, details)
+
+
+@dataclass
+class PauseFindings:
+    """The pause contract of each engine (what a request sent during a pause meets), compared."""
+
+    rows: list[Measurement] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+    summary: str = ""
+    diagnosis: list[str] = field(default_factory=list)
+
+
+PAUSE_FIX = (
+    "From vLLM 0.33 a request sent while generation is paused with mode='abort' or 'wait' is answered "
+    "HTTP 503 (engine_paused, retryable) instead of waiting for /resume; mode='keep' still queues it. "
+    "A client that resubmits aborted requests before it resumes (AReaL's, verl's async server) must "
+    "retry them after /resume, as gate's own client does, or pause with mode='keep'."
+)
+
+
+def pause_findings(ctx: Context) -> PauseFindings:
+    """Rows per pause mode (server mode): WARN where a request sent during the pause meets
+    something else than on the old engine (queued -> rejected), FAIL where it is not served even
+    after /resume (lost)."""
+    out = PauseFindings()
+    new = _section(ctx.new).get("pause_contract")
+    if not isinstance(new, dict) or not new:
+        return out
+    old = _section(ctx.old).get("pause_contract") if ctx.old is not None else None
+    if "error" in new:
+        out.rows.append(
+            Measurement("pause contract", None, Status.PASS, note=f"not probed: {new['error']}")
+        )
+        out.summary = "pause contract not probed"
+        return out
+    old = old if isinstance(old, dict) and "error" not in old else {}
+    changed = []
+    for mode, row in new.items():
+        now = row.get("while_paused")
+        before = (old.get(mode) or {}).get("while_paused")
+        served_after = row.get("after_resume", "served") == "served" or now == "served"
+        status, note = Status.PASS, f"new: {now}" + (f", old: {before}" if before else "")
+        if not served_after:
+            status = Status.FAIL
+            note += f"; not served after /resume: {row.get('after_resume')}"
+            out.diagnosis.append(
+                f"pause({mode}): a request sent during the pause was not served after /resume "
+                f"either ({row.get('after_resume')}): a stack's resubmission is lost. {PAUSE_FIX}"
+            )
+        elif before and before != now:
+            status = Status.WARN
+            changed.append(f"{mode}: {before} -> {now}")
+        out.rows.append(
+            Measurement(f"pause({mode}): a request sent meanwhile", None, status, note=note)
+        )
+        out.details[mode] = {"new": row, "old": old.get(mode)}
+    if changed:
+        out.diagnosis.append(
+            f"The release changed what a request sent during a pause meets ({'; '.join(changed)}). "
+            + PAUSE_FIX
+        )
+    out.summary = "pause: " + ", ".join(
+        f"{mode} {row.get('while_paused')}" for mode, row in new.items()
+    )
+    return out
 
 
 def _old_attributions(ctx, opts) -> dict[str, Attribution]:

@@ -150,6 +150,8 @@ class UpdateRun:
     versions_returned: bool = False  # whether the release returned weight-version spans
     attempts: int = 1  # runs of this update, the late ones included (run_landing)
     switch_after: int | None = None  # where this run's update started (earlier after a late run)
+    # requests the server turned away while paused (HTTP 503, vLLM 0.33 on), sent again on resume
+    rejected_while_paused: int = 0
 
 
 class UpdateThread:
@@ -498,8 +500,17 @@ def run_probe(
             f"tokens, the update once each has {request.switch_after}"
         )
         runs.append(run_landing(driver, entry, update, prompts, request, old_sd, new_sd, progress))
+    contract = getattr(driver, "pause_contract", None)
+    pauses = None
+    if callable(contract):
+        try:
+            pauses = contract(prompts[0])
+        except Exception as exc:  # a server without a mode (an older /pause): said, not fatal
+            pauses = {"error": f"{type(exc).__name__}: {exc}"[:300]}
     driver.push_idle(new_sd)  # the engine ends on the new weights, as after the idle probe
     arrays, meta = evidence(trainer, old_sd, new_sd, runs, request, device)
+    if pauses is not None:
+        meta["pause_contract"] = pauses
     meta["perturbation"] = perturbation
     if driver.versions_note and not any(r.versions_returned for r in runs):
         meta["weight_versions"] = driver.versions_note
@@ -641,6 +652,7 @@ def evidence(
                 "update_s": run.update_s,
                 "total_s": run.total_s,
                 "error": run.error,
+                "rejected_while_paused": run.rejected_while_paused,
             }
             for u, run in enumerate(runs)
         ],

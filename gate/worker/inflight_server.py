@@ -49,6 +49,7 @@ from gate.worker.weight_push import Adapter, push_naming_failures, rpc_timeout_s
 DRAIN_QUIET_S = 0.1  # a paused engine's streams are drained once nothing arrived for this long
 DRAIN_LIMIT_S = 5.0  # ... or after this long at most (then the position is what had arrived)
 ENDPOINTS = ("/pause", "/resume", "/is_paused", "/collective_rpc", "/abort_requests")
+PAUSE_CONTRACT_TIMEOUT_S = 120.0
 VERSIONS_NOTE = "the completions API returns no weight-version spans (vLLM 0.32 returns them on /inference/v1/generate only)"
 
 
@@ -63,12 +64,14 @@ class ServerStreams:
     ones done.
     """
 
-    def __init__(self, client: http.Client) -> None:
+    def __init__(self, client: http.Client, deadline: float = float("inf")) -> None:
         self._client = client
+        self._deadline = deadline
         self._changed = threading.Condition()
         self._last_arrival = time.monotonic()
         self.order: list[Stream] = []
         self.errors: list[str] = []
+        self.rejected = 0  # batches the server turned away while paused, sent again on resume
 
     def submit(self, batch: Sequence[tuple[Stream, list[int]]], max_tokens: int) -> None:
         """Stream each (stream, prompt) of ``batch`` for ``max_tokens`` more tokens, in one request
@@ -97,9 +100,18 @@ class ServerStreams:
 
     def _read(self, streams: list[Stream], body: dict[str, Any]) -> None:
         try:
-            for event in self._client.stream_events(http.COMPLETIONS, body):
-                for choice in event.get("choices") or []:
-                    self._receive(streams, choice)
+            while True:
+                try:
+                    for event in self._client.stream_events(http.COMPLETIONS, body):
+                        for choice in event.get("choices") or []:
+                            self._receive(streams, choice)
+                    break
+                except http.ServerBusy:
+                    # vLLM 0.33 on turns a request sent during an abort/wait pause away (503,
+                    # retryable) before any token: a stack's client sends it again after resume
+                    with self._changed:
+                        self.rejected += 1
+                    resumed_by(self._client, self._deadline)
         except Exception as exc:  # a stream the server ended (stopped after a timeout) or broke
             with self._changed:
                 names = ", ".join(s.request_id for s in streams if not s.done)
@@ -152,6 +164,91 @@ class ServerStreams:
                 if time.monotonic() >= limit:
                     return
                 self._changed.wait(DRAIN_QUIET_S - quiet)
+
+
+RESUME_POLL_S = 0.05
+
+
+def resumed_by(client: http.Client, deadline: float) -> None:
+    """Return once the server says it is not paused; :class:`InflightTimeout` at ``deadline``."""
+    while client.get("/is_paused").get("is_paused"):
+        if time.monotonic() >= deadline:
+            raise InflightTimeout("in-flight update: the server stayed paused past the deadline")
+        time.sleep(RESUME_POLL_S)
+
+
+PAUSE_MODES = ("abort", "wait", "keep")
+QUEUED_AFTER_S = 2.0  # a request still unanswered this long into a pause counts as queued
+
+
+def pause_contract(client: http.Client, prompt: list[int], deadline: float) -> dict[str, Any]:
+    """What a new request meets while the server is paused, for each pause mode: ``queued``
+    (answered after /resume: every mode up to vLLM 0.32, ``keep`` after), ``rejected`` (a
+    retryable 503 before resume: ``abort`` and ``wait`` from 0.33, ``_reject_add_while_paused``),
+    or ``served`` (answered while paused: the pause did not hold). The request is sent as a stack
+    resubmits one, during the pause; a rejected one is sent again after /resume and must then be
+    served (``after_resume``)."""
+    found: dict[str, Any] = {}
+    for mode in PAUSE_MODES:
+        client.post(f"/pause?mode={mode}&clear_cache=false", {})
+        try:
+            first = _OneRequest(client, prompt)
+            first.done.wait(QUEUED_AFTER_S)
+            answered = first.done.is_set()
+        finally:
+            client.post("/resume", {})
+        first.done.wait(max(deadline - time.monotonic(), 0))
+        outcome = (
+            ("rejected" if first.busy else "served" if first.error is None else "failed")
+            if answered
+            else "queued"
+        )
+        row: dict[str, Any] = {"while_paused": outcome}
+        if first.error is not None:
+            row["error"] = first.error
+        if first.busy:
+            again = _OneRequest(client, prompt)
+            again.done.wait(max(deadline - time.monotonic(), 0))
+            row["after_resume"] = (
+                "served"
+                if again.done.is_set() and again.error is None
+                else (again.error or "no answer")
+            )
+        elif outcome == "failed":  # an error other than the pause's: the request is lost
+            row["after_resume"] = first.error
+        elif outcome == "queued":
+            row["after_resume"] = (
+                "served"
+                if first.error is None and first.done.is_set()
+                else (first.error or "no answer")
+            )
+        found[mode] = row
+    return found
+
+
+class _OneRequest:
+    """One two-token streamed completion in a thread of its own: set ``done`` when it ends."""
+
+    def __init__(self, client: http.Client, prompt: list[int]) -> None:
+        self.done = threading.Event()
+        self.busy = False
+        self.error: str | None = None
+        body = {"model": SERVED_MODEL_NAME, "prompt": [prompt], "max_tokens": 2,
+                "temperature": 0.0, "ignore_eos": True}  # fmt: skip
+        threading.Thread(
+            target=self._run, args=(client, body), daemon=True, name="gate-pause-contract"
+        ).start()
+
+    def _run(self, client: http.Client, body: dict[str, Any]) -> None:
+        try:
+            for _ in client.stream_events(http.COMPLETIONS, body):
+                pass
+        except http.ServerBusy as exc:
+            self.busy, self.error = True, str(exc.reason)[:300]
+        except Exception as exc:
+            self.error = f"{type(exc).__name__}: {exc}"[:300]
+        finally:
+            self.done.set()
 
 
 class ServerInflightEngine:
@@ -320,7 +417,7 @@ def run_update(
     """
     start = time.monotonic()
     deadline = start + request.timeout_s
-    streams = ServerStreams(client)
+    streams = ServerStreams(client, deadline)
     batch = [
         (Stream(f"gate-inflight-{name}-{i}", p, request.max_tokens), p)
         for i, p in enumerate(prompts)
@@ -369,6 +466,7 @@ def run_update(
         total_s=time.monotonic() - start,
         error=thread.error or _stream_error(streams),
         steps_inside=max(inside, 0),
+        rejected_while_paused=streams.rejected,
     )
 
 
@@ -432,6 +530,10 @@ class ServerDriver:
             new_sd,
             self.has_version_route,
         )
+
+    def pause_contract(self, prompt: list[int]) -> dict[str, Any]:
+        """What a request sent during each kind of pause meets (:func:`pause_contract`)."""
+        return pause_contract(self.client, prompt, time.monotonic() + PAUSE_CONTRACT_TIMEOUT_S)
 
     def close(self) -> None:
         self.client.close()

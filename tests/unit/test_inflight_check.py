@@ -287,3 +287,46 @@ def test_the_engines_version_labels_are_compared_with_the_switch():
     [none] = inflight.attribute(arrays(STALE), ["keep"], TOL, max_tokens=6)
     assert none.version_switch == [-1, -1] and none.versions_agree is None
     assert none.switch_lower == none.switch_upper == [2, 2]  # older evidence: the switch itself
+
+
+def _paused(abort: str, keep: str = "queued", after: str = "served") -> dict:
+    """A pause contract as the server-mode probe records it (gate.worker.inflight_server)."""
+    row = lambda outcome: {"while_paused": outcome, "after_resume": after}  # noqa: E731
+    return {"abort": row(abort), "wait": row(abort), "keep": row(keep)}
+
+
+def test_requests_turned_away_during_a_pause_are_a_warning_where_the_old_engine_queued_them():
+    """vLLM 0.33 answers a request sent during an abort/wait pause with a retryable 503
+    (EngineCore._reject_add_while_paused; held to the source in tests/compat); 0.32 queued it."""
+    new = _section("abort_resubmit") | {"pause_contract": _paused("rejected")}
+    old = _section("abort_resubmit") | {"pause_contract": _paused("queued")}
+    rec = np.where(np.tile(np.arange(6), 2) < 2, OLD, REC)
+    result = _run(_evidence(arrays(rec), new), _evidence(arrays(rec), old))
+    assert result.status == Status.WARN, result
+    rows = {m.name: (m.status, m.note) for m in result.measurements if m.name.startswith("pause(")}
+    assert rows == {
+        "pause(abort): a request sent meanwhile": (Status.WARN, "new: rejected, old: queued"),
+        "pause(wait): a request sent meanwhile": (Status.WARN, "new: rejected, old: queued"),
+        "pause(keep): a request sent meanwhile": (Status.PASS, "new: queued, old: queued"),
+    }
+    assert "abort: queued -> rejected; wait: queued -> rejected" in result.diagnosis
+    assert "HTTP 503 (engine_paused, retryable)" in result.diagnosis
+    assert "pause: abort rejected, wait rejected, keep queued" in result.summary
+    # the same contract on both engines: nothing to say
+    same = _run(_evidence(arrays(rec), old), _evidence(arrays(rec), old))
+    assert same.status == Status.PASS and "pause: abort queued" in same.summary
+
+
+def test_a_request_not_served_even_after_resume_is_lost():
+    lost = _section("abort_resubmit") | {"pause_contract": _paused("rejected", after="HTTP 500")}
+    rec = np.where(np.tile(np.arange(6), 2) < 2, OLD, REC)
+    result = _run(_evidence(arrays(rec), lost))
+    assert result.status == Status.FAIL
+    assert "not served after /resume either (HTTP 500)" in result.diagnosis
+    # a server whose /pause takes no mode: said, not judged
+    older = _section("abort_resubmit") | {"pause_contract": {"error": "ServerError: HTTP 422"}}
+    result = _run(_evidence(arrays(rec), older))
+    assert result.status == Status.PASS
+    assert [m.note for m in result.measurements if m.name == "pause contract"] == [
+        "not probed: ServerError: HTTP 422"
+    ]

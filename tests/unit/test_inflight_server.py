@@ -356,3 +356,114 @@ def test_a_late_update_runs_again_from_the_old_weights_starting_earlier(late, at
         for s in said
     )
     assert len(said) == attempts - 1 and all("running it again" in s for s in said)
+
+
+class _PausingServer(BaseHTTPRequestHandler):
+    """vLLM's pause as each release answers a request sent meanwhile: 0.32 queues it until
+    /resume; 0.33 on (``rejects``) streams a retryable 503 error event in abort and wait mode
+    (EngineCore._reject_add_while_paused -> RetryableRequestError -> create_streaming_error_response)
+    and queues it in keep mode."""
+
+    rejects: ClassVar[bool] = False
+    paused: ClassVar[str | None] = None  # the pause's mode
+    completions: ClassVar[int] = 0
+
+    def _json(self, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self._json({"is_paused": type(self).paused is not None})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+        cls = type(self)
+        if self.path.startswith("/pause"):
+            cls.paused = self.path.split("mode=")[1].split("&")[0]
+            return self._json({"status": "paused"})
+        if self.path.startswith("/resume"):
+            cls.paused = None
+            return self._json({"status": "resumed"})
+        cls.completions += 1
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        if cls.rejects and cls.paused in ("abort", "wait"):
+            error = {"message": "Generation is paused. Please retry after it resumes.",
+                     "type": "ServiceUnavailableError", "param": None, "code": 503}  # fmt: skip
+            self.wfile.write(f"data: {json.dumps({'error': error})}\n\ndata: [DONE]\n\n".encode())
+            return
+        while cls.paused is not None:  # queued until /resume
+            time.sleep(0.01)
+        for i in range(len(body["prompt"])):
+            ids = [9] * body["max_tokens"]
+            self.wfile.write(_chunk(ids, [-0.3] * len(ids), "length", index=i).encode())
+        self.wfile.write(b"data: [DONE]\n\n")
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def pausing_server():
+    _PausingServer.paused, _PausingServer.completions = None, 0
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _PausingServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.mark.parametrize(("rejects", "abort_and_wait"), [(False, "queued"), (True, "rejected")])
+def test_the_pause_contract_tells_queued_from_turned_away(
+    pausing_server, monkeypatch, rejects, abort_and_wait
+):
+    monkeypatch.setattr(srv, "QUEUED_AFTER_S", 0.3)
+    monkeypatch.setattr(_PausingServer, "rejects", rejects)
+    client = Client(pausing_server, 10, 4, lambda: [])
+    found = srv.pause_contract(client, [1, 2], time.monotonic() + 20)
+    assert {mode: row["while_paused"] for mode, row in found.items()} == {
+        "abort": abort_and_wait,
+        "wait": abort_and_wait,
+        "keep": "queued",
+    }
+    # every request is served in the end: queued ones on resume, turned-away ones when sent again
+    assert {row["after_resume"] for row in found.values()} == {"served"}
+    assert _PausingServer.paused is None  # each pause resumed
+    if rejects:
+        assert "error 503" in found["abort"]["error"]
+
+
+def test_a_stream_turned_away_during_a_pause_is_sent_again_after_resume(
+    pausing_server, monkeypatch
+):
+    """A stack's resubmission after an abort can reach vLLM 0.33 before /resume: the 503 is not a
+    lost request, the client retries once the server is resumed."""
+    monkeypatch.setattr(_PausingServer, "rejects", True)
+    monkeypatch.setattr(srv, "RESUME_POLL_S", 0.01)
+    client = Client(pausing_server, 10, 4, lambda: [])
+    client.post("/pause?mode=abort&clear_cache=false", {})
+    streams = srv.ServerStreams(client, deadline=time.monotonic() + 20)
+    stream = Stream("r0", [1], 3)
+    streams.submit([(stream, [1])], 3)
+    time.sleep(0.3)
+    assert not stream.done and streams.rejected == 1  # turned away, waiting for the resume
+    client.post("/resume", {})
+    assert streams.wait(lambda: stream.done, deadline=time.monotonic() + 10)
+    assert (stream.token_ids, stream.finish, streams.errors) == ([9, 9, 9], "length", [])
+    assert _PausingServer.completions == 2
+
+
+def test_an_error_event_in_a_stream_is_raised_and_a_503_is_the_servers_pause():
+    from gate.worker.server import ServerBusy
+    from gate.worker.server_replay import stream_error
+
+    busy = stream_error(
+        "/v1/completions", {"message": "paused", "type": "ServiceUnavailableError", "code": 503}, []
+    )
+    assert isinstance(busy, ServerBusy) and "error 503: paused" in busy.reason
+    other = stream_error("/v1/completions", {"message": "Internal server error", "code": 500}, [])
+    assert type(other) is ServerError
