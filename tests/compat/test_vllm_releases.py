@@ -161,3 +161,16 @@ def test_requests_sent_during_a_pause_are_turned_away_from_0_33(version):
     assert "code='engine_paused'" in body and "retryable=True" in body
     error = tree.find("RetryableRequestError")
     assert error is not None and "HTTPStatus.SERVICE_UNAVAILABLE" in ast.unparse(error.node)
+
+
+def test_the_0_34_reload_keeps_the_keywords_the_worker_passes():
+    """0.34 refactored reload (model_loader/reload/): Worker.reload_weights now names its
+    arguments, and the third, is_checkpoint_format, defaults to True (HF names: what gate pushes)."""
+    findings("0.34.0")
+    tree = vllm_source.SourceTree(vllm_source.ensure_source("0.34.0"))
+    found = tree.method("Worker", "reload_weights")
+    assert found is not None
+    args = found[1].args
+    names = [a.arg for a in args.args]
+    assert names == ["self", "weights_iterator", "weights_path", "is_checkpoint_format"]
+    assert ast.unparse(args.defaults[-1]) == "True" and args.kwarg is None

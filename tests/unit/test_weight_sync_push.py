@@ -470,6 +470,30 @@ class ForwardingWorker:
         raise AssertionError("a class probe must not call anything")
 
 
+class WorkerFrom034:
+    """vLLM 0.34's Worker.reload_weights: explicit arguments, no forwarding (gpu_worker.py:645;
+    the reload itself moved to model_loader/reload/)."""
+
+    def reload_weights(
+        self,
+        weights_iterator=None,
+        weights_path: str | None = None,
+        is_checkpoint_format: bool = True,
+    ) -> None:
+        raise AssertionError("a class probe must not call anything")
+
+
+def test_the_0_34_reload_signature_takes_both_pushes_and_a_checkpoint_format_default():
+    """The worker passes HF-named tensors by keyword; 0.34's third argument defaults to the
+    checkpoint format, which is what they are (tests/compat reads the same signature in the wheel)."""
+    import inspect
+
+    assert wp.accepts_keyword(WorkerFrom034, "weights_iterator")
+    assert wp.accepts_keyword(WorkerFrom034, "weights_path")
+    params = inspect.signature(WorkerFrom034.reload_weights).parameters
+    assert params["is_checkpoint_format"].default is True
+
+
 def test_a_worker_class_is_probed_without_an_instance():
     # Worker(*args, **kwargs) forwards to the runner classes its module holds (GPUModelRunner).
     assert wp.accepts_keyword(ForwardingWorker, "weights_path")
