@@ -182,33 +182,41 @@ def test_uv_honours_no_index_with_find_links(tmp_path, local_packages):
 
 
 def test_bytecode_is_compiled_once_per_shared_source_file(tmp_path):
-    """Two venvs sharing a hard-linked source share its .pyc; a file of their own gets its own."""
+    """What an engine imports is compiled by importing it, nothing else; two venvs sharing a
+    hard-linked source share its .pyc; a file of their own gets its own."""
     old, new = tmp_path / "old", tmp_path / "new"
+    site = {}
     for venv in (old, new):
-        (venv / "bin").mkdir(parents=True)
-        (venv / "bin" / "python").symlink_to(sys.executable)
-        (venv / "lib" / "pkg").mkdir(parents=True)
-    (old / "lib" / "pkg" / "shared.py").write_text("VALUE = 1\n")
-    os.link(old / "lib" / "pkg" / "shared.py", new / "lib" / "pkg" / "shared.py")
-    (old / "lib" / "pkg" / "own.py").write_text("VALUE = 'old'\n")
-    (new / "lib" / "pkg" / "own.py").write_text("VALUE = 'new'\n")
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        site[venv] = Path(
+            subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+        )  # fmt: skip
+        (site[venv] / "pkg").mkdir()
+        (site[venv] / "pkg" / "__init__.py").write_text("")
+        (site[venv] / "pkg" / "unused.py").write_text("VALUE = 0\n")
+    (site[old] / "pkg" / "shared.py").write_text("VALUE = 1\n")
+    os.link(site[old] / "pkg" / "shared.py", site[new] / "pkg" / "shared.py")
+    (site[old] / "pkg" / "own.py").write_text("VALUE = 'old'\n")
+    (site[new] / "pkg" / "own.py").write_text("VALUE = 'new'\n")
     logged: list[str] = []
-    vb.compile_bytecode(old, logged.append)
+    modules = ("pkg.shared", "pkg.own", "pkg.not_in_this_release")
+    vb.compile_bytecode(old, logged.append, modules=modules)
     assert vb._compiled_siblings(new) == [old]  # old's bytecode is complete: new may share it
-    vb.compile_bytecode(new, logged.append, share_from=[old])
+    vb.compile_bytecode(new, logged.append, share_from=[old], modules=modules)
     tag = sys.implementation.cache_tag
     pyc = {
-        v: {p.name: p for p in (v / "lib" / "pkg" / "__pycache__").glob("*.pyc")}
-        for v in (old, new)
+        v: {p.name: p for p in (site[v] / "pkg" / "__pycache__").glob("*.pyc")} for v in (old, new)
     }
-    assert set(pyc[old]) == set(pyc[new]) == {f"shared.{tag}.pyc", f"own.{tag}.pyc"}
+    expected = {f"__init__.{tag}.pyc", f"shared.{tag}.pyc", f"own.{tag}.pyc"}
+    assert set(pyc[old]) == set(pyc[new]) == expected  # unused.py: never imported, not compiled
     assert os.path.samefile(pyc[old][f"shared.{tag}.pyc"], pyc[new][f"shared.{tag}.pyc"])
     assert not os.path.samefile(pyc[old][f"own.{tag}.pyc"], pyc[new][f"own.{tag}.pyc"])
     assert logged == ["1 .pyc files shared with old"]
     # The shared .pyc is valid for the new venv's path: importing there uses it and reads its source's values.
-    out = subprocess.run([sys.executable, "-B", "-c", "import pkg.shared, pkg.own; print(pkg.shared.__file__, pkg.own.VALUE)"],
-                         cwd=new / "lib", capture_output=True, text=True, check=True)  # fmt: skip
-    assert out.stdout.split() == [str(new / "lib" / "pkg" / "shared.py"), "new"]
+    out = subprocess.run([str(new / "bin" / "python"), "-B", "-c", "import pkg.shared, pkg.own; print(pkg.shared.__file__, pkg.own.VALUE)"],
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    assert out.stdout.split() == [str(site[new] / "pkg" / "shared.py"), "new"]
 
 
 def test_index_credentials_from_pip_conf_never_reach_logs_or_the_stamp(tmp_path):
