@@ -66,7 +66,7 @@ def from_stack_config(
         found = _local(entry, config_file.parent, keys.search)
         if found is not None:
             files += dataset_files(found, keys.split)
-        elif _HUB_ID.match(entry):
+        elif _HUB_ID.match(entry) and Path(entry.partition(":")[0]).suffix not in SUFFIXES:
             hub.append(entry)
         else:
             raise ConfigError(

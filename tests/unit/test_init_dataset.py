@@ -145,6 +145,12 @@ def test_what_cannot_be_read_is_one_line_naming_the_key(tmp_path, monkeypatch):
         dataset.from_stack_config(
             STACKS["vime"].dataset, read_config(config_file, "flags"), config_file, tmp_path
         )
+    # shaped like a Hub id (org/name), but a data file: a missing file, not a Hub dataset
+    config_file.write_text("python train.py --prompt-data data/train.jsonl\n")
+    with pytest.raises(ConfigError, match=r"^prompt-data: 'data/train.jsonl' not found"):
+        dataset.from_stack_config(
+            STACKS["vime"].dataset, read_config(config_file, "flags"), config_file, tmp_path
+        )
 
 
 def test_gate_init_freezes_the_configs_dataset_without_dataset_flag(tmp_path):
