@@ -102,6 +102,15 @@ def map_config(stack: Stack, config: Mapping[str, Any]) -> Mapped:
                 read.add(spelled)
                 if not _is_noop(config[spelled]):
                     out.unmapped.append(f"{spelled}: {config[spelled]!r} not carried over ({why})")
+    if stack.only_when is not None:
+        (key, value, default), paths, why = stack.only_when
+        setting = config.get(key, default)
+        if setting != value:
+            for path in paths:
+                if (dropped := out.fields.pop(path, None)) is not None:
+                    out.unmapped.append(
+                        f"{path}: {dropped.value!r} not carried over ({key}: {setting}: {why})"
+                    )
     out.transport = {k: config[k] for k in stack.transport if k in config}
     read |= set(out.transport) | {k for k, _, _ in stack.recipe_when}
     for k in config:

@@ -115,6 +115,9 @@ class Stack:
     # keys that say how weights reach vLLM (reported: the recipe depends on them)
     transport: tuple[str, ...] = ()
     loss: Callable[[Mapping[str, Any]], LossChoice] | None = None
+    # engine settings the stack passes only in some mode: (key, value, its default) when they hold,
+    # the gate.yaml paths they fill, and why they reach no engine otherwise
+    only_when: tuple[tuple[str, Any, Any], tuple[str, ...], str] | None = None
     # stack keys gate does not reproduce, with why (reported when the config sets them)
     ignored: Mapping[str, str] = field(default_factory=dict)
     # gate/init/recipes/<recipe>.py: the stack's update path, and what it needs in the engine's env
@@ -232,6 +235,15 @@ def pipelinerl_loss(config: Mapping[str, Any]) -> LossChoice:
     return LossChoice("grpo", None, None, why)
 
 
+# TRL 1.16.0 vllm_generation.py: only its colocated LLM(...) gets these; `trl vllm-serve` has flags
+# of its own (and hard-codes processed logprobs)
+TRL_COLOCATE_ONLY = (
+    ("vllm_mode", "colocate", "colocate"),
+    tuple(f"engine_args.{k}" for k in ("tensor_parallel_size", "gpu_memory_utilization", "max_model_len",
+          "enable_sleep_mode", "model_impl", "trust_remote_code", "max_num_batched_tokens", "seed")),
+    "TRL passes it to its colocated engine only; with vllm_mode: server the engine runs with `trl "
+    "vllm-serve`'s flags (processed logprobs hard-coded): set engine_args from that command line",
+)  # fmt: skip
 R = "actor_rollout_ref.rollout."
 # verl's rollout keys that never reach vLLM (verl 0.9.1 workers/config/rollout.py): its agent loop,
 # placement, logging and weight-sync mechanics
@@ -273,7 +285,7 @@ STACKS: dict[str, Stack] = {
             fixed={
                 "engine_args.logprobs_mode": (
                     "processed_logprobs",
-                    "TRL's colocated LLM(...) passes it",
+                    "TRL's colocated LLM(...) and `trl vllm-serve` both pass it",
                 ),
                 "engine_args.max_num_batched_tokens": (4096, "TRL's colocated LLM(...) passes it"),
                 "engine_args.seed": (
@@ -321,6 +333,8 @@ STACKS: dict[str, Stack] = {
             # the model in this process, as under TRL's external launcher
             recipe_env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
             recipe_when=(("vllm_mode", "colocate", "colocate"),),
+            # TRL 1.16.0 vllm_generation.py: only the colocated LLM(...) gets them
+            only_when=TRL_COLOCATE_ONLY,
         ),
         Stack(
             name="verl",

@@ -391,3 +391,21 @@ def test_a_stack_without_cpu_support_for_an_argument_loses_it_under_cpu_with_a_n
                  "enable_expert_parallel", "enable_return_routed_experts"):  # fmt: skip
         assert f"engine_args.{name}" not in mapped.fields
         assert any(n.startswith(f"engine_args.{name}: left out") for n in notes), (name, notes)
+
+
+def test_trls_engine_settings_reach_its_colocated_engine_only(tmp_path):
+    """With vllm_mode: server TRL's GRPOConfig vllm_* fields configure no engine (TRL 1.16.0 passes
+    them to its colocated LLM(...) only): named, not carried; the processed logprobs `trl
+    vllm-serve` hard-codes stay."""
+    name, text = CONFIGS["trl"]
+    path = tmp_path / name
+    path.write_text(text.replace("vllm_mode: colocate", "vllm_mode: server"), encoding="utf-8")
+    mapped = map_config(STACKS["trl"], read_config(path, "yaml"))
+    engine = {p: f.value for p, f in mapped.fields.items() if p.startswith("engine_args.")}
+    assert engine == {"engine_args.logprobs_mode": "processed_logprobs"}
+    line = next(u for u in mapped.unmapped if u.startswith("engine_args.gpu_memory_utilization: "))
+    assert line == (
+        "engine_args.gpu_memory_utilization: 0.45 not carried over (vllm_mode: server: TRL passes "
+        "it to its colocated engine only; with vllm_mode: server the engine runs with `trl "
+        "vllm-serve`'s flags (processed logprobs hard-coded): set engine_args from that command line)"
+    )
