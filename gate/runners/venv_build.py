@@ -160,9 +160,10 @@ def build(
         # Compiling by import is one core's work: two venvs built at once (gate prepare) compile
         # side by side rather than one waiting to share the other's; one finished before shares.
         siblings = _compiled_siblings(path)
-        compile_bytecode(path, lambda m: log(f"[{name}] {m}"), share_from=siblings)
+        versions = compile_bytecode(path, lambda m: log(f"[{name}] {m}"), share_from=siblings)
         bytecode_s = round(time.perf_counter() - compiled, 1)
-        versions = _probe_versions(py, env, log_path)
+        # the import that compiled them read the versions; probed again (with its error) only where not
+        versions = versions or _probe_versions(py, env, log_path)
     except BaseException:
         shutil.rmtree(path, ignore_errors=True)
         raise
@@ -402,9 +403,12 @@ WARM_IMPORTS = (
 )  # fmt: skip
 
 
+VERSIONED = ("vllm", "torch", "transformers", "numpy")  # recorded in the venv's stamp
+
+
 def compile_bytecode(
     venv: Path, log: Log, share_from: Sequence[Path] = (), modules: Sequence[str] = WARM_IMPORTS
-) -> None:
+) -> dict[str, str]:
     """Compile the bytecode engine processes load, sharing the ``.pyc`` of every source file a
     sibling venv shares.
 
@@ -419,6 +423,9 @@ def compile_bytecode(
     ``.pyc`` is valid for a source with the same mtime and size, and Python corrects the file name
     recorded in it on load. So the ``.pyc`` files of ``share_from`` (built venvs) are hard-linked
     in wherever the source is the very same file first.
+
+    Returns the versions of :data:`VERSIONED` the import found, {} where one failed to import
+    (the caller then probes them itself, and fails with the import's error).
     """
     for other in share_from:
         linked = _link_shared_bytecode(other, venv)
@@ -430,22 +437,30 @@ def compile_bytecode(
         if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")  # the .pyc beside its source
     }
     code = (
-        "import importlib\n"
+        "import importlib, json, sys\n"
         f"for name in {tuple(modules)!r}:\n"
         "    try:\n"
         "        importlib.import_module(name)\n"
         "    except Exception:\n"  # a module this release lacks, or one for another device
         "        pass\n"
+        f"found = {{m: sys.modules[m].__version__ for m in {VERSIONED!r} if m in sys.modules}}\n"
+        "print(json.dumps(found))\n"
     )
-    subprocess.run(
+    proc = subprocess.run(
         [str(venv / "bin" / "python"), "-c", code],
         env=env,
         cwd=venv,
-        stdout=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
+        text=True,
         check=False,
     )
     (venv / BYTECODE_MARK).touch()
+    try:
+        found = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return {}
+    return found if set(found) == set(VERSIONED) else {}
 
 
 def _compiled_siblings(path: Path) -> list[Path]:
