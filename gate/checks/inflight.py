@@ -416,6 +416,21 @@ PAUSE_FIX = (
 )
 
 
+PAUSE_OUTCOMES = ("queued", "rejected", "served", "failed")  # gate.worker.inflight_server
+
+
+def _malformed_pauses(section: dict) -> str:
+    """Why a recorded pause contract cannot be read (evidence is the pull request's); "" if it can."""
+    for mode, row in section.items():
+        if mode not in ("abort", "wait", "keep") or not isinstance(row, dict):
+            return f"a malformed record for {str(mode)[:40]!r}"
+        if row.get("while_paused") not in PAUSE_OUTCOMES or not isinstance(
+            row.get("after_resume", ""), str
+        ):
+            return f"a malformed record for pause({mode})"
+    return ""
+
+
 def pause_findings(ctx: Context) -> PauseFindings:
     """Rows per pause mode (server mode): WARN where a request sent during the pause meets
     something else than on the old engine (queued -> rejected), FAIL where it is not served even
@@ -425,13 +440,12 @@ def pause_findings(ctx: Context) -> PauseFindings:
     if not isinstance(new, dict) or not new:
         return out
     old = _section(ctx.old).get("pause_contract") if ctx.old is not None else None
-    if "error" in new:
-        out.rows.append(
-            Measurement("pause contract", None, Status.PASS, note=f"not probed: {new['error']}")
-        )
+    why = str(new["error"])[:300] if "error" in new else _malformed_pauses(new)
+    if why:
+        out.rows.append(Measurement("pause contract", None, Status.PASS, note=f"not probed: {why}"))
         out.summary = "pause contract not probed"
         return out
-    old = old if isinstance(old, dict) and "error" not in old else {}
+    old = old if isinstance(old, dict) and "error" not in old and not _malformed_pauses(old) else {}
     changed = []
     for mode, row in new.items():
         now = row.get("while_paused")

@@ -241,7 +241,6 @@ def runtime_choices(worker) -> dict[str, Any]:
         "model_runner_class": f"{type(runner).__module__}.{type(runner).__qualname__}"
         if runner is not None
         else None,
-        "model_runner_generation": model_runner.of_runner(runner),
         "attention_backends": backends or None,
         "topk_topp_sampler": f"{type(sampler).__name__}.{forward.__name__}"
         if sampler is not None and forward

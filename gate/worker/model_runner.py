@@ -55,17 +55,6 @@ def by_release(env: dict[str, str] | None = None, has_triton: bool | None = None
     return V1 if has_triton is False else None
 
 
-def of_runner(runner: Any) -> str | None:
-    """V1 or V2 from the live runner's class: which of the two runners' modules it derives from."""
-    modules = {cls.__module__ for cls in type(runner).__mro__} if runner is not None else set()
-    if _V1_MODULE in modules:
-        return V1
-    # 0.34's CPU runners live in vllm/v1/worker/cpu/ (x86 derives from V2's, others stand alone)
-    if any(m.startswith(("vllm.v1.worker.gpu.", "vllm.v1.worker.cpu.")) for m in modules):
-        return V2
-    return None
-
-
 def _module_exists(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None

