@@ -204,7 +204,7 @@ def provenance_differences(baseline: Baseline, run: dict[str, Any], new: ev.Evid
     base_sets = {p["name"]: p["sha256"] for p in m["prompt_sets"]}
     if run_sets != base_sets:
         diffs.append(f"prompt sets {_sets(run_sets)} != baseline {_sets(base_sets)}")
-    for key in ("sampling", "greedy", "reference"):
+    for key in ("sampling", "greedy", "reference", "lora"):
         if m.get(key) != run.get(key):
             diffs.append(f"{key} settings differ: run {run.get(key)} vs baseline {m.get(key)}")
     device, base_device = new.engine.device_kind, baseline.engine.device_kind
@@ -239,7 +239,7 @@ def comparable(baseline: Baseline, run: dict[str, Any]) -> bool:
         m["model"].get("sha256") == run["model"].get("sha256")
         and {p["name"]: p["sha256"] for p in m["prompt_sets"]}
         == {p["name"]: p["sha256"] for p in run["prompt_sets"]}
-        and all(m.get(k) == run.get(k) for k in ("sampling", "greedy", "reference"))
+        and all(m.get(k) == run.get(k) for k in ("sampling", "greedy", "reference", "lora"))
         and host_difference(baseline, run) is None
     )
 
@@ -303,7 +303,7 @@ def noise_applies(baseline: Baseline, run: dict[str, Any], new: ev.Evidence) -> 
         m["model"].get("sha256") == run["model"].get("sha256")
         and {p["name"]: p["sha256"] for p in m["prompt_sets"]}
         == {p["name"]: p["sha256"] for p in run["prompt_sets"]}
-        and all(m.get(k) == run.get(k) for k in ("greedy", "reference"))
+        and all(m.get(k) == run.get(k) for k in ("greedy", "reference", "lora"))
         and sampling == base_sampling
         and device == base_device
         and host_difference(baseline, run) is None
@@ -360,6 +360,7 @@ def write(
         "sampling": run["sampling"],
         "greedy": run["greedy"],
         "reference": run["reference"],
+        **({"lora": run["lora"]} if run.get("lora") else {}),
     }
     if (design := grpo_design(run)) is not None and keys.GRPO_REWARD in e.arrays:
         manifest["grpo"] = design
@@ -437,7 +438,16 @@ def _greedy_csv(e: ev.Evidence) -> str:
 def _changes(previous: Baseline, manifest: dict, summary: dict, noise: dict) -> list[str]:
     changes = []
     old_m = previous.manifest
-    for key in ("recorded_from", "model", "prompt_sets", "sampling", "greedy", "reference", "grpo"):
+    for key in (
+        "recorded_from",
+        "model",
+        "prompt_sets",
+        "sampling",
+        "greedy",
+        "reference",
+        "grpo",
+        "lora",
+    ):
         if old_m.get(key) != manifest.get(key):
             changes.append(f"{key}: {old_m.get(key)} -> {manifest.get(key)}")
     old_ident = previous.engine.identity.fingerprint()

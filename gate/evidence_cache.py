@@ -107,6 +107,10 @@ def config_groups(
             **request["weight_sync"],
             "hook": _hook_name(request["weight_sync"]["hook"]),
         }
+    if request.get("lora") is None:  # off: keys made before LoRA mode existed stay valid
+        request.pop("lora", None)
+    elif request["lora"].get("hook"):
+        request["lora"] = {**request["lora"], "hook": _hook_name(request["lora"]["hook"])}
     inflight = (request.get("weight_sync") or {}).get("inflight")
     if inflight:  # built-in names as they are; hooks by name here and by content below
         updates = [_hook_name(u) if ":" in u else u for u in inflight["updates"]]
@@ -126,6 +130,7 @@ def config_groups(
         "env": {"values": engine.env, "pythonpath_code": _pythonpath_code(engine.env)},
         "request": request,
         "hook": _hook_hash(cfg.weight_update.hook),
+        **({"lora_hook": _hook_hash(cfg.lora.hook)} if cfg.lora.hook else {}),
         "inflight_hooks": [_hook_hash(u) for u in cfg.weight_sync.inflight.updates if ":" in u],
         "prompts": sorted(p.sha256 for p in prompt_sets),
         "model": {

@@ -113,6 +113,7 @@ def run_manifest(
         "weight_sync": dataclasses.asdict(cfg.weight_sync) | {"hook": cfg.weight_update.hook},
         "grpo": dataclasses.asdict(cfg.grpo),
         "engines": {r.name: dataclasses.asdict(r) for r in results},
+        **({"lora": cfg.lora.record()} if cfg.lora.enabled else {}),
     }
     if memory_plan is not None:
         manifest["memory_plan"] = memory_plan

@@ -75,6 +75,7 @@ class RunRecord:
     grpo: dict[str, Any] = field(default_factory=dict)
     device: dict[str, Any] | None = None
     memory_plan: dict[str, Any] | None = None
+    lora: dict[str, Any] | None = None  # LoRA mode's adapter (LoraConfig.record); None: off
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,7 @@ class BaselineManifest:
     recorded_from: RecordedFrom | None = None
     device: dict[str, Any] | None = None
     grpo: dict[str, Any] | None = None
+    lora: dict[str, Any] | None = None  # the adapter the recorded engine ran through; None: off
 
 
 def checked(doc: Any, record: type, where: Path | str) -> None:

@@ -17,6 +17,7 @@ from gate.config import (
 from gate.contract.request import (
     GrpoRequest,
     InflightRequest,
+    LoraRequest,
     PromptItem,
     ReferenceRequest,
     SamplingRequest,
@@ -57,7 +58,7 @@ def build_request(
         engine_name=engine.name,
         model=cfg.model.path,
         tokenizer=cfg.model.tokenizer,
-        engine_args=dict(engine.engine_args),
+        engine_args=cfg.lora.engine_args(engine.engine_args),
         optional_engine_args=list(OPTIONAL_ENGINE_ARGS),
         prompts=list(prompts),
         sampling=same_fields(SamplingRequest, cfg.sampling),
@@ -71,6 +72,23 @@ def build_request(
         grpo=_grpo_request(cfg, grpo_seeds, prompts),
         mode=engine.mode,
         server=_server_request(engine, cfg.sampling.record()),
+        lora=_lora_request(cfg),
+    )
+
+
+def _lora_request(cfg: GateConfig) -> LoraRequest | None:
+    lora = cfg.lora
+    if not lora.enabled:
+        return None
+    return LoraRequest(
+        rank=lora.rank,
+        alpha=lora.alpha,
+        target_modules=list(lora.target_modules),
+        use_rslora=lora.use_rslora,
+        naming=lora.naming,
+        hook=lora.hook,
+        size=cfg.weight_sync.perturbation,
+        seed=cfg.weight_sync.seed,
     )
 
 

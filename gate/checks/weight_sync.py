@@ -133,8 +133,8 @@ def run(ctx: Context, settings: CheckSettings) -> CheckResult:
         Measurement(
             name,
             value,
-            Status.PASS if not name.endswith("_vs_new") or value <= limit else Status.FAIL,
-            fail=limit if name.endswith("_vs_new") else None,
+            Status.PASS if not _judged(name) or value <= limit else Status.FAIL,
+            fail=limit if _judged(name) else None,
         )
         for name, value in values.items()
     ] + [
@@ -142,12 +142,15 @@ def run(ctx: Context, settings: CheckSettings) -> CheckResult:
         for name, n in counts.items()
     ]
     shown = ("adapter", "push_s", "push_again_s", "prefix_tokens", "probes", "block_size", "sleep")
+    lora = meta.get("lora")
+    fits = adapter_fits(e, lora) if lora else None
     details = {
         "verdict": verdict,
         "limit": limit,
         **values,
         **{k: meta.get(k) for k in shown},
         "digests": digests or None,
+        **({"lora": lora, "adapter_fits": fits} if lora else {}),
     }
     summary = _summary(values, meta, digests)
     if verdict == "ok":
@@ -156,7 +159,10 @@ def run(ctx: Context, settings: CheckSettings) -> CheckResult:
     missed = tied_tensor_missed(tied, digests)
     if missed:
         details["tied_tensor_missed"] = missed
-    diagnosis = _diagnosis(verdict, meta, digests, caching, tied, missed, e.engine.device_kind)
+    if lora:
+        diagnosis = lora_diagnosis(verdict, values, limit, caching, fits or {})
+    else:
+        diagnosis = _diagnosis(verdict, meta, digests, caching, tied, missed, e.engine.device_kind)
     return CheckResult(
         ID, TITLE, Status.FAIL, f"{LABELS[verdict]}: {summary}", diagnosis, measurements, details
     )
@@ -184,19 +190,34 @@ def _not_judged(e: Evidence) -> CheckResult | None:
     )
 
 
+def _judged(name: str) -> bool:
+    """The distances held to the limit: the engine against the weights (or adapter) it should serve."""
+    return name.endswith("_vs_new") or name == "adapter_vs_trainer"
+
+
 def _distances(e: Evidence) -> dict[str, float]:
     """Mean |engine - trainer| before the push, after it (control and prefix probes, against the
-    new and the old weights), after a second push and after a sleep/wake cycle where they ran."""
+    new and the old weights), after a second push and after a sleep/wake cycle where they ran.
+
+    In LoRA mode the engine's own distance is measured on the base model (no adapter), and the
+    first adapter version's distance (``adapter_vs_trainer``) is held to the limit like the rest:
+    an engine that applies the adapter otherwise than the trainer fails before any update does.
+    """
     prefix = e[keys.WS_IS_PREFIX]
     eng, new_lp, old_lp = (
         e[keys.WS_ENGINE_LOGPROB],
         e[keys.WS_TRAINER_NEW_LOGPROB],
         e[keys.WS_TRAINER_OLD_LOGPROB],
     )
+    before = _mean_abs(e[keys.WS_BEFORE_ENGINE_LOGPROB], e[keys.WS_BEFORE_TRAINER_LOGPROB])
+    lora_mode = e.has(keys.WS_BASE_ENGINE_LOGPROB)
     values = {
         "pre_update_mismatch": _mean_abs(
-            e[keys.WS_BEFORE_ENGINE_LOGPROB], e[keys.WS_BEFORE_TRAINER_LOGPROB]
-        ),
+            e[keys.WS_BASE_ENGINE_LOGPROB], e[keys.WS_BASE_TRAINER_LOGPROB]
+        )
+        if lora_mode
+        else before,
+        **({"adapter_vs_trainer": before} if lora_mode else {}),
         "control_vs_new": _mean_abs(eng[~prefix], new_lp[~prefix]),
         "control_vs_old": _mean_abs(eng[~prefix], old_lp[~prefix]),
         "prefix_vs_new": _mean_abs(eng[prefix], new_lp[prefix]),
@@ -237,6 +258,10 @@ def _summary(values: dict[str, float], meta: dict[str, Any], digests: dict[str, 
         f"after the push: {values['control_vs_new']:.2e} vs new weights, "
         f"{values['control_vs_old']:.2e} vs old (via {meta.get('adapter')})"
     )
+    if "adapter_vs_trainer" in values:
+        summary = (
+            f"adapter version 1: {values['adapter_vs_trainer']:.2e} vs the trainer's; {summary}"
+        )
     if "second_push_vs_new" in values:
         summary += f"; pushed again: {values['second_push_vs_new']:.2e} vs new"
     if "after_wake_vs_new" in values:
@@ -253,6 +278,7 @@ LABELS = {
     "second-update": "weights broken by a second push",
     "bytes-not-moved": "tensors the push did not move",
     "sleep-wake": "weights lost across sleep and wake",
+    "adapter-mismatch": "adapter applied otherwise than the trainer applies it",
 }
 
 
@@ -287,6 +313,8 @@ def _diagnosis(
 def output_verdict(values: dict[str, float], limit: float, caching: bool | None) -> str:
     """What the probe's outputs say, read in order. Prefix prompts off with caching known to be
     off cannot be a stale cache: their longer context shows a partial update sooner."""
+    if values.get("adapter_vs_trainer", 0.0) > limit:
+        return "adapter-mismatch"
     if values["control_vs_new"] > limit:
         return "stale-weights" if values["control_vs_old"] <= limit else "partial-update"
     if values["prefix_vs_new"] > limit:
@@ -431,3 +459,83 @@ SPEC = CheckSpec(
     options={"factor": 4.0, "floor": 1e-3},
     compares_engine_logprobs=True,
 )
+
+
+# -- LoRA mode (gate/worker/lora_sync.py): the update is an adapter version ------------------------
+
+LORA_FIXES = {
+    "stale-weights": "After version 2 was pushed the engine still served version 1: vLLM caches adapters by "
+    "their integer id and does not load a request whose id it already holds, so a new version under an id in use "
+    "is never read. Give each version a new lora_int_id (SkyRL), or remove_lora(id) before loading the new one "
+    "(verl, AReaL).",
+    "stale-cache": "Prompts behind the shared prefix still read KV blocks computed under version 1: vLLM keys "
+    "prefix-cache blocks by the adapter's name and path, not by its contents, so a version loaded under the same "
+    "name and folder reuses them. Call reset_prefix_cache() after loading, or give each version its own path.",
+    "partial-update": "After version 2 was pushed the engine fits neither version: part of the adapter was "
+    "applied (modules missing from what was pushed, another rank or alpha), or the load raced generation.",
+    "second-update": "Version 2 pushed once more left the engine on other weights: the path's second load of "
+    "an adapter differs from its first.",
+    "adapter-mismatch": "",  # said by lora_diagnosis from what the tokens fit
+}
+
+
+def adapter_fits(e: Evidence, lora: dict[str, Any]) -> dict[str, float]:
+    """Mean |engine - trainer| over version 1's tokens, the trainer applying the adapter its own way
+    and each alternative way (the other scaling rule, each target module left out)."""
+    if not e.has(keys.WS_BEFORE_TRAINER_ALT_LOGPROB):
+        return {}
+    engine = e[keys.WS_BEFORE_ENGINE_LOGPROB]
+    alt = e[keys.WS_BEFORE_TRAINER_ALT_LOGPROB]
+    names = list(lora.get("alternatives") or [])
+    if alt.ndim != 2 or alt.shape[1] != len(names):
+        raise ValueError(
+            f"evidence.npz {keys.WS_BEFORE_TRAINER_ALT_LOGPROB}: {alt.shape[1:]} columns for "
+            f"{len(names)} alternatives in engine.json weight_sync.lora"
+        )
+    return {name: _mean_abs(engine, alt[:, i]) for i, name in enumerate(names)}
+
+
+def lora_diagnosis(
+    verdict: str,
+    values: dict[str, float],
+    limit: float,
+    caching: bool | None,
+    fits: dict[str, float],
+) -> str:
+    """The diagnosis of a LoRA-mode failure, in the adapter's terms."""
+    opening = (
+        f"{LABELS[verdict].capitalize()} (LoRA mode, prefix caching {'on' if caching else 'off'})."
+    )
+    if verdict != "adapter-mismatch":
+        return f"{opening} {LORA_FIXES.get(verdict, FIXES.get(verdict, ''))}"
+    measured = (
+        f"Under adapter version 1 the engine's tokens are {values['adapter_vs_trainer']:.2e} from "
+        f"the trainer's (mean |Δ logprob|; limit {limit:.2e}, from the base model's "
+        f"{values['pre_update_mismatch']:.2e})."
+    )
+    if not fits:
+        return f"{opening} {measured}"
+    best = min(fits, key=fits.__getitem__)
+    tried = ", ".join(f"{name} {d:.2e}" for name, d in fits.items())
+    if fits[best] > limit:
+        return (
+            f"{opening} {measured} They fit none of the usual differences either ({tried}): look at "
+            "the adapter's dtype (lora_dtype), the release's LoRA kernels, or the names the push maps."
+        )
+    if best.startswith("scaling"):
+        cause = (
+            f"They fit the adapter with {best} ({fits[best]:.2e}): the engine scales B @ A by another "
+            "rule than the trainer. vLLM takes lora_alpha, r and use_rslora from the adapter_config.json "
+            "it loads: write the trainer's values there (PEFT's LoraConfig), or take a release that "
+            "reads use_rslora as PEFT does."
+        )
+    else:
+        module = best.removesuffix(" not applied")
+        cause = (
+            f"They fit the adapter without {module} ({fits[best]:.2e}): the engine does not apply the "
+            f"adapter's {module} tensors. Either what the stack pushes lacks them (a name its conversion "
+            "drops) or this release does not adapt that module (vLLM logs the modules it ignores when "
+            "it loads an adapter)."
+        )
+    others = ", ".join(f"{name} {d:.2e}" for name, d in fits.items() if name != best)
+    return f"{opening} {measured} {cause} The other fits: {others}."

@@ -33,6 +33,7 @@ from gate.config.sections import (
     DockerConfig,
     EngineConfig,
     GateConfig,
+    LoraConfig,
     ModelConfig,
     WeightSyncConfig,
     WeightUpdateConfig,
@@ -123,6 +124,7 @@ def parse_config(raw: Any, path: Path) -> GateConfig:
     cfg = dataclasses.replace(
         cfg, weight_sync=_inflight_hooks_resolved(base, cfg.weight_sync, where)
     )
+    cfg = dataclasses.replace(cfg, lora=_lora(base, cfg, where))
     cfg = dataclasses.replace(cfg, docker=cfg.docker.validate(f"{where}: docker"))
     require(cfg.timeout_s > 0, f"{where}:", "timeout_s", "must be > 0")
     require(cfg.greedy.max_tokens >= 1, f"{where}: greedy", "max_tokens", "must be >= 1")
@@ -332,6 +334,45 @@ def _resolve_hook(base: Path, hook: str, where: str, key: str = "weight_update.h
     if not path.is_file():
         raise ConfigError(f"{where}: {key}: file '{path}' not found")
     return f"{path}:{func}"
+
+
+def _lora(base: Path, cfg: GateConfig, where: str) -> LoraConfig:
+    """The lora section, validated, its hook's file made absolute. LoRA mode drives the adapter
+    path through the weight-sync probe, offline; the passes that push full weights (the in-flight
+    phase, the mini GRPO run) and server mode are refused by name rather than run on another path."""
+    lora = cfg.lora
+    if not lora.enabled:
+        return lora
+    lora.validate(f"{where}: lora")
+    require(
+        cfg.weight_sync.enabled,
+        f"{where}: weight_sync",
+        "enabled",
+        "lora.enabled drives the adapter path through the weight-sync probe: it must be on",
+    )
+    full_weight_passes = {
+        "grpo": cfg.grpo.enabled,
+        "weight_sync.inflight": cfg.weight_sync.inflight.enabled,
+    }
+    for section, on in full_weight_passes.items():
+        require(
+            not on,
+            f"{where}: {section}",
+            "enabled",
+            "set it to false with lora.enabled: this pass pushes full weights, and its adapter "
+            "path is not built yet (docs/lora.md)",
+        )
+    for engine in cfg.engines.values():
+        require(
+            engine.mode == "offline",
+            f"{where}: engines.{engine.name}",
+            "mode",
+            "lora.enabled runs offline only for now: the adapter push over the server's "
+            "/v1/load_lora_adapter is not built yet (docs/lora.md)",
+        )
+    if lora.hook:
+        return dataclasses.replace(lora, hook=_resolve_hook(base, lora.hook, where, "lora.hook"))
+    return lora
 
 
 def _inflight_hooks_resolved(base: Path, ws: WeightSyncConfig, where: str) -> WeightSyncConfig:

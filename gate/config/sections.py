@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gate.checks.base import CheckSettings
-from gate.contract.request import GRPO_TRAINABLE_DEFAULT
+from gate.contract.request import GRPO_TRAINABLE_DEFAULT, LORA_NAMINGS
 from gate.errors import ConfigError
 
 INTERNAL = "internal"  # field metadata: set by the loader, not a key of gate.yaml
@@ -420,6 +420,63 @@ class WeightUpdateConfig:
     )
 
 
+# vLLM's accepted max_lora_rank values (vllm/config/lora.py MaxLoRARanks, 0.31-0.34).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """LoRA mode (docs/lora.md): the policy is the base model plus an adapter trained as the
+    stack's config says; the weight-sync probe pushes adapter versions through vLLM's LoRA path."""
+
+    enabled: bool = False
+    rank: int = 8
+    alpha: float = 16.0
+    # PEFT's target_modules: the last part of each module's name (q_proj, ..., down_proj).
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    use_rslora: bool = False  # PEFT's rsLoRA: scaling alpha / sqrt(rank), not alpha / rank
+    # How each new version reaches the engine: "new-id" (a new adapter id, name and folder per
+    # version: SkyRL) or "same-id" (remove the adapter, load the new version under the same id,
+    # name and folder, reset the prefix cache: verl, AReaL).
+    naming: str = "new-id"
+    # Your stack's adapter push instead: fn(llm, version) -> LoRARequest (docs/lora.md);
+    # "package.module:function" or "path/to/file.py:function" (relative to this file).
+    hook: str | None = None
+
+    def validate(self, where: str) -> None:
+        require(self.rank >= 1, where, "rank", "must be >= 1")
+        require(self.alpha > 0, where, "alpha", "must be > 0")
+        require(bool(self.target_modules), where, "target_modules", "needs at least one module")
+        outside = sorted(set(self.target_modules) & {"lm_head", "embed_tokens"})
+        require(
+            not outside,
+            where,
+            "target_modules",
+            f"{outside}: LoRA mode adapts the decoder's linear modules only (the reference keeps "
+            "the head and the embedding apart)",
+        )
+        require(self.naming in LORA_NAMINGS, where, "naming", f"must be one of {LORA_NAMINGS}")
+
+    def record(self) -> dict[str, Any]:
+        """What decides the policy's numbers (run.json, a baseline's manifest): not how versions
+        are pushed, which the weight-sync probe judges on its own."""
+        return {
+            "rank": self.rank,
+            "alpha": self.alpha,
+            "target_modules": sorted(self.target_modules),
+            "use_rslora": self.use_rslora,
+        }
+
+    def engine_args(self, engine_args: dict[str, Any]) -> dict[str, Any]:
+        """``engine_args`` with what serving the adapter needs, where the config left it out:
+        ``enable_lora`` and the smallest ``max_lora_rank`` vLLM accepts that holds ``rank``."""
+        if not self.enabled:
+            return dict(engine_args)
+        fitting = [r for r in VLLM_LORA_RANKS if r >= self.rank]
+        needed = {"enable_lora": True, "max_lora_rank": fitting[0] if fitting else self.rank}
+        return {**needed, **engine_args}
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """Server mode (``mode: server``): how the worker starts vLLM's OpenAI-compatible server and
@@ -569,6 +626,7 @@ class GateConfig:
     reference: ReferenceConfig = ReferenceConfig()
     weight_sync: WeightSyncConfig = WeightSyncConfig()
     weight_update: WeightUpdateConfig = WeightUpdateConfig()
+    lora: LoraConfig = LoraConfig()
     grpo: GrpoConfig = GrpoConfig()
     docker: DockerConfig = DockerConfig()
     timeout_s: int = 1800  # per engine replay, install excluded

@@ -78,6 +78,9 @@ class EngineRecord:
     weight_sync: dict[str, Any] = field(default_factory=dict)  # {}: the probe is off
     weight_sync_inflight: dict[str, Any] = field(default_factory=dict)
     grpo: dict[str, Any] = field(default_factory=dict)
+    # LoRA mode (gate/worker/lora.py PolicyAdapter.record): the adapter every pass generated
+    # through, and how each version was served; None: full-weight mode.
+    lora: dict[str, Any] | None = None
     prompt_ids: dict[str, Any] | None = None  # None: evidence from before it was recorded
     reference: dict[str, Any] = field(default_factory=dict)  # where the reference sat; vocab_size
     model_revision: str | None = None

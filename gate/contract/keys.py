@@ -57,6 +57,7 @@ WS = "ws"  # the weight-sync probe, after the push
 WS_BEFORE = "ws_before"  # ... before it
 WS_AGAIN = "ws_again"  # ... after the same weights are pushed a second time
 WS_WAKE = "ws_wake"  # ... after a sleep / wake cycle
+WS_BASE = "ws_base"  # LoRA mode: the base model, no adapter, before the first adapter version
 WSI = "wsi"  # in-flight updates: one sequence per request per update
 GRPO = "grpo"  # the mini GRPO run's per-step metrics
 
@@ -151,6 +152,13 @@ WS_AGAIN_TRAINER_NEW_LOGPROB = "ws_again_trainer_new_logprob"
 WS_WAKE_IS_PREFIX = "ws_wake_is_prefix"
 WS_WAKE_ENGINE_LOGPROB = "ws_wake_engine_logprob"
 WS_WAKE_TRAINER_NEW_LOGPROB = "ws_wake_trainer_new_logprob"
+# LoRA mode (gate/worker/lora_sync.py): the base model's greedy probes, and the first adapter
+# version's tokens scored by the trainer under each alternative way of applying it, [T, H], in the
+# order of engine.json weight_sync.lora.alternatives (the diagnosis of the lora-adapter check).
+WS_BASE_IS_PREFIX = "ws_base_is_prefix"
+WS_BASE_ENGINE_LOGPROB = "ws_base_engine_logprob"
+WS_BASE_TRAINER_LOGPROB = "ws_base_trainer_logprob"
+WS_BEFORE_TRAINER_ALT_LOGPROB = "ws_before_trainer_alt_logprob"
 
 _WS_KEYS: dict[str, tuple[str, Axis]] = {
     WS_OFFSETS: (WS, Axis.OFFSETS), WS_TOKEN_IDS: (WS, Axis.TOKEN), WS_IS_PREFIX: (WS, Axis.TOKEN),
@@ -163,6 +171,9 @@ _WS_KEYS: dict[str, tuple[str, Axis]] = {
     WS_AGAIN_TRAINER_NEW_LOGPROB: (WS_AGAIN, Axis.TOKEN),
     WS_WAKE_IS_PREFIX: (WS_WAKE, Axis.TOKEN), WS_WAKE_ENGINE_LOGPROB: (WS_WAKE, Axis.TOKEN),
     WS_WAKE_TRAINER_NEW_LOGPROB: (WS_WAKE, Axis.TOKEN),
+    WS_BASE_IS_PREFIX: (WS_BASE, Axis.TOKEN), WS_BASE_ENGINE_LOGPROB: (WS_BASE, Axis.TOKEN),
+    WS_BASE_TRAINER_LOGPROB: (WS_BASE, Axis.TOKEN),
+    WS_BEFORE_TRAINER_ALT_LOGPROB: (WS_BEFORE, Axis.TOKEN),
 }  # fmt: skip
 
 # -- in-flight updates (gate/worker/inflight.py; docs/evidence.md says what each holds) ------------
@@ -246,7 +257,7 @@ def _declare() -> dict[str, Key]:
 
 
 DECLARED: dict[str, Key] = _declare()
-PASSES = (PROMPTS, SAMPLE, GREEDY, TF, WS, WS_BEFORE, WS_AGAIN, WS_WAKE, WSI, GRPO)
+PASSES = (PROMPTS, SAMPLE, GREEDY, TF, WS, WS_BEFORE, WS_AGAIN, WS_WAKE, WS_BASE, WSI, GRPO)
 
 
 def declared(name: str) -> Key | None:

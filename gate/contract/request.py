@@ -155,6 +155,36 @@ class GrpoRequest:
     sampling_seed_offset: int = 0
 
 
+# How each adapter version reaches the engine (gate/worker/lora.py): "new-id" gives every version
+# its own integer id, name and folder (SkyRL's add_lora per version); "same-id" removes the adapter
+# and loads the new version under one id, name and folder (verl's and AReaL's remove + add), then
+# resets the prefix cache, which keys blocks by the adapter's name and path, not its contents.
+LORA_NAMINGS = ("new-id", "same-id")
+
+
+@dataclass(frozen=True)
+class LoraRequest:
+    """LoRA mode: the policy is the base model plus an adapter the engine loads per version."""
+
+    rank: int
+    alpha: float
+    target_modules: list[str]  # module names as PEFT matches them: the last part of the path
+    use_rslora: bool = False  # scaling alpha / sqrt(rank) instead of alpha / rank
+    naming: str = "new-id"  # one of LORA_NAMINGS
+    # The stack's own adapter push: fn(llm, version) -> the LoRARequest generation then uses
+    # ("package.module:function" or "file.py:function"); None: the built-in path for ``naming``.
+    hook: str | None = None
+    # The adapter versions gate makes: each merged change is ``size`` x its weight's std, seeded
+    # (weight_sync.perturbation and weight_sync.seed: the full-weight probe's relative step).
+    size: float = 0.2
+    seed: int = 0
+
+    @property
+    def scaling(self) -> float:
+        """What PEFT multiplies ``B @ A`` by."""
+        return self.alpha / (self.rank**0.5 if self.use_rslora else self.rank)
+
+
 @dataclass(frozen=True)
 class ServerRequest:
     """Server mode: the worker replays through vLLM's OpenAI-compatible server (gate/worker/server.py)."""
@@ -193,6 +223,7 @@ class WorkerRequest:
     # "offline" (vllm.LLM in the worker) or "server" (HTTP to vLLM's OpenAI-compatible server).
     mode: str = "offline"
     server: ServerRequest | None = None  # set in server mode
+    lora: LoraRequest | None = None  # LoRA mode: the weight-sync probe pushes adapter versions
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     from gate.contract.request import InflightRequest, WorkerRequest
     from gate.worker.grpo import Rollout
+    from gate.worker.lora import PolicyAdapter
     from gate.worker.replay import Completions, PromptScores
     from gate.worker.weight_push import Adapter
     from gate.worker.weight_sync import ProbeTarget
@@ -90,6 +91,14 @@ class OfflineEngine:
 
     llm: Any
     over: str = ""
+    # Score teacher-forced sequences one per call (layout.prompt_logprobs_per_call says why).
+    one_sequence_per_call: bool = False
+    # LoRA mode: the policy adapter every pass generates through (gate/worker/lora.py).
+    policy: PolicyAdapter | None = None
+
+    @property
+    def lora_request(self) -> Any:
+        return None if self.policy is None else self.policy.current
 
     def sample(
         self,
@@ -107,7 +116,7 @@ class OfflineEngine:
             f"sampling {len(prompt_ids)} prompts x {s.n} "
             f"(T={s.temperature}, top_p={s.top_p}, top_k={s.top_k}, seed={s.seed})"
         )
-        sampled = replay.sample(self.llm, prompt_ids, s, order)
+        sampled = replay.sample(self.llm, prompt_ids, s, order, self.lora_request)
         record = replay.prompt_ids_record(
             prompt_ids,
             sampled.engine_prompt_ids or [None] * len(prompt_ids),
@@ -121,12 +130,14 @@ class OfflineEngine:
     ) -> Completions:
         from gate.worker import replay
 
-        return replay.greedy(self.llm, prompt_ids, max_tokens, logprobs, order)
+        return replay.greedy(self.llm, prompt_ids, max_tokens, logprobs, order, self.lora_request)
 
     def score_sequences(self, seqs: list[list[int]], order: np.ndarray | None) -> PromptScores:
         from gate.worker import replay
 
-        return replay.score_sequences(self.llm, seqs, order)
+        return replay.score_sequences(
+            self.llm, seqs, order, self.one_sequence_per_call, self.lora_request
+        )
 
     def max_model_len(self) -> int:
         from gate.worker import replay
@@ -134,6 +145,11 @@ class OfflineEngine:
         return replay.max_model_len(self.llm)
 
     def batch_invariance_unavailable(self) -> str | None:
+        if self.one_sequence_per_call:
+            return (
+                "sequences are scored one per call here (engine.json gate_settings: "
+                "prompt_logprobs_one_sequence_per_call), so there are no batch compositions to compare"
+            )
         return None
 
     def push_adapter(self, hook: str | None, scratch_dir: Path | None) -> Adapter:

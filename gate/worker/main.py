@@ -88,6 +88,8 @@ class EngineRun:
     outputs: list[EngineOutputs]
     timings: list[Timings]
     memory_running: dict[str, Any]
+    # LoRA mode: (version 1's tensors, scaling): the reference scores with them merged.
+    adapter: tuple[dict[str, Any], float] | None = None
 
 
 # One engine process serves one engine construction: these request fields must agree.
@@ -98,6 +100,7 @@ SHARED_ENGINE_FIELDS = (
     "optional_engine_args",
     "mode",
     "server",
+    "lora",  # the adapter every request's replay runs through is made once per engine
 )
 
 
@@ -194,7 +197,7 @@ def run_batch(requests: Sequence[WorkerRequest]) -> None:
     for i, (req, tok, out) in enumerate(zip(requests, tokenized, outputs, strict=True)):
         out.meta["model_revision"] = revision
         with peaks.phase("reference"):
-            ref, load_s = references.get(req)
+            ref, load_s = references.get(req, engine_run.adapter)
             own[i].values["reference_load_s"] = load_s
             arrays, n_scored = _reference_arrays(ref, req, tok.prompt_ids, out, own[i])
         if (trip := replay.text_round_trip(tokenizer, out.sampled)) is not None:
@@ -236,6 +239,7 @@ def _run_offline(
         engine_args, on_cpu, os.environ, sorted(os.sched_getaffinity(0))
     )
     gate_settings += layout.one_step_prefill(engine_args, on_cpu, known)
+    gate_settings += layout.prompt_logprobs_per_call(engine_args, on_cpu)
     engine_args = layout.with_engine_args(engine_args, gate_settings)
     for setting in gate_settings:
         progress(
@@ -293,6 +297,10 @@ def _run_engine(
     )
     with shared.measure("engine_start_s"), peaks.phase("engine_start"):
         llm = eng.start_engine(first.model, first.tokenizer, engine_args)
+    policy = None
+    if first.lora is not None:
+        with shared.measure("lora_push_s"):
+            policy = _policy_adapter(llm, first, hub.hf_load_kwargs(requested_args))
 
     own = [Timings() for _ in requests]
     log_tail = tail.lines if tail is not None else no_log_tail
@@ -300,7 +308,13 @@ def _run_engine(
         _engine_passes(
             llm,
             PassInput(
-                OfflineEngine(llm),
+                OfflineEngine(
+                    llm,
+                    one_sequence_per_call=any(
+                        g.name == layout.PROMPT_LOGPROBS_PER_CALL for g in gate_settings
+                    ),
+                    policy=policy,
+                ),
                 req,
                 tok,
                 _prefixed(i, batch),
@@ -322,7 +336,33 @@ def _run_engine(
         eng.shutdown(llm)
         del llm
         eng.release_memory()
-    return EngineRun(outputs, own, memory_running)
+    adapter = None
+    if policy is not None:
+        policy.close()
+        adapter = (policy.versions[0], policy.lora.scaling)
+        for out in outputs:
+            out.meta["lora"] = policy.record()
+    return EngineRun(outputs, own, memory_running, adapter)
+
+
+def _policy_adapter(llm, request: WorkerRequest, hf_kwargs: dict[str, Any]):
+    """LoRA mode: the adapter versions, made from the model's own weights, version 1 pushed."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from gate.worker.lora import PolicyAdapter
+    from gate.worker.weight_sync import _load_trainer
+
+    assert request.lora is not None
+    model = _load_trainer(AutoModelForCausalLM, request.model, "cpu", hf_kwargs, torch.float32)
+    policy = PolicyAdapter(request.lora, model, Path(request.output_dir).resolve().parent)
+    del model
+    policy.push(llm, policy.versions[0], request.model)
+    progress(
+        f"LoRA mode: adapter version 1 (rank {request.lora.rank}, {policy.record()['modules_adapted']} "
+        f"modules) loaded via {policy.path_name}; every pass generates through it"
+    )
+    return policy
 
 
 @dataclass
@@ -507,8 +547,11 @@ class _ReferenceCache:
         self.model: ReferenceModel | None = None
         self.load_s = 0.0
 
-    def get(self, request: WorkerRequest) -> tuple[ReferenceModel, float]:
-        """The reference for ``request`` and the seconds its load took (once per settings)."""
+    def get(
+        self, request: WorkerRequest, adapter: tuple[dict[str, Any], float] | None = None
+    ) -> tuple[ReferenceModel, float]:
+        """The reference for ``request`` and the seconds its load took (once per settings); in
+        LoRA mode with ``adapter`` (its tensors and scaling) merged as PEFT applies it."""
         import torch
 
         from gate.worker.reference import ReferenceModel
@@ -535,6 +578,11 @@ class _ReferenceCache:
                 device_map=r.device_map,
                 max_memory=r.max_memory,
             )
+            if adapter is not None:
+                from gate.worker.lora import apply_to
+
+                merged = apply_to(self.model.trunk, *adapter)
+                progress(f"LoRA mode: the reference applies the adapter ({merged} modules merged)")
             self.key, self.load_s = key, time.perf_counter() - start
         return self.model, self.load_s
 

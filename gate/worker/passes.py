@@ -224,6 +224,8 @@ def _record(results: PassResults, pass_name: str, entry: dict[str, Any]) -> None
 
 
 def _hook(inp: PassInput) -> str | None:
+    if inp.request.lora is not None:
+        return inp.request.lora.hook
     ws = inp.request.weight_sync
     return ws.hook if ws is not None else None
 
@@ -366,6 +368,9 @@ def _weight_sync(inp: PassInput, out: PassResults) -> None:
 
     ws = inp.request.weight_sync
     assert ws is not None  # enabled() says so
+    if inp.request.lora is not None:
+        _weight_sync_lora(inp, out)
+        return
     adapter = _push_adapter(inp, "weight-sync probe", ws.hook)
     if isinstance(adapter, str):
         out.weight_sync = {"adapter": None, "unsupported": adapter, **inp.engine.push_facts()}
@@ -380,6 +385,30 @@ def _weight_sync(inp: PassInput, out: PassResults) -> None:
         inp.hf_kwargs,
     )
     out.weight_sync = {**meta, **inp.engine.push_facts()}
+    out.arrays.update(arrays)
+
+
+def _weight_sync_lora(inp: PassInput, out: PassResults) -> None:
+    """LoRA mode: the probe pushes adapter versions through vLLM's LoRA path (gate/worker/lora_sync.py)."""
+    from gate.worker import lora_sync
+
+    ws = inp.request.weight_sync
+    assert ws is not None
+    llm, policy = getattr(inp.engine, "llm", None), getattr(inp.engine, "policy", None)
+    if llm is None or policy is None:  # the config refuses server mode with LoRA
+        out.weight_sync = {"adapter": None, "unsupported": "LoRA mode runs offline only"}
+        return
+    arrays, meta = lora_sync.probe(
+        llm,
+        policy,
+        inp.request.model,
+        inp.tokenized.prompt_ids,
+        inp.tokenized.reference_ids,
+        ws,
+        inp.say,
+        inp.hf_kwargs,
+    )
+    out.weight_sync = meta
     out.arrays.update(arrays)
 
 

@@ -195,13 +195,20 @@ def _params(**kwargs):
     return SamplingParams(**kwargs)
 
 
-def _generate(llm, prompt_ids: list[list[int]], params, order: np.ndarray | None):
-    """llm.generate in ``order`` (a permutation), outputs returned in prompt order."""
+def _generate(
+    llm, prompt_ids: list[list[int]], params, order: np.ndarray | None, lora_request=None
+):
+    """llm.generate in ``order`` (a permutation), outputs returned in prompt order; with
+    ``lora_request``, every prompt through that adapter (LoRA mode)."""
     if not isinstance(params, list):
         params = [params] * len(prompt_ids)
     idx = np.arange(len(prompt_ids)) if order is None else order
+    adapter = {} if lora_request is None else {"lora_request": lora_request}
     outputs = llm.generate(
-        [{"prompt_token_ids": prompt_ids[i]} for i in idx], [params[i] for i in idx], use_tqdm=False
+        [{"prompt_token_ids": prompt_ids[i]} for i in idx],
+        [params[i] for i in idx],
+        use_tqdm=False,
+        **adapter,
     )
     restored = [None] * len(outputs)
     for position, i in enumerate(idx.tolist()):
@@ -214,7 +221,11 @@ def submission_order(n: int, order_seed: int | None) -> np.ndarray | None:
 
 
 def sample(
-    llm, prompt_ids: list[list[int]], sampling: SamplingRequest, order: np.ndarray | None = None
+    llm,
+    prompt_ids: list[list[int]],
+    sampling: SamplingRequest,
+    order: np.ndarray | None = None,
+    lora_request=None,
 ) -> Completions:
     """The rollout path: n samples per prompt with a per-prompt seed, so batching cannot change them."""
     params = [
@@ -232,22 +243,37 @@ def sample(
         )
         for i in range(len(prompt_ids))
     ]
-    return _collect(_generate(llm, prompt_ids, params, order), sampling.logprobs)
+    return _collect(_generate(llm, prompt_ids, params, order, lora_request), sampling.logprobs)
 
 
 def greedy(
-    llm, prompt_ids: list[list[int]], max_tokens: int, k: int, order: np.ndarray | None = None
+    llm,
+    prompt_ids: list[list[int]],
+    max_tokens: int,
+    k: int,
+    order: np.ndarray | None = None,
+    lora_request=None,
 ) -> Completions:
     params = _params(n=1, temperature=0.0, max_tokens=max_tokens, logprobs=k)
-    return _collect(_generate(llm, prompt_ids, params, order), k)
+    return _collect(_generate(llm, prompt_ids, params, order, lora_request), k)
 
 
 def score_sequences(
-    llm, sequences: list[list[int]], order: np.ndarray | None = None
+    llm,
+    sequences: list[list[int]],
+    order: np.ndarray | None = None,
+    one_per_call: bool = False,
+    lora_request=None,
 ) -> PromptScores:
-    """Engine logprobs of every position after the first, teacher-forced via prompt_logprobs."""
+    """Engine logprobs of every position after the first, teacher-forced via prompt_logprobs; with
+    ``one_per_call``, each sequence alone in its own call (in ``order``)."""
     params = _params(n=1, temperature=0.0, max_tokens=1, prompt_logprobs=0)
-    outputs = _generate(llm, sequences, params, order)
+    if one_per_call:
+        idx = range(len(sequences)) if order is None else order.tolist()
+        alone = {i: _generate(llm, [sequences[i]], params, None, lora_request)[0] for i in idx}
+        outputs = [alone[i] for i in range(len(sequences))]
+    else:
+        outputs = _generate(llm, sequences, params, order, lora_request)
     parts = []
     for out, seq in zip(outputs, sequences, strict=True):
         values = _prompt_logprobs_of(out.prompt_logprobs, seq)

@@ -94,17 +94,19 @@ def engine(monkeypatch):
     monkeypatch.setattr(
         replay,
         "sample",
-        lambda llm, ids, s, order: (
+        lambda llm, ids, s, order, lora_request=None: (
             calls.append(("sample", llm, ids, s.n, order)) or _completions(1)
         ),
     )
     monkeypatch.setattr(
         replay,
         "greedy",
-        lambda llm, ids, m, k, order: calls.append(("greedy", m, k, order)) or _completions(2),
+        lambda llm, ids, m, k, order, lora_request=None: (
+            calls.append(("greedy", m, k, order)) or _completions(2)
+        ),
     )
 
-    def score_sequences(llm, seqs, order):
+    def score_sequences(llm, seqs, order, one_per_call=False, lora_request=None):
         calls.append(("tf", seqs, order))
         counts = [len(s) - 1 for s in seqs]
         return replay.PromptScores(
@@ -218,7 +220,7 @@ def test_the_batch_invariance_pass_scores_again_reversed_and_one_at_a_time(
 ):
     calls = []
 
-    def score(llm, seqs, order):
+    def score(llm, seqs, order, one_per_call=False, lora_request=None):
         # logprobs that depend only on the tokens, plus (varies) on how many sequences share the call
         calls.append((len(seqs), None if order is None else order.tolist()))
         parts = [
