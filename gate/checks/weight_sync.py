@@ -142,7 +142,9 @@ def run(ctx: Context, settings: CheckSettings) -> CheckResult:
         for name, n in counts.items()
     ]
     shown = ("adapter", "push_s", "push_again_s", "prefix_tokens", "probes", "block_size", "sleep")
-    lora = meta.get("lora")
+    lora = meta.get(
+        "lora"
+    )  # LoRA mode: the alternatives the probe scored (engine.json lora: the rest)
     fits = adapter_fits(e, lora) if lora else None
     details = {
         "verdict": verdict,
@@ -150,7 +152,7 @@ def run(ctx: Context, settings: CheckSettings) -> CheckResult:
         **values,
         **{k: meta.get(k) for k in shown},
         "digests": digests or None,
-        **({"lora": lora, "adapter_fits": fits} if lora else {}),
+        **({"lora": e.engine.lora, "adapter_fits": fits} if lora else {}),
     }
     summary = _summary(values, meta, digests)
     if verdict == "ok":

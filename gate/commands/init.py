@@ -78,7 +78,13 @@ def cmd_init(args: argparse.Namespace) -> int:
     notes = writer.substitute_cpu(mapped) if args.cpu else []
 
     recipe = stack.recipe if _recipe_applies(stack, config) else None
-    if recipe is None:
+    if recipe is not None and "lora.enabled" in mapped.fields:
+        recipe = None
+        notes.append(
+            f"weight_update.hook: no recipe: your {stack.title} config trains a LoRA adapter, "
+            "which reaches vLLM by lora.naming (docs/lora.md), not by its full-weight push"
+        )
+    elif recipe is None:
         notes.append(
             f"weight_update.hook: no recipe for {stack.title}"
             + (f" with {_transport(mapped.transport)}" if mapped.transport else "")

@@ -432,12 +432,14 @@ class LoraConfig:
     enabled: bool = False
     rank: int = 8
     alpha: float = 16.0
-    # PEFT's target_modules: the last part of each module's name (q_proj, ..., down_proj).
+    # PEFT's target_modules: the last part of each module's name (q_proj, ..., down_proj), or
+    # [all-linear]: every linear module but the output head, as PEFT expands it.
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
     use_rslora: bool = False  # PEFT's rsLoRA: scaling alpha / sqrt(rank), not alpha / rank
-    # How each new version reaches the engine: "new-id" (a new adapter id, name and folder per
-    # version: SkyRL) or "same-id" (remove the adapter, load the new version under the same id,
-    # name and folder, reset the prefix cache: verl, AReaL).
+    # How each new version reaches the engine: "new-id" (a new name, id and folder per version:
+    # AReaL's disk mode, TRL's async GRPO), "same-id" (remove the adapter, load the new version
+    # under the same id, name and folder, reset the prefix cache: verl, AReaL's xccl mode) or
+    # "in-place" (the same id reloaded with load_inplace, cache reset: SkyRL, prime-rl).
     naming: str = "new-id"
     # Your stack's adapter push instead: fn(llm, version) -> LoRARequest (docs/lora.md);
     # "package.module:function" or "path/to/file.py:function" (relative to this file).
@@ -447,6 +449,12 @@ class LoraConfig:
         require(self.rank >= 1, where, "rank", "must be >= 1")
         require(self.alpha > 0, where, "alpha", "must be > 0")
         require(bool(self.target_modules), where, "target_modules", "needs at least one module")
+        require(
+            "all-linear" not in self.target_modules or len(self.target_modules) == 1,
+            where,
+            "target_modules",
+            "'all-linear' (every linear module but the head) stands alone",
+        )
         outside = sorted(set(self.target_modules) & {"lm_head", "embed_tokens"})
         require(
             not outside,

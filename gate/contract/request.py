@@ -156,10 +156,11 @@ class GrpoRequest:
 
 
 # How each adapter version reaches the engine (gate/worker/lora.py): "new-id" gives every version
-# its own integer id, name and folder (SkyRL's add_lora per version); "same-id" removes the adapter
-# and loads the new version under one id, name and folder (verl's and AReaL's remove + add), then
-# resets the prefix cache, which keys blocks by the adapter's name and path, not its contents.
-LORA_NAMINGS = ("new-id", "same-id")
+# its own name, integer id and folder (AReaL's disk mode, TRL's async GRPO); "same-id" removes the
+# adapter and loads the new version under one id, name and folder (verl, AReaL's xccl mode);
+# "in-place" reloads it under the same id with vLLM's load_inplace (SkyRL, prime-rl). Both of the
+# last reset the prefix cache, which keys blocks by the adapter's name and path, not its contents.
+LORA_NAMINGS = ("new-id", "same-id", "in-place")
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gate.init.lora import map_lora
 from gate.init.stacks import Stack, first_set, spellings
 
 # Engine arguments gate.yaml takes from a stack's pass-through block, keyed as vLLM's EngineArgs.
@@ -111,6 +112,21 @@ def map_config(stack: Stack, config: Mapping[str, Any]) -> Mapped:
                     out.unmapped.append(
                         f"{path}: {dropped.value!r} not carried over ({key}: {setting}: {why})"
                     )
+    for spec in stack.lora:  # the first of the stack's LoRA blocks that is on
+        lora = map_lora(spec, config)
+        if lora.fields and stack.mode[0] == "server":
+            adapter = {k: v for k, (v, _) in lora.fields.items() if k.startswith("lora.")}
+            out.unmapped.append(
+                f"lora: {adapter} not carried over ({stack.title} serves vLLM over HTTP, and "
+                "gate's LoRA mode runs offline only for now: docs/lora.md)"
+            )
+            break
+        for path, (value, source) in lora.fields.items():
+            out.fields[path] = Filled(value, source)
+        out.unmapped += lora.said
+        if lora.fields or lora.said:
+            break
+    read |= {k for spec in stack.lora for k in _lora_keys(spec)}
     out.transport = {k: config[k] for k in stack.transport if k in config}
     read |= set(out.transport) | {k for k, _, _ in stack.recipe_when}
     for k in config:
@@ -124,6 +140,16 @@ def map_config(stack: Stack, config: Mapping[str, Any]) -> Mapped:
                 "mapping for; if it is a vLLM engine argument, set it under engine_args by hand)"
             )
     return out
+
+
+def _lora_keys(spec) -> tuple[str, ...]:
+    """The config keys a stack's LoRA block reads (accounted for: not reported as unmapped)."""
+    names = ("rank", "alpha", "target_modules", "switch", "use_rslora", "switches")
+    found: list[str] = []
+    for name in names:
+        value = getattr(spec, name, None)
+        found += [value] if isinstance(value, str) else list(value or ())
+    return tuple(found)
 
 
 def _carry(out: Mapped, stack: Stack, key: str, arg: str, value: Any) -> None:

@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gate.init.lora import LoraKeys, NoAdapterPath, same
+
 # The gate.yaml fields a stack's config can fill (dotted paths), in the order gate.yaml lists them.
 SAMPLING = (
     "sampling.n",
@@ -133,6 +135,8 @@ class Stack:
     # gate's mode: "server" where the stack drives vLLM's OpenAI server, with why
     mode: tuple[str, str] = ("offline", "")
     dataset: DatasetKeys = DatasetKeys(())
+    # where the stack's config sets a LoRA adapter (gate/init/lora.py): the first that is on counts
+    lora: tuple[LoraKeys | NoAdapterPath, ...] = ()
 
 
 def first_set(config: Mapping[str, Any], *keys: str, default: Any = None) -> tuple[Any, str | None]:
@@ -257,11 +261,115 @@ VERL_OWN = (
 G, V = "policy.generation.", "policy.generation.vllm_cfg."
 IE, SP = "generator.inference_engine.", "generator.sampling_params."
 
+
+def _areal_naming(config: Mapping[str, Any]) -> tuple[str, str]:
+    mode = config.get("actor.weight_update_mode", "xccl")
+    if mode == "disk":
+        return "new-id", (
+            "actor.weight_update_mode: disk: AReaL loads each version under a new name "
+            "{lora_name}-v{version} through /v1/load_lora_adapter"
+        )
+    return "same-id", (
+        f"actor.weight_update_mode: {mode}: AReaL removes the adapter (remove_adapter) and adds "
+        "the new version under the same id"
+    )
+
+
+_MERGES_FULL = "merges the adapter into the weights and pushes them whole"
+_TRL_LORA = NoAdapterPath(
+    ("use_peft",),
+    f"TRL's GRPOTrainer {_MERGES_FULL} (merge_adapter, push, unmerge_adapter): gate's "
+    "full-weight probe is that path",
+)
+_NEMO_LORA = NoAdapterPath(
+    ("policy.dtensor_cfg.lora_cfg.enabled", "policy.megatron_cfg.peft.enabled"),
+    f"NeMo-RL {_MERGES_FULL} (W + B @ A * scale, or Megatron-Bridge's export): gate's "
+    "full-weight probe is that path",
+)
+_OPENRLHF_LORA = NoAdapterPath(
+    ("ds.lora.rank",),
+    "OpenRLHF 0.11.2 sends the PEFT parameter names to vLLM's load_weights unmerged, with no "
+    "enable_lora (reported broken upstream, OpenRLHF #1349): there is no adapter path to test",
+)
+_PIPELINERL_LORA = NoAdapterPath(
+    ("finetune.lora.enabled",),
+    "PipelineRL's training path never applies it (prepare_lora_model is not called) and pushes "
+    "every parameter whole",
+)
+_VERL_SAME_ID = same(
+    "same-id", "verl removes adapter 123 (remove_lora) and adds the new version under it"
+)
+_VERL_MERGE = ("actor_rollout_ref.model.lora.merge", True, False)
+_VERL_MERGE_WHY = f"verl {_MERGES_FULL} with lora.merge"
+_VERL_LORA = (
+    LoraKeys(
+        rank="actor_rollout_ref.model.lora_rank",
+        alpha="actor_rollout_ref.model.lora_alpha",
+        target_modules="actor_rollout_ref.model.target_modules",
+        defaults=(0, 16, "all-linear"),
+        naming=_VERL_SAME_ID,
+        merges_when=_VERL_MERGE,
+        merges_why=_VERL_MERGE_WHY,
+    ),
+    LoraKeys(  # the Megatron backend's block
+        rank="actor_rollout_ref.model.lora.rank",
+        alpha="actor_rollout_ref.model.lora.alpha",
+        target_modules="actor_rollout_ref.model.lora.target_modules",
+        defaults=(0, 32, ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]),
+        naming=_VERL_SAME_ID,
+        merges_when=_VERL_MERGE,
+        merges_why=_VERL_MERGE_WHY,
+    ),
+)
+_SKYRL_LORA = (
+    LoraKeys(
+        rank="trainer.policy.model.lora.rank",
+        alpha="trainer.policy.model.lora.alpha",
+        target_modules="trainer.policy.model.lora.target_modules",
+        defaults=(0, 16, "all-linear"),
+        naming=same(
+            "in-place",
+            "SkyRL reloads its one adapter (skyrl-lora) under the same id with load_inplace",
+        ),
+        merges_when=("trainer.strategy", "megatron", None),
+        merges_why=f"SkyRL's Megatron backend {_MERGES_FULL} by default (merge_lora)",
+    ),
+)
+_PRIME_RL_LORA = (
+    LoraKeys(
+        rank="trainer.model.lora.rank",
+        alpha="trainer.model.lora.alpha",
+        target_modules="trainer.model.lora.target_modules",
+        defaults=(
+            16,
+            32.0,
+            ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        ),
+        naming=same(
+            "in-place",
+            "prime-rl reloads its adapter under the same name and id with load_inplace",
+        ),
+        on_when_present="trainer.model.lora.",
+    ),
+)
+_AREAL_LORA = (
+    LoraKeys(
+        rank="actor.lora_rank",
+        alpha="actor.lora_alpha",
+        target_modules="actor.target_modules",
+        defaults=(32, 16, []),
+        naming=_areal_naming,
+        switch="actor.use_lora",
+    ),
+)
+
+
 STACKS: dict[str, Stack] = {
     s.name: s
     for s in (
         Stack(
             name="trl",
+            lora=(_TRL_LORA,),
             title="TRL (GRPOTrainer)",
             fmt="yaml",
             vllm_spec="vllm==0.25.1",
@@ -338,6 +446,7 @@ STACKS: dict[str, Stack] = {
         ),
         Stack(
             name="verl",
+            lora=_VERL_LORA,
             title="verl",
             fmt="yaml",
             vllm_spec="vllm==0.24.0",
@@ -422,6 +531,7 @@ STACKS: dict[str, Stack] = {
         ),
         Stack(
             name="openrlhf",
+            lora=(_OPENRLHF_LORA,),
             title="OpenRLHF",
             fmt="flags",
             vllm_spec="vllm==0.27.1",
@@ -486,6 +596,7 @@ STACKS: dict[str, Stack] = {
         ),
         Stack(
             name="nemo-rl",
+            lora=(_NEMO_LORA,),
             title="NeMo-RL",
             fmt="yaml",
             vllm_spec="vllm==0.25.1",
@@ -524,6 +635,7 @@ STACKS: dict[str, Stack] = {
         ),
         Stack(
             name="prime-rl",
+            lora=_PRIME_RL_LORA,
             title="prime-rl",
             fmt="toml",
             vllm_spec="vllm==0.26.0",
@@ -567,6 +679,7 @@ STACKS: dict[str, Stack] = {
         ),
         Stack(
             name="pipelinerl",
+            lora=(_PIPELINERL_LORA,),
             title="PipelineRL",
             fmt="yaml",
             vllm_spec="vllm==0.18.1",
@@ -598,6 +711,7 @@ STACKS: dict[str, Stack] = {
         ),
         Stack(
             name="skyrl",
+            lora=_SKYRL_LORA,
             title="SkyRL",
             fmt="yaml",
             vllm_spec="vllm==0.26.0",
@@ -651,6 +765,7 @@ STACKS: dict[str, Stack] = {
         ),
         Stack(
             name="areal",
+            lora=_AREAL_LORA,
             title="AReaL",
             fmt="yaml",
             vllm_spec="vllm==0.19.1",

@@ -99,15 +99,19 @@ def render(
         "prompts:",
         *[f"  - {_scalar(p)}  # {why}" for p, why in prompts],
     ]
-    for section in ("sampling", "engine_args", "grpo"):
+    for section in ("sampling", "engine_args", "grpo", "lora"):
         entries = sorted(sections.pop(section, []), key=lambda e: _order(section, e[0]))
         if entries:
             lines += [f"{section}:", *_entries(entries, 2)]
+    for name, filled in sections.pop("weight_sync", []):  # LoRA mode: inflight.enabled false
+        inner = name.removeprefix("inflight.")
+        lines += ["weight_sync:", "  inflight:", *_entries([(inner, filled)], 4)]
     if env:
         lines += ["env:", *[f"  {k}: {_scalar(v)}" for k, v in env.items()]]
     if hook is not None:
         lines += ["weight_update:", f"  hook: {_scalar(hook[0])}  # {hook[1]}"]
     if inflight_hook is not None:
+        assert not any(line == "weight_sync:" for line in lines)  # LoRA mode takes no recipe
         lines += [
             "weight_sync:",
             "  inflight:",
@@ -157,7 +161,12 @@ def _comment(text: str) -> str:
     return json.dumps(text)[1:-1] if "\n" in text else text
 
 
+LORA_ORDER = tuple(
+    f"lora.{k}" for k in ("enabled", "rank", "alpha", "target_modules", "use_rslora", "naming")
+)
+
+
 def _order(section: str, name: str) -> int:
-    order = {"sampling": SAMPLING, "engine_args": ENGINE}.get(section, ())
+    order = {"sampling": SAMPLING, "engine_args": ENGINE, "lora": LORA_ORDER}.get(section, ())
     full = f"{section}.{name}"
     return order.index(full) if full in order else len(order)

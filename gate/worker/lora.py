@@ -49,23 +49,36 @@ class AdapterVersion:
 PushFn = Callable[[Any, AdapterVersion], Any]  # (llm, version) -> the LoRARequest to generate with
 
 
+ALL_LINEAR = "all-linear"  # PEFT's shorthand: every linear module but the output head
+
+
 def target_module_paths(model: torch.nn.Module, targets: list[str]) -> list[str]:
     """The full paths of the linear modules whose last name part is in ``targets`` (PEFT's match
-    for a list of names). A target that matches no linear module is a config error: PEFT refuses
-    it too, and an adapter without it would test less than the user's."""
-    paths = [
-        name
+    for a list of names), or of every linear module but the output head for ``["all-linear"]``
+    (PEFT's shorthand). A target that matches no linear module is a config error: PEFT refuses it
+    too, and an adapter without it would test less than the user's."""
+    head = getattr(model, "get_output_embeddings", lambda: None)()
+    linear = [
+        (name, module)
         for name, module in model.named_modules()
-        if isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in targets
+        if isinstance(module, torch.nn.Linear) and module is not head
     ]
+    if list(targets) == [ALL_LINEAR]:
+        return [name for name, _ in linear]
+    paths = [name for name, _ in linear if name.rsplit(".", 1)[-1] in targets]
     found = {p.rsplit(".", 1)[-1] for p in paths}
     missing = [t for t in targets if t not in found]
     if missing:
         raise ValueError(
             f"lora.target_modules: {missing} match no linear module of the model "
-            f"(its linear modules end in {sorted({n.rsplit('.', 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})})"
+            f"(its linear modules end in {sorted({n.rsplit('.', 1)[-1] for n, _ in linear})})"
         )
     return paths
+
+
+def module_names(tensors: dict[str, torch.Tensor]) -> list[str]:
+    """The adapted modules' own names (q_proj, ...), as adapter_config.json lists them."""
+    return sorted({path.rsplit(".", 1)[-1] for path, _, _ in module_pairs(tensors)})
 
 
 def adapter_tensors(
@@ -93,8 +106,9 @@ def adapter_tensors(
     return tensors
 
 
-def adapter_config(lora: LoraRequest, base_model: str) -> dict[str, Any]:
-    """adapter_config.json as PEFT writes it for these settings (the fields vLLM's PEFTHelper reads)."""
+def adapter_config(lora: LoraRequest, base_model: str, modules: list[str]) -> dict[str, Any]:
+    """adapter_config.json as PEFT writes it for these settings (the fields vLLM's PEFTHelper
+    reads); ``modules``: the adapted modules' names ("all-linear" resolved, as PEFT saves it)."""
     return {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
@@ -102,7 +116,7 @@ def adapter_config(lora: LoraRequest, base_model: str) -> dict[str, Any]:
         "r": lora.rank,
         "lora_alpha": lora.alpha,
         "use_rslora": lora.use_rslora,
-        "target_modules": sorted(lora.target_modules),
+        "target_modules": modules,
         "lora_dropout": 0.0,
         "bias": "none",
         "fan_in_fan_out": False,
@@ -126,7 +140,29 @@ def write_adapter(
         str(folder / ADAPTER_WEIGHTS),
         metadata={"format": "pt"},
     )
-    (folder / ADAPTER_CONFIG).write_text(json.dumps(adapter_config(lora, base_model), indent=2))
+    config = adapter_config(lora, base_model, module_names(tensors))
+    (folder / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2))
+
+
+def module_pairs(tensors: dict[str, torch.Tensor]) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """(module path, A, B) per adapted module of a PEFT-named adapter."""
+    return [
+        (
+            name.removeprefix(PEFT_PREFIX).removesuffix(".lora_A.weight"),
+            a,
+            tensors[name.replace(".lora_A.", ".lora_B.")],
+        )
+        for name, a in tensors.items()
+        if name.endswith(".lora_A.weight")
+    ]
+
+
+def merged_weight(
+    weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float
+) -> torch.Tensor:
+    """PEFT's merge: ``weight + scaling * B @ A``, summed in fp32, in the weight's dtype and place."""
+    delta = scaling * (b.float() @ a.float())
+    return (weight.float() + delta.to(weight.device)).to(weight.dtype)
 
 
 def merged(
@@ -135,20 +171,13 @@ def merged(
     scaling: float,
     skip: frozenset[str] = frozenset(),
 ) -> dict[str, torch.Tensor]:
-    """``state_dict`` with ``scaling * B @ A`` added to each adapted weight (computed in fp32, then
-    cast to the weight's dtype), except modules whose last name part is in ``skip``. Weights the
-    adapter does not touch are shared with ``state_dict``, not copied."""
+    """``state_dict`` with the adapter merged into each adapted weight, except modules whose last
+    name part is in ``skip``. Weights the adapter does not touch are shared, not copied."""
     out = dict(state_dict)
-    for name, a in tensors.items():
-        if not name.endswith(".lora_A.weight"):
-            continue
-        path = name.removeprefix(PEFT_PREFIX).removesuffix(".lora_A.weight")
-        if path.rsplit(".", 1)[-1] in skip:
-            continue
-        b = tensors[name.replace(".lora_A.", ".lora_B.")]
-        key = f"{path}.weight"
-        base = state_dict[key]
-        out[key] = (base.float() + scaling * (b.float() @ a.float())).to(base.dtype)
+    for path, a, b in module_pairs(tensors):
+        if path.rsplit(".", 1)[-1] not in skip:
+            key = f"{path}.weight"
+            out[key] = merged_weight(state_dict[key], a, b, scaling)
     return out
 
 
@@ -161,15 +190,15 @@ class Alternative:
     skip: frozenset[str] = frozenset()
 
 
-def alternatives(lora: LoraRequest) -> list[Alternative]:
+def alternatives(lora: LoraRequest, modules: list[str]) -> list[Alternative]:
     """The usual ways an engine's adapter differs from the trainer's: the other scaling rule
-    (rsLoRA honoured or ignored), and each target module left out."""
+    (rsLoRA honoured or ignored), and each adapted module (``modules``) left out."""
     other = LoraRequest(**{**lora.__dict__, "use_rslora": not lora.use_rslora})
     rule = "alpha/sqrt(r) (rsLoRA)" if other.use_rslora else "alpha/r (rsLoRA ignored)"
     found = [Alternative(f"scaling {rule}", other.scaling)]
     found += [
         Alternative(f"{module} not applied", lora.scaling, frozenset({module}))
-        for module in sorted(lora.target_modules)
+        for module in modules
     ]
     return found
 
@@ -178,8 +207,9 @@ def alternatives(lora: LoraRequest) -> list[Alternative]:
 
 
 def push_new_id(llm, version: AdapterVersion):
-    """SkyRL's path: every version its own id, name and folder, added to the engine; the engine's
-    LRU evicts older ones (``max_loras``), and the prefix cache keys blocks by name and path."""
+    """AReaL's disk mode and TRL's async GRPO: every version its own name (so its own id) and
+    folder, added to the engine; the engine's LRU evicts older ones (``max_loras``), and the
+    prefix cache keys blocks by name and path, so no block is shared across versions."""
     from vllm.lora.request import LoRARequest
 
     request = LoRARequest(f"{ADAPTER_NAME}-v{version.number}", version.number, version.path)
@@ -188,8 +218,8 @@ def push_new_id(llm, version: AdapterVersion):
 
 
 def push_same_id(llm, version: AdapterVersion):
-    """verl's and AReaL's path: remove the adapter, load the new version under the same id, name
-    and folder. Prefix-cache blocks are keyed by the adapter's name and path (vLLM 0.31-0.34
+    """verl's and AReaL's xccl path: remove the adapter, load the new version under the same id,
+    name and folder. Prefix-cache blocks are keyed by the adapter's name and path (vLLM 0.31-0.34
     ``_gen_lora_extra_hash_keys``), which do not change, so the cache is reset after the load."""
     from vllm.lora.request import LoRARequest
 
@@ -201,12 +231,32 @@ def push_same_id(llm, version: AdapterVersion):
     return request
 
 
-BUILTIN_PUSHES: dict[str, PushFn] = {"new-id": push_new_id, "same-id": push_same_id}
+def push_in_place(llm, version: AdapterVersion):
+    """SkyRL's and prime-rl's path: the same name and id, reloaded with ``load_inplace`` (vLLM
+    loads a request whose id it holds only when asked to: ``WorkerLoRAManager.add_adapter``), from
+    one folder; the prefix cache is reset after the load, as SkyRL does with prefix caching on.
+    The request generation then sends has ``load_inplace`` off again (SkyRL's order), or every
+    request would reload the adapter."""
+    from vllm.lora.request import LoRARequest
+
+    request = LoRARequest(ADAPTER_NAME, SAME_ID, version.path, load_inplace=True)
+    llm.llm_engine.add_lora(request)
+    request.load_inplace = False
+    llm.reset_prefix_cache()
+    return request
+
+
+BUILTIN_PUSHES: dict[str, PushFn] = {
+    "new-id": push_new_id,
+    "same-id": push_same_id,
+    "in-place": push_in_place,
+}
 
 
 def version_folder(root: Path, lora: LoraRequest, number: int) -> Path:
-    """Where version ``number`` is written: its own folder, or the one folder "same-id" reuses."""
-    return root / ("policy" if lora.naming == "same-id" else f"v{number}")
+    """Where version ``number`` is written: its own folder, or the one folder "same-id" and
+    "in-place" rewrite."""
+    return root / (f"v{number}" if lora.naming == "new-id" else "policy")
 
 
 def push_path(lora: LoraRequest) -> tuple[str, PushFn]:
@@ -282,6 +332,7 @@ class PolicyAdapter:
             "use_rslora": self.lora.use_rslora,
             "scaling": self.lora.scaling,
             "target_modules": sorted(self.lora.target_modules),
+            "modules": module_names(self.versions[0]),
             "modules_adapted": len(self.versions[0]) // 2,
             "path": self.path_name,
             "naming": None if self.lora.hook else self.lora.naming,
@@ -301,23 +352,16 @@ def apply_to(modules: torch.nn.Module, tensors: dict[str, torch.Tensor], scaling
     is found by its path in the full model or with the first part dropped (a trunk is the full
     model's ``model``). Returns the number of modules merged; a path found nowhere raises."""
     named = dict(modules.named_modules())
-    merged = 0
+    pairs = module_pairs(tensors)
     with torch.no_grad():
-        for name, a in tensors.items():
-            if not name.endswith(".lora_A.weight"):
-                continue
-            path = name.removeprefix(PEFT_PREFIX).removesuffix(".lora_A.weight")
+        for path, a, b in pairs:
             module = named.get(path) or named.get(path.split(".", 1)[-1])
             if module is None:
                 raise ValueError(f"the reference has no module {path} to apply the adapter to")
-            weight = module.weight
-            if weight.device.type == "meta":
+            if module.weight.device.type == "meta":
                 raise ValueError(
                     f"{path}: LoRA mode cannot merge the adapter into a weight the reference "
                     "offloads (reference.max_memory): give it room on a device"
                 )
-            b = tensors[name.replace(".lora_A.", ".lora_B.")]
-            delta = scaling * (b.float() @ a.float())
-            weight.copy_((weight.float() + delta.to(weight.device)).to(weight.dtype))
-            merged += 1
-    return merged
+            module.weight.copy_(merged_weight(module.weight, a, b, scaling))
+    return len(pairs)

@@ -95,7 +95,7 @@ def probe(
     def score(state_dict, name: str) -> np.ndarray:
         return _score(trainer, state_dict, *seqs[name], device)
 
-    others = adapters.alternatives(lora)
+    others = adapters.alternatives(lora, adapters.module_names(first))
     alt = [score(adapters.merged(base_sd, first, a.scaling, a.skip), "before") for a in others]
     is_prefix = np.arange(len(probes)) >= len(control)
 
@@ -134,7 +134,8 @@ def probe(
         "tensors_pushed": len(second),
         "digests": {},
         "sleep": _sleep_not_run(request),
-        "lora": {**policy.record(), "alternatives": [a.name for a in others]},
+        # The rest of the adapter's record is engine.json's top-level ``lora``.
+        "lora": {"alternatives": [a.name for a in others]},
     }
     return arrays, meta
 

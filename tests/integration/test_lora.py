@@ -57,10 +57,9 @@ def test_the_lora_example_passes_a_clean_upgrade(tmp_path):
     assert mismatch["status"] == "PASS", mismatch  # the replay ran through the adapter
 
 
-def test_the_same_id_path_with_its_cache_reset_passes_with_prefix_caching(tmp_path_factory):
-    run = _new_only(
-        tmp_path_factory, "same-id", {"naming": "same-id"}, {"enable_prefix_caching": True}
-    )
+@pytest.mark.parametrize("naming", ["same-id", "in-place"])
+def test_the_one_id_paths_with_their_cache_reset_pass_with_prefix_caching(tmp_path_factory, naming):
+    run = _new_only(tmp_path_factory, naming, {"naming": naming}, {"enable_prefix_caching": True})
     check = run.check("weight-sync")
     assert check["status"] == "PASS", check
     served = run.evidence("new").engine.lora["served_as"]

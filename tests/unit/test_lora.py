@@ -100,6 +100,16 @@ def test_adapter_versions_are_seeded_sized_and_named_as_peft_saves_them():
     assert float(delta.std() / big.weight.detach().std()) == pytest.approx(0.2, rel=0.15)
 
 
+def test_all_linear_is_every_linear_module_but_the_head_as_peft_expands_it():
+    model = _Model()
+    model.lm_head = torch.nn.Linear(6, 9, bias=False)
+    model.get_output_embeddings = lambda: model.lm_head  # type: ignore[method-assign]
+    paths = lora.target_module_paths(model, ["all-linear"])
+    assert paths == [f"layers.{i}.{m}" for i in range(2) for m in ("q_proj", "v_proj")]
+    tensors = lora.adapter_tensors(model, _request(target_modules=["all-linear"]), 1, 0.2, 0)
+    assert lora.module_names(tensors) == ["q_proj", "v_proj"]
+
+
 def test_a_target_module_the_model_lacks_is_named():
     with pytest.raises(
         ValueError, match=r"lora.target_modules: \['gate_proj'\] match no linear module"
@@ -133,12 +143,13 @@ def test_the_adapter_folder_is_what_vllm_reads(tmp_path):
 def test_each_naming_writes_where_the_stacks_do(tmp_path):
     assert lora.version_folder(tmp_path, _request(), 2) == tmp_path / "v2"
     assert lora.version_folder(tmp_path, _request(naming="same-id"), 2) == tmp_path / "policy"
+    assert lora.version_folder(tmp_path, _request(naming="in-place"), 2) == tmp_path / "policy"
 
 
 def test_alternatives_are_the_other_scaling_and_each_module_left_out():
-    names = [a.name for a in lora.alternatives(_request())]
+    names = [a.name for a in lora.alternatives(_request(), TARGETS)]
     assert names == ["scaling alpha/sqrt(r) (rsLoRA)", "q_proj not applied", "v_proj not applied"]
-    rs = lora.alternatives(_request(use_rslora=True))
+    rs = lora.alternatives(_request(use_rslora=True), TARGETS)
     assert rs[0].name == "scaling alpha/r (rsLoRA ignored)" and rs[0].scaling == 4.0
     assert rs[1].skip == frozenset({"q_proj"})
 
@@ -369,3 +380,20 @@ def test_the_offline_handle_generates_through_the_policy_adapter_and_reports_no_
     assert [lr for _, lr in llm.calls] == ["version-1", "version-1"]
     assert "one per call" in (handle.batch_invariance_unavailable() or "")
     assert OfflineEngine(llm).batch_invariance_unavailable() is None
+
+
+def test_the_reference_merges_in_place_what_the_probe_merges_into_a_state_dict():
+    """apply_to (the reference's trunk, paths without the full model's first part) and merged
+    (the probe's trainer, full paths) give the same weights."""
+    model, req = _Model(), _request()
+    tensors = lora.adapter_tensors(model, req, 1, 0.2, seed=0)
+    # PEFT's names carry the full model's path: "model.layers..." in a causal LM; a trunk drops "model."
+    full = {
+        k.replace("base_model.model.", "base_model.model.model."): v for k, v in tensors.items()
+    }
+    expected = lora.merged(model.state_dict(), tensors, req.scaling)
+    assert lora.apply_to(model, full, req.scaling) == 4
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, expected[key]), key
+    with pytest.raises(ValueError, match=r"no module model\.layers\.0\.q_proj"):
+        lora.apply_to(torch.nn.Linear(2, 2), full, req.scaling)
