@@ -299,36 +299,40 @@ def _run_engine(
         llm = eng.start_engine(first.model, first.tokenizer, engine_args)
     policy = None
     if first.lora is not None:
-        with shared.measure("lora_push_s"):
+        with shared.measure("lora_setup_s"):
             policy = _policy_adapter(llm, first, hub.hf_load_kwargs(requested_args))
 
     own = [Timings() for _ in requests]
     log_tail = tail.lines if tail is not None else no_log_tail
-    outputs = [
-        _engine_passes(
-            llm,
-            PassInput(
-                OfflineEngine(
-                    llm,
-                    one_sequence_per_call=any(
-                        g.name == layout.PROMPT_LOGPROBS_PER_CALL for g in gate_settings
+    try:
+        outputs = [
+            _engine_passes(
+                llm,
+                PassInput(
+                    OfflineEngine(
+                        llm,
+                        one_sequence_per_call=any(
+                            g.name == layout.PROMPT_LOGPROBS_PER_CALL for g in gate_settings
+                        ),
+                        policy=policy,
                     ),
-                    policy=policy,
+                    req,
+                    tok,
+                    _prefixed(i, batch),
+                    hub.hf_load_kwargs(requested_args),
+                    log_tail,
+                    memory=peaks,
+                    batch_invariant_mode=batch_invariant_mode(),
                 ),
-                req,
-                tok,
-                _prefixed(i, batch),
-                hub.hf_load_kwargs(requested_args),
-                log_tail,
-                memory=peaks,
-                batch_invariant_mode=batch_invariant_mode(),
-            ),
-            dropped,
-            gate_settings,
-            own[i],
-        )
-        for i, (req, tok) in enumerate(zip(requests, tokenized, strict=True))
-    ]
+                dropped,
+                gate_settings,
+                own[i],
+            )
+            for i, (req, tok) in enumerate(zip(requests, tokenized, strict=True))
+        ]
+    finally:
+        if policy is not None:
+            policy.close()  # the adapter folders: the engine has read every version by now
 
     # The engine's memory (weights, KV cache, compiled graphs) goes back before the reference loads.
     memory_running = eng.memory_in_use()
@@ -338,7 +342,6 @@ def _run_engine(
         eng.release_memory()
     adapter = None
     if policy is not None:
-        policy.close()
         adapter = (policy.versions[0], policy.lora.scaling)
         for out in outputs:
             out.meta["lora"] = policy.record()
@@ -346,15 +349,17 @@ def _run_engine(
 
 
 def _policy_adapter(llm, request: WorkerRequest, hf_kwargs: dict[str, Any]):
-    """LoRA mode: the adapter versions, made from the model's own weights, version 1 pushed."""
-    import torch
+    """LoRA mode: the adapter versions, made from the model's own weights, version 1 pushed.
+
+    The model is read on the host in the engine's dtype (what the weight-sync probe's trainer
+    copy costs too) for its module shapes and weights' spread, and released at once."""
     from transformers import AutoModelForCausalLM
 
     from gate.worker.lora import PolicyAdapter
-    from gate.worker.weight_sync import _load_trainer
+    from gate.worker.weight_sync import _load_trainer, engine_dtype
 
     assert request.lora is not None
-    model = _load_trainer(AutoModelForCausalLM, request.model, "cpu", hf_kwargs, torch.float32)
+    model = _load_trainer(AutoModelForCausalLM, request.model, "cpu", hf_kwargs, engine_dtype(llm))
     policy = PolicyAdapter(request.lora, model, Path(request.output_dir).resolve().parent)
     del model
     policy.push(llm, policy.versions[0], request.model)
