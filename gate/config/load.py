@@ -350,6 +350,13 @@ def _lora(base: Path, cfg: GateConfig, where: str) -> LoraConfig:
         "enabled",
         "lora.enabled drives the adapter path through the weight-sync probe: it must be on",
     )
+    require(
+        cfg.weight_update.hook is None,
+        f"{where}: weight_update",
+        "hook",
+        "lora.enabled pushes adapter versions (lora.naming, or your adapter push as lora.hook): "
+        "a full-weight hook would never run",
+    )
     full_weight_passes = {
         "grpo": cfg.grpo.enabled,
         "weight_sync.inflight": cfg.weight_sync.inflight.enabled,

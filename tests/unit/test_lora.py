@@ -196,6 +196,7 @@ def test_the_worker_request_carries_lora_mode(minimal_config, tmp_path):
         (OFF + "lora: {enabled: true, target_modules: []}\n", "lora.target_modules: needs at least one"),
         (OFF + "lora: {enabled: true, hook: missing.py:fn}\n", "lora.hook: file"),
         (OFF + "mode: server\nlora: {enabled: true}\n", "engines.old.mode: lora.enabled runs offline only"),
+        (OFF + "weight_update: {hook: mod:fn}\nlora: {enabled: true}\n", "weight_update.hook: lora.enabled pushes adapter versions"),
     ],
 )  # fmt: skip
 def test_lora_mode_refuses_what_it_cannot_run_by_name(minimal_config, extra, message):
