@@ -489,10 +489,11 @@ def adapter_fits(e: Evidence, lora: dict[str, Any]) -> dict[str, float]:
     engine = e[keys.WS_BEFORE_ENGINE_LOGPROB]
     alt = e[keys.WS_BEFORE_TRAINER_ALT_LOGPROB]
     names = list(lora.get("alternatives") or [])
-    if alt.ndim != 2 or alt.shape[1] != len(names):
+    if alt.shape != (len(engine), len(names)):
         raise ValueError(
-            f"evidence.npz {keys.WS_BEFORE_TRAINER_ALT_LOGPROB}: {alt.shape[1:]} columns for "
-            f"{len(names)} alternatives in engine.json weight_sync.lora"
+            f"evidence.npz {keys.WS_BEFORE_TRAINER_ALT_LOGPROB}: shape {alt.shape}, not one row per "
+            f"token ({len(engine)}) and one column per alternative in engine.json weight_sync.lora "
+            f"({len(names)})"
         )
     return {name: _mean_abs(engine, alt[:, i]) for i, name in enumerate(names)}
 

@@ -43,6 +43,11 @@ class LoraKeys:
     merges_when: tuple[str, Any, Any] | None = None
     merges_why: str = ""
 
+    def config_keys(self) -> tuple[str, ...]:
+        """The config keys this block reads (accounted for: not reported as unmapped)."""
+        optional = (self.switch, self.use_rslora)
+        return (self.rank, self.alpha, self.target_modules, *(k for k in optional if k))
+
 
 @dataclass(frozen=True)
 class NoAdapterPath:
@@ -50,6 +55,9 @@ class NoAdapterPath:
 
     switches: tuple[str, ...]  # any of these set (true, or > 0) means the user trains LoRA
     why: str
+
+    def config_keys(self) -> tuple[str, ...]:
+        return self.switches
 
 
 @dataclass

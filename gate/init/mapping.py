@@ -126,7 +126,7 @@ def map_config(stack: Stack, config: Mapping[str, Any]) -> Mapped:
         out.unmapped += lora.said
         if lora.fields or lora.said:
             break
-    read |= {k for spec in stack.lora for k in _lora_keys(spec)}
+    read |= {k for spec in stack.lora for k in spec.config_keys()}
     out.transport = {k: config[k] for k in stack.transport if k in config}
     read |= set(out.transport) | {k for k, _, _ in stack.recipe_when}
     for k in config:
@@ -140,16 +140,6 @@ def map_config(stack: Stack, config: Mapping[str, Any]) -> Mapped:
                 "mapping for; if it is a vLLM engine argument, set it under engine_args by hand)"
             )
     return out
-
-
-def _lora_keys(spec) -> tuple[str, ...]:
-    """The config keys a stack's LoRA block reads (accounted for: not reported as unmapped)."""
-    names = ("rank", "alpha", "target_modules", "switch", "use_rslora", "switches")
-    found: list[str] = []
-    for name in names:
-        value = getattr(spec, name, None)
-        found += [value] if isinstance(value, str) else list(value or ())
-    return tuple(found)
 
 
 def _carry(out: Mapped, stack: Stack, key: str, arg: str, value: Any) -> None:

@@ -15,6 +15,7 @@ Imports torch and safetensors (a dependency of transformers) at module level: en
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -193,7 +194,7 @@ class Alternative:
 def alternatives(lora: LoraRequest, modules: list[str]) -> list[Alternative]:
     """The usual ways an engine's adapter differs from the trainer's: the other scaling rule
     (rsLoRA honoured or ignored), and each adapted module (``modules``) left out."""
-    other = LoraRequest(**{**lora.__dict__, "use_rslora": not lora.use_rslora})
+    other = dataclasses.replace(lora, use_rslora=not lora.use_rslora)
     rule = "alpha/sqrt(r) (rsLoRA)" if other.use_rslora else "alpha/r (rsLoRA ignored)"
     found = [Alternative(f"scaling {rule}", other.scaling)]
     found += [

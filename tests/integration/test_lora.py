@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gate.worker.layout import PROMPT_LOGPROBS_PER_CALL
+
 from .conftest import REPO, Replay, replay
 
 pytestmark = pytest.mark.engine
@@ -45,7 +47,7 @@ def test_the_lora_example_passes_a_clean_upgrade(tmp_path):
         # version 1 for the replay, then versions 2 and 3 from the weight-sync probe, new ids each
         assert [v["id"] for v in lora["served_as"]] == [1, 2, 3]
         settings = {s["name"] for s in e.engine.gate_settings}
-        assert "prompt_logprobs_one_sequence_per_call" in settings
+        assert PROMPT_LOGPROBS_PER_CALL in settings
     check = run.check("weight-sync")
     details = check["details"]
     # the adapter is applied as the trainer applies it, and version 2 is clearly another policy
